@@ -1,0 +1,38 @@
+#include "collective/communicator.h"
+
+#include <ATen/ATen.h>
+
+namespace batchdist::collective {
+
+std::vector<double> Communicator::allreduce(const std::vector<double>& values, ReduceOp op) {
+  if (values.empty()) return {};
+  auto t = at::tensor(values, at::kDouble).to(device());
+  allreduce(t, op);
+  t = t.cpu();
+  return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+}
+
+double Communicator::allreduce(double value, ReduceOp op) {
+  return allreduce(std::vector<double>{value}, op)[0];
+}
+
+bool Communicator::any(bool flag) { return allreduce(flag ? 1.0 : 0.0, ReduceOp::kMax) > 0.5; }
+
+std::vector<double> Communicator::allgather(double value) {
+  auto t = allgather(at::tensor({value}, at::kDouble).to(device())).cpu().reshape({-1});
+  return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+}
+
+std::string Communicator::broadcast(const std::string& value, int root) {
+  auto len = at::tensor({static_cast<int64_t>(value.size())}, at::kLong).to(device());
+  broadcast(len, root);
+  const int64_t n = len.cpu().item<int64_t>();
+  auto bytes = at::zeros({std::max<int64_t>(n, 1)}, at::kByte);
+  if (rank() == root && n > 0) std::memcpy(bytes.data_ptr(), value.data(), n);
+  bytes = bytes.to(device());
+  broadcast(bytes, root);
+  bytes = bytes.cpu();
+  return std::string(reinterpret_cast<const char*>(bytes.data_ptr()), n);
+}
+
+}  // namespace batchdist::collective

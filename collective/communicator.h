@@ -1,0 +1,64 @@
+#pragma once
+// batchdist::collective: the few collectives a data-parallel worker needs, over
+// a c10d backend (Gloo on CPU, NCCL on CUDA). Every call is blocking unless it
+// says otherwise, and every blocking call is bounded by the communicator's timeout.
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace batchdist::collective {
+
+enum class ReduceOp { kSum, kMin, kMax };
+
+/// An asynchronous collective in flight. wait() blocks until it completes or the
+/// communicator's timeout expires (then it throws CollectiveError). On NCCL,
+/// completion means "enqueued on the current CUDA stream", as in c10d.
+class PendingWork {
+ public:
+  virtual ~PendingWork() = default;
+  virtual void wait() = 0;
+};
+
+/// Collectives among `size()` ranks. All ranks must call the same collectives in
+/// the same order with tensors of the same shape and dtype (as in MPI/c10d).
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// "gloo" or "nccl".
+  virtual std::string backendName() const = 0;
+  /// Device that tensors passed to this communicator live on.
+  virtual at::Device device() const = 0;
+  virtual std::chrono::milliseconds timeout() const = 0;
+
+  /// In-place reduction of `t` over all ranks.
+  virtual void allreduce(at::Tensor& t, ReduceOp op) = 0;
+  /// Starts an in-place reduction; `t` must stay alive and untouched until wait().
+  virtual std::unique_ptr<PendingWork> allreduceAsync(at::Tensor& t, ReduceOp op) = 0;
+  /// Overwrites `t` on every rank with root's `t`.
+  virtual void broadcast(at::Tensor& t, int root) = 0;
+  /// Returns a tensor of shape [size(), t.sizes()...] holding every rank's `t`.
+  virtual at::Tensor allgather(const at::Tensor& t) = 0;
+  virtual void barrier() = 0;
+
+  // Scalar helpers: small CPU-side values agreed over the ranks (one collective each).
+
+  /// Reduces each element of `values` over the ranks.
+  std::vector<double> allreduce(const std::vector<double>& values, ReduceOp op);
+  double allreduce(double value, ReduceOp op);
+  /// True on every rank if `flag` is true on any rank.
+  bool any(bool flag);
+  /// Every rank's value, indexed by rank.
+  std::vector<double> allgather(double value);
+  /// Root's string on every rank (two broadcasts: length, then bytes).
+  std::string broadcast(const std::string& value, int root);
+};
+
+}  // namespace batchdist::collective

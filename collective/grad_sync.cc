@@ -1,0 +1,89 @@
+#include "collective/grad_sync.h"
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <memory>
+
+namespace batchdist::collective {
+
+GradientSynchronizer::GradientSynchronizer(Communicator& comm, std::vector<at::Tensor> params,
+                                           std::size_t bucket_bytes)
+    : comm_(comm), params_(std::move(params)) {
+  // Open bucket per (dtype, device), filled in reverse parameter order.
+  std::map<std::pair<int, std::string>, std::size_t> open;
+  std::vector<std::size_t> bytes;
+  for (std::size_t k = params_.size(); k-- > 0;) {
+    const auto& p = params_[k];
+    const auto key = std::make_pair(static_cast<int>(p.scalar_type()), p.device().str());
+    const std::size_t nbytes = p.numel() * p.element_size();
+    auto it = open.find(key);
+    if (it == open.end() || (bytes[it->second] > 0 && bytes[it->second] + nbytes > bucket_bytes)) {
+      buckets_.push_back({});
+      bytes.push_back(0);
+      open[key] = buckets_.size() - 1;
+      it = open.find(key);
+    }
+    buckets_[it->second].params.push_back(k);
+    bytes[it->second] += nbytes;
+  }
+  for (auto& b : buckets_) {
+    int64_t n = 0;
+    for (auto k : b.params) n += params_[k].numel();
+    b.flat = at::empty({n}, params_[b.params.front()].options());
+  }
+}
+
+void GradientSynchronizer::sumGradients() {
+  std::vector<std::unique_ptr<PendingWork>> pending;
+  pending.reserve(buckets_.size());
+  for (auto& b : buckets_) {
+    int64_t offset = 0;
+    for (auto k : b.params) {
+      auto& p = params_[k];
+      auto slot = b.flat.narrow(0, offset, p.numel());
+      if (p.grad().defined()) {
+        slot.copy_(p.grad().reshape({-1}));
+      } else {
+        slot.zero_();
+      }
+      offset += p.numel();
+    }
+    if (comm_.size() > 1) pending.push_back(comm_.allreduceAsync(b.flat, ReduceOp::kSum));
+  }
+  for (std::size_t i = 0; i < buckets_.size(); ++i) {
+    if (!pending.empty()) pending[i]->wait();
+    auto& b = buckets_[i];
+    int64_t offset = 0;
+    for (auto k : b.params) {
+      auto& p = params_[k];
+      auto slot = b.flat.narrow(0, offset, p.numel()).view(p.sizes());
+      if (p.grad().defined()) {
+        p.mutable_grad().copy_(slot);
+      } else {
+        p.mutable_grad() = slot.clone();
+      }
+      offset += p.numel();
+    }
+  }
+}
+
+void broadcastCoalesced(Communicator& comm, const std::vector<at::Tensor>& tensors, int root) {
+  if (comm.size() == 1 || tensors.empty()) return;
+  std::map<int, std::vector<at::Tensor>> by_dtype;
+  for (const auto& t : tensors) by_dtype[static_cast<int>(t.scalar_type())].push_back(t);
+  for (auto& [dtype, group] : by_dtype) {
+    std::vector<at::Tensor> flat_parts;
+    for (const auto& t : group) flat_parts.push_back(t.detach().reshape({-1}));
+    auto flat = at::cat(flat_parts).to(comm.device());
+    comm.broadcast(flat, root);
+    int64_t offset = 0;
+    for (auto& t : group) {
+      at::NoGradGuard no_grad;
+      t.detach().copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
+}
+
+}  // namespace batchdist::collective

@@ -1,0 +1,187 @@
+#include "collective/process_group.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+#include "collective/error.h"
+#include "collective/torch_compat.h"
+
+namespace batchdist::collective {
+namespace {
+
+c10d::ReduceOp toC10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return c10d::ReduceOp::SUM;
+    case ReduceOp::kMin: return c10d::ReduceOp::MIN;
+    case ReduceOp::kMax: return c10d::ReduceOp::MAX;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+class C10dWork : public PendingWork {
+ public:
+  C10dWork(compat::WorkPtr work, std::string what, int rank, std::chrono::milliseconds timeout)
+      : work_(std::move(work)), what_(std::move(what)), rank_(rank), timeout_(timeout) {}
+
+  void wait() override {
+    try {
+      work_->wait(timeout_);
+    } catch (const std::exception& e) {
+      throw CollectiveError(strCat(what_, " failed on rank ", rank_, " (timeout ",
+                                   timeout_.count() / 1000.0,
+                                   " s, dist.timeout_s): ", firstLine(e.what()),
+                                   ". A peer rank probably died or is stuck; see its error above."));
+    }
+  }
+
+  static std::string firstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+ private:
+  compat::WorkPtr work_;
+  std::string what_;
+  int rank_;
+  std::chrono::milliseconds timeout_;
+};
+
+class ProcessGroupCommunicator : public Communicator {
+ public:
+  ProcessGroupCommunicator(compat::BackendPtr backend, std::string name, int rank, int size,
+                           at::Device device, std::chrono::milliseconds timeout)
+      : backend_(std::move(backend)), name_(std::move(name)), rank_(rank), size_(size),
+        device_(device), timeout_(timeout) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backendName() const override { return name_; }
+  at::Device device() const override { return device_; }
+  std::chrono::milliseconds timeout() const override { return timeout_; }
+
+  void allreduce(at::Tensor& t, ReduceOp op) override { allreduceAsync(t, op)->wait(); }
+
+  std::unique_ptr<PendingWork> allreduceAsync(at::Tensor& t, ReduceOp op) override {
+    std::vector<at::Tensor> ts{t};
+    c10d::AllreduceOptions o;
+    o.reduceOp = toC10d(op);
+    o.timeout = timeout_;
+    return wrap(call("allreduce", [&] { return backend_->allreduce(ts, o); }), "allreduce");
+  }
+
+  void broadcast(at::Tensor& t, int root) override {
+    std::vector<at::Tensor> ts{t};
+    c10d::BroadcastOptions o;
+    o.rootRank = root;
+    o.timeout = timeout_;
+    wrap(call("broadcast", [&] { return backend_->broadcast(ts, o); }), "broadcast")->wait();
+  }
+
+  at::Tensor allgather(const at::Tensor& t) override {
+    auto in = t.contiguous();
+    std::vector<at::Tensor> inputs{in};
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (int r = 0; r < size_; ++r) outputs[0].push_back(at::empty_like(in));
+    c10d::AllgatherOptions o;
+    o.timeout = timeout_;
+    wrap(call("allgather", [&] { return backend_->allgather(outputs, inputs, o); }), "allgather")
+        ->wait();
+    return at::stack(outputs[0]);
+  }
+
+  void barrier() override {
+    // A tiny allreduce instead of c10d's barrier: same semantics, and NCCL's barrier
+    // guesses a device from the rank, which is wrong across nodes.
+    auto t = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device_));
+    allreduce(t, ReduceOp::kSum);
+  }
+
+ private:
+  template <typename F>
+  compat::WorkPtr call(const char* what, F&& f) {
+    try {
+      return f();
+    } catch (const std::exception& e) {
+      throw CollectiveError(strCat(what, " could not start on rank ", rank_, " (", name_,
+                                   "): ", C10dWork::firstLine(e.what())));
+    }
+  }
+
+  std::unique_ptr<PendingWork> wrap(compat::WorkPtr w, const char* what) {
+    return std::make_unique<C10dWork>(std::move(w), strCat(name_, " ", what), rank_, timeout_);
+  }
+
+  compat::BackendPtr backend_;
+  std::string name_;
+  int rank_;
+  int size_;
+  at::Device device_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace
+
+std::vector<std::string> availableBackends() {
+#if defined(BATCHDIST_WITH_NCCL)
+  return {"gloo", "nccl"};
+#else
+  return {"gloo"};
+#endif
+}
+
+std::string resolveBackend(const std::string& requested, const at::Device& device) {
+  const auto have = availableBackends();
+  const bool compiled = std::find(have.begin(), have.end(), requested) != have.end();
+  if (requested == "auto") {
+    return device.is_cuda() && std::find(have.begin(), have.end(), "nccl") != have.end()
+               ? "nccl"
+               : "gloo";
+  }
+  if (requested != "gloo" && requested != "nccl") {
+    throw ConfigError(strCat("dist.backend: unknown backend '", requested,
+                             "'; this build has: auto, ", joined(have)));
+  }
+  if (!compiled) {
+    throw ConfigError(strCat("dist.backend: '", requested,
+                             "' is not compiled into this build (Torch without CUDA); this "
+                             "build has: auto, ",
+                             joined(have)));
+  }
+  if (requested == "nccl" && !device.is_cuda()) {
+    throw ConfigError(
+        "dist.backend: 'nccl' needs a CUDA device, but this rank trains on the CPU "
+        "(train.device); use gloo or auto");
+  }
+  return requested;
+}
+
+std::unique_ptr<Communicator> createCommunicator(const c10::intrusive_ptr<c10d::Store>& store,
+                                                 int rank, int size, const BackendOptions& opts) {
+  const std::string name = resolveBackend(opts.backend, opts.device);
+  compat::BackendPtr backend;
+  try {
+    if (name == "gloo") {
+      auto device = opts.interface.empty()
+                        ? c10d::ProcessGroupGloo::createDeviceForHostname(opts.address)
+                        : c10d::ProcessGroupGloo::createDeviceForInterface(opts.interface);
+      backend = compat::makeGloo(store, rank, size, opts.timeout, device);
+    }
+#if defined(BATCHDIST_WITH_NCCL)
+    if (name == "nccl") backend = compat::makeNccl(store, rank, size, opts.timeout);
+#endif
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    throw CollectiveError(strCat(
+        "rank ", rank, " could not join the ", name, " process group of ", size, " ranks within ",
+        opts.timeout.count() / 1000.0, " s: ", what.substr(0, what.find('\n')),
+        ". Check that every rank can reach the others (dist.interface / BATCHDIST_IFNAME)"));
+  }
+  return std::make_unique<ProcessGroupCommunicator>(std::move(backend), name, rank, size,
+                                                    opts.device, opts.timeout);
+}
+
+}  // namespace batchdist::collective

@@ -1,0 +1,36 @@
+#pragma once
+// Communicator over a c10d backend; the one factory that picks the backend.
+
+#include <c10/util/intrusive_ptr.h>
+
+#include "collective/communicator.h"
+
+namespace c10d {
+class Store;
+}
+
+namespace batchdist::collective {
+
+/// How to build a Communicator.
+struct BackendOptions {
+  std::string backend = "auto";  ///< auto | gloo | nccl (dist.backend)
+  at::Device device = at::kCPU;  ///< where this rank computes
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  std::string interface;  ///< network interface for Gloo (empty: use `address`)
+  std::string address;    ///< this rank's IPv4 address for Gloo when no interface is named
+};
+
+/// Backends compiled into this build, e.g. {"gloo"} or {"gloo", "nccl"}.
+std::vector<std::string> availableBackends();
+
+/// Maps dist.backend to a concrete backend for `device`: auto -> nccl on CUDA
+/// (when compiled), gloo otherwise. Throws ConfigError naming the backends this
+/// build has for an unknown or unavailable name, or nccl on a CPU device.
+std::string resolveBackend(const std::string& requested, const at::Device& device);
+
+/// Joins the process group through `store`; blocks until all `size` ranks joined
+/// or the timeout expired (CollectiveError).
+std::unique_ptr<Communicator> createCommunicator(const c10::intrusive_ptr<c10d::Store>& store,
+                                                 int rank, int size, const BackendOptions& opts);
+
+}  // namespace batchdist::collective

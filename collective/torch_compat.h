@@ -1,0 +1,80 @@
+#pragma once
+// Note [torch compat]: the only place that knows which LibTorch it is built against.
+// Debian 12 ships LibTorch 1.13 (c10d backends derive from c10d::ProcessGroup);
+// LibTorch 2.x splits ProcessGroup into a front and per-device c10d::Backend
+// objects, and ProcessGroupGloo/ProcessGroupNCCL derive from Backend. Both expose
+// the same collective calls (allreduce/broadcast/allgather/barrier returning
+// c10::intrusive_ptr<c10d::Work>), so everything else talks to `compat::Backend`.
+
+#include <torch/version.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#if defined(BATCHDIST_WITH_NCCL)
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#if defined(BATCHDIST_WITH_CUDA)
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace batchdist::compat {
+
+#if TORCH_VERSION_MAJOR >= 2
+using Backend = c10d::Backend;
+#else
+using Backend = c10d::ProcessGroup;
+#endif
+using BackendPtr = c10::intrusive_ptr<Backend>;
+using WorkPtr = c10::intrusive_ptr<c10d::Work>;
+using StorePtr = c10::intrusive_ptr<c10d::Store>;
+
+constexpr int kTorchMajor = TORCH_VERSION_MAJOR;
+constexpr int kTorchMinor = TORCH_VERSION_MINOR;
+inline std::string torchVersion() { return TORCH_VERSION; }
+
+/// A Gloo backend bound to one transport device (interface or host address).
+inline BackendPtr makeGloo(const StorePtr& store, int rank, int size,
+                           std::chrono::milliseconds timeout,
+                           std::shared_ptr<::gloo::transport::Device> device) {
+  auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+  opts->devices.push_back(std::move(device));
+  opts->threads = 2;
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+}
+
+#if defined(BATCHDIST_WITH_NCCL)
+inline BackendPtr makeNccl(const StorePtr& store, int rank, int size,
+                           std::chrono::milliseconds timeout) {
+  auto opts = c10d::ProcessGroupNCCL::Options::create();
+  opts->timeout = timeout;
+  return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts);
+}
+#endif
+
+/// Opens a TCPStore: the server on rank 0 (port 0 = any free port), a client elsewhere.
+inline c10::intrusive_ptr<c10d::TCPStore> makeTcpStore(const std::string& host, uint16_t port,
+                                                       bool is_server,
+                                                       std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions opts;
+  opts.port = port;
+  opts.isServer = is_server;
+  opts.waitWorkers = false;  // the other ranks learn the address only after this returns
+  opts.timeout = timeout;
+  return c10::make_intrusive<c10d::TCPStore>(host, opts);
+}
+
+/// Makes CUDA device `index` current for this process (no-op in CPU builds).
+inline void setCudaDevice(int index) {
+#if defined(BATCHDIST_WITH_CUDA)
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(index));
+#else
+  (void)index;
+#endif
+}
+
+}  // namespace batchdist::compat

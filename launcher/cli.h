@@ -1,0 +1,30 @@
+#pragma once
+// Command line: batchdist [train|plan|search] CONFIG.yaml [options].
+
+#include <string>
+#include <vector>
+
+namespace batchdist::launcher {
+
+struct CliOptions {
+  std::string verb = "train";  ///< train | plan | search
+  std::string config;
+  std::vector<std::string> sets;  ///< --set key.path=value
+  std::string report;             ///< --report PATH
+  std::string output = "batchdist-out";
+  bool quiet = false;
+  bool help = false;
+  bool version = false;
+  int world = 0;      ///< plan: --world N
+  bool json = false;  ///< plan: --json
+  bool research = false;
+};
+
+/// Parses argv. Throws ConfigError (exit code 2) for unknown options, missing or
+/// extra arguments.
+CliOptions parseCli(int argc, char** argv);
+
+/// The --help text.
+std::string usage();
+
+}  // namespace batchdist::launcher

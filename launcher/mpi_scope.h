@@ -1,0 +1,68 @@
+#pragma once
+// MPI lifetime as an RAII scope, and what the launcher learns from MPI.
+
+#include <mpi.h>
+
+#include <string>
+
+namespace batchdist::launcher {
+
+class MpiScope {
+ public:
+  /// MPI_Init_thread (FUNNELED); works under mpirun/srun and alone (singleton).
+  MpiScope(int* argc, char*** argv);
+  ~MpiScope();
+  MpiScope(const MpiScope&) = delete;
+  MpiScope& operator=(const MpiScope&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int localRank() const { return local_rank_; }
+  int localSize() const { return local_size_; }
+  int hostCount() const { return host_count_; }
+  const std::string& host() const { return host_; }
+  /// "[rank R/N host H]", the prefix of every per-rank message.
+  std::string tag() const;
+
+  /// Runs `fn`, which must not use collectives, on every rank, and agrees on the
+  /// outcome: if it threw on any rank, the lowest such rank prints its error and
+  /// every rank returns that exit code (no abort needed: all ranks stop together).
+  template <typename F>
+  int agree(F&& fn);
+
+  /// Ends every rank of the job with `code` (MPI_Abort when there are several).
+  [[noreturn]] void abort(int code);
+
+ private:
+  int agreeOnError(int code, const std::string& message);
+
+  int rank_ = 0;
+  int size_ = 1;
+  int local_rank_ = 0;
+  int local_size_ = 1;
+  int host_count_ = 1;
+  std::string host_;
+};
+
+}  // namespace batchdist::launcher
+
+#include "collective/error.h"
+#include <exception>
+
+namespace batchdist::launcher {
+template <typename F>
+int MpiScope::agree(F&& fn) {
+  int code = 0;
+  std::string message;
+  try {
+    fn();
+  } catch (const Error& e) {
+    code = e.exitCode();
+    message = e.what();
+  } catch (const std::exception& e) {
+    code = 1;
+    message = e.what();
+  }
+  return agreeOnError(code, message);
+}
+}  // namespace batchdist::launcher

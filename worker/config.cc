@@ -1,0 +1,481 @@
+#include "worker/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+
+#include "collective/error.h"
+#include "worker/json.h"
+
+namespace batchdist::worker {
+
+const char* toString(LastBatch v) {
+  switch (v) {
+    case LastBatch::kDrop: return "drop";
+    case LastBatch::kPad: return "pad";
+    case LastBatch::kKeep: return "keep";
+  }
+  return "?";
+}
+const char* toString(LrScaling v) {
+  switch (v) {
+    case LrScaling::kLinear: return "linear";
+    case LrScaling::kSqrt: return "sqrt";
+    case LrScaling::kNone: return "none";
+  }
+  return "?";
+}
+const char* toString(Schedule v) {
+  switch (v) {
+    case Schedule::kConstant: return "constant";
+    case Schedule::kStep: return "step";
+    case Schedule::kCosine: return "cosine";
+  }
+  return "?";
+}
+
+std::size_t editDistance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+namespace {
+
+constexpr int64_t kMaxInt = std::numeric_limits<int64_t>::max();
+
+/// State shared by all sections while one config is read.
+struct Context {
+  std::string source;
+  std::set<std::string> from_set;  // paths given by --set
+  std::vector<std::string> known;  // every key the schema asked for, full path
+  struct Unknown {
+    std::string path;
+    YAML::Mark mark;
+  };
+  std::vector<Unknown> unknown;
+  std::vector<std::pair<std::string, std::string>>* resolved = nullptr;
+
+  /// "file.yaml:12: batch.global" or "--set batch.global".
+  std::string where(const std::string& path, const YAML::Mark& mark) const {
+    if (from_set.count(path)) return "--set " + path;
+    if (mark.line >= 0) return strCat(source, ":", mark.line + 1, ": ", path);
+    return strCat(source, ": ", path);
+  }
+};
+
+std::string scalarText(const YAML::Node& n) {
+  if (n.IsScalar()) return "'" + n.Scalar() + "'";
+  if (n.IsSequence()) return "a list";
+  if (n.IsMap()) return "a mapping";
+  return "nothing";
+}
+
+/// Reads one mapping of the config, recording every key it knows.
+class Section {
+ public:
+  Section(Context& ctx, const YAML::Node& root, std::string name)
+      : ctx_(ctx), name_(std::move(name)) {
+    // const operator[] yields an invalid node for a missing key; assign only real ones.
+    if (root.IsMap() && root[name_]) node_ = root[name_];
+    if (node_ && !node_.IsMap() && !node_.IsNull()) {
+      throw ConfigError(strCat(ctx_.where(name_, node_.Mark()), ": expected a mapping of keys, got ",
+                               scalarText(node_)));
+    }
+  }
+
+  ~Section() noexcept(false) {
+    if (!node_ || !node_.IsMap() || std::uncaught_exceptions() > 0) return;
+    for (const auto& kv : node_) {
+      const auto key = kv.first.as<std::string>();
+      if (std::find(keys_.begin(), keys_.end(), key) == keys_.end()) {
+        ctx_.unknown.push_back({name_ + "." + key, kv.first.Mark()});
+      }
+    }
+  }
+
+  int64_t integer(const std::string& key, int64_t def, int64_t lo, int64_t hi) {
+    const auto n = get(key);
+    int64_t v = def;
+    if (n) v = asInt(n, key);
+    checkRange(key, n, v, lo, hi);
+    record(key, json::number(v));
+    return v;
+  }
+
+  double real(const std::string& key, double def, double lo, double hi) {
+    const auto n = get(key);
+    double v = def;
+    if (n) {
+      try {
+        v = n.as<double>();
+      } catch (const YAML::Exception&) {
+        throw typeError(key, n, "a number");
+      }
+      if (!std::isfinite(v)) throw typeError(key, n, "a finite number");
+    }
+    if (v < lo || v > hi) {
+      throw ConfigError(strCat(where(key, n), ": ", v, " is out of range; allowed ", lo, " .. ", hi));
+    }
+    record(key, json::number(v));
+    return v;
+  }
+
+  bool boolean(const std::string& key, bool def) {
+    const auto n = get(key);
+    bool v = def;
+    if (n) {
+      try {
+        v = n.as<bool>();
+      } catch (const YAML::Exception&) {
+        throw typeError(key, n, "true or false");
+      }
+    }
+    record(key, v ? "true" : "false");
+    return v;
+  }
+
+  std::string text(const std::string& key, const std::string& def) {
+    const auto n = get(key);
+    std::string v = def;
+    if (n) {
+      if (!n.IsScalar()) throw typeError(key, n, "a string");
+      v = n.Scalar();
+    }
+    record(key, json::quote(v));
+    return v;
+  }
+
+  std::string choice(const std::string& key, const std::string& def,
+                     const std::vector<std::string>& allowed) {
+    const auto n = get(key);
+    std::string v = def;
+    if (n) {
+      if (!n.IsScalar()) throw typeError(key, n, "one of " + joined(allowed));
+      v = n.Scalar();
+    }
+    if (std::find(allowed.begin(), allowed.end(), v) == allowed.end()) {
+      std::string hint;
+      for (const auto& a : allowed) {
+        if (editDistance(a, v) <= 2) hint = "; did you mean '" + a + "'?";
+      }
+      throw ConfigError(strCat(where(key, n), ": '", v, "' is not one of ", joined(allowed), hint));
+    }
+    record(key, json::quote(v));
+    return v;
+  }
+
+  std::vector<int64_t> intList(const std::string& key, const std::vector<int64_t>& def, int64_t lo,
+                               int64_t hi) {
+    const auto n = get(key);
+    std::vector<int64_t> v = def;
+    if (n) {
+      if (!n.IsSequence()) throw typeError(key, n, "a list of integers, e.g. [128, 64]");
+      v.clear();
+      for (const auto& item : n) {
+        v.push_back(asInt(item, key));
+        checkRange(key, item, v.back(), lo, hi);
+      }
+    }
+    std::string js = "[";
+    for (std::size_t i = 0; i < v.size(); ++i) js += (i ? ", " : "") + json::number(v[i]);
+    record(key, js + "]");
+    return v;
+  }
+
+  /// An integer >= lo, or the word "auto" (returned as `is_auto`), or absent (def).
+  int64_t integerOrAuto(const std::string& key, int64_t def, int64_t lo, bool* is_auto) {
+    const auto n = get(key);
+    *is_auto = false;
+    int64_t v = def;
+    if (n && n.IsScalar() && n.Scalar() == "auto") {
+      *is_auto = true;
+      record(key, json::quote("auto"));
+      return 0;
+    }
+    if (n) {
+      try {
+        v = n.as<int64_t>();
+      } catch (const YAML::Exception&) {
+        throw typeError(key, n, "an integer or 'auto'");
+      }
+      checkRange(key, n, v, lo, kMaxInt);
+    }
+    record(key, v == 0 ? "null" : json::number(v));
+    return v;
+  }
+
+ private:
+  YAML::Node get(const std::string& key) {
+    keys_.push_back(key);
+    ctx_.known.push_back(name_ + "." + key);
+    if (!node_ || !node_.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
+    const YAML::Node& cnode = node_;
+    YAML::Node n = cnode[key];
+    if (!n || n.IsNull()) return YAML::Node(YAML::NodeType::Undefined);
+    return n;
+  }
+
+  int64_t asInt(const YAML::Node& n, const std::string& key) {
+    try {
+      return n.as<int64_t>();
+    } catch (const YAML::Exception&) {
+      throw typeError(key, n, "an integer");
+    }
+  }
+
+  void checkRange(const std::string& key, const YAML::Node& n, int64_t v, int64_t lo, int64_t hi) {
+    if (v < lo) throw ConfigError(strCat(where(key, n), ": must be >= ", lo, ", got ", v));
+    if (v > hi) throw ConfigError(strCat(where(key, n), ": must be <= ", hi, ", got ", v));
+  }
+
+  ConfigError typeError(const std::string& key, const YAML::Node& n, const std::string& want) {
+    return ConfigError(strCat(where(key, n), ": expected ", want, ", got ", scalarText(n)));
+  }
+
+  std::string where(const std::string& key, const YAML::Node& n) const {
+    return ctx_.where(name_ + "." + key, n ? n.Mark() : YAML::Mark::null_mark());
+  }
+
+  void record(const std::string& key, std::string json_value) {
+    ctx_.resolved->emplace_back(name_ + "." + key, std::move(json_value));
+  }
+
+  static std::string joined(const std::vector<std::string>& v) {
+    std::string s;
+    for (const auto& x : v) s += (s.empty() ? "" : " | ") + x;
+    return s;
+  }
+
+  Context& ctx_;
+  std::string name_;
+  YAML::Node node_;
+  std::vector<std::string> keys_;
+};
+
+const std::vector<std::string> kSections = {"model", "data",  "batch", "optim",
+                                            "train", "dist",  "search"};
+
+std::string suggestion(const std::string& path, const std::vector<std::string>& candidates) {
+  std::string best;
+  std::size_t best_d = std::max<std::size_t>(2, path.size() / 3) + 1;
+  const std::string leaf = path.substr(path.rfind('.') + 1);
+  for (const auto& c : candidates) {
+    std::size_t d = editDistance(path, c);
+    // The right key in the wrong section (train.lr -> optim.lr) is a good guess too.
+    if (c.substr(c.rfind('.') + 1) == leaf) d = std::min<std::size_t>(d, 1);
+    if (d < best_d) {
+      best_d = d;
+      best = c;
+    }
+  }
+  return best.empty() ? "" : "; did you mean '" + best + "'?";
+}
+
+void applyOverride(YAML::Node& root, const std::string& spec, Context& ctx) {
+  const auto eq = spec.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    throw ConfigError(strCat("--set expects key.path=value (e.g. --set batch.global=128), got '",
+                             spec, "'"));
+  }
+  const std::string path = spec.substr(0, eq);
+  const std::string text = spec.substr(eq + 1);
+  YAML::Node value;
+  try {
+    value = text.empty() ? YAML::Node(std::string()) : YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(strCat("--set ", path, ": cannot parse value '", text, "': ", e.msg));
+  }
+  std::vector<std::string> parts;
+  std::stringstream ss(path);
+  for (std::string p; std::getline(ss, p, '.');) parts.push_back(p);
+  if (parts.size() != 2 || parts[0].empty() || parts[1].empty()) {
+    throw ConfigError(strCat("--set ", path, ": keys have the form section.key (e.g. optim.lr)"));
+  }
+  if (!root.IsMap()) root = YAML::Node(YAML::NodeType::Map);
+  YAML::Node section = root[parts[0]];
+  if (section.IsDefined() && !section.IsNull() && !section.IsMap()) {
+    throw ConfigError(strCat("--set ", path, ": '", parts[0], "' is not a mapping in ", ctx.source));
+  }
+  section[parts[1]] = value;
+  ctx.from_set.insert(path);
+}
+
+}  // namespace
+
+Config parseConfig(const std::string& yaml_text, const std::string& source,
+                   const std::vector<std::string>& overrides) {
+  Config cfg;
+  cfg.source = source;
+  Context ctx;
+  ctx.source = source;
+  ctx.resolved = &cfg.resolved;
+
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::ParserException& e) {
+    throw ConfigError(strCat(source, ":", e.mark.line + 1, ":", e.mark.column + 1,
+                             ": malformed YAML: ", e.msg));
+  }
+  if (root.IsDefined() && !root.IsNull() && !root.IsMap()) {
+    throw ConfigError(strCat(source, ": expected a mapping of sections (model, data, batch, optim, "
+                             "train, dist, search) at the top level, got ",
+                             scalarText(root)));
+  }
+  for (const auto& o : overrides) applyOverride(root, o, ctx);
+
+  {
+    Section s(ctx, root, "model");
+    cfg.model.name = s.choice("name", "mlp", {"mlp", "cnn"});
+    cfg.model.hidden = s.intList("hidden", cfg.model.hidden, 1, 1 << 20);
+    cfg.model.channels = s.intList("channels", cfg.model.channels, 1, 1 << 16);
+    cfg.model.batchnorm = s.boolean("batchnorm", true);
+    cfg.model.dropout = s.real("dropout", 0.0, 0.0, 0.99);
+  }
+  {
+    Section s(ctx, root, "data");
+    cfg.data.name = s.choice("name", "digits", {"digits", "synthetic", "csv"});
+    cfg.data.path = s.text("path", "");
+    cfg.data.samples = s.integer("samples", 4096, 2, int64_t{1} << 40);
+    cfg.data.shape = s.intList("shape", cfg.data.shape, 1, 1 << 20);
+    cfg.data.classes = s.integer("classes", 10, 2, 1 << 20);
+    cfg.data.val_fraction = s.real("val_fraction", 0.2, 0.0, 0.9);
+    cfg.data.noise = s.real("noise", 0.5, 0.0, 100.0);
+  }
+  {
+    Section s(ctx, root, "batch");
+    cfg.batch.global = s.integerOrAuto("global", 0, 1, &cfg.batch.global_auto);
+    cfg.batch.per_gpu = s.integerOrAuto("per_gpu", 0, 1, &cfg.batch.per_gpu_auto);
+    cfg.batch.accum = s.integer("accum", 0, 0, 1 << 20);
+    const auto last = s.choice("last_batch", "drop", {"drop", "pad", "keep"});
+    cfg.batch.last_batch = last == "drop"  ? LastBatch::kDrop
+                           : last == "pad" ? LastBatch::kPad
+                                           : LastBatch::kKeep;
+    cfg.batch.min_per_gpu = s.integer("min_per_gpu", 2, 1, 1 << 20);
+    cfg.batch.eval_per_gpu = s.integer("eval_per_gpu", 0, 0, 1 << 24);
+  }
+  {
+    Section s(ctx, root, "optim");
+    cfg.optim.name = s.choice("name", "sgd", {"sgd", "adamw", "lars"});
+    cfg.optim.lr = s.real("lr", 0.1, 1e-12, 1e3);
+    cfg.optim.base_batch = s.integer("base_batch", 256, 1, int64_t{1} << 32);
+    const auto scaling = s.choice("lr_scaling", "linear", {"linear", "sqrt", "none"});
+    cfg.optim.lr_scaling = scaling == "linear" ? LrScaling::kLinear
+                           : scaling == "sqrt" ? LrScaling::kSqrt
+                                               : LrScaling::kNone;
+    cfg.optim.warmup_epochs = s.real("warmup_epochs", 0.0, 0.0, 1e6);
+    cfg.optim.warmup_steps = s.integer("warmup_steps", -1, -1, int64_t{1} << 40);
+    const auto sched = s.choice("schedule", "constant", {"constant", "step", "cosine"});
+    cfg.optim.schedule = sched == "constant" ? Schedule::kConstant
+                         : sched == "step"   ? Schedule::kStep
+                                             : Schedule::kCosine;
+    cfg.optim.min_lr = s.real("min_lr", 0.0, 0.0, 1e3);
+    cfg.optim.step_gamma = s.real("step_gamma", 0.1, 0.0, 1.0);
+    cfg.optim.milestones = s.intList("milestones", {}, 1, int64_t{1} << 30);
+    cfg.optim.momentum = s.real("momentum", 0.9, 0.0, 0.9999);
+    cfg.optim.nesterov = s.boolean("nesterov", false);
+    cfg.optim.weight_decay = s.real("weight_decay", 0.0, 0.0, 10.0);
+    cfg.optim.beta1 = s.real("beta1", 0.9, 0.0, 0.9999);
+    cfg.optim.beta2 = s.real("beta2", 0.999, 0.0, 0.99999);
+    cfg.optim.eps = s.real("eps", 1e-8, 1e-16, 1.0);
+    cfg.optim.trust_coefficient = s.real("trust_coefficient", 0.001, 1e-9, 10.0);
+  }
+  {
+    Section s(ctx, root, "train");
+    cfg.train.epochs = s.integer("epochs", 10, 1, 1 << 24);
+    cfg.train.seed = s.integer("seed", 0, 0, kMaxInt);
+    cfg.train.device = s.choice("device", "auto", {"auto", "cpu", "cuda"});
+    cfg.train.max_steps = s.integer("max_steps", 0, 0, kMaxInt);
+    cfg.train.threads = s.integer("threads", 0, 0, 4096);
+    cfg.train.check_finite = s.boolean("check_finite", true);
+  }
+  {
+    Section s(ctx, root, "dist");
+    cfg.dist.backend = s.choice("backend", "auto", {"auto", "gloo", "nccl"});
+    cfg.dist.timeout_s = s.real("timeout_s", 300, 1, 86400 * 7);
+    cfg.dist.interface = s.text("interface", "");
+    cfg.dist.bucket_mb = s.real("bucket_mb", 25, 0.001, 4096);
+  }
+  {
+    Section s(ctx, root, "search");
+    cfg.search.min = s.integer("min", 8, 1, 1 << 24);
+    cfg.search.max = s.integer("max", 0, 0, 1 << 24);
+    cfg.search.multiple_of = s.integer("multiple_of", 8, 1, 1 << 20);
+    cfg.search.memory_fraction = s.real("memory_fraction", 0.9, 0.05, 1.0);
+    cfg.search.memory_limit_mb = s.integer("memory_limit_mb", 0, 0, int64_t{1} << 30);
+    cfg.search.warmup_steps = s.integer("warmup_steps", 2, 0, 1000);
+    cfg.search.timed_steps = s.integer("timed_steps", 3, 1, 1000);
+    cfg.search.objective = s.choice("objective", "throughput", {"throughput", "max_fit"});
+    cfg.search.tolerance = s.real("tolerance", 0.05, 0.0, 1.0);
+    cfg.search.cache = s.text("cache", "");
+  }
+
+  // Unknown keys: sections first, then keys inside known sections.
+  if (root.IsMap()) {
+    for (const auto& kv : root) {
+      const auto key = kv.first.as<std::string>();
+      if (std::find(kSections.begin(), kSections.end(), key) == kSections.end()) {
+        throw ConfigError(strCat(ctx.where(key, kv.first.Mark()), ": unknown section '", key,
+                                 "' (sections: model, data, batch, optim, train, dist, search)",
+                                 suggestion(key, kSections)));
+      }
+    }
+  }
+  if (!ctx.unknown.empty()) {
+    const auto& u = ctx.unknown.front();
+    throw ConfigError(strCat(ctx.where(u.path, u.mark), ": unknown key", suggestion(u.path, ctx.known)));
+  }
+  if (cfg.optim.min_lr > cfg.optim.lr) {
+    throw ConfigError(strCat(source, ": optim.min_lr (", cfg.optim.min_lr,
+                             ") must not exceed optim.lr (", cfg.optim.lr, ")"));
+  }
+  if (cfg.search.max != 0 && cfg.search.max < cfg.search.min) {
+    throw ConfigError(strCat(source, ": search.max (", cfg.search.max, ") is below search.min (",
+                             cfg.search.min, ")"));
+  }
+  return cfg;
+}
+
+Config loadConfig(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) {
+    throw ConfigError(strCat(path, ": cannot open config file (", std::strerror(errno), ")"));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parseConfig(ss.str(), path, overrides);
+}
+
+std::string resolvedJson(const Config& cfg) {
+  // Nested by section, in schema order: {"model": {"name": "mlp", ...}, ...}.
+  json::Object root;
+  json::Object section;
+  std::string current;
+  for (const auto& [path, value] : cfg.resolved) {
+    const auto dot = path.find('.');
+    const std::string name = path.substr(0, dot);
+    if (name != current) {
+      if (!current.empty()) root.raw(current, section.str());
+      section = json::Object();
+      current = name;
+    }
+    section.raw(path.substr(dot + 1), value);
+  }
+  if (!current.empty()) root.raw(current, section.str());
+  return root.str();
+}
+
+}  // namespace batchdist::worker

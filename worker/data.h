@@ -1,0 +1,62 @@
+#pragma once
+// Data sets: the digits set (embedded in the binary), generic CSV, and a
+// seeded synthetic classification set for tests and benchmarks.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "worker/config.h"
+
+namespace batchdist::worker {
+
+struct Dataset {
+  at::Tensor x;                       ///< [N, sample_shape...], float32
+  at::Tensor y;                       ///< [N], int64 class labels
+  std::vector<int64_t> sample_shape;  ///< e.g. {1, 8, 8} or {64}
+  int64_t classes = 0;
+  int64_t size() const { return y.defined() ? y.size(0) : 0; }
+};
+
+struct DataSplit {
+  std::string name;
+  std::string origin;  ///< where it came from (file, "embedded", "synthetic")
+  Dataset train;
+  Dataset val;
+};
+
+/// Loads and splits the data set of `cfg.data` (seeded by `seed`). Relative paths
+/// are resolved against `base_dir` (the config file's directory). Throws
+/// ConfigError naming the file, line and what was expected.
+DataSplit loadData(const DataConfig& cfg, int64_t seed, const std::string& base_dir);
+
+/// Parses CSV text: numeric features then an integer label in [0, classes) per
+/// line. `source` names the text in messages.
+Dataset parseCsv(const std::string& text, const std::string& source, int64_t classes,
+                 std::vector<int64_t> sample_shape, double scale = 1.0);
+
+/// The digits CSV compiled into the binary (UCI optical digits, 1797 rows).
+std::string embeddedDigitsCsv();
+
+/// Rows `rows` of `d` (a new Dataset sharing nothing with `d`).
+Dataset subset(const Dataset& d, const std::vector<int64_t>& rows);
+
+}  // namespace batchdist::worker
+
+namespace batchdist::worker {
+
+/// Size and shape of a data set without generating synthetic samples (for `plan`).
+struct DataInfo {
+  int64_t train_size = 0;
+  int64_t val_size = 0;
+  std::vector<int64_t> sample_shape;
+  int64_t classes = 0;
+};
+DataInfo describeData(const DataConfig& cfg, int64_t seed, const std::string& base_dir);
+
+/// Validation samples for `n` samples at `val_fraction` (the rest train).
+int64_t valCount(int64_t n, double val_fraction);
+
+}  // namespace batchdist::worker

@@ -1,0 +1,106 @@
+#pragma once
+// The batch plan: a pure function of (config, world size, dataset size).
+//
+// Note [equal shards]: every epoch is one seeded permutation of the training set,
+// identical on every rank without communication (seed, epoch). It is cut into
+// global batches of G = m x a x W samples; global batch s is cut into W x a
+// micro-batches of exactly m samples, and rank r takes micro-batches r*a .. r*a+a-1.
+// The short tail of the epoch is dropped (`drop`) or the last global batch is
+// filled to G with samples from the start of the permutation carrying weight 0
+// (`pad`), so every rank runs the same number of steps and every micro-batch has
+// exactly m >= min_per_gpu samples: BatchNorm never sees an empty or size-1 batch.
+// `keep` (the naive behaviour: a short last batch split as evenly as possible) is
+// refused for models with BatchNorm.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "worker/config.h"
+
+namespace batchdist::worker {
+
+struct Plan {
+  int64_t world_size = 1;
+  int64_t per_gpu = 1;       ///< m
+  int64_t accum = 1;         ///< a
+  int64_t global = 1;        ///< G = m * a * W
+  LastBatch last_batch = LastBatch::kDrop;
+  int64_t dataset_size = 0;  ///< training samples N
+  int64_t steps_per_epoch = 0;
+  int64_t samples_dropped = 0;  ///< per epoch
+  int64_t samples_padded = 0;   ///< per epoch (weight 0)
+  int64_t epochs = 1;
+  int64_t total_steps = 0;      ///< optimizer steps of the run (max_steps applied)
+
+  // Learning rate (Note [lr follows the batch]).
+  std::string optimizer;
+  double base_lr = 0;        ///< optim.lr, the rate at base_batch
+  int64_t base_batch = 0;
+  LrScaling lr_scaling = LrScaling::kLinear;
+  double lr = 0;             ///< scaled peak rate
+  int64_t warmup_steps = 0;
+  Schedule schedule = Schedule::kConstant;
+  double min_lr = 0;
+  double step_gamma = 0.1;
+  std::vector<int64_t> milestones;
+
+  std::vector<std::string> warnings;
+
+  /// Learning rate of optimizer step `step` (0-based, counted over the whole run).
+  double lrAt(int64_t step) const;
+  /// Slots (samples incl. padding) each rank processes per epoch; equal on all
+  /// ranks except under `keep`.
+  int64_t rankSamplesPerEpoch(int64_t rank) const;
+};
+
+/// Resolves the batch triple and the learning rate. `per_gpu_override` > 0
+/// replaces batch.per_gpu (the batch search passes its choice here). Throws
+/// ConfigError with the arithmetic and the nearest valid values.
+Plan makePlan(const Config& cfg, int64_t world_size, int64_t dataset_size, bool has_batchnorm,
+              int64_t per_gpu_override = 0);
+
+/// The scaled peak learning rate for global batch G.
+double scaledLr(double base_lr, int64_t base_batch, int64_t global, LrScaling rule);
+
+/// Human-readable plan (the `batchdist plan` output).
+std::string planText(const Plan& p);
+/// The plan as JSON (`batchdist plan --json`, the run report).
+std::string planJson(const Plan& p);
+
+/// One rank's micro-batch: dataset indices and per-sample loss weights (1, or 0 for padding).
+struct MicroBatch {
+  std::vector<int64_t> indices;
+  std::vector<float> weights;
+};
+
+/// Cuts epochs into micro-batches according to Note [equal shards].
+class Sharder {
+ public:
+  Sharder(const Plan& plan, uint64_t seed);
+
+  /// Builds the permutation of `epoch` (same on every rank).
+  void setEpoch(int64_t epoch);
+  const std::vector<int64_t>& permutation() const { return perm_; }
+
+  /// Micro-batch `k` (0 <= k < accum) of rank `rank` in step `step` of the current epoch.
+  MicroBatch micro(int64_t step, int64_t k, int64_t rank) const;
+
+  /// Samples of weight 1 in global step `step`: the loss denominator, known to
+  /// every rank without communication (Note [loss normalisation]).
+  int64_t realSamples(int64_t step) const;
+
+ private:
+  Plan plan_;
+  uint64_t seed_;
+  std::vector<int64_t> perm_;
+};
+
+/// The seeded permutation of 0..n-1 for (seed, epoch), identical everywhere.
+std::vector<int64_t> seededPermutation(int64_t n, uint64_t seed, int64_t epoch);
+
+/// Contiguous evaluation shard [begin, end) of `n` samples for `rank` of `world`:
+/// sizes differ by at most one and every sample belongs to exactly one rank.
+std::pair<int64_t, int64_t> evalShard(int64_t n, int64_t world, int64_t rank);
+
+}  // namespace batchdist::worker
