@@ -1,0 +1,158 @@
+// The real binary, as a user runs it: exit codes and messages for good and bad input.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <yaml-cpp/yaml.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+Result run(const std::string& args, const std::string& prefix = "") {
+  const std::string cmd = prefix + std::string(BATCHDIST_BIN) + " " + args + " 2>&1";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+std::string mpirun(int np) {
+  return std::string(BATCHDIST_MPIRUN) + " " + BATCHDIST_MPI_FLAGS + " -np " + std::to_string(np) + " ";
+}
+
+std::string writeConfig(const std::string& name, const std::string& text) {
+  const auto dir = std::filesystem::temp_directory_path() / "batchdist_cli_test";
+  std::filesystem::create_directories(dir);
+  const auto path = (dir / name).string();
+  std::ofstream(path) << text;
+  return path;
+}
+
+const std::string kQuickstart = std::string(BATCHDIST_SOURCE_DIR) + "/configs/quickstart.yaml";
+
+/// A bad-input run: exit code 2, the expected message once, no crash output.
+void expectCleanError(const Result& r, const std::string& message) {
+  EXPECT_EQ(r.code, 2) << r.out;
+  const auto at = r.out.find(message);
+  EXPECT_NE(at, std::string::npos) << "missing '" << message << "' in:\n" << r.out;
+  if (at != std::string::npos) {
+    EXPECT_EQ(r.out.find(message, at + 1), std::string::npos) << "printed twice:\n" << r.out;
+  }
+  for (const char* crash : {"terminate called", "Aborted", "Segmentation", "Exception raised from",
+                            "core dumped", "what():"}) {
+    EXPECT_EQ(r.out.find(crash), std::string::npos) << crash << " in:\n" << r.out;
+  }
+}
+
+}  // namespace
+
+TEST(Cli, HelpAndVersion) {
+  auto r = run("--help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("Usage:"), std::string::npos);
+  EXPECT_NE(r.out.find("--set"), std::string::npos);
+  EXPECT_NE(r.out.find("batchdist plan"), std::string::npos);
+  r = run("--version");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("gloo"), std::string::npos);
+}
+
+TEST(Cli, BadCommandLines) {
+  expectCleanError(run(""), "missing CONFIG.yaml");
+  expectCleanError(run("--frobnicate x.yaml"), "unrecognised option '--frobnicate'");
+  expectCleanError(run(kQuickstart + " extra.yaml"), "unexpected argument 'extra.yaml'");
+  expectCleanError(run(kQuickstart + " --world 2"), "--world is for 'batchdist plan'");
+}
+
+TEST(Cli, MalformedYaml) {
+  const auto path = writeConfig("malformed.yaml", "model:\n  name: [mlp\nbatch: {global: 64\n");
+  expectCleanError(run(path + " -q"), "malformed YAML");
+  EXPECT_NE(run(path).out.find(path + ":"), std::string::npos);
+}
+
+TEST(Cli, UnknownKeyWrongTypeNegativeBatch) {
+  expectCleanError(run(writeConfig("unknown.yaml", "optim:\n  lr: 0.1\n  momentun: 0.9\n") + " -q"),
+                   "optim.momentun: unknown key; did you mean 'optim.momentum'?");
+  expectCleanError(run(writeConfig("type.yaml", "train:\n  epochs: many\n") + " -q"),
+                   "train.epochs: expected an integer, got 'many'");
+  expectCleanError(run(kQuickstart + " -q --set batch.global=-64"),
+                   "--set batch.global: must be >= 1, got -64");
+}
+
+TEST(Cli, MissingFiles) {
+  expectCleanError(run("/no/such/config.yaml"), "/no/such/config.yaml: cannot open config file");
+  expectCleanError(run(kQuickstart + " -q --set data.name=csv --set data.path=/no/such.csv"),
+                   "cannot open data file '/no/such.csv'");
+}
+
+TEST(Cli, UnavailableBackendListsWhatThisBuildHas) {
+  expectCleanError(run(kQuickstart + " -q --set dist.backend=nccl"), "this build has: auto, gloo");
+}
+
+TEST(Cli, PlanPrintsTheArithmetic) {
+  auto r = run("plan " + kQuickstart + " --world 4");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("world 4 x per-GPU batch 16 x accumulation 1 = global batch 64"),
+            std::string::npos)
+      << r.out;
+  r = run("plan " + kQuickstart + " --world 2 --json --set batch.per_gpu=16 --set batch.last_batch=pad");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = YAML::Load(r.out);
+  EXPECT_EQ(j["world_size"].as<int>(), 2);
+  EXPECT_EQ(j["per_gpu_batch"].as<int>(), 16);
+  EXPECT_EQ(j["accum_steps"].as<int>(), 2);
+  EXPECT_EQ(j["global_batch"].as<int>(), 64);
+  EXPECT_EQ(j["steps_per_epoch"].as<int>(), 23);    // ceil(1438 / 64)
+  EXPECT_EQ(j["samples_padded"].as<int>(), 34);     // 23 * 64 - 1438
+  EXPECT_EQ(j["samples_dropped"].as<int>(), 0);
+  EXPECT_NEAR(j["lr"].as<double>(), 0.05, 1e-12);
+  EXPECT_EQ(j["warmup_steps"].as<int>(), 23);
+  EXPECT_EQ(j["ranks"].size(), 2u);
+  EXPECT_EQ(j["ranks"][1]["samples_per_epoch"].as<int>(), 23 * 32);
+}
+
+TEST(Cli, PlanJsonErrorIsJsonToo) {
+  const auto r = run("plan " + kQuickstart + " --world 3 --json --set batch.global=100 --set batch.per_gpu=32 2>/dev/null");
+  EXPECT_EQ(r.code, 2);
+  const auto j = YAML::Load(r.out);
+  EXPECT_NE(j["error"].as<std::string>().find("use 96 or 192"), std::string::npos) << r.out;
+}
+
+TEST(Cli, BadConfigUnderMpirunStopsEveryRankWithOneMessage) {
+  const auto r = run(kQuickstart + " -q --set batch.last_batch=keep", mpirun(2));
+  EXPECT_NE(r.code, 0);
+  const std::string msg = "batch.last_batch: keep splits the short last batch";
+  const auto at = r.out.find(msg);
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(msg, at + 1), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[rank 0/2 host "), std::string::npos) << r.out;
+}
+
+TEST(Cli, SingletonRunWritesReportAndModel) {
+  const auto out = std::filesystem::temp_directory_path() / "batchdist_cli_single";
+  std::filesystem::remove_all(out);
+  const auto r = run(kQuickstart + " -q --set train.epochs=2 --output " + out.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto rep = YAML::LoadFile((out / "report.json").string());
+  EXPECT_EQ(rep["world_size"].as<int>(), 1);
+  EXPECT_EQ(rep["epochs"].as<int>(), 2);
+  EXPECT_EQ(rep["steps"].as<int>(), 44);
+  EXPECT_GT(rep["eval_accuracy"].as<double>(), 0.8);
+  EXPECT_EQ(rep["config"]["train"]["epochs"].as<int>(), 2);
+  for (const char* key : {"backend", "device", "per_gpu_batch", "accum_steps", "global_batch", "lr",
+                          "samples_per_s", "train_loss", "eval_loss", "wall_s"}) {
+    EXPECT_TRUE(rep[key].IsDefined()) << key;
+  }
+  EXPECT_TRUE(std::filesystem::exists(out / "model.pt"));
+}

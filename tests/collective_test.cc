@@ -1,0 +1,176 @@
+// Collectives with several ranks as threads over a c10d HashStore + Gloo.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <thread>
+
+#include "collective/error.h"
+#include "collective/grad_sync.h"
+#include "collective/process_group.h"
+#include "collective/rendezvous.h"
+#include "collective/torch_compat.h"
+
+using namespace batchdist;
+using namespace batchdist::collective;
+
+namespace {
+
+/// Runs fn(comm) on `world` threads, each its own rank; rethrows the first failure.
+template <typename F>
+void runRanks(int world, F fn, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(world);
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        BackendOptions o;
+        o.backend = "gloo";
+        o.address = "127.0.0.1";
+        o.timeout = timeout;
+        auto comm = createCommunicator(store, r, world, o);
+        fn(*comm);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+class Collectives : public ::testing::TestWithParam<int> {};
+
+}  // namespace
+
+TEST_P(Collectives, AllreduceBroadcastAllgather) {
+  const int world = GetParam();
+  runRanks(world, [world](Communicator& c) {
+    const int r = c.rank();
+    auto t = torch::tensor({1.0f * r, 10.0f - r});
+    c.allreduce(t, ReduceOp::kSum);
+    const float sum = world * (world - 1) / 2.0f;
+    EXPECT_FLOAT_EQ(t[0].item<float>(), sum);
+    EXPECT_FLOAT_EQ(t[1].item<float>(), 10.0f * world - sum);
+
+    auto lo = torch::tensor({static_cast<double>(r) + 0.5});
+    c.allreduce(lo, ReduceOp::kMin);
+    EXPECT_DOUBLE_EQ(lo.item<double>(), 0.5);
+    auto hi = torch::tensor({static_cast<int64_t>(r * 3)});
+    c.allreduce(hi, ReduceOp::kMax);
+    EXPECT_EQ(hi.item<int64_t>(), 3 * (world - 1));
+
+    auto b = torch::full({3}, static_cast<float>(r));
+    c.broadcast(b, world - 1);
+    EXPECT_TRUE(torch::equal(b, torch::full({3}, static_cast<float>(world - 1))));
+
+    auto g = c.allgather(torch::tensor({r, 2 * r}));
+    ASSERT_EQ(g.sizes(), (std::vector<int64_t>{world, 2}));
+    for (int k = 0; k < world; ++k) EXPECT_EQ(g[k][1].item<int64_t>(), 2 * k);
+
+    EXPECT_DOUBLE_EQ(c.allreduce(1.5, ReduceOp::kSum), 1.5 * world);
+    EXPECT_EQ(c.allreduce(std::vector<double>{double(r), -double(r)}, ReduceOp::kMax),
+              (std::vector<double>{double(world - 1), 0.0}));
+    EXPECT_EQ(c.any(r == world - 1), true);
+    EXPECT_EQ(c.any(false), false);
+    const auto all = c.allgather(static_cast<double>(r * r));
+    for (int k = 0; k < world; ++k) EXPECT_DOUBLE_EQ(all[k], k * k);
+    EXPECT_EQ(c.broadcast(r == 0 ? std::string("hello ranks") : std::string(), 0), "hello ranks");
+    c.barrier();
+  });
+}
+
+TEST_P(Collectives, GradientSumUsesFewBucketsAndMatchesTheSum) {
+  const int world = GetParam();
+  runRanks(world, [world](Communicator& c) {
+    torch::manual_seed(0);
+    std::vector<torch::Tensor> params;
+    for (int i = 0; i < 20; ++i) params.push_back(torch::zeros({i + 1, 3}, torch::requires_grad()));
+    params.push_back(torch::zeros({4}, torch::requires_grad()));  // gets no gradient on odd ranks
+    for (std::size_t i = 0; i + 1 < params.size(); ++i) {
+      params[i].mutable_grad() = torch::full({static_cast<int64_t>(i) + 1, 3},
+                                             static_cast<float>(c.rank() + i));
+    }
+    if (c.rank() % 2 == 0) params.back().mutable_grad() = torch::ones({4});
+    // 20 tensors, ~2.5 KB in all, 1 KB buckets -> a handful of collectives.
+    GradientSynchronizer sync(c, params, 1024);
+    EXPECT_GE(sync.bucketCount(), 2u);
+    EXPECT_LE(sync.bucketCount(), 5u);
+    sync.sumGradients();
+    const float rank_sum = world * (world - 1) / 2.0f;
+    for (std::size_t i = 0; i + 1 < params.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(params[i].grad(),
+                                  torch::full_like(params[i], rank_sum + world * float(i))))
+          << "param " << i;
+    }
+    EXPECT_TRUE(torch::equal(params.back().grad(), torch::full({4}, float((world + 1) / 2))));
+  });
+}
+
+TEST_P(Collectives, BroadcastCoalescedMakesEveryRankEqualToRoot) {
+  runRanks(GetParam(), [](Communicator& c) {
+    std::vector<torch::Tensor> ts{torch::full({2, 2}, float(c.rank())),
+                                  torch::full({3}, int64_t(c.rank() + 5)),
+                                  torch::full({1}, double(c.rank()) * 2)};
+    broadcastCoalesced(c, ts, 0);
+    EXPECT_TRUE(torch::equal(ts[0], torch::zeros({2, 2})));
+    EXPECT_TRUE(torch::equal(ts[1], torch::full({3}, int64_t(5))));
+    EXPECT_TRUE(torch::equal(ts[2], torch::zeros({1}, torch::kDouble)));
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, ::testing::Values(2, 3, 4));
+
+TEST(Collective, MissingPeerTimesOutWithACollectiveError) {
+  const auto start = std::chrono::steady_clock::now();
+  std::string message;
+  runRanks(
+      2,
+      [&](Communicator& c) {
+        if (c.rank() == 0) {
+          auto t = torch::ones({1});
+          try {
+            c.allreduce(t, ReduceOp::kSum);
+          } catch (const CollectiveError& e) {
+            message = e.what();
+          }
+        } else {
+          std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+        }
+      },
+      std::chrono::milliseconds(1000));
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(message.find("failed on rank 0"), std::string::npos) << message;
+  EXPECT_NE(message.find("dist.timeout_s"), std::string::npos) << message;
+  EXPECT_LT(secs, 20.0);
+}
+
+TEST(Collective, BackendChoiceListsWhatThisBuildHas) {
+  EXPECT_EQ(resolveBackend("auto", at::kCPU), "gloo");
+  EXPECT_EQ(resolveBackend("gloo", at::kCPU), "gloo");
+  try {
+    resolveBackend("mpi", at::kCPU);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("this build has: auto, gloo"), std::string::npos);
+  }
+  EXPECT_THROW(resolveBackend("nccl", at::kCPU), ConfigError);
+}
+
+TEST(Collective, InterfaceChoice) {
+  EXPECT_EQ(chooseAddress("", /*all_ranks_local=*/true), "127.0.0.1");
+  std::string chosen;
+  EXPECT_EQ(chooseAddress("lo", false, &chosen), "127.0.0.1");
+  EXPECT_EQ(chosen, "lo");
+  try {
+    chooseAddress("nosuchif0", false);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("no interface 'nosuchif0'"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("lo (127.0.0.1)"), std::string::npos);
+  }
+}

@@ -1,0 +1,109 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "worker/model.h"
+#include "worker/plan.h"
+
+using namespace batchdist::worker;
+
+namespace {
+Plan planFor(const std::string& yaml, int64_t world, int64_t n) {
+  return makePlan(parseConfig(yaml, "t.yaml"), world, n, false);
+}
+}  // namespace
+
+TEST(Lr, ScalingRulesTable) {
+  struct Row {
+    LrScaling rule;
+    int64_t G;
+    double want;
+  };
+  const Row rows[] = {{LrScaling::kLinear, 256, 0.1}, {LrScaling::kLinear, 1024, 0.4},
+                      {LrScaling::kLinear, 64, 0.025}, {LrScaling::kSqrt, 1024, 0.2},
+                      {LrScaling::kSqrt, 64, 0.05},    {LrScaling::kNone, 1024, 0.1}};
+  for (const auto& r : rows) {
+    EXPECT_NEAR(scaledLr(0.1, 256, r.G, r.rule), r.want, 1e-12) << toString(r.rule) << " " << r.G;
+  }
+}
+
+TEST(Lr, PlanScalesWithTheGlobalBatchAndIsRecomputedWhenItChanges) {
+  const std::string yaml = "optim: {lr: 0.1, base_batch: 256}\nbatch: {per_gpu: 64}\n";
+  EXPECT_NEAR(planFor(yaml, 1, 10000).lr, 0.025, 1e-12);
+  EXPECT_NEAR(planFor(yaml, 8, 10000).lr, 0.2, 1e-12);
+  const auto cfg = parseConfig(yaml, "t.yaml");
+  EXPECT_NEAR(makePlan(cfg, 8, 10000, false, /*per_gpu_override=*/128).lr, 0.4, 1e-12);
+}
+
+TEST(Lr, WarmupRisesLinearlyToTheScaledRate) {
+  const auto p = planFor(
+      "optim: {lr: 0.1, base_batch: 32, warmup_steps: 4}\nbatch: {global: 64}\n"
+      "train: {epochs: 2}\n",
+      1, 640);
+  EXPECT_NEAR(p.lr, 0.2, 1e-12);
+  EXPECT_NEAR(p.lrAt(0), 0.05, 1e-12);
+  EXPECT_NEAR(p.lrAt(1), 0.10, 1e-12);
+  EXPECT_NEAR(p.lrAt(2), 0.15, 1e-12);
+  EXPECT_NEAR(p.lrAt(3), 0.20, 1e-12);
+  EXPECT_NEAR(p.lrAt(4), 0.20, 1e-12);
+  EXPECT_NEAR(p.lrAt(19), 0.20, 1e-12);
+}
+
+TEST(Lr, WarmupEpochsConvertToSteps) {
+  const auto p = planFor("optim: {warmup_epochs: 1.5}\nbatch: {global: 64}\n", 2, 640);
+  EXPECT_EQ(p.steps_per_epoch, 10);
+  EXPECT_EQ(p.warmup_steps, 15);
+}
+
+TEST(Lr, CosineEndsAtMinLrAndPassesTheMidpoint) {
+  const auto p = planFor(
+      "optim: {lr: 1.0, base_batch: 10, lr_scaling: none, schedule: cosine, min_lr: 0.1}\n"
+      "batch: {global: 10}\ntrain: {epochs: 1}\n",
+      1, 101);
+  ASSERT_EQ(p.total_steps, 10);
+  EXPECT_NEAR(p.lrAt(0), 1.0, 1e-12);
+  EXPECT_NEAR(p.lrAt(5), 0.55, 1e-12);
+  EXPECT_NEAR(p.lrAt(10), 0.1, 1e-12);
+  for (int s = 1; s < 10; ++s) EXPECT_LT(p.lrAt(s), p.lrAt(s - 1));
+}
+
+TEST(Lr, StepScheduleMultipliesAtMilestones) {
+  const auto p = planFor(
+      "optim: {lr: 1.0, base_batch: 10, schedule: step, milestones: [2, 4], step_gamma: 0.5}\n"
+      "batch: {global: 10}\ntrain: {epochs: 5}\n",
+      1, 100);
+  EXPECT_NEAR(p.lrAt(0), 1.0, 1e-12);
+  EXPECT_NEAR(p.lrAt(19), 1.0, 1e-12);
+  EXPECT_NEAR(p.lrAt(20), 0.5, 1e-12);
+  EXPECT_NEAR(p.lrAt(40), 0.25, 1e-12);
+}
+
+TEST(Lars, TrustRatioMatchesAHandComputation) {
+  // eta * |w| / (|g| + wd * |w|) = 0.001 * 5 / (0.5 + 0.01 * 5) = 0.005 / 0.55
+  EXPECT_NEAR(larsTrustRatio(5.0, 0.5, 0.01, 0.001), 0.005 / 0.55, 1e-15);
+  EXPECT_EQ(larsTrustRatio(0.0, 0.5, 0.01, 0.001), 1.0);
+  EXPECT_EQ(larsTrustRatio(5.0, 0.0, 0.01, 0.001), 1.0);
+}
+
+TEST(Lars, StepScalesWeightsAndExcludesBiasAndBatchNorm) {
+  torch::manual_seed(0);
+  auto cfg = parseConfig("optim: {name: lars, momentum: 0.0, weight_decay: 0.01, "
+                         "trust_coefficient: 0.001}",
+                         "t.yaml")
+                 .optim;
+  torch::nn::Linear lin(3, 2);
+  torch::NoGradGuard guard;
+  lin->weight.copy_(torch::tensor({{3.0, 0.0, 0.0}, {0.0, 4.0, 0.0}}));  // |w| = 5
+  lin->bias.copy_(torch::tensor({1.0, -1.0}));
+  lin->weight.mutable_grad() = torch::tensor({{0.3, 0.0, 0.0}, {0.0, 0.4, 0.0}});  // |g| = 0.5
+  lin->bias.mutable_grad() = torch::tensor({0.2, 0.2});
+  auto w0 = lin->weight.clone();
+  auto b0 = lin->bias.clone();
+  auto opt = makeOptimizer(cfg, *lin);
+  opt->step(2.0);
+  const double trust = 0.001 * 5.0 / (0.5 + 0.01 * 5.0);
+  auto want_w = w0 - 2.0 * trust * (torch::tensor({{0.3, 0.0, 0.0}, {0.0, 0.4, 0.0}}) + 0.01 * w0);
+  EXPECT_TRUE(torch::allclose(lin->weight, want_w, 1e-6, 1e-7));
+  // Bias: plain SGD, no trust ratio, no weight decay.
+  EXPECT_TRUE(torch::allclose(lin->bias, b0 - 2.0 * torch::tensor({0.2, 0.2}), 1e-6, 1e-7));
+}

@@ -1,0 +1,51 @@
+#pragma once
+// Helpers for tests that run under mpirun: sub-groups of ranks with their own
+// c10d process group, built exactly as the launcher builds its own.
+
+#include <mpi.h>
+
+#include <functional>
+#include <memory>
+
+#include "collective/process_group.h"
+#include "collective/rendezvous.h"
+#include "collective/torch_compat.h"
+
+namespace batchdist::mpitest {
+
+inline int worldRank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+inline int worldSize() {
+  int s = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  return s;
+}
+
+/// Runs fn(comm) on ranks 0..group-1 of MPI_COMM_WORLD, which form their own
+/// process group; the other ranks skip it. Collective over MPI_COMM_WORLD.
+inline void inGroup(int group, const std::function<void(collective::Communicator&)>& fn) {
+  const int rank = worldRank();
+  MPI_Comm sub;
+  MPI_Comm_split(MPI_COMM_WORLD, rank < group ? 0 : MPI_UNDEFINED, rank, &sub);
+  if (sub != MPI_COMM_NULL) {
+    collective::RendezvousOptions ro;
+    ro.timeout = std::chrono::seconds(60);
+    const auto rv = collective::rendezvousOverMpi(sub, ro);
+    collective::BackendOptions bo;
+    bo.backend = "gloo";
+    bo.address = rv.address;
+    bo.timeout = ro.timeout;
+    int sub_rank = 0;
+    MPI_Comm_rank(sub, &sub_rank);
+    auto comm = collective::createCommunicator(rv.store, sub_rank, group, bo);
+    fn(*comm);
+    comm->barrier();
+    MPI_Comm_free(&sub);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+}  // namespace batchdist::mpitest

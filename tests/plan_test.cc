@@ -1,0 +1,218 @@
+#include <gtest/gtest.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "collective/error.h"
+#include "worker/plan.h"
+
+using batchdist::ConfigError;
+using namespace batchdist::worker;
+
+namespace {
+
+Config batchConfig(int64_t global, int64_t per_gpu, int64_t accum, LastBatch policy) {
+  Config cfg = parseConfig("", "t.yaml");
+  cfg.batch.global = global;
+  cfg.batch.per_gpu = per_gpu;
+  cfg.batch.accum = accum;
+  cfg.batch.last_batch = policy;
+  return cfg;
+}
+
+std::string planError(const Config& cfg, int64_t world, int64_t n, bool bn) {
+  try {
+    makePlan(cfg, world, n, bn);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+}  // namespace
+
+TEST(Plan, AnyTwoOfTheTripleDeriveTheThird) {
+  struct Row {
+    int64_t G, m, a, W;
+    int64_t wantG, wantM, wantA;
+  };
+  const Row rows[] = {
+      {64, 16, 0, 2, 64, 16, 2},  {64, 0, 2, 2, 64, 16, 2}, {0, 16, 2, 2, 64, 16, 2},
+      {64, 16, 2, 2, 64, 16, 2},  {64, 0, 0, 4, 64, 16, 1}, {0, 8, 0, 3, 24, 8, 1},
+      {0, 0, 0, 1, 32, 32, 1},    {96, 32, 0, 3, 96, 32, 1},
+  };
+  for (const auto& r : rows) {
+    SCOPED_TRACE(::testing::Message() << "G=" << r.G << " m=" << r.m << " a=" << r.a
+                                      << " W=" << r.W);
+    const auto p = makePlan(batchConfig(r.G, r.m, r.a, LastBatch::kDrop), r.W, 1000, false);
+    EXPECT_EQ(p.global, r.wantG);
+    EXPECT_EQ(p.per_gpu, r.wantM);
+    EXPECT_EQ(p.accum, r.wantA);
+    EXPECT_EQ(p.global, p.per_gpu * p.accum * p.world_size);
+  }
+}
+
+TEST(Plan, NonDivisibleGlobalPrintsArithmeticAndNearestValues) {
+  const auto msg = planError(batchConfig(100, 32, 0, LastBatch::kDrop), 3, 1000, false);
+  EXPECT_NE(msg.find("batch.global=100 is not divisible by world size 3 x batch.per_gpu 32 (= 96); "
+                     "use 96 or 192"),
+            std::string::npos)
+      << msg;
+  const auto msg2 = planError(batchConfig(64, 16, 3, LastBatch::kDrop), 2, 1000, false);
+  EXPECT_NE(msg2.find("!= batch.per_gpu 16 x batch.accum 3 x world size 2 (= 96)"),
+            std::string::npos)
+      << msg2;
+  EXPECT_NE(planError(batchConfig(10, 0, 0, LastBatch::kDrop), 4, 1000, false).find("use 8 or 12"),
+            std::string::npos);
+}
+
+TEST(Plan, BatchNormNeedsTwoSamplesPerGpuAndRefusesKeep) {
+  auto msg = planError(batchConfig(4, 1, 0, LastBatch::kDrop), 4, 1000, true);
+  EXPECT_NE(msg.find("batch.per_gpu=1 is below batch.min_per_gpu=2"), std::string::npos) << msg;
+  EXPECT_NO_THROW(makePlan(batchConfig(4, 1, 0, LastBatch::kDrop), 4, 1000, false));
+  msg = planError(batchConfig(64, 0, 0, LastBatch::kKeep), 2, 1000, true);
+  EXPECT_NE(msg.find("batch.last_batch: keep"), std::string::npos) << msg;
+  EXPECT_NO_THROW(makePlan(batchConfig(64, 0, 0, LastBatch::kKeep), 2, 1000, false));
+}
+
+TEST(Plan, DropWithFewerSamplesThanOneBatchIsRefused) {
+  const auto msg = planError(batchConfig(64, 0, 0, LastBatch::kDrop), 2, 50, false);
+  EXPECT_NE(msg.find("50 samples, fewer than batch.global=64"), std::string::npos) << msg;
+  EXPECT_NO_THROW(makePlan(batchConfig(64, 0, 0, LastBatch::kPad), 2, 50, false));
+}
+
+// Property test over many (N, W, m, a, policy): Note [equal shards].
+TEST(Plan, ShardsAreEqualDisjointAndCoverTheDataSet) {
+  int combos = 0;
+  for (int64_t n : {2, 7, 64, 65, 97, 129, 300}) {
+    for (int64_t W : {1, 2, 3, 4, 5}) {
+      for (int64_t m : {1, 2, 3, 8}) {
+        for (int64_t a : {1, 2, 3}) {
+          for (auto policy : {LastBatch::kDrop, LastBatch::kPad, LastBatch::kKeep}) {
+            const int64_t G = m * a * W;
+            if (policy == LastBatch::kDrop && n < G) continue;
+            SCOPED_TRACE(::testing::Message() << "N=" << n << " W=" << W << " m=" << m << " a=" << a
+                                              << " policy=" << toString(policy));
+            auto cfg = batchConfig(G, m, 0, policy);
+            const auto plan = makePlan(cfg, W, n, false);
+            ASSERT_EQ(plan.accum, a);
+            Sharder sharder(plan, 42);
+            for (int64_t epoch = 0; epoch < 2; ++epoch) {
+              sharder.setEpoch(epoch);
+              std::map<int64_t, int> real_count;  // index -> times seen with weight 1
+              int64_t padded = 0;
+              int64_t real_total = 0;
+              for (int64_t s = 0; s < plan.steps_per_epoch; ++s) {
+                int64_t step_real = 0;
+                for (int64_t r = 0; r < W; ++r) {
+                  for (int64_t k = 0; k < a; ++k) {
+                    const auto mb = sharder.micro(s, k, r);
+                    ASSERT_EQ(mb.indices.size(), mb.weights.size());
+                    if (policy != LastBatch::kKeep) {
+                      ASSERT_EQ(static_cast<int64_t>(mb.indices.size()), m);
+                    }
+                    for (std::size_t i = 0; i < mb.indices.size(); ++i) {
+                      ASSERT_GE(mb.indices[i], 0);
+                      ASSERT_LT(mb.indices[i], n);
+                      if (mb.weights[i] > 0) {
+                        ++real_count[mb.indices[i]];
+                        ++step_real;
+                      } else {
+                        ++padded;
+                      }
+                    }
+                  }
+                }
+                ASSERT_EQ(step_real, sharder.realSamples(s));
+                real_total += step_real;
+              }
+              // Every sample with weight 1 appears at most once per epoch ...
+              for (const auto& [idx, c] : real_count) ASSERT_EQ(c, 1) << "index " << idx;
+              // ... and their union is the data set minus the dropped tail.
+              ASSERT_EQ(real_total, n - plan.samples_dropped);
+              ASSERT_EQ(static_cast<int64_t>(real_count.size()), n - plan.samples_dropped);
+              ASSERT_EQ(padded, plan.samples_padded);
+              if (policy == LastBatch::kDrop) {
+                // The dropped ones are exactly the permutation's tail.
+                const auto& perm = sharder.permutation();
+                for (int64_t i = n - plan.samples_dropped; i < n; ++i) {
+                  ASSERT_EQ(real_count.count(perm[i]), 0u);
+                }
+              }
+            }
+            // Every rank runs the same number of steps; under drop/pad the same samples.
+            for (int64_t r = 0; r < W; ++r) {
+              if (policy != LastBatch::kKeep) {
+                ASSERT_EQ(plan.rankSamplesPerEpoch(r), plan.steps_per_epoch * a * m);
+              }
+            }
+            ++combos;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(combos, 1000);
+}
+
+TEST(Plan, PaddingRepeatsFromTheStartOfThePermutationWithWeightZero) {
+  const auto plan = makePlan(batchConfig(8, 2, 0, LastBatch::kPad), 2, 13, true);
+  EXPECT_EQ(plan.steps_per_epoch, 2);
+  EXPECT_EQ(plan.samples_padded, 3);
+  Sharder sharder(plan, 3);
+  const auto& perm = sharder.permutation();
+  // Global step 1 covers positions 8..15; 13, 14, 15 are padding = perm[0..2].
+  const auto last = sharder.micro(1, 1, 1);  // slot 3 -> positions 14, 15
+  ASSERT_EQ(last.indices.size(), 2u);
+  EXPECT_EQ(last.indices[0], perm[1]);
+  EXPECT_EQ(last.indices[1], perm[2]);
+  EXPECT_EQ(last.weights[0], 0.0f);
+  EXPECT_EQ(last.weights[1], 0.0f);
+  const auto mixed = sharder.micro(1, 0, 1);  // slot 2 -> positions 12, 13
+  EXPECT_EQ(mixed.weights[0], 1.0f);
+  EXPECT_EQ(mixed.weights[1], 0.0f);
+  EXPECT_EQ(mixed.indices[1], perm[0]);
+}
+
+TEST(Plan, PermutationIsSeededPerEpoch) {
+  const auto a = seededPermutation(100, 5, 0);
+  EXPECT_EQ(a, seededPermutation(100, 5, 0));
+  EXPECT_NE(a, seededPermutation(100, 5, 1));
+  EXPECT_NE(a, seededPermutation(100, 6, 0));
+  auto sorted = a;
+  std::sort(sorted.begin(), sorted.end());
+  for (int64_t i = 0; i < 100; ++i) EXPECT_EQ(sorted[i], i);
+}
+
+TEST(Plan, EvalShardsPartitionTheValidationSet) {
+  for (int64_t n : {0, 1, 5, 359, 360}) {
+    for (int64_t W : {1, 2, 3, 4, 7}) {
+      int64_t next = 0;
+      for (int64_t r = 0; r < W; ++r) {
+        const auto [b, e] = evalShard(n, W, r);
+        EXPECT_EQ(b, next);
+        EXPECT_LE(e - b, n / W + 1);
+        EXPECT_GE(e - b, n / W);
+        next = e;
+      }
+      EXPECT_EQ(next, n);
+    }
+  }
+}
+
+TEST(Plan, JsonHasTheDocumentedKeys) {
+  const auto plan = makePlan(batchConfig(96, 0, 0, LastBatch::kPad), 3, 1438, true);
+  const auto node = YAML::Load(planJson(plan));
+  for (const char* key : {"world_size", "per_gpu_batch", "accum_steps", "global_batch",
+                          "steps_per_epoch", "samples_dropped", "samples_padded", "lr",
+                          "warmup_steps", "ranks"}) {
+    EXPECT_TRUE(node[key].IsDefined()) << key;
+  }
+  EXPECT_EQ(node["world_size"].as<int>(), 3);
+  EXPECT_EQ(node["per_gpu_batch"].as<int>(), 32);
+  EXPECT_EQ(node["samples_padded"].as<int>(), 2);
+  ASSERT_EQ(node["ranks"].size(), 3u);
+  EXPECT_EQ(node["ranks"][2]["samples_per_epoch"].as<int>(), 15 * 32);
+}

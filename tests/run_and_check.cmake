@@ -1,0 +1,37 @@
+# Runs `mpirun -np NP BIN ARGS --output OUT --report OUT/r.json --quiet` and checks
+# the JSON report: CHECKS is a list of "path<op>value" (ops ==, >=, <=, <), path
+# dotted into the report (e.g. plan.samples_padded).
+file(REMOVE_RECURSE ${OUT})
+execute_process(
+  COMMAND ${MPIRUN} ${MPI_FLAGS} -np ${NP} ${BIN} ${ARGS} --output ${OUT} --report ${OUT}/r.json --quiet
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "run failed (exit ${rc}):\n${out}\n${err}")
+endif()
+file(READ ${OUT}/r.json report)
+foreach(check ${CHECKS})
+  if(NOT check MATCHES "^([a-z_.]+)(==|>=|<=|<)(.+)$")
+    message(FATAL_ERROR "bad check '${check}'")
+  endif()
+  set(path ${CMAKE_MATCH_1})
+  set(op ${CMAKE_MATCH_2})
+  set(want ${CMAKE_MATCH_3})
+  string(REPLACE "." ";" keys "${path}")
+  string(JSON got GET "${report}" ${keys})
+  if(op STREQUAL "==")
+    if(want MATCHES "^[0-9.eE+-]+$")
+      if(NOT got EQUAL want)
+        message(FATAL_ERROR "${path} = ${got}, expected ${want}")
+      endif()
+    elseif(NOT got STREQUAL want)
+      message(FATAL_ERROR "${path} = ${got}, expected ${want}")
+    endif()
+  else()
+    # CMake compares integers only; awk compares the numbers.
+    execute_process(COMMAND awk "BEGIN { exit !(${got} ${op} ${want}) }" RESULT_VARIABLE bad)
+    if(bad)
+      message(FATAL_ERROR "${path} = ${got}, expected ${op} ${want}")
+    endif()
+  endif()
+  message(STATUS "ok: ${path} = ${got} (${op} ${want})")
+endforeach()
