@@ -15,6 +15,8 @@
 #endif
 
 #if defined(BATCHDIST_WITH_CUDA)
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
@@ -74,6 +76,54 @@ inline void setCudaDevice(int index) {
   c10::cuda::set_device(static_cast<c10::DeviceIndex>(index));
 #else
   (void)index;
+#endif
+}
+
+// CUDA memory accounting for the batch search (all no-ops / zero in CPU builds).
+
+/// Peak bytes allocated by the caching allocator on `index` since the last reset.
+inline double cudaPeakAllocatedBytes(int index) {
+#if defined(BATCHDIST_WITH_CUDA)
+  // allocated_bytes[0] is StatType::AGGREGATE in 1.13 and 2.x alike (the enum
+  // moved namespaces in 2.x, its first value did not).
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+  return static_cast<double>(stats.allocated_bytes[0].peak);
+#else
+  (void)index;
+  return 0;
+#endif
+}
+
+inline void cudaResetPeak(int index) {
+#if defined(BATCHDIST_WITH_CUDA)
+  c10::cuda::CUDACachingAllocator::resetPeakStats(index);
+#else
+  (void)index;
+#endif
+}
+
+inline double cudaTotalBytes(int index) {
+#if defined(BATCHDIST_WITH_CUDA)
+  return static_cast<double>(at::cuda::getDeviceProperties(index)->totalGlobalMem);
+#else
+  (void)index;
+  return 0;
+#endif
+}
+
+inline std::string cudaDeviceName(int index) {
+#if defined(BATCHDIST_WITH_CUDA)
+  return at::cuda::getDeviceProperties(index)->name;
+#else
+  (void)index;
+  return "";
+#endif
+}
+
+/// Returns cached, unused blocks to the driver (after an out-of-memory candidate).
+inline void cudaEmptyCache() {
+#if defined(BATCHDIST_WITH_CUDA)
+  c10::cuda::CUDACachingAllocator::emptyCache();
 #endif
 }
 

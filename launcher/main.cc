@@ -6,6 +6,8 @@
 
 #include <filesystem>
 #include <iostream>
+#include <optional>
+#include <sstream>
 #include <thread>
 
 #include "collective/error.h"
@@ -20,6 +22,7 @@
 #include "worker/model.h"
 #include "worker/plan.h"
 #include "worker/report.h"
+#include "worker/search.h"
 #include "worker/trainer.h"
 
 namespace batchdist::launcher {
@@ -70,6 +73,54 @@ int runPlan(const CliOptions& cli) {
   }
 }
 
+/// Runs (or reads from the cache) the coordinated batch search. Collective.
+worker::SearchResult searchBatch(const CliOptions& cli, const worker::Config& cfg,
+                                 collective::Communicator& comm, const worker::DataSplit& data,
+                                 at::Device device, worker::Console& console) {
+  namespace fs = std::filesystem;
+  const bool lead = comm.rank() == 0;
+  const bool bn = worker::modelHasBatchNorm(cfg.model);
+  worker::SearchResult result;
+  {
+    auto measurer = worker::makeTrainStepMeasurer(cfg, comm, data, device);
+    const auto budgets = comm.allgather(measurer->memoryBudgetMb());
+    const worker::DataInfo info{data.train.size(), data.val.size(), data.train.sample_shape,
+                                data.train.classes};
+    const auto key =
+        worker::searchCacheKey(cfg, info, comm.size(), measurer->deviceName(), budgets);
+    const std::string cache_path = cfg.search.cache.empty()
+                                       ? (fs::path(cli.output) / "search_cache.json").string()
+                                       : cfg.search.cache;
+    // Rank 0 reads the cache and tells the others what it found.
+    std::optional<worker::SearchResult> cached;
+    if (lead && !cli.research) cached = worker::readSearchCache(cache_path, key);
+    const auto hit = comm.broadcast(
+        cached ? strCat(cached->chosen, " ", cached->chosen_accum) : std::string(), 0);
+    if (!hit.empty()) {
+      if (cached) {
+        result = *cached;
+      } else {
+        std::istringstream(hit) >> result.chosen >> result.chosen_accum;
+        result.cached = true;
+      }
+      console.line(strCat("batch search: cached result for this model, data, device and world "
+                          "size in ", cache_path, " (--research to measure again)"));
+    } else {
+      worker::BatchSearch search(cfg, comm, *measurer, data.train.size(), bn);
+      result = search.run(&console);
+      if (lead) worker::writeSearchCache(cache_path, key, result);
+    }
+  }
+  if (lead) {
+    worker::writeFileAtomic((fs::path(cli.output) / "search.json").string(),
+                            worker::searchJson(result) + "\n");
+    worker::writeFileAtomic((fs::path(cli.output) / "search.svg").string(),
+                            worker::searchSvg(result));
+    if (!cli.quiet) std::cout << worker::searchTable(result) << std::flush;
+  }
+  return result;
+}
+
 int runTrain(const CliOptions& cli, MpiScope& mpi) {
   const bool lead = mpi.rank() == 0;
   worker::Config cfg;
@@ -82,8 +133,10 @@ int runTrain(const CliOptions& cli, MpiScope& mpi) {
     cfg = worker::loadConfig(cli.config, cli.sets);
     device = pickDevice(cfg, mpi);
     data = worker::loadData(cfg.data, cfg.train.seed, dirOf(cli.config));
-    plan = worker::makePlan(cfg, mpi.size(), data.train.size(),
-                            worker::modelHasBatchNorm(cfg.model));
+    if (cli.verb == "train" && !cfg.batch.per_gpu_auto) {
+      plan = worker::makePlan(cfg, mpi.size(), data.train.size(),
+                              worker::modelHasBatchNorm(cfg.model));
+    }
   });
   if (code != 0) return code;
 
@@ -116,6 +169,18 @@ int runTrain(const CliOptions& cli, MpiScope& mpi) {
                         " thread(s)/rank, store ", rv.store_address));
     console.line(strCat("data: ", data.origin, " -> ", data.train.size(), " train / ",
                         data.val.size(), " validation samples"));
+    std::optional<worker::SearchResult> searched;
+    if (cli.verb == "search" || cfg.batch.per_gpu_auto) {
+      searched = searchBatch(cli, cfg, *comm, data, device, console);
+      // The plan (shards, lr scaling, warmup, BatchNorm minimum) follows the choice.
+      plan = worker::makePlan(cfg, mpi.size(), data.train.size(),
+                              worker::modelHasBatchNorm(cfg.model), searched->chosen);
+      if (cli.verb == "search") {
+        if (console.enabled()) std::cout << worker::planText(plan) << std::flush;
+        comm->barrier();
+        return 0;
+      }
+    }
     if (console.enabled()) std::cout << worker::planText(plan) << std::flush;
 
     worker::Trainer trainer(cfg, *comm, data, device, plan);
@@ -135,6 +200,16 @@ int runTrain(const CliOptions& cli, MpiScope& mpi) {
       info.data_origin = data.origin;
       info.extra_json = strCat("\"hosts\": ", mpi.hostCount(), ", \"model_path\": ",
                                worker::json::quote(model_path));
+      if (searched) {
+        info.extra_json += strCat(", \"search\": ",
+                                  worker::json::Object()
+                                      .add("chosen", searched->chosen)
+                                      .add("cached", searched->cached)
+                                      .add("candidates", static_cast<int64_t>(searched->candidates.size()))
+                                      .add("timed_steps", searched->timed_steps)
+                                      .add("seconds", searched->seconds)
+                                      .str());
+      }
       const auto report = worker::runReport(cfg, plan, result, info);
       worker::writeFileAtomic((fs::path(cli.output) / "report.json").string(), report);
       if (!cli.report.empty()) worker::writeFileAtomic(cli.report, report);
@@ -182,9 +257,5 @@ int main(int argc, char** argv) {
   }
   if (cli.verb == "plan") return launcher::runPlan(cli);
   launcher::MpiScope mpi(&argc, &argv);
-  if (cli.verb == "search") {
-    if (mpi.rank() == 0) std::cerr << "batchdist: error: 'search' is not implemented yet\n";
-    return 2;
-  }
   return launcher::runTrain(cli, mpi);
 }

@@ -156,3 +156,35 @@ TEST(Cli, SingletonRunWritesReportAndModel) {
   }
   EXPECT_TRUE(std::filesystem::exists(out / "model.pt"));
 }
+
+TEST(Cli, SearchCacheHitMissAndResearch) {
+  const auto out = std::filesystem::temp_directory_path() / "batchdist_cli_search";
+  std::filesystem::remove_all(out);
+  const std::string base = "search " + std::string(BATCHDIST_SOURCE_DIR) +
+                           "/configs/search-cpu.yaml --output " + out.string() +
+                           " --set search.max=32 --set search.timed_steps=1 --set search.warmup_steps=1";
+  auto cachedFlag = [&] {
+    return YAML::LoadFile((out / "search.json").string())["cached"].as<bool>();
+  };
+  auto r = run(base);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("<- chosen"), std::string::npos) << r.out;
+  EXPECT_FALSE(cachedFlag());
+  EXPECT_TRUE(std::filesystem::exists(out / "search.svg"));
+  EXPECT_TRUE(std::filesystem::exists(out / "search_cache.json"));
+
+  r = run(base);  // same key: hit
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("cached result"), std::string::npos) << r.out;
+  EXPECT_TRUE(cachedFlag());
+
+  r = run(base + " --set model.channels=[8,16]");  // model changed: miss
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("cached result"), std::string::npos) << r.out;
+  EXPECT_FALSE(cachedFlag());
+
+  r = run(base + " --set model.channels=[8,16] --research");  // forced
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("cached result"), std::string::npos) << r.out;
+  EXPECT_FALSE(cachedFlag());
+}

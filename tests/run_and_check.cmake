@@ -1,5 +1,5 @@
 # Runs `mpirun -np NP BIN ARGS --output OUT --report OUT/r.json --quiet` and checks
-# the JSON report: CHECKS is a list of "path<op>value" (ops ==, >=, <=, <), path
+# the JSON report: CHECKS is a list of "path<op>value" (ops ==, >=, <=, <, >), path
 # dotted into the report (e.g. plan.samples_padded).
 file(REMOVE_RECURSE ${OUT})
 execute_process(
@@ -10,7 +10,7 @@ if(NOT rc EQUAL 0)
 endif()
 file(READ ${OUT}/r.json report)
 foreach(check ${CHECKS})
-  if(NOT check MATCHES "^([a-z_.]+)(==|>=|<=|<)(.+)$")
+  if(NOT check MATCHES "^([a-z_.]+)(==|>=|<=|<|>)(.+)$")
     message(FATAL_ERROR "bad check '${check}'")
   endif()
   set(path ${CMAKE_MATCH_1})

@@ -81,6 +81,13 @@ Trainer::Trainer(const Config& cfg, collective::Communicator& comm, const DataSp
 // gradient synchroniser sums over ranks, so the update is the mean gradient over
 // the R samples, whatever the split G = m x a x W; padded samples (w = 0) add nothing.
 double Trainer::trainStep(const Sharder& sharder, int64_t step, double lr) {
+  const double loss = computeGradients(sharder, step);
+  syncGradients();
+  applyUpdate(lr);
+  return loss;
+}
+
+double Trainer::computeGradients(const Sharder& sharder, int64_t step) {
   model_->train();
   optimizer_->zeroGrad();
   const double denom = static_cast<double>(std::max<int64_t>(1, sharder.realSamples(step)));
@@ -98,10 +105,16 @@ double Trainer::trainStep(const Sharder& sharder, int64_t step, double lr) {
     (weighted / denom).backward();
     loss_sum += weighted.item<double>();
   }
-  sync_->sumGradients();
-  optimizer_->step(lr);
   return loss_sum;
 }
+
+void Trainer::clearGradients() {
+  for (auto& p : model_->parameters()) p.mutable_grad() = torch::Tensor();
+}
+
+void Trainer::syncGradients() { sync_->sumGradients(); }
+
+void Trainer::applyUpdate(double lr) { optimizer_->step(lr); }
 
 EvalResult Trainer::evaluate() {
   torch::NoGradGuard no_grad;

@@ -70,12 +70,28 @@ class Trainer {
           at::Device device, const Plan& plan);
 
   const Plan& plan() const { return plan_; }
+  /// Replaces the plan (the batch search measures several per-GPU batches).
+  void setPlan(const Plan& plan) { plan_ = plan; }
   torch::nn::Sequential& model() { return model_; }
+  at::Device device() const { return device_; }
 
   /// One optimizer step: the micro-batches of step `step` of the current epoch of
   /// `sharder`, then the gradient sum over ranks and the update at `lr`. Returns
   /// this rank's sum of per-sample losses (weight-0 samples excluded).
   double trainStep(const Sharder& sharder, int64_t step, double lr);
+
+  // trainStep() in its three parts. Only syncGradients() communicates, so a rank
+  // whose computeGradients() failed (out of memory) can still take part in it and
+  // no rank waits forever (Note [search agreement] in worker/search.h).
+
+  /// Forward and backward over this rank's micro-batches; returns the local loss sum.
+  double computeGradients(const Sharder& sharder, int64_t step);
+  /// Drops all gradients and autograd state (after a failed computeGradients()).
+  void clearGradients();
+  /// Sums gradients over the ranks (zeros where this rank has none).
+  void syncGradients();
+  /// Optimizer update at `lr`.
+  void applyUpdate(double lr);
 
   /// Averages BatchNorm buffers by taking rank 0's (as DDP's broadcast_buffers),
   /// then evaluates on this rank's shard of the validation set; every validation

@@ -1,0 +1,94 @@
+// Agreement with real ranks under mpirun: each rank has its own out-of-memory
+// threshold; every rank must pick the same batch, one that fits everywhere, and
+// training must then start on all ranks.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "mpi_helpers.h"
+#include "simulated_measurer.h"
+#include "worker/search.h"
+#include "worker/trainer.h"
+
+using namespace batchdist;
+using namespace batchdist::worker;
+
+TEST(SearchAgreement, TheTightestRankBoundsTheChoiceAndTrainingStarts) {
+  const int P = mpitest::worldSize();
+  const int rank = mpitest::worldRank();
+  // Rank 1 fails above 63 (i.e. at 64); every other rank fits 128.
+  testsupport::SimulatedMeasurer measurer(rank == 1 ? 63 : 128, 1000.0 * (rank + 1), 4);
+  auto cfg = parseConfig(
+      "model: {name: mlp, hidden: [16], batchnorm: true}\n"
+      "data: {name: synthetic, samples: 4000, shape: [8], classes: 3}\n"
+      "batch: {per_gpu: auto}\n"
+      "search: {min: 8, objective: max_fit, multiple_of: 32}\n"
+      "train: {epochs: 1, max_steps: 3}\n",
+      "agreement.yaml");
+  mpitest::inGroup(P, [&](collective::Communicator& comm) {
+    const auto data = loadData(cfg.data, cfg.train.seed, "");
+    BatchSearch search(cfg, comm, measurer, data.train.size(), true);
+    const auto res = search.run(nullptr);
+    // Doubling 8, 16, 32 (ok), 64 (fails on rank 1); multiple_of 32 leaves nothing between.
+    EXPECT_EQ(res.chosen, 32);
+    const auto chosen = comm.allgather(static_cast<double>(res.chosen));
+    for (double c : chosen) EXPECT_EQ(c, res.chosen);
+    ASSERT_EQ(res.candidates.size(), 4u);
+    EXPECT_TRUE(res.candidates.back().failed);
+    EXPECT_NE(res.candidates.back().reason.find("out of memory on rank 1"), std::string::npos);
+    // Slowest rank (rank 0, 1000 samples/s at saturation) sets the pace.
+    EXPECT_NEAR(res.candidates[0].global_sps, P * 1000.0 * 8 / 12, 1e-6);
+    // Training starts on every rank with the agreed plan.
+    const auto plan = makePlan(cfg, comm.size(), data.train.size(), true, res.chosen);
+    EXPECT_EQ(plan.per_gpu, 32);
+    EXPECT_EQ(plan.global, 32 * P);
+    Trainer trainer(cfg, comm, data, at::kCPU, plan);
+    Console quiet(false, false);
+    const auto result = trainer.train(quiet);
+    EXPECT_EQ(result.steps, 3);
+  });
+}
+
+TEST(SearchAgreement, RealMeasurerOverBudgetOnOneRankDoesNotHang) {
+  // The real training-step measurer with a CPU memory budget only on the last
+  // rank: candidates above it fail there while the others keep stepping through
+  // the gradient allreduce, and all ranks agree.
+  const int P = mpitest::worldSize();
+  const int rank = mpitest::worldRank();
+  auto cfg = parseConfig(
+      "model: {name: cnn, channels: [16], batchnorm: false}\n"
+      "data: {name: synthetic, samples: 2100, shape: [3, 32, 32], classes: 10, val_fraction: 0}\n"
+      "batch: {per_gpu: auto}\n"
+      "search: {min: 32, max: 512, objective: max_fit, warmup_steps: 1, timed_steps: 1}\n",
+      "real.yaml");
+  mpitest::inGroup(P, [&](collective::Communicator& comm) {
+    const auto data = loadData(cfg.data, cfg.train.seed, "");
+    // Calibrate: this process's peak at the smallest and largest candidate.
+    double small = 0;
+    double large = 0;
+    {
+      auto probe = makeTrainStepMeasurer(cfg, comm, data, at::kCPU);
+      small = probe->measure(32, 1).peak_mb;
+      large = probe->measure(512, 1).peak_mb;
+    }
+    // (EXPECT, not ASSERT: a rank leaving early would strand the others' collectives.)
+    EXPECT_GT(large, small + 50) << "activations should dominate the peak";
+    Config mine = cfg;
+    if (rank == P - 1) mine.search.memory_limit_mb = static_cast<int64_t>((small + large) / 2);
+    auto measurer = makeTrainStepMeasurer(mine, comm, data, at::kCPU);
+    BatchSearch search(mine, comm, *measurer, data.train.size(), false);
+    const auto res = search.run(nullptr);
+    const auto chosen = comm.allgather(static_cast<double>(res.chosen));
+    for (double c : chosen) EXPECT_EQ(c, res.chosen);
+    EXPECT_GE(res.chosen, 32);
+    EXPECT_LT(res.chosen, 512);
+    bool failed_on_last = false;
+    for (const auto& c : res.candidates) {
+      if (c.failed) {
+        failed_on_last |= c.reason.find("over memory budget on rank " + std::to_string(P - 1)) !=
+                          std::string::npos;
+      }
+    }
+    EXPECT_TRUE(failed_on_last);
+    if (comm.rank() == 0) std::printf("%s", searchTable(res).c_str());
+  });
+}

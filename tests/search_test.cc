@@ -1,0 +1,219 @@
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <thread>
+
+#include "collective/error.h"
+#include "collective/process_group.h"
+#include "collective/torch_compat.h"
+#include "simulated_measurer.h"
+#include "worker/search.h"
+
+using namespace batchdist;
+using namespace batchdist::worker;
+using batchdist::testsupport::SimulatedMeasurer;
+
+namespace {
+
+Candidate ok(int64_t m, double sps, double peak = 100) {
+  Candidate c;
+  c.per_gpu = m;
+  c.global = m;
+  c.global_sps = c.min_rank_sps = c.max_rank_sps = sps;
+  c.peak_mb = peak;
+  return c;
+}
+Candidate bad(int64_t m, const std::string& reason, double peak) {
+  Candidate c;
+  c.per_gpu = m;
+  c.failed = true;
+  c.reason = reason;
+  c.peak_mb = peak;
+  return c;
+}
+
+/// Runs a BatchSearch on `world` threads, rank r using measurers[r].
+std::vector<SearchResult> searchOnThreads(const Config& cfg,
+                                          std::vector<SimulatedMeasurer>& measurers,
+                                          int64_t train_size) {
+  const int world = static_cast<int>(measurers.size());
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<SearchResult> results(world);
+  std::vector<std::exception_ptr> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        collective::BackendOptions o;
+        o.backend = "gloo";
+        o.address = "127.0.0.1";
+        o.timeout = std::chrono::seconds(30);
+        auto comm = collective::createCommunicator(store, r, world, o);
+        BatchSearch search(cfg, *comm, measurers[r], train_size, false);
+        results[r] = search.run(nullptr);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+  return results;
+}
+
+}  // namespace
+
+TEST(SearchRule, PlateauPicksTheSmallestNearPeak) {
+  const std::vector<Candidate> c{ok(8, 100), ok(16, 180), ok(32, 290), ok(64, 300), ok(128, 302)};
+  std::string why;
+  EXPECT_EQ(chooseCandidate(c, "throughput", 0.05, &why).per_gpu, 32);
+  EXPECT_NE(why.find("smallest within 5 %"), std::string::npos) << why;
+  EXPECT_EQ(chooseCandidate(c, "throughput", 0.0).per_gpu, 128);
+  EXPECT_EQ(chooseCandidate(c, "max_fit", 0.05).per_gpu, 128);
+}
+
+TEST(SearchRule, MonotoneCurvePicksTheBest) {
+  const std::vector<Candidate> c{ok(8, 100), ok(16, 200), ok(32, 400), bad(64, "out of memory on rank 0", 900)};
+  EXPECT_EQ(chooseCandidate(c, "throughput", 0.05).per_gpu, 32);
+  EXPECT_EQ(chooseCandidate(c, "max_fit", 0.05).per_gpu, 32);
+}
+
+TEST(SearchRule, NoisyCurveIgnoresFailuresAndDips) {
+  // A dip at 32 and a failure in the middle do not confuse the rule.
+  const std::vector<Candidate> c{ok(8, 100), ok(16, 250), ok(32, 180), ok(48, 262),
+                                 bad(56, "over memory budget on rank 1", 990), ok(24, 240)};
+  EXPECT_EQ(chooseCandidate(c, "throughput", 0.05).per_gpu, 16);
+  EXPECT_EQ(chooseCandidate(c, "max_fit", 0.05).per_gpu, 48);
+}
+
+TEST(SearchRule, AllFailNamesTheSmallestSizeAndTheMemorySeen) {
+  const std::vector<Candidate> c{bad(16, "out of memory on rank 1", 2048.4),
+                                 bad(8, "out of memory on rank 1", 1500.2)};
+  try {
+    chooseCandidate(c, "throughput", 0.05);
+    FAIL();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("the smallest tried, 8, failed: out of memory on rank 1 (peak 1500 MB)"),
+              std::string::npos)
+        << msg;
+  }
+}
+
+TEST(Search, DoublesThenBinarySearchesTheBoundaryForMaxFit) {
+  auto cfg = parseConfig("search: {min: 8, multiple_of: 8, objective: max_fit}", "t.yaml");
+  std::vector<SimulatedMeasurer> m{SimulatedMeasurer(100, 1000, 4), SimulatedMeasurer(100, 1000, 4)};
+  const auto res = searchOnThreads(cfg, m, 100000);
+  std::vector<int64_t> tried;
+  for (const auto& c : res[0].candidates) tried.push_back(c.per_gpu);
+  // 8, 16, 32, 64, 128 (fails), then binary search between 64 and 128 in steps of 8.
+  ASSERT_GE(tried.size(), 6u);
+  EXPECT_EQ((std::vector<int64_t>(tried.begin(), tried.begin() + 5)),
+            (std::vector<int64_t>{8, 16, 32, 64, 128}));
+  EXPECT_EQ(res[0].chosen, 96);  // largest multiple of 8 <= 100
+  EXPECT_EQ(res[1].chosen, 96);
+  EXPECT_LE(res[0].timed_steps, 40);
+}
+
+TEST(Search, ThroughputObjectiveStopsOnAPlateau) {
+  auto cfg = parseConfig("search: {min: 8}", "t.yaml");
+  // Saturates early (half = 2): gains < 5 % after ~64, no memory limit at all.
+  std::vector<SimulatedMeasurer> m{SimulatedMeasurer(1 << 30, 1000, 2)};
+  const auto res = searchOnThreads(cfg, m, 1 << 30);
+  EXPECT_LE(res[0].candidates.size(), 6u);
+  EXPECT_LE(res[0].chosen, 64);
+  for (const auto& c : res[0].candidates) EXPECT_FALSE(c.failed);
+}
+
+TEST(Search, FixedGlobalBatchOnlyTriesDivisorsAndDerivesAccumulation) {
+  auto cfg = parseConfig("batch: {global: 96}\nsearch: {min: 2, objective: max_fit}", "t.yaml");
+  std::vector<SimulatedMeasurer> m{SimulatedMeasurer(20, 1000, 4), SimulatedMeasurer(20, 1000, 4)};
+  const auto res = searchOnThreads(cfg, m, 100000);
+  for (const auto& c : res[0].candidates) {
+    EXPECT_EQ(48 % c.per_gpu, 0) << c.per_gpu;
+    EXPECT_EQ(c.global, 96);
+    EXPECT_EQ(c.per_gpu * c.accum * 2, 96);
+  }
+  EXPECT_EQ(res[0].chosen, 16);  // largest divisor of 48 that is <= 20
+  EXPECT_EQ(res[0].chosen_accum, 3);
+}
+
+TEST(Search, TheTighterRankDecidesAndTheSlowestSetsThroughput) {
+  auto cfg = parseConfig("search: {min: 8, objective: max_fit}", "t.yaml");
+  std::vector<SimulatedMeasurer> m{SimulatedMeasurer(128, 2000, 4), SimulatedMeasurer(63, 1000, 4)};
+  const auto res = searchOnThreads(cfg, m, 100000);
+  EXPECT_EQ(res[0].chosen, res[1].chosen);
+  EXPECT_LE(res[0].chosen, 63);
+  for (const auto& c : res[0].candidates) {
+    if (c.failed) {
+      EXPECT_NE(c.reason.find("on rank 1"), std::string::npos) << c.reason;
+      continue;
+    }
+    EXPECT_NEAR(c.global_sps, 2 * c.min_rank_sps, 1e-9);
+    EXPECT_LT(c.min_rank_sps, c.max_rank_sps);
+  }
+  // Every rank walked exactly the same candidates.
+  EXPECT_EQ(m[0].calls, m[1].calls);
+}
+
+TEST(Search, MemoryBudgetIsAFailureToo) {
+  auto cfg = parseConfig("search: {min: 8, objective: max_fit}", "t.yaml");
+  // 100 MB + 4 MB/sample under a 300 MB budget -> at most 50 per GPU.
+  std::vector<SimulatedMeasurer> m{SimulatedMeasurer(1 << 30, 1000, 4, 100, 4, 300)};
+  const auto res = searchOnThreads(cfg, m, 100000);
+  EXPECT_EQ(res[0].chosen, 48);
+  EXPECT_DOUBLE_EQ(res[0].memory_budget_mb, 300);
+  bool saw_budget = false;
+  for (const auto& c : res[0].candidates) {
+    if (c.failed) saw_budget |= c.reason.find("over memory budget") != std::string::npos;
+  }
+  EXPECT_TRUE(saw_budget);
+}
+
+TEST(Search, EverythingFailingIsAClearError) {
+  auto cfg = parseConfig("search: {min: 8}", "t.yaml");
+  std::vector<SimulatedMeasurer> m{SimulatedMeasurer(4, 1000, 4), SimulatedMeasurer(4, 1000, 4)};
+  try {
+    searchOnThreads(cfg, m, 100000);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the smallest tried, 8"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Search, JsonSvgAndTable) {
+  SearchResult r;
+  r.candidates = {ok(8, 100, 120), ok(16, 190, 140), bad(32, "out of memory on rank 0", 400)};
+  r.chosen = 16;
+  r.objective = "throughput";
+  r.memory_budget_mb = 300;
+  const auto svg = searchSvg(r);
+  EXPECT_NE(svg.find("<svg"), std::string::npos);
+  EXPECT_NE(svg.find("chosen: 16"), std::string::npos);
+  EXPECT_NE(svg.find("memory budget 300 MB"), std::string::npos);
+  const auto table = searchTable(r);
+  EXPECT_NE(table.find("<- chosen"), std::string::npos);
+  EXPECT_NE(table.find("out of memory on rank 0"), std::string::npos);
+  const auto key = "k";
+  const auto path = ::testing::TempDir() + "/search_cache_test.json";
+  writeSearchCache(path, key, r);
+  const auto back = readSearchCache(path, key);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_TRUE(back->cached);
+  EXPECT_EQ(back->chosen, 16);
+  EXPECT_EQ(back->candidates.size(), 3u);
+  EXPECT_FALSE(readSearchCache(path, "other key").has_value());
+}
+
+TEST(Search, PeakRssResetsAndTracksAllocations) {
+  resetPeakRss();
+  const double before = peakRssMb();
+  {
+    auto big = torch::ones({64, 1024, 1024}, torch::kFloat);  // 256 MB, touched
+    EXPECT_GT(peakRssMb(), before + 200);
+  }
+  resetPeakRss();
+  EXPECT_LT(peakRssMb(), before + 100);
+}

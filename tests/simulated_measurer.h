@@ -1,0 +1,47 @@
+#pragma once
+// A Measurer with a chosen out-of-memory threshold and throughput curve, so tests
+// can give every rank its own limits (the real one is exercised end to end).
+
+#include <cmath>
+#include <string>
+
+#include "worker/search.h"
+
+namespace batchdist::testsupport {
+
+class SimulatedMeasurer : public worker::Measurer {
+ public:
+  /// Fails (out of memory) above `oom_above`; samples/s = peak * m / (m + half),
+  /// a curve that saturates; memory = base + per_sample * m (MB).
+  SimulatedMeasurer(int64_t oom_above, double peak_sps, double half, double base_mb = 100,
+                    double per_sample_mb = 1, double budget_mb = 0, double noise = 0)
+      : oom_above_(oom_above), peak_(peak_sps), half_(half), base_(base_mb),
+        per_sample_(per_sample_mb), budget_(budget_mb), noise_(noise) {}
+
+  worker::Measurement measure(int64_t per_gpu, int64_t accum) override {
+    ++calls;
+    worker::Measurement m;
+    m.peak_mb = base_ + per_sample_ * static_cast<double>(per_gpu);
+    if (per_gpu > oom_above_) {
+      m.fail = worker::FailKind::kOutOfMemory;
+      return m;
+    }
+    // Deterministic "noise": a fixed wiggle per size.
+    const double wiggle = 1.0 + noise_ * std::sin(static_cast<double>(per_gpu) * 12.9898);
+    m.samples_per_s = peak_ * per_gpu / (per_gpu + half_) * wiggle;
+    m.timed_steps = 3;
+    if (budget_ > 0 && m.peak_mb > budget_) m.fail = worker::FailKind::kOverBudget;
+    (void)accum;
+    return m;
+  }
+  double memoryBudgetMb() const override { return budget_; }
+  std::string deviceName() const override { return "simulated"; }
+
+  int calls = 0;
+
+ private:
+  int64_t oom_above_;
+  double peak_, half_, base_, per_sample_, budget_, noise_;
+};
+
+}  // namespace batchdist::testsupport

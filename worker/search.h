@@ -1,0 +1,133 @@
+#pragma once
+// Coordinated per-GPU batch search: every rank measures, all agree, throughput decides.
+//
+// Note [search agreement]: the search never deadlocks because every rank makes the
+// same collective calls in the same order whatever happens locally:
+//  - inside a candidate, the measured training step runs its gradient allreduce on
+//    every step even on a rank whose forward/backward ran out of memory (that rank
+//    contributes zeros; the search model is thrown away afterwards);
+//  - after every candidate, all ranks agree through one allreduce(MAX) of
+//    [failure kind, failing rank, peak memory, samples/s, -samples/s], i.e. the MAX
+//    of the failure flag, the MAX of peak memory and the MIN (and MAX) of samples/s;
+//  - the next candidate is a pure function of the agreed results, so every rank
+//    walks the same sequence and stops at the same point.
+// A candidate fails if any rank ran out of memory (a cuDNN "not supported" at a
+// large batch counts as out of memory) or its peak memory exceeded the budget.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "collective/communicator.h"
+#include "worker/config.h"
+#include "worker/data.h"
+
+namespace batchdist::worker {
+
+class Console;
+
+enum class FailKind : int { kNone = 0, kOverBudget = 1, kOutOfMemory = 2, kError = 3 };
+const char* toString(FailKind kind);
+
+/// One rank's measurement of one candidate.
+struct Measurement {
+  FailKind fail = FailKind::kNone;
+  std::string detail;        ///< what failed, for kError
+  double samples_per_s = 0;  ///< this rank's samples/s over the timed steps
+  double peak_mb = 0;        ///< this rank's peak memory during the candidate
+  int64_t timed_steps = 0;
+};
+
+/// Measures a candidate per-GPU batch on this rank. Implementations must make the
+/// same collective calls on every rank whatever happens locally (Note [search agreement]).
+class Measurer {
+ public:
+  virtual ~Measurer() = default;
+  virtual Measurement measure(int64_t per_gpu, int64_t accum) = 0;
+  /// Peak memory (MB) a candidate must stay under; 0 = no budget.
+  virtual double memoryBudgetMb() const = 0;
+  /// e.g. "NVIDIA H100 80GB HBM3" or "cpu".
+  virtual std::string deviceName() const = 0;
+};
+
+/// One candidate as all ranks agreed on it.
+struct Candidate {
+  int64_t per_gpu = 0;
+  int64_t accum = 1;
+  int64_t global = 0;
+  bool failed = false;
+  std::string reason;            ///< empty unless failed
+  double min_rank_sps = 0;       ///< slowest rank's samples/s
+  double max_rank_sps = 0;       ///< fastest rank's samples/s
+  double global_sps = 0;         ///< world x slowest rank: the job's throughput
+  double peak_mb = 0;            ///< max over ranks
+};
+
+struct SearchResult {
+  int64_t chosen = 0;  ///< per-GPU batch
+  int64_t chosen_accum = 1;
+  bool cached = false;
+  std::string objective;
+  double tolerance = 0;
+  double memory_budget_mb = 0;  ///< tightest rank's budget
+  std::string device;
+  int64_t world_size = 1;
+  int64_t timed_steps = 0;  ///< timed steps per rank, warmups excluded
+  double seconds = 0;
+  std::vector<Candidate> candidates;
+  std::string why;  ///< one sentence: why this candidate
+};
+
+/// The selection rule. throughput: the smallest candidate whose global samples/s
+/// is within `tolerance` of the best measured; max_fit: the largest that fits.
+/// Throws Error naming the smallest size tried and the memory seen when none fits.
+const Candidate& chooseCandidate(const std::vector<Candidate>& candidates,
+                                 const std::string& objective, double tolerance,
+                                 std::string* why = nullptr);
+
+/// Runs the search over `comm`; collective.
+class BatchSearch {
+ public:
+  BatchSearch(const Config& cfg, collective::Communicator& comm, Measurer& measurer,
+              int64_t train_size, bool has_batchnorm);
+  SearchResult run(Console* console);
+
+ private:
+  Candidate agree(int64_t per_gpu, int64_t accum, const Measurement& m);
+
+  const Config& cfg_;
+  collective::Communicator& comm_;
+  Measurer& measurer_;
+  int64_t train_size_;
+  bool has_bn_;
+};
+
+/// The measurer that runs the real training step (forward, backward, gradient
+/// averaging, optimizer) on real batches of the configured data.
+std::unique_ptr<Measurer> makeTrainStepMeasurer(const Config& cfg, collective::Communicator& comm,
+                                                const DataSplit& data, at::Device device);
+
+std::string searchJson(const SearchResult& r);
+/// Plot of samples/s and peak memory against per-GPU batch, the choice marked.
+std::string searchSvg(const SearchResult& r);
+/// The table rank 0 prints.
+std::string searchTable(const SearchResult& r);
+
+/// Everything the result depends on: model and data shapes, batch settings,
+/// optimizer, search settings, every rank's memory budget, device, world size,
+/// libtorch version.
+std::string searchCacheKey(const Config& cfg, const DataInfo& data, int64_t world,
+                           const std::string& device, const std::vector<double>& budgets);
+std::optional<SearchResult> readSearchCache(const std::string& path, const std::string& key);
+void writeSearchCache(const std::string& path, const std::string& key, const SearchResult& r);
+
+/// True if `e` means "out of memory" (CUDA/CPU allocator, cuDNN/cuBLAS allocation).
+bool isOutOfMemory(const std::exception& e);
+
+/// This process's peak resident memory (MB) since the last resetPeakRss().
+double peakRssMb();
+void resetPeakRss();
+
+}  // namespace batchdist::worker
