@@ -62,6 +62,32 @@ int runPlan(const CliOptions& cli) {
   try {
     const auto cfg = worker::loadConfig(cli.config, cli.sets);
     const auto info = worker::describeData(cfg.data, cfg.train.seed, dirOf(cli.config));
+    if (cfg.batch.per_gpu_auto) {
+      // Nothing to plan yet: the search picks the batch on the real hardware.
+      const auto& sc = cfg.search;
+      if (cli.json) {
+        std::cout << worker::json::Object()
+                         .add("world_size", std::max(1, cli.world))
+                         .add("per_gpu_batch", "auto")
+                         .add("dataset_size", info.train_size)
+                         .raw("search", worker::json::Object()
+                                            .add("min", sc.min)
+                                            .add("max", sc.max)
+                                            .add("objective", sc.objective)
+                                            .add("tolerance", sc.tolerance)
+                                            .str())
+                         .str()
+                  << "\n";
+      } else {
+        std::cout << "plan: world " << std::max(1, cli.world)
+                  << " x per-GPU batch auto: the batch search picks it at run time, measuring "
+                     "candidates from search.min="
+                  << sc.min << (sc.max > 0 ? strCat(" to search.max=", sc.max) : std::string())
+                  << " on every rank (objective " << sc.objective
+                  << "); run `batchdist search " << cli.config << "` under mpirun to see it\n";
+      }
+      return 0;
+    }
     const auto plan = worker::makePlan(cfg, std::max(1, cli.world), info.train_size,
                                        worker::modelHasBatchNorm(cfg.model));
     std::cout << (cli.json ? worker::planJson(plan) + "\n" : worker::planText(plan));

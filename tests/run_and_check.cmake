@@ -1,6 +1,7 @@
 # Runs `mpirun -np NP BIN ARGS --output OUT --report OUT/r.json --quiet` and checks
 # the JSON report: CHECKS is a list of "path<op>value" (ops ==, >=, <=, <, >), path
-# dotted into the report (e.g. plan.samples_padded).
+# dotted into the report (e.g. plan.samples_padded); a value "@other.path" is
+# that path's value in the same report.
 file(REMOVE_RECURSE ${OUT})
 execute_process(
   COMMAND ${MPIRUN} ${MPI_FLAGS} -np ${NP} ${BIN} ${ARGS} --output ${OUT} --report ${OUT}/r.json --quiet
@@ -18,6 +19,10 @@ foreach(check ${CHECKS})
   set(want ${CMAKE_MATCH_3})
   string(REPLACE "." ";" keys "${path}")
   string(JSON got GET "${report}" ${keys})
+  if(want MATCHES "^@(.+)$")
+    string(REPLACE "." ";" other "${CMAKE_MATCH_1}")
+    string(JSON want GET "${report}" ${other})
+  endif()
   if(op STREQUAL "==")
     if(want MATCHES "^[0-9.eE+-]+$")
       if(NOT got EQUAL want)
