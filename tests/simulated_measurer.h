@@ -18,7 +18,8 @@ class SimulatedMeasurer : public worker::Measurer {
       : oom_above_(oom_above), peak_(peak_sps), half_(half), base_(base_mb),
         per_sample_(per_sample_mb), budget_(budget_mb), noise_(noise) {}
 
-  worker::Measurement measure(int64_t per_gpu, int64_t accum) override {
+  worker::Measurement measure(int64_t per_gpu, int64_t accum, int64_t extra_warmup) override {
+    (void)extra_warmup;
     ++calls;
     worker::Measurement m;
     m.peak_mb = base_ + per_sample_ * static_cast<double>(per_gpu);

@@ -45,7 +45,8 @@ struct Measurement {
 class Measurer {
  public:
   virtual ~Measurer() = default;
-  virtual Measurement measure(int64_t per_gpu, int64_t accum) = 0;
+  /// `extra_warmup` steps are added to the configured warmup (a cold process).
+  virtual Measurement measure(int64_t per_gpu, int64_t accum, int64_t extra_warmup = 0) = 0;
   /// Peak memory (MB) a candidate must stay under; 0 = no budget.
   virtual double memoryBudgetMb() const = 0;
   /// e.g. "NVIDIA H100 80GB HBM3" or "cpu".
@@ -62,6 +63,7 @@ struct Candidate {
   double min_rank_sps = 0;       ///< slowest rank's samples/s
   double max_rank_sps = 0;       ///< fastest rank's samples/s
   double global_sps = 0;         ///< world x slowest rank: the job's throughput
+  int64_t measurements = 1;      ///< times measured (re-measured contenders: mean)
   double peak_mb = 0;            ///< max over ranks
 };
 
