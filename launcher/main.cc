@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -99,6 +100,38 @@ int runPlan(const CliOptions& cli) {
   }
 }
 
+/// Every rank must train the same thing: compares each rank's resolved config
+/// with rank 0's. Keys that may differ per rank (its memory budget, interface,
+/// threads, cache file) are skipped. Collective; throws ConfigError on every rank.
+void checkConfigsAgree(const worker::Config& cfg, collective::Communicator& comm) {
+  static const char* kPerRank[] = {"search.memory_limit_mb", "dist.interface", "train.threads",
+                                   "search.cache"};
+  std::string mine;
+  for (const auto& [path, value] : cfg.resolved) {
+    if (std::find(std::begin(kPerRank), std::end(kPerRank), path) == std::end(kPerRank)) {
+      mine += path + "=" + value + "\n";
+    }
+  }
+  const std::string root = comm.broadcast(mine, 0);
+  std::string diff;
+  if (root != mine) {
+    std::istringstream a(mine), b(root);
+    for (std::string x, y; std::getline(a, x) && std::getline(b, y);) {
+      if (x != y) {
+        diff += (diff.empty() ? "" : "; ") + x.substr(0, x.find('=')) + " = " +
+                x.substr(x.find('=') + 1) + " here, " + y.substr(y.find('=') + 1) + " on rank 0";
+      }
+    }
+  }
+  if (comm.any(!diff.empty())) {
+    throw ConfigError(diff.empty() ? std::string("another rank's config differs from rank 0's "
+                                                 "(see its message)")
+                                   : "config differs from rank 0's: " + diff +
+                                         ". Every rank must train the same model on the same "
+                                         "data; launch them with the same file and --set options");
+  }
+}
+
 /// Runs (or reads from the cache) the coordinated batch search. Collective.
 worker::SearchResult searchBatch(const CliOptions& cli, const worker::Config& cfg,
                                  collective::Communicator& comm, const worker::DataSplit& data,
@@ -187,6 +220,7 @@ int runTrain(const CliOptions& cli, MpiScope& mpi) {
     bo.interface = rv.interface;
     bo.address = rv.address;
     auto comm = collective::createCommunicator(rv.store, mpi.rank(), mpi.size(), bo);
+    checkConfigsAgree(cfg, *comm);
 
     worker::Console console(lead && !cli.quiet, isatty(STDOUT_FILENO) != 0);
     console.line(strCat("batchdist ", BATCHDIST_VERSION, ": ", mpi.size(), " rank(s) on ",

@@ -188,3 +188,17 @@ TEST(Cli, SearchCacheHitMissAndResearch) {
   EXPECT_EQ(r.out.find("cached result"), std::string::npos) << r.out;
   EXPECT_FALSE(cachedFlag());
 }
+
+TEST(Cli, RanksWithDifferentConfigsAreToldWhatDiffers) {
+  const std::string args = kQuickstart + " -q --output " +
+                           (std::filesystem::temp_directory_path() / "batchdist_cli_mismatch").string();
+  std::string flags = BATCHDIST_MPI_FLAGS;
+  const auto r = run(args + " : " + flags + " -np 1 " + BATCHDIST_BIN + " " + args +
+                         " --set model.hidden=[32]",
+                     mpirun(1));
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("[rank 1/2 host "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("config differs from rank 0's: model.hidden = [32] here, [128, 64] on rank 0"),
+            std::string::npos)
+      << r.out;
+}

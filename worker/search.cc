@@ -543,9 +543,13 @@ std::string searchSvg(const SearchResult& r) {
   std::sort(sorted.begin(), sorted.end(),
             [](const Candidate& a, const Candidate& b) { return a.per_gpu < b.per_gpu; });
   std::string sps_pts, mem_pts;
+  double last_label = -1e9;
   for (const auto& c : sorted) {
-    os << "<text x=\"" << X(c.per_gpu) << "\" y=\"" << H - B + 16 << "\" text-anchor=\"middle\">"
-       << c.per_gpu << "</text>\n";
+    if (X(c.per_gpu) - last_label >= 30) {  // labels of clustered sizes would overlap
+      os << "<text x=\"" << X(c.per_gpu) << "\" y=\"" << H - B + 16
+         << "\" text-anchor=\"middle\">" << c.per_gpu << "</text>\n";
+      last_label = X(c.per_gpu);
+    }
     if (c.failed) {
       os << "<text x=\"" << X(c.per_gpu) << "\" y=\"" << H - B - 4
          << "\" text-anchor=\"middle\" fill=\"#d62728\" font-weight=\"bold\">x<title>" << c.reason
