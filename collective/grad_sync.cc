@@ -27,14 +27,20 @@ GradientSynchronizer::GradientSynchronizer(Communicator& comm, std::vector<at::T
     buckets_[it->second].params.push_back(k);
     bytes[it->second] += nbytes;
   }
-  for (auto& b : buckets_) {
+  for (std::size_t i = 0; i < buckets_.size(); ++i) {
+    auto& b = buckets_[i];
     int64_t n = 0;
     for (auto k : b.params) n += params_[k].numel();
-    b.flat = at::empty({n}, params_[b.params.front()].options());
+    // Bucket 0 carries one extra element: the side channel of sumGradients().
+    b.flat = at::zeros({n + (i == 0 ? 1 : 0)}, params_[b.params.front()].options());
   }
 }
 
-void GradientSynchronizer::sumGradients() {
+void GradientSynchronizer::sumGradients(double* side) {
+  if (!buckets_.empty()) {
+    auto& first = buckets_.front().flat;
+    first.narrow(0, first.numel() - 1, 1).fill_(side ? *side : 0.0);
+  }
   std::vector<std::unique_ptr<PendingWork>> pending;
   pending.reserve(buckets_.size());
   for (auto& b : buckets_) {
@@ -65,6 +71,10 @@ void GradientSynchronizer::sumGradients() {
       }
       offset += p.numel();
     }
+  }
+  if (side && !buckets_.empty()) {
+    const auto& first = buckets_.front().flat;
+    *side = first.narrow(0, first.numel() - 1, 1).item<double>();
   }
 }
 

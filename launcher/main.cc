@@ -4,6 +4,10 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <csignal>
+#include <cstring>
+
 #include <algorithm>
 #include <filesystem>
 #include <iostream>
@@ -28,6 +32,22 @@
 
 namespace batchdist::launcher {
 namespace {
+
+// SIGTERM (Slurm's time limit, scancel, preemption), SIGUSR1 (sbatch
+// --signal=USR1@T) and SIGINT ask for a clean stop: every rank finishes the same
+// step, rank 0 writes the model and the report, and the job exits 128 + signal.
+// A second signal of the same kind acts as usual (SA_RESETHAND).
+std::atomic<int> g_stop_signal{0};
+
+extern "C" void onStopSignal(int sig) { g_stop_signal.store(sig); }
+
+void installStopHandlers() {
+  struct sigaction sa {};
+  sa.sa_handler = onStopSignal;
+  sa.sa_flags = SA_RESETHAND | SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGTERM, SIGUSR1, SIGINT}) sigaction(sig, &sa, nullptr);
+}
 
 std::string dirOf(const std::string& path) {
   const auto p = std::filesystem::path(path).parent_path();
@@ -244,7 +264,17 @@ int runTrain(const CliOptions& cli, MpiScope& mpi) {
     if (console.enabled()) std::cout << worker::planText(plan) << std::flush;
 
     worker::Trainer trainer(cfg, *comm, data, device, plan);
-    const auto result = trainer.train(console);
+    installStopHandlers();
+    const auto result = trainer.train(console, [] { return g_stop_signal.load() != 0; });
+    // The signal may have reached only some ranks; all learn which (once per run).
+    const int own_sig = g_stop_signal.load();
+    const int sig = static_cast<int>(comm->allreduce(static_cast<double>(own_sig),
+                                                     collective::ReduceOp::kMax));
+    if (!result.completed && own_sig != 0) {
+      std::cerr << mpi.tag() << " received SIG" << sigabbrev_np(own_sig)
+                << ": stopped cleanly after step " << result.steps << "; rank 0 saves the model "
+                << "and the report" << std::endl;
+    }
 
     if (lead) {
       namespace fs = std::filesystem;
@@ -259,7 +289,12 @@ int runTrain(const CliOptions& cli, MpiScope& mpi) {
       info.torch_version = compat::torchVersion();
       info.data_origin = data.origin;
       info.extra_json = strCat("\"hosts\": ", mpi.hostCount(), ", \"model_path\": ",
-                               worker::json::quote(model_path));
+                               worker::json::quote(model_path), ", \"completed\": ",
+                               result.completed ? "true" : "false");
+      if (!result.completed) {
+        info.extra_json += strCat(", \"stopped_by\": ",
+                                  worker::json::quote(strCat("SIG", sigabbrev_np(sig ? sig : SIGTERM))));
+      }
       if (searched) {
         info.extra_json += strCat(", \"search\": ",
                                   worker::json::Object()
@@ -273,13 +308,15 @@ int runTrain(const CliOptions& cli, MpiScope& mpi) {
       const auto report = worker::runReport(cfg, plan, result, info);
       worker::writeFileAtomic((fs::path(cli.output) / "report.json").string(), report);
       if (!cli.report.empty()) worker::writeFileAtomic(cli.report, report);
-      console.line(strCat("done: ", result.steps, " steps, eval accuracy ",
+      console.line(strCat(result.completed ? "done: " : "stopped early: ", result.steps,
+                          " steps, eval accuracy ",
                           worker::formatFixed(100.0 * result.eval_accuracy, 2), " %, ",
                           static_cast<int64_t>(result.samples_per_s), " samples/s, ",
                           worker::formatDuration(result.wall_s), "; wrote ", cli.output,
                           "/report.json and model.pt"));
     }
     comm->barrier();
+    if (!result.completed) return 128 + (sig ? sig : SIGTERM);
   } catch (const Error& e) {
     std::cerr << mpi.tag() << " error: " << e.what() << std::endl;
     mpi.abort(e.exitCode());

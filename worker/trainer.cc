@@ -80,9 +80,9 @@ Trainer::Trainer(const Config& cfg, collective::Communicator& comm, const DataSp
 // known on every rank from the plan. Autograd sums over micro-batches, the
 // gradient synchroniser sums over ranks, so the update is the mean gradient over
 // the R samples, whatever the split G = m x a x W; padded samples (w = 0) add nothing.
-double Trainer::trainStep(const Sharder& sharder, int64_t step, double lr) {
+double Trainer::trainStep(const Sharder& sharder, int64_t step, double lr, bool* stop) {
   const double loss = computeGradients(sharder, step);
-  syncGradients();
+  syncGradients(stop);
   applyUpdate(lr);
   return loss;
 }
@@ -112,7 +112,15 @@ void Trainer::clearGradients() {
   for (auto& p : model_->parameters()) p.mutable_grad() = torch::Tensor();
 }
 
-void Trainer::syncGradients() { sync_->sumGradients(); }
+void Trainer::syncGradients(bool* stop) {
+  if (!stop) {
+    sync_->sumGradients();
+    return;
+  }
+  double flag = *stop ? 1.0 : 0.0;
+  sync_->sumGradients(&flag);
+  *stop = flag > 0.5;
+}
 
 void Trainer::applyUpdate(double lr) { optimizer_->step(lr); }
 
@@ -183,7 +191,7 @@ void Trainer::checkHealth(int64_t epoch) {
   }
 }
 
-TrainResult Trainer::train(Console& console) {
+TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_requested) {
   TrainResult result;
   Sharder sharder(plan_, static_cast<uint64_t>(cfg_.train.seed));
   const double t0 = now();
@@ -194,8 +202,10 @@ TrainResult Trainer::train(Console& console) {
     const double te = now();
     double loss_sum = 0;
     int64_t samples = 0;
-    for (int64_t s = 0; s < plan_.steps_per_epoch && global_step < plan_.total_steps; ++s) {
-      loss_sum += trainStep(sharder, s, plan_.lrAt(global_step));
+    bool stop = false;
+    for (int64_t s = 0; s < plan_.steps_per_epoch && global_step < plan_.total_steps && !stop; ++s) {
+      stop = stop_requested && stop_requested();
+      loss_sum += trainStep(sharder, s, plan_.lrAt(global_step), &stop);
       samples += sharder.realSamples(s);
       ++global_step;
       if (console.enabled()) {
@@ -226,6 +236,12 @@ TrainResult Trainer::train(Console& console) {
                         formatFixed(100.0 * ev.accuracy, 2), " %  ",
                         static_cast<int64_t>(st.samples_per_s), " samples/s  (",
                         formatDuration(st.seconds), ")"));
+    if (stop) {
+      result.completed = false;
+      console.line(strCat("stop requested: every rank stopped after step ", global_step, " of ",
+                          plan_.total_steps, " (epoch ", epoch + 1, ")"));
+      break;
+    }
   }
   result.steps = global_step;
   result.epochs = static_cast<int64_t>(result.history.size());

@@ -53,6 +53,7 @@ struct TrainResult {
   double eval_loss = 0;
   double eval_accuracy = 0;
   double wall_s = 0;
+  bool completed = true;     ///< false if a stop request ended the run early
   std::vector<EpochStats> history;
 };
 
@@ -77,8 +78,10 @@ class Trainer {
 
   /// One optimizer step: the micro-batches of step `step` of the current epoch of
   /// `sharder`, then the gradient sum over ranks and the update at `lr`. Returns
-  /// this rank's sum of per-sample losses (weight-0 samples excluded).
-  double trainStep(const Sharder& sharder, int64_t step, double lr);
+  /// this rank's sum of per-sample losses (weight-0 samples excluded). `stop`, if
+  /// given, is this rank's stop request in and "any rank asked" out (agreed in the
+  /// gradient allreduce, so all ranks stop after the same step).
+  double trainStep(const Sharder& sharder, int64_t step, double lr, bool* stop = nullptr);
 
   // trainStep() in its three parts. Only syncGradients() communicates, so a rank
   // whose computeGradients() failed (out of memory) can still take part in it and
@@ -88,8 +91,8 @@ class Trainer {
   double computeGradients(const Sharder& sharder, int64_t step);
   /// Drops all gradients and autograd state (after a failed computeGradients()).
   void clearGradients();
-  /// Sums gradients over the ranks (zeros where this rank has none).
-  void syncGradients();
+  /// Sums gradients over the ranks (zeros where this rank has none); see trainStep for `stop`.
+  void syncGradients(bool* stop = nullptr);
   /// Optimizer update at `lr`.
   void applyUpdate(double lr);
 
@@ -102,8 +105,10 @@ class Trainer {
   /// the parameters differ between ranks.
   void checkHealth(int64_t epoch);
 
-  /// Full run over plan().epochs (or train.max_steps).
-  TrainResult train(Console& console);
+  /// Full run over plan().epochs (or train.max_steps). `stop_requested` is polled
+  /// every step (e.g. a SIGTERM flag); when it is true on any rank, every rank
+  /// finishes the same step and the run ends with `completed = false`.
+  TrainResult train(Console& console, const std::function<bool()>& stop_requested = {});
 
  private:
   const Config& cfg_;
