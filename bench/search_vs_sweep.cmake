@@ -30,7 +30,9 @@ if(NOT DEFINED MPI_FLAGS)
 else()
   separate_arguments(MPI_FLAGS)
 endif()
-set(OUT ${CMAKE_CURRENT_BINARY_DIR}/bench_search_vs_sweep)
+if(NOT OUT)
+  set(OUT /tmp/batchdist_bench_search_vs_sweep)  # -DOUT=... to keep it elsewhere
+endif()
 file(REMOVE_RECURSE ${OUT})
 
 function(run_search out)
