@@ -16,9 +16,14 @@
 
 #if defined(BATCHDIST_WITH_CUDA)
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #endif
+
+#include <ATen/autocast_mode.h>
 
 #include <chrono>
 #include <cstdint>
@@ -124,6 +129,49 @@ inline std::string cudaDeviceName(int index) {
 inline void cudaEmptyCache() {
 #if defined(BATCHDIST_WITH_CUDA)
   c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+}
+
+/// Copies a (pinned) host tensor to `device`. On CUDA the copy is issued with
+/// non_blocking on a side stream, the current stream waits for it through an
+/// event, and the allocator is told the result is used on the current stream.
+inline at::Tensor copyToDeviceAsync(const at::Tensor& host, const at::Device& device) {
+#if defined(BATCHDIST_WITH_CUDA)
+  if (device.is_cuda()) {
+    static thread_local c10::optional<c10::cuda::CUDAStream> side;
+    if (!side || side->device_index() != device.index()) {
+      side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
+    }
+    auto compute = c10::cuda::getCurrentCUDAStream(device.index());
+    at::Tensor out;
+    {
+      c10::cuda::CUDAStreamGuard guard(*side);
+      out = host.to(device, /*non_blocking=*/true);
+    }
+    at::cuda::CUDAEvent copied;
+    copied.record(*side);
+    copied.block(compute);
+    c10::cuda::CUDACachingAllocator::recordStream(out.storage().data_ptr(), compute);
+    return out;
+  }
+#endif
+  return host.to(device);
+}
+
+/// Autocast on or off for a device type, with the low-precision dtype.
+/// (LibTorch 2.4 made the per-device setters generic.)
+inline void setAutocast(at::DeviceType type, bool enabled, at::ScalarType dtype) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  at::autocast::set_autocast_enabled(type, enabled);
+  at::autocast::set_autocast_dtype(type, dtype);
+#else
+  if (type == at::kCUDA) {
+    at::autocast::set_enabled(enabled);
+    at::autocast::set_autocast_gpu_dtype(dtype);
+  } else {
+    at::autocast::set_cpu_enabled(enabled);
+    at::autocast::set_autocast_cpu_dtype(dtype);
+  }
 #endif
 }
 

@@ -26,6 +26,7 @@
 #include "worker/json.h"
 #include "worker/model.h"
 #include "worker/plan.h"
+#include "worker/precision.h"
 #include "worker/report.h"
 #include "worker/search.h"
 #include "worker/trainer.h"
@@ -110,7 +111,7 @@ int runPlan(const CliOptions& cli) {
       return 0;
     }
     const auto plan = worker::makePlan(cfg, std::max(1, cli.world), info.train_size,
-                                       worker::modelHasBatchNorm(cfg.model));
+                                       worker::modelHasBatchNorm(cfg.model, dirOf(cli.config)));
     std::cout << (cli.json ? worker::planJson(plan) + "\n" : worker::planText(plan));
     return 0;
   } catch (const Error& e) {
@@ -158,10 +159,10 @@ worker::SearchResult searchBatch(const CliOptions& cli, const worker::Config& cf
                                  at::Device device, worker::Console& console) {
   namespace fs = std::filesystem;
   const bool lead = comm.rank() == 0;
-  const bool bn = worker::modelHasBatchNorm(cfg.model);
+  const bool bn = worker::modelHasBatchNorm(cfg.model, dirOf(cli.config));
   worker::SearchResult result;
   {
-    auto measurer = worker::makeTrainStepMeasurer(cfg, comm, data, device);
+    auto measurer = worker::makeTrainStepMeasurer(cfg, comm, data, device, dirOf(cli.config));
     const auto budgets = comm.allgather(measurer->memoryBudgetMb());
     const worker::DataInfo info{data.train.size(), data.val.size(), data.train.sample_shape,
                                 data.train.classes};
@@ -205,16 +206,18 @@ int runTrain(const CliOptions& cli, MpiScope& mpi) {
   worker::Config cfg;
   worker::DataSplit data;
   worker::Plan plan;
+  bool has_bn = false;
   at::Device device = at::kCPU;
   // Local, deterministic set-up: every rank fails the same way, so they agree and
   // exit together without an abort.
   const int code = mpi.agree([&] {
     cfg = worker::loadConfig(cli.config, cli.sets);
     device = pickDevice(cfg, mpi);
+    worker::checkPrecision(cfg.train.precision, device);
     data = worker::loadData(cfg.data, cfg.train.seed, dirOf(cli.config));
+    has_bn = worker::modelHasBatchNorm(cfg.model, dirOf(cli.config));
     if (cli.verb == "train" && !cfg.batch.per_gpu_auto) {
-      plan = worker::makePlan(cfg, mpi.size(), data.train.size(),
-                              worker::modelHasBatchNorm(cfg.model));
+      plan = worker::makePlan(cfg, mpi.size(), data.train.size(), has_bn);
     }
   });
   if (code != 0) return code;
@@ -253,8 +256,7 @@ int runTrain(const CliOptions& cli, MpiScope& mpi) {
     if (cli.verb == "search" || cfg.batch.per_gpu_auto) {
       searched = searchBatch(cli, cfg, *comm, data, device, console);
       // The plan (shards, lr scaling, warmup, BatchNorm minimum) follows the choice.
-      plan = worker::makePlan(cfg, mpi.size(), data.train.size(),
-                              worker::modelHasBatchNorm(cfg.model), searched->chosen);
+      plan = worker::makePlan(cfg, mpi.size(), data.train.size(), has_bn, searched->chosen);
       if (cli.verb == "search") {
         if (console.enabled()) std::cout << worker::planText(plan) << std::flush;
         comm->barrier();
@@ -263,7 +265,9 @@ int runTrain(const CliOptions& cli, MpiScope& mpi) {
     }
     if (console.enabled()) std::cout << worker::planText(plan) << std::flush;
 
-    worker::Trainer trainer(cfg, *comm, data, device, plan);
+    worker::Trainer trainer(cfg, *comm, data, device, plan, dirOf(cli.config));
+    console.line(strCat("model: ", trainer.model().describe(), ", precision ", cfg.train.precision,
+                        cfg.model.sync_batchnorm ? ", synchronised BatchNorm" : ""));
     installStopHandlers();
     const auto result = trainer.train(console, [] { return g_stop_signal.load() != 0; });
     // The signal may have reached only some ranks; all learn which (once per run).
@@ -280,7 +284,7 @@ int runTrain(const CliOptions& cli, MpiScope& mpi) {
       namespace fs = std::filesystem;
       fs::create_directories(cli.output);
       const std::string model_path = (fs::path(cli.output) / "model.pt").string();
-      torch::save(trainer.model(), model_path + ".tmp");
+      trainer.model().save(model_path + ".tmp");
       fs::rename(model_path + ".tmp", model_path);
       worker::RunInfo info;
       info.world_size = mpi.size();
@@ -295,6 +299,31 @@ int runTrain(const CliOptions& cli, MpiScope& mpi) {
         info.extra_json += strCat(", \"stopped_by\": ",
                                   worker::json::quote(strCat("SIG", sigabbrev_np(sig ? sig : SIGTERM))));
       }
+      const double step_time = result.time.total();
+      info.extra_json += strCat(
+          ", \"precision\": ", worker::json::quote(cfg.train.precision),
+          ", \"time_breakdown\": ",
+          worker::json::Object()
+              .add("data_wait_s", result.time.data_wait)
+              .add("compute_s", result.time.compute)
+              .add("comm_s", result.time.comm)
+              .add("data_wait_fraction", step_time > 0 ? result.time.data_wait / step_time : 0.0)
+              .add("compute_fraction", step_time > 0 ? result.time.compute / step_time : 0.0)
+              .add("comm_fraction", step_time > 0 ? result.time.comm / step_time : 0.0)
+              .str(),
+          ", \"memory\": ",
+          worker::json::Object()
+              .add("peak_mb", result.peak_memory_mb)
+              .add("total_mb", result.memory_total_mb)
+              .add("gpu_utilization", result.gpu_utilization)
+              .str());
+      if (cfg.train.precision == "fp16") {
+        info.extra_json += strCat(", \"loss_scaler\": ",
+                                  worker::json::Object()
+                                      .add("scale", result.loss_scale)
+                                      .add("skipped_steps", result.skipped_steps)
+                                      .str());
+      }
       if (searched) {
         info.extra_json += strCat(", \"search\": ",
                                   worker::json::Object()
@@ -308,6 +337,14 @@ int runTrain(const CliOptions& cli, MpiScope& mpi) {
       const auto report = worker::runReport(cfg, plan, result, info);
       worker::writeFileAtomic((fs::path(cli.output) / "report.json").string(), report);
       if (!cli.report.empty()) worker::writeFileAtomic(cli.report, report);
+      const auto findings = worker::diagnose(
+          cfg, result, device, device.is_cuda() ? compat::cudaDeviceName(device.index()) : "cpu");
+      const double tt = std::max(1e-9, result.time.total());
+      console.line(strCat("time: data wait ", worker::formatFixed(100 * result.time.data_wait / tt, 1),
+                          " %, compute ", worker::formatFixed(100 * result.time.compute / tt, 1),
+                          " %, communication ", worker::formatFixed(100 * result.time.comm / tt, 1),
+                          " % of step time (rank 0)"));
+      for (const auto& f : findings) console.line("diagnosis: " + f);
       console.line(strCat(result.completed ? "done: " : "stopped early: ", result.steps,
                           " steps, eval accuracy ",
                           worker::formatFixed(100.0 * result.eval_accuracy, 2), " %, ",

@@ -85,9 +85,9 @@ TEST(Model, ShapesAndBatchNormDetection) {
   ModelConfig mlp;
   auto net = buildModel(mlp, {1, 8, 8}, 10);
   EXPECT_EQ(net->forward(torch::randn({5, 1, 8, 8})).sizes(), (std::vector<int64_t>{5, 10}));
-  EXPECT_TRUE(hasBatchNorm(*net));
+  EXPECT_TRUE(net->hasBatchNorm());
   mlp.batchnorm = false;
-  EXPECT_FALSE(hasBatchNorm(*buildModel(mlp, {64}, 10)));
+  EXPECT_FALSE(buildModel(mlp, {64}, 10)->hasBatchNorm());
   ModelConfig cnn;
   cnn.name = "cnn";
   auto c = buildModel(cnn, {1, 8, 8}, 10);

@@ -23,13 +23,15 @@ torch::Tensor trainSteps(const Config& cfg, collective::Communicator& comm, int6
   int64_t global = 0;
   for (int64_t epoch = 0; global < steps; ++epoch) {
     sharder.setEpoch(epoch);
-    for (int64_t s = 0; s < plan.steps_per_epoch && global < steps; ++s, ++global) {
-      trainer.trainStep(sharder, s, plan.lrAt(global));
+    const int64_t n = std::min(plan.steps_per_epoch, steps - global);
+    trainer.loader().start(trainer.jobs(sharder, 0, n), epoch);
+    for (int64_t s = 0; s < n; ++s, ++global) {
+      trainer.trainStep(sharder.realSamples(s), plan.lrAt(global));
     }
   }
   trainer.checkHealth(0);
   std::vector<torch::Tensor> flat;
-  for (const auto& p : trainer.model()->parameters()) flat.push_back(p.detach().reshape({-1}));
+  for (const auto& p : trainer.model().parameters()) flat.push_back(p.detach().reshape({-1}));
   return torch::cat(flat);
 }
 

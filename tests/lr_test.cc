@@ -99,7 +99,7 @@ TEST(Lars, StepScalesWeightsAndExcludesBiasAndBatchNorm) {
   lin->bias.mutable_grad() = torch::tensor({0.2, 0.2});
   auto w0 = lin->weight.clone();
   auto b0 = lin->bias.clone();
-  auto opt = makeOptimizer(cfg, *lin);
+  auto opt = makeOptimizer(cfg, lin->parameters());
   opt->step(2.0);
   const double trust = 0.001 * 5.0 / (0.5 + 0.01 * 5.0);
   auto want_w = w0 - 2.0 * trust * (torch::tensor({{0.3, 0.0, 0.0}, {0.0, 0.4, 0.0}}) + 0.01 * w0);

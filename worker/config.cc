@@ -195,6 +195,33 @@ class Section {
     return v;
   }
 
+  std::vector<double> realList(const std::string& key, const std::vector<double>& def, double lo,
+                               double hi) {
+    const auto n = get(key);
+    std::vector<double> v = def;
+    if (n) {
+      if (!n.IsSequence()) throw typeError(key, n, "a list of numbers, e.g. [0.5, 0.5, 0.5]");
+      v.clear();
+      for (const auto& item : n) {
+        double x = 0;
+        try {
+          x = item.as<double>();
+        } catch (const YAML::Exception&) {
+          throw typeError(key, item, "a number");
+        }
+        if (!std::isfinite(x) || x < lo || x > hi) {
+          throw ConfigError(strCat(where(key, item), ": ", x, " is out of range; allowed ", lo,
+                                   " .. ", hi));
+        }
+        v.push_back(x);
+      }
+    }
+    std::string js = "[";
+    for (std::size_t i = 0; i < v.size(); ++i) js += (i ? ", " : "") + json::number(v[i]);
+    record(key, js + "]");
+    return v;
+  }
+
   /// An integer >= lo, or the word "auto" (returned as `is_auto`), or absent (def).
   int64_t integerOrAuto(const std::string& key, int64_t def, int64_t lo, bool* is_auto) {
     const auto n = get(key);
@@ -339,7 +366,10 @@ Config parseConfig(const std::string& yaml_text, const std::string& source,
 
   {
     Section s(ctx, root, "model");
-    cfg.model.name = s.choice("name", "mlp", {"mlp", "cnn"});
+    cfg.model.name = s.choice("name", "mlp", {"mlp", "cnn", "resnet18", "resnet50", "torchscript"});
+    cfg.model.path = s.text("path", "");
+    cfg.model.stem = s.choice("stem", "cifar", {"cifar", "imagenet"});
+    cfg.model.sync_batchnorm = s.boolean("sync_batchnorm", false);
     cfg.model.hidden = s.intList("hidden", cfg.model.hidden, 1, 1 << 20);
     cfg.model.channels = s.intList("channels", cfg.model.channels, 1, 1 << 16);
     cfg.model.batchnorm = s.boolean("batchnorm", true);
@@ -347,13 +377,22 @@ Config parseConfig(const std::string& yaml_text, const std::string& source,
   }
   {
     Section s(ctx, root, "data");
-    cfg.data.name = s.choice("name", "digits", {"digits", "synthetic", "csv"});
+    cfg.data.name = s.choice("name", "digits", {"digits", "csv", "synthetic", "synthetic_images",
+                                                "cifar10", "cifar100", "mnist"});
     cfg.data.path = s.text("path", "");
     cfg.data.samples = s.integer("samples", 4096, 2, int64_t{1} << 40);
     cfg.data.shape = s.intList("shape", cfg.data.shape, 1, 1 << 20);
     cfg.data.classes = s.integer("classes", 10, 2, 1 << 20);
     cfg.data.val_fraction = s.real("val_fraction", 0.2, 0.0, 0.9);
     cfg.data.noise = s.real("noise", 0.5, 0.0, 100.0);
+    cfg.data.workers = s.integer("workers", 0, 0, 256);
+    cfg.data.prefetch = s.integer("prefetch", 2, 1, 1024);
+    cfg.data.pin_memory = s.boolean("pin_memory", true);
+    cfg.data.crop_padding = s.integer("crop_padding", 0, 0, 1024);
+    cfg.data.hflip = s.boolean("hflip", false);
+    cfg.data.resize = s.integer("resize", 0, 0, 8192);
+    cfg.data.mean = s.realList("mean", {}, -1e6, 1e6);
+    cfg.data.std = s.realList("std", {}, 1e-12, 1e6);
   }
   {
     Section s(ctx, root, "batch");
@@ -401,6 +440,9 @@ Config parseConfig(const std::string& yaml_text, const std::string& source,
     cfg.train.max_steps = s.integer("max_steps", 0, 0, kMaxInt);
     cfg.train.threads = s.integer("threads", 0, 0, 4096);
     cfg.train.check_finite = s.boolean("check_finite", true);
+    cfg.train.precision = s.choice("precision", "fp32", {"fp32", "bf16", "fp16"});
+    cfg.train.loss_scale = s.real("loss_scale", 65536.0, 1.0, 1e12);
+    cfg.train.scale_growth_interval = s.integer("scale_growth_interval", 2000, 1, int64_t{1} << 40);
   }
   {
     Section s(ctx, root, "dist");
@@ -441,6 +483,15 @@ Config parseConfig(const std::string& yaml_text, const std::string& source,
   if (cfg.optim.min_lr > cfg.optim.lr) {
     throw ConfigError(strCat(source, ": optim.min_lr (", cfg.optim.min_lr,
                              ") must not exceed optim.lr (", cfg.optim.lr, ")"));
+  }
+  if (cfg.data.mean.size() != cfg.data.std.size()) {
+    throw ConfigError(strCat(source, ": data.mean has ", cfg.data.mean.size(),
+                             " values but data.std has ", cfg.data.std.size(),
+                             "; give one per channel for both"));
+  }
+  if (cfg.model.name == "torchscript" && cfg.model.path.empty()) {
+    throw ConfigError(strCat(source, ": model.name: torchscript needs model.path (a module saved "
+                                     "with torch.jit.script(...).save() or torch.jit.trace)"));
   }
   if (cfg.search.max != 0 && cfg.search.max < cfg.search.min) {
     throw ConfigError(strCat(source, ": search.max (", cfg.search.max, ") is below search.min (",

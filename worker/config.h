@@ -18,7 +18,10 @@ const char* toString(LrScaling v);
 const char* toString(Schedule v);
 
 struct ModelConfig {
-  std::string name = "mlp";                 ///< mlp | cnn
+  std::string name = "mlp";                 ///< mlp | cnn | resnet18 | resnet50 | torchscript
+  std::string path;                          ///< torchscript: the .pt file (relative to the config)
+  std::string stem = "cifar";                ///< resnet: cifar (3x3, no pool) | imagenet (7x7/2 + pool)
+  bool sync_batchnorm = false;               ///< BatchNorm statistics over all ranks (built-ins)
   std::vector<int64_t> hidden{128, 64};     ///< mlp hidden widths
   std::vector<int64_t> channels{16, 32};    ///< cnn conv widths
   bool batchnorm = true;
@@ -26,13 +29,23 @@ struct ModelConfig {
 };
 
 struct DataConfig {
-  std::string name = "digits";              ///< digits | synthetic | csv
+  std::string name = "digits";  ///< digits | csv | synthetic | synthetic_images | cifar10 | cifar100 | mnist
   std::string path;                          ///< digits: optional (embedded copy); csv: required
   int64_t samples = 4096;                    ///< synthetic: number of samples
   std::vector<int64_t> shape{64};            ///< synthetic: per-sample feature shape
   int64_t classes = 10;                      ///< synthetic/csv: number of classes
   double val_fraction = 0.2;                 ///< held-out share (seeded split)
   double noise = 0.5;                        ///< synthetic: class-conditional noise
+  // Loader (Note [loader]): worker threads batch ahead into a bounded queue.
+  int64_t workers = 0;                       ///< 0: batches are made on the training thread
+  int64_t prefetch = 2;                      ///< batches ready ahead of the step
+  bool pin_memory = true;                    ///< CUDA: page-locked staging, async copies
+  // Transforms, applied per batch on the training device.
+  int64_t crop_padding = 0;                  ///< random crop with this zero padding (0: off)
+  bool hflip = false;                        ///< random horizontal flip
+  int64_t resize = 0;                        ///< bilinear resize to resize x resize (0: off)
+  std::vector<double> mean;                  ///< normalize: per-channel mean (empty: off)
+  std::vector<double> std;                   ///< normalize: per-channel std
 };
 
 /// 0 means "derive from the others"; per_gpu_auto asks the batch search.
@@ -74,6 +87,9 @@ struct TrainConfig {
   int64_t max_steps = 0;                     ///< stop after this many optimizer steps (0: all)
   int64_t threads = 0;                       ///< intra-op threads per rank (0: cores / local ranks)
   bool check_finite = true;
+  std::string precision = "fp32";            ///< fp32 | bf16 | fp16 (autocast; fp16 scales the loss)
+  double loss_scale = 65536.0;               ///< fp16: initial loss scale
+  int64_t scale_growth_interval = 2000;      ///< fp16: finite steps before the scale doubles
 };
 
 struct DistConfig {

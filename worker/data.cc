@@ -58,6 +58,42 @@ Dataset synthetic(const DataConfig& cfg, int64_t seed) {
   return {x.reshape(full).contiguous(), y, cfg.shape, cfg.classes};
 }
 
+Dataset syntheticImages(const DataConfig& cfg, int64_t seed) {
+  // Class templates with spatial structure (a 4x4 pattern per channel, upsampled),
+  // plus noise: a convnet learns them, and any size works for benchmarks.
+  if (cfg.shape.size() != 3) {
+    throw ConfigError(strCat("data.shape: synthetic_images needs [C, H, W], got ",
+                             shapeText(cfg.shape)));
+  }
+  auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(seed) * 7919 + 29);
+  const int64_t c = cfg.shape[0], h = cfg.shape[1], w = cfg.shape[2];
+  auto templates = at::upsample_bilinear2d(at::rand({cfg.classes, c, 4, 4}, gen, at::kFloat),
+                                           {h, w}, /*align_corners=*/false);
+  auto y = at::randint(cfg.classes, {cfg.samples}, gen, at::kLong);
+  auto x = templates.index_select(0, y) +
+           cfg.noise * 0.25 * at::randn({cfg.samples, c, h, w}, gen, at::kFloat);
+  x = (x.clamp(0, 1) * 255).round().to(at::kByte);
+  Dataset d{x.contiguous(), y, cfg.shape, cfg.classes};
+  d.x_scale = 1.0 / 255.0;
+  return d;
+}
+
+std::string fileIn(const std::string& dir, const std::string& name) {
+  return (dir.empty() ? std::string(".") : dir) + "/" + name;
+}
+
+Dataset concat(const std::vector<Dataset>& parts) {
+  std::vector<at::Tensor> xs, ys;
+  for (const auto& p : parts) {
+    xs.push_back(p.x);
+    ys.push_back(p.y);
+  }
+  Dataset d = parts.front();
+  d.x = at::cat(xs);
+  d.y = at::cat(ys);
+  return d;
+}
+
 }  // namespace
 
 std::string embeddedDigitsCsv() {
@@ -129,7 +165,91 @@ Dataset parseCsv(const std::string& text, const std::string& source, int64_t cla
 Dataset subset(const Dataset& d, const std::vector<int64_t>& rows) {
   auto idx = at::tensor(rows, at::kLong);
   return {d.x.index_select(0, idx).contiguous(), d.y.index_select(0, idx).contiguous(),
-          d.sample_shape, d.classes};
+          d.sample_shape, d.classes, d.x_scale};
+}
+
+Dataset parseCifar(const std::string& bytes, const std::string& source, int64_t label_bytes,
+                   int64_t classes) {
+  const int64_t pixels = 3 * 32 * 32;
+  const int64_t record = label_bytes + pixels;
+  const int64_t size = static_cast<int64_t>(bytes.size());
+  if (size == 0 || size % record != 0) {
+    throw ConfigError(strCat(source, ": ", size, " bytes is not a whole number of ", record,
+                             "-byte CIFAR records (", label_bytes, " label byte(s) + 3072 pixels); "
+                             "the record at offset ", (size / record) * record,
+                             " is truncated or the file is not CIFAR binary"));
+  }
+  const int64_t n = size / record;
+  auto x = at::empty({n, 3, 32, 32}, at::kByte);
+  auto y = at::empty({n}, at::kLong);
+  auto* xp = x.data_ptr<uint8_t>();
+  auto* yp = y.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    const auto* rec = reinterpret_cast<const uint8_t*>(bytes.data()) + i * record;
+    const int64_t label = rec[label_bytes - 1];
+    if (label >= classes) {
+      throw ConfigError(strCat(source, ": offset ", i * record + label_bytes - 1, ": label ", label,
+                               " is outside 0..", classes - 1,
+                               " (CIFAR-10 has 1 label byte, CIFAR-100 2: coarse, fine)"));
+    }
+    yp[i] = label;
+    std::memcpy(xp + i * pixels, rec + label_bytes, pixels);
+  }
+  Dataset d{x, y, {3, 32, 32}, classes};
+  d.x_scale = 1.0 / 255.0;
+  return d;
+}
+
+namespace {
+
+uint32_t bigEndian32(const std::string& b, std::size_t off) {
+  const auto* p = reinterpret_cast<const uint8_t*>(b.data()) + off;
+  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | p[3];
+}
+
+}  // namespace
+
+Dataset parseIdx(const std::string& images, const std::string& image_source,
+                 const std::string& labels, const std::string& label_source) {
+  if (images.size() < 16 || bigEndian32(images, 0) != 0x00000803) {
+    throw ConfigError(strCat(image_source, ": offset 0: expected the idx3-ubyte magic 0x00000803 "
+                             "(unsigned bytes, 3 dimensions); is the file gzipped? unpack it first"));
+  }
+  if (labels.size() < 8 || bigEndian32(labels, 0) != 0x00000801) {
+    throw ConfigError(strCat(label_source, ": offset 0: expected the idx1-ubyte magic 0x00000801"));
+  }
+  const int64_t n = bigEndian32(images, 4);
+  const int64_t rows = bigEndian32(images, 8);
+  const int64_t cols = bigEndian32(images, 12);
+  const int64_t want = 16 + n * rows * cols;
+  if (static_cast<int64_t>(images.size()) != want) {
+    throw ConfigError(strCat(image_source, ": header says ", n, " images of ", rows, "x", cols,
+                             " (", want, " bytes), but the file has ", images.size(), " bytes",
+                             static_cast<int64_t>(images.size()) < want ? " (truncated)" : ""));
+  }
+  const int64_t nl = bigEndian32(labels, 4);
+  if (nl != n) {
+    throw ConfigError(strCat(label_source, ": offset 4: ", nl, " labels for ", n, " images in ",
+                             image_source));
+  }
+  if (static_cast<int64_t>(labels.size()) != 8 + n) {
+    throw ConfigError(strCat(label_source, ": expected ", 8 + n, " bytes, found ", labels.size(),
+                             static_cast<int64_t>(labels.size()) < 8 + n ? " (truncated)" : ""));
+  }
+  auto x = at::empty({n, 1, rows, cols}, at::kByte);
+  std::memcpy(x.data_ptr<uint8_t>(), images.data() + 16, n * rows * cols);
+  auto y = at::empty({n}, at::kLong);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t label = static_cast<uint8_t>(labels[8 + i]);
+    if (label > 9) {
+      throw ConfigError(strCat(label_source, ": offset ", 8 + i, ": label ", label,
+                               " is outside 0..9"));
+    }
+    y.data_ptr<int64_t>()[i] = label;
+  }
+  Dataset d{x, y, {1, rows, cols}, 10};
+  d.x_scale = 1.0 / 255.0;
+  return d;
 }
 
 DataSplit loadData(const DataConfig& cfg, int64_t seed, const std::string& base_dir) {
@@ -153,6 +273,52 @@ DataSplit loadData(const DataConfig& cfg, int64_t seed, const std::string& base_
     const auto path = resolvePath(cfg.path, base_dir);
     split.origin = path;
     all = parseCsv(readFile(path, "data.path"), path, cfg.classes, cfg.shape);
+  } else if (cfg.name == "cifar10" || cfg.name == "cifar100") {
+    // data.path: the directory of the binary version (data_batch_1..5.bin +
+    // test_batch.bin, or train.bin + test.bin for CIFAR-100). The test file is
+    // the validation set.
+    if (cfg.path.empty()) {
+      throw ConfigError(strCat("data.path: data.name: ", cfg.name, " needs the directory of the "
+                               "CIFAR binary files (nothing is downloaded)"));
+    }
+    const auto dir = resolvePath(cfg.path, base_dir);
+    const bool ten = cfg.name == "cifar10";
+    const int64_t label_bytes = ten ? 1 : 2;
+    const int64_t classes = ten ? 10 : 100;
+    std::vector<Dataset> parts;
+    const std::vector<std::string> train_files =
+        ten ? std::vector<std::string>{"data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin",
+                                       "data_batch_4.bin", "data_batch_5.bin"}
+            : std::vector<std::string>{"train.bin"};
+    for (const auto& f : train_files) {
+      const auto path = fileIn(dir, f);
+      parts.push_back(parseCifar(readFile(path, "data.path"), path, label_bytes, classes));
+    }
+    const auto test_path = fileIn(dir, ten ? "test_batch.bin" : "test.bin");
+    split.origin = strCat(cfg.name, " binary in ", dir);
+    split.train = concat(parts);
+    split.val = parseCifar(readFile(test_path, "data.path"), test_path, label_bytes, classes);
+    return split;
+  } else if (cfg.name == "mnist") {
+    // data.path: the directory of the four unpacked idx files (MNIST or Fashion-MNIST).
+    if (cfg.path.empty()) {
+      throw ConfigError("data.path: data.name: mnist needs the directory of the unpacked idx files "
+                        "(train-images-idx3-ubyte, ...; nothing is downloaded)");
+    }
+    const auto dir = resolvePath(cfg.path, base_dir);
+    auto pair = [&](const std::string& prefix) {
+      const auto images = fileIn(dir, prefix + "-images-idx3-ubyte");
+      const auto labels = fileIn(dir, prefix + "-labels-idx1-ubyte");
+      return parseIdx(readFile(images, "data.path"), images, readFile(labels, "data.path"), labels);
+    };
+    split.origin = "idx files in " + dir;
+    split.train = pair("train");
+    split.val = pair("t10k");
+    return split;
+  } else if (cfg.name == "synthetic_images") {
+    split.origin = strCat("synthetic images ", cfg.samples, " x ", shapeText(cfg.shape), ", ",
+                          cfg.classes, " classes");
+    all = syntheticImages(cfg, seed);
   } else {
     split.origin = strCat("synthetic ", cfg.samples, " x ", shapeText(cfg.shape), ", ",
                           cfg.classes, " classes");
@@ -173,6 +339,7 @@ DataSplit loadData(const DataConfig& cfg, int64_t seed, const std::string& base_
   split.val = n_val > 0 ? subset(all, val_rows) : Dataset{};
   split.val.sample_shape = all.sample_shape;
   split.val.classes = all.classes;
+  split.val.x_scale = all.x_scale;
   return split;
 }
 
@@ -181,7 +348,7 @@ int64_t valCount(int64_t n, double val_fraction) {
 }
 
 DataInfo describeData(const DataConfig& cfg, int64_t seed, const std::string& base_dir) {
-  if (cfg.name == "synthetic") {
+  if (cfg.name == "synthetic" || cfg.name == "synthetic_images") {
     const int64_t n_val = valCount(cfg.samples, cfg.val_fraction);
     return {cfg.samples - n_val, n_val, cfg.shape, cfg.classes};
   }

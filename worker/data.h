@@ -13,10 +13,11 @@
 namespace batchdist::worker {
 
 struct Dataset {
-  at::Tensor x;                       ///< [N, sample_shape...], float32
+  at::Tensor x;                       ///< [N, sample_shape...], float32 or uint8 (images)
   at::Tensor y;                       ///< [N], int64 class labels
   std::vector<int64_t> sample_shape;  ///< e.g. {1, 8, 8} or {64}
   int64_t classes = 0;
+  double x_scale = 1.0;               ///< multiply x by this after float conversion (uint8: 1/255)
   int64_t size() const { return y.defined() ? y.size(0) : 0; }
 };
 
@@ -42,6 +43,18 @@ std::string embeddedDigitsCsv();
 
 /// Rows `rows` of `d` (a new Dataset sharing nothing with `d`).
 Dataset subset(const Dataset& d, const std::vector<int64_t>& rows);
+
+/// CIFAR binary records (the data_batch_*.bin layout): per image `label_bytes`
+/// label bytes (1 for CIFAR-10; coarse + fine for CIFAR-100, the last is used)
+/// then 3072 bytes, 3x32x32 channel-major. Throws ConfigError naming the file
+/// and the offset of a truncated record or a label out of range.
+Dataset parseCifar(const std::string& bytes, const std::string& source, int64_t label_bytes,
+                   int64_t classes);
+
+/// An MNIST/Fashion-MNIST idx pair (idx3-ubyte images, idx1-ubyte labels).
+/// Throws ConfigError naming the file, the offset and what was expected.
+Dataset parseIdx(const std::string& images, const std::string& image_source,
+                 const std::string& labels, const std::string& label_source);
 
 }  // namespace batchdist::worker
 

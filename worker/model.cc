@@ -1,40 +1,406 @@
 #include "worker/model.h"
 
+#include <torch/script.h>
+
+#include <atomic>
+#include <filesystem>
+#include <numeric>
+
 #include "collective/error.h"
 
 namespace batchdist::worker {
+namespace nn = torch::nn;
 
-torch::nn::Sequential buildModel(const ModelConfig& cfg, const std::vector<int64_t>& shape,
-                                 int64_t classes) {
-  namespace nn = torch::nn;
-  nn::Sequential net;
+std::vector<torch::Tensor> Model::parameters() const {
+  std::vector<torch::Tensor> out;
+  for (auto& [name, t] : namedParameters()) out.push_back(t);
+  return out;
+}
+std::vector<torch::Tensor> Model::buffers() const {
+  std::vector<torch::Tensor> out;
+  for (auto& [name, t] : namedBuffers()) out.push_back(t);
+  return out;
+}
+std::vector<torch::Tensor> Model::state() const {
+  auto out = parameters();
+  for (auto& b : buffers()) out.push_back(b);
+  return out;
+}
+
+namespace {
+
+std::string shapeText(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+std::string countText(int64_t n) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f M", n / 1e6);
+  return buf;
+}
+
+std::atomic<bool> g_sync_bn_enabled{true};
+
+/// allreduce(SUM) whose gradient is again an allreduce(SUM): the building block of
+/// SyncBatchNorm (Note [sync batchnorm]).
+struct AllreduceSum : public torch::autograd::Function<AllreduceSum> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x,
+                               int64_t comm_ptr) {
+    ctx->saved_data["comm"] = comm_ptr;
+    auto y = x.clone();
+    reinterpret_cast<collective::Communicator*>(comm_ptr)->allreduce(y, collective::ReduceOp::kSum);
+    return y;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* comm = reinterpret_cast<collective::Communicator*>(ctx->saved_data["comm"].toInt());
+    auto g = grads[0].contiguous().clone();
+    comm->allreduce(g, collective::ReduceOp::kSum);
+    return {g, torch::Tensor()};
+  }
+};
+
+/// BatchNorm over dim 1 of (N, C) or (N, C, H, W) inputs; with `comm`, the batch
+/// statistics of training mode are global over the ranks (Note [sync batchnorm]).
+class BatchNormLayerImpl : public nn::Module {
+ public:
+  BatchNormLayerImpl(int64_t channels, collective::Communicator* comm)
+      : channels_(channels), comm_(comm) {
+    weight_ = register_parameter("weight", torch::ones({channels}));
+    bias_ = register_parameter("bias", torch::zeros({channels}));
+    running_mean_ = register_buffer("running_mean", torch::zeros({channels}));
+    running_var_ = register_buffer("running_var", torch::ones({channels}));
+    num_batches_tracked_ = register_buffer("num_batches_tracked", torch::zeros({}, torch::kLong));
+  }
+
+  torch::Tensor forward(const torch::Tensor& x) {
+    if (!is_training() || comm_ == nullptr || comm_->size() == 1 || !g_sync_bn_enabled.load()) {
+      if (is_training()) num_batches_tracked_.add_(1);
+      return torch::batch_norm(x, weight_, bias_, running_mean_, running_var_, is_training(),
+                               kMomentum, kEps, /*cudnn_enabled=*/true);
+    }
+    std::vector<int64_t> dims{0};
+    for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
+    const auto xf = x.to(torch::kFloat);
+    const double local_n = static_cast<double>(x.numel() / channels_);
+    auto packed = torch::cat({xf.sum(dims), (xf * xf).sum(dims),
+                              torch::full({1}, local_n, xf.options())});
+    auto total = AllreduceSum::apply(packed, reinterpret_cast<int64_t>(comm_));
+    const auto n = total.narrow(0, 2 * channels_, 1);
+    const auto mean = total.narrow(0, 0, channels_) / n;
+    const auto var = (total.narrow(0, channels_, channels_) / n - mean * mean).clamp_min(0);
+    {
+      torch::NoGradGuard no_grad;
+      const double count = n.item<double>();
+      running_mean_.mul_(1 - kMomentum).add_(mean.detach(), kMomentum);
+      running_var_.mul_(1 - kMomentum).add_(var.detach() * (count / std::max(1.0, count - 1)),
+                                            kMomentum);
+      num_batches_tracked_.add_(1);
+    }
+    std::vector<int64_t> shape(x.dim(), 1);
+    shape[1] = channels_;
+    auto y = (xf - mean.view(shape)) * torch::rsqrt(var.view(shape) + kEps) * weight_.view(shape) +
+             bias_.view(shape);
+    return y.to(x.scalar_type());
+  }
+
+ private:
+  static constexpr double kMomentum = 0.1;
+  static constexpr double kEps = 1e-5;
+  int64_t channels_;
+  collective::Communicator* comm_;
+  torch::Tensor weight_, bias_, running_mean_, running_var_, num_batches_tracked_;
+};
+TORCH_MODULE(BatchNormLayer);
+
+nn::Conv2d conv(int64_t in, int64_t out, int64_t k, int64_t stride, int64_t pad) {
+  return nn::Conv2d(nn::Conv2dOptions(in, out, k).stride(stride).padding(pad).bias(false));
+}
+
+class BasicBlockImpl : public nn::Module {
+ public:
+  static constexpr int64_t kExpansion = 1;
+  BasicBlockImpl(int64_t in, int64_t width, int64_t stride, collective::Communicator* comm) {
+    conv1_ = register_module("conv1", conv(in, width, 3, stride, 1));
+    bn1_ = register_module("bn1", BatchNormLayer(width, comm));
+    conv2_ = register_module("conv2", conv(width, width, 3, 1, 1));
+    bn2_ = register_module("bn2", BatchNormLayer(width, comm));
+    if (stride != 1 || in != width) {
+      down_conv_ = register_module("down_conv", conv(in, width, 1, stride, 0));
+      down_bn_ = register_module("down_bn", BatchNormLayer(width, comm));
+    }
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto out = torch::relu(bn1_(conv1_(x)));
+    out = bn2_(conv2_(out));
+    return torch::relu(out + (down_conv_ ? down_bn_(down_conv_(x)) : x));
+  }
+
+ private:
+  nn::Conv2d conv1_{nullptr}, conv2_{nullptr}, down_conv_{nullptr};
+  BatchNormLayer bn1_{nullptr}, bn2_{nullptr}, down_bn_{nullptr};
+};
+TORCH_MODULE(BasicBlock);
+
+class BottleneckImpl : public nn::Module {
+ public:
+  static constexpr int64_t kExpansion = 4;
+  BottleneckImpl(int64_t in, int64_t width, int64_t stride, collective::Communicator* comm) {
+    conv1_ = register_module("conv1", conv(in, width, 1, 1, 0));
+    bn1_ = register_module("bn1", BatchNormLayer(width, comm));
+    conv2_ = register_module("conv2", conv(width, width, 3, stride, 1));
+    bn2_ = register_module("bn2", BatchNormLayer(width, comm));
+    conv3_ = register_module("conv3", conv(width, width * kExpansion, 1, 1, 0));
+    bn3_ = register_module("bn3", BatchNormLayer(width * kExpansion, comm));
+    if (stride != 1 || in != width * kExpansion) {
+      down_conv_ = register_module("down_conv", conv(in, width * kExpansion, 1, stride, 0));
+      down_bn_ = register_module("down_bn", BatchNormLayer(width * kExpansion, comm));
+    }
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto out = torch::relu(bn1_(conv1_(x)));
+    out = torch::relu(bn2_(conv2_(out)));
+    out = bn3_(conv3_(out));
+    return torch::relu(out + (down_conv_ ? down_bn_(down_conv_(x)) : x));
+  }
+
+ private:
+  nn::Conv2d conv1_{nullptr}, conv2_{nullptr}, conv3_{nullptr}, down_conv_{nullptr};
+  BatchNormLayer bn1_{nullptr}, bn2_{nullptr}, bn3_{nullptr}, down_bn_{nullptr};
+};
+TORCH_MODULE(Bottleneck);
+
+/// ResNet (He et al. 2016). The cifar stem (3x3/1, no pooling) keeps 32x32
+/// inputs large enough for four stages; the imagenet stem is 7x7/2 + max pool.
+class ResNetImpl : public nn::Module {
+ public:
+  template <typename Block>
+  static nn::Sequential stage(int64_t& in, int64_t width, int64_t blocks, int64_t stride,
+                              collective::Communicator* comm) {
+    nn::Sequential s;
+    for (int64_t b = 0; b < blocks; ++b) {
+      s->push_back(Block(in, width, b == 0 ? stride : 1, comm));
+      in = width * Block::Impl::kExpansion;
+    }
+    return s;
+  }
+
+  ResNetImpl(bool bottleneck, std::vector<int64_t> layers, int64_t in_ch, int64_t classes,
+             bool imagenet_stem, collective::Communicator* comm) {
+    stem_ = register_module("stem", nn::Sequential());
+    if (imagenet_stem) {
+      stem_->push_back(conv(in_ch, 64, 7, 2, 3));
+    } else {
+      stem_->push_back(conv(in_ch, 64, 3, 1, 1));
+    }
+    stem_->push_back(BatchNormLayer(64, comm));
+    stem_->push_back(nn::ReLU());
+    if (imagenet_stem) stem_->push_back(nn::MaxPool2d(nn::MaxPool2dOptions(3).stride(2).padding(1)));
+    int64_t in = 64;
+    const int64_t widths[] = {64, 128, 256, 512};
+    for (int i = 0; i < 4; ++i) {
+      auto s = bottleneck ? stage<Bottleneck>(in, widths[i], layers[i], i == 0 ? 1 : 2, comm)
+                          : stage<BasicBlock>(in, widths[i], layers[i], i == 0 ? 1 : 2, comm);
+      stages_.push_back(register_module("layer" + std::to_string(i + 1), s));
+    }
+    fc_ = register_module("fc", nn::Linear(in, classes));
+  }
+
+  torch::Tensor forward(torch::Tensor x) {
+    x = stem_->forward(x);
+    for (auto& s : stages_) x = s->forward(x);
+    x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
+    return fc_(x);
+  }
+
+ private:
+  nn::Sequential stem_{nullptr};
+  std::vector<nn::Sequential> stages_;
+  nn::Linear fc_{nullptr};
+};
+TORCH_MODULE(ResNet);
+
+bool moduleHasBatchNorm(const nn::Module& m) {
+  for (const auto& sub : m.modules(/*include_self=*/true)) {
+    if (sub->name().find("BatchNorm") != std::string::npos) return true;
+  }
+  return false;
+}
+
+/// A built-in torch::nn model.
+template <typename Holder>
+class NnModel : public Model {
+ public:
+  NnModel(Holder module, std::string name) : module_(std::move(module)), name_(std::move(name)) {}
+  torch::Tensor forward(const torch::Tensor& x) override { return module_->forward(x); }
+  std::vector<std::pair<std::string, torch::Tensor>> namedParameters() const override {
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    for (const auto& item : module_->named_parameters()) out.emplace_back(item.key(), item.value());
+    return out;
+  }
+  std::vector<std::pair<std::string, torch::Tensor>> namedBuffers() const override {
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    for (const auto& item : module_->named_buffers()) out.emplace_back(item.key(), item.value());
+    return out;
+  }
+  void train(bool on) override { module_->train(on); }
+  void to(const at::Device& device) override { module_->to(device); }
+  void save(const std::string& path) override {
+    torch::serialize::OutputArchive archive;
+    module_->save(archive);
+    archive.save_to(path);
+  }
+  bool hasBatchNorm() const override { return moduleHasBatchNorm(*module_); }
+  std::string describe() const override {
+    int64_t n = 0;
+    for (const auto& p : module_->parameters()) n += p.numel();
+    return name_ + ", " + countText(n) + " parameters";
+  }
+
+ private:
+  Holder module_;
+  std::string name_;
+};
+
+/// The user's TorchScript module.
+class ScriptModel : public Model {
+ public:
+  ScriptModel(torch::jit::Module m, std::string path) : m_(std::move(m)), path_(std::move(path)) {}
+  torch::Tensor forward(const torch::Tensor& x) override {
+    auto out = m_.forward({x});
+    if (!out.isTensor()) {
+      throw ConfigError(strCat("model.path: ", path_, ": forward must return one Tensor of logits"));
+    }
+    return out.toTensor();
+  }
+  std::vector<std::pair<std::string, torch::Tensor>> namedParameters() const override {
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    for (const auto& p : m_.named_parameters(/*recurse=*/true)) out.emplace_back(p.name, p.value);
+    return out;
+  }
+  std::vector<std::pair<std::string, torch::Tensor>> namedBuffers() const override {
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    for (const auto& b : m_.named_buffers(/*recurse=*/true)) out.emplace_back(b.name, b.value);
+    return out;
+  }
+  void train(bool on) override { m_.train(on); }
+  void to(const at::Device& device) override { m_.to(device); }
+  void save(const std::string& path) override { m_.save(path); }
+  bool hasBatchNorm() const override {
+    for (const auto& sub : m_.modules()) {
+      const auto type = sub.type()->name();
+      if (type && type->qualifiedName().find("BatchNorm") != std::string::npos) return true;
+    }
+    return false;
+  }
+  std::string describe() const override {
+    int64_t n = 0;
+    for (const auto& p : m_.parameters(/*recurse=*/true)) n += p.numel();
+    return "torchscript " + path_ + ", " + countText(n) + " parameters";
+  }
+
+ private:
+  mutable torch::jit::Module m_;
+  std::string path_;
+};
+
+std::string resolve(const std::string& path, const std::string& base_dir) {
+  if (path.empty() || path[0] == '/' || base_dir.empty()) return path;
+  return base_dir + "/" + path;
+}
+
+torch::jit::Module loadScript(const std::string& path) {
+  if (!std::filesystem::exists(path)) {
+    throw ConfigError(strCat("model.path: no such file '", path, "'"));
+  }
+  try {
+    return torch::jit::load(path, torch::kCPU);
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    throw ConfigError(strCat("model.path: '", path,
+                             "' is not a TorchScript module (save one with "
+                             "torch.jit.script(model).save(path)): ",
+                             what.substr(0, what.find('\n'))));
+  }
+}
+
+std::unique_ptr<Model> checked(std::unique_ptr<Model> model, const std::vector<int64_t>& shape,
+                               int64_t classes, const std::string& what) {
+  // One forward pass on a sample batch, so that a model that does not fit the
+  // data fails here, with the shapes, rather than deep inside the first step.
+  std::vector<int64_t> in{2};
+  in.insert(in.end(), shape.begin(), shape.end());
+  torch::Tensor out;
+  try {
+    torch::NoGradGuard no_grad;
+    model->train(false);
+    out = model->forward(torch::zeros(in));
+    model->train(true);
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const std::exception& e) {
+    const std::string msg = e.what();
+    throw ConfigError(strCat(what, ": forward failed on a sample batch of shape ", shapeText(in),
+                             ": ", msg.substr(0, msg.find('\n'))));
+  }
+  if (out.dim() != 2 || out.size(0) != 2 || out.size(1) != classes) {
+    throw ConfigError(strCat(what, ": forward on a sample batch of shape ", shapeText(in),
+                             " returned ", shapeText(out.sizes().vec()), "; expected [2, ",
+                             classes, "] (one logit per class, data.classes)"));
+  }
+  return model;
+}
+
+}  // namespace
+
+void setSyncBatchNormEnabled(bool enabled) { g_sync_bn_enabled.store(enabled); }
+
+std::unique_ptr<Model> buildModel(const ModelConfig& cfg, const std::vector<int64_t>& shape,
+                                  int64_t classes, const std::string& base_dir,
+                                  collective::Communicator* comm) {
+  collective::Communicator* sync = cfg.sync_batchnorm ? comm : nullptr;
+  if (cfg.name == "torchscript") {
+    const auto path = resolve(cfg.path, base_dir);
+    return checked(std::make_unique<ScriptModel>(loadScript(path), path), shape, classes,
+                   "model.path: " + path);
+  }
   if (cfg.name == "mlp") {
-    int64_t in = 1;
-    for (auto d : shape) in *= d;
+    int64_t in = std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
+    nn::Sequential net;
     net->push_back(nn::Flatten());
     for (auto width : cfg.hidden) {
       net->push_back(nn::Linear(in, width));
-      if (cfg.batchnorm) net->push_back(nn::BatchNorm1d(width));
+      if (cfg.batchnorm) net->push_back(BatchNormLayer(width, sync));
       net->push_back(nn::ReLU());
       if (cfg.dropout > 0) net->push_back(nn::Dropout(cfg.dropout));
       in = width;
     }
     net->push_back(nn::Linear(in, classes));
-    return net;
+    return checked(std::make_unique<NnModel<nn::Sequential>>(net, "mlp"), shape, classes,
+                   "model.name: mlp");
+  }
+  if (shape.size() != 3) {
+    throw ConfigError(strCat("model.name: ", cfg.name,
+                             " needs image samples of shape [C, H, W], but the data has shape ",
+                             shapeText(shape), "; set data.shape (e.g. [1, 8, 8]) or use mlp"));
+  }
+  if (cfg.name == "resnet18" || cfg.name == "resnet50") {
+    const bool deep = cfg.name == "resnet50";
+    ResNet net(deep, deep ? std::vector<int64_t>{3, 4, 6, 3} : std::vector<int64_t>{2, 2, 2, 2},
+               shape[0], classes, cfg.stem == "imagenet", sync);
+    return checked(std::make_unique<NnModel<ResNet>>(net, cfg.name + " (" + cfg.stem + " stem)"),
+                   shape, classes, "model.name: " + cfg.name);
   }
   // cnn: 3x3 conv blocks, global average pooling, linear head.
-  if (shape.size() != 3) {
-    std::string s;
-    for (auto d : shape) s += (s.empty() ? "" : ", ") + std::to_string(d);
-    throw ConfigError(strCat("model.name: cnn needs image samples of shape [C, H, W], but the data "
-                             "has shape [", s, "]; set data.shape (e.g. [1, 8, 8]) or use mlp"));
-  }
+  nn::Sequential net;
   int64_t in = shape[0];
   int64_t h = shape[1];
   for (std::size_t i = 0; i < cfg.channels.size(); ++i) {
     const int64_t out = cfg.channels[i];
     net->push_back(nn::Conv2d(nn::Conv2dOptions(in, out, 3).padding(1).bias(!cfg.batchnorm)));
-    if (cfg.batchnorm) net->push_back(nn::BatchNorm2d(out));
+    if (cfg.batchnorm) net->push_back(BatchNormLayer(out, sync));
     net->push_back(nn::ReLU());
     if (i + 1 < cfg.channels.size() && h >= 8) {
       net->push_back(nn::MaxPool2d(2));
@@ -46,21 +412,17 @@ torch::nn::Sequential buildModel(const ModelConfig& cfg, const std::vector<int64
   net->push_back(nn::Flatten());
   if (cfg.dropout > 0) net->push_back(nn::Dropout(cfg.dropout));
   net->push_back(nn::Linear(in, classes));
-  return net;
+  return checked(std::make_unique<NnModel<nn::Sequential>>(net, "cnn"), shape, classes,
+                 "model.name: cnn");
 }
 
-bool hasBatchNorm(const torch::nn::Module& model) {
-  for (const auto& m : model.modules(/*include_self=*/true)) {
-    const auto name = m->name();
-    if (name.find("BatchNorm") != std::string::npos) return true;
+bool modelHasBatchNorm(const ModelConfig& cfg, const std::string& base_dir) {
+  if (cfg.name == "torchscript") {
+    ScriptModel m(loadScript(resolve(cfg.path, base_dir)), cfg.path);
+    return m.hasBatchNorm();
   }
-  return false;
-}
-
-std::vector<torch::Tensor> modelState(const torch::nn::Module& model) {
-  auto state = model.parameters();
-  for (const auto& b : model.buffers()) state.push_back(b);
-  return state;
+  if (cfg.name == "resnet18" || cfg.name == "resnet50") return true;
+  return cfg.batchnorm;
 }
 
 double larsTrustRatio(double weight_norm, double grad_norm, double weight_decay, double eta) {
@@ -108,8 +470,7 @@ class Lars : public Optimizer {
       if (p.dim() > 1) {
         const double wn = p.norm().item<double>();
         const double gn = g.norm().item<double>();
-        const double trust =
-            larsTrustRatio(wn, gn, cfg_.weight_decay, cfg_.trust_coefficient);
+        const double trust = larsTrustRatio(wn, gn, cfg_.weight_decay, cfg_.trust_coefficient);
         g = (g + cfg_.weight_decay * p) * trust;
       }
       momentum_[i].mul_(cfg_.momentum).add_(g, lr);
@@ -130,8 +491,7 @@ class Lars : public Optimizer {
 
 }  // namespace
 
-std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, torch::nn::Module& model) {
-  auto params = model.parameters();
+std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<torch::Tensor> params) {
   if (cfg.name == "sgd") {
     if (cfg.nesterov && cfg.momentum <= 0) {
       throw ConfigError("optim.nesterov: true needs optim.momentum > 0");

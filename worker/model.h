@@ -1,26 +1,60 @@
 #pragma once
-// Built-in models and optimizers.
+// Models: the built-ins (mlp, cnn, resnet18/50) and the user's own TorchScript
+// module, behind one small interface the trainer uses.
 
 #include <torch/torch.h>
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "collective/communicator.h"
 #include "worker/config.h"
 
 namespace batchdist::worker {
 
+/// What the trainer needs of a model. Parameters and buffers come in a fixed
+/// order, the same on every rank.
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual torch::Tensor forward(const torch::Tensor& x) = 0;
+  virtual std::vector<std::pair<std::string, torch::Tensor>> namedParameters() const = 0;
+  virtual std::vector<std::pair<std::string, torch::Tensor>> namedBuffers() const = 0;
+  virtual void train(bool on) = 0;
+  virtual void to(const at::Device& device) = 0;
+  /// Saves to `path` (TorchScript modules as TorchScript, built-ins as a C++ archive).
+  virtual void save(const std::string& path) = 0;
+  virtual bool hasBatchNorm() const = 0;
+  /// e.g. "resnet18 (cifar stem), 11.2 M parameters".
+  virtual std::string describe() const = 0;
+
+  std::vector<torch::Tensor> parameters() const;
+  std::vector<torch::Tensor> buffers() const;
+  /// Parameters then buffers.
+  std::vector<torch::Tensor> state() const;
+};
+
 /// Builds the model of `cfg` for samples of `sample_shape` and `classes` outputs.
-/// Throws ConfigError when the model does not fit the data (e.g. cnn on flat features).
-torch::nn::Sequential buildModel(const ModelConfig& cfg, const std::vector<int64_t>& sample_shape,
-                                 int64_t classes);
+/// TorchScript paths are resolved against `base_dir`. `comm` is used by
+/// model.sync_batchnorm (may be null otherwise). Throws ConfigError when the model
+/// does not fit the data, or the TorchScript file is missing, not TorchScript, or
+/// its forward fails on a sample batch (naming the file and the shape tried).
+std::unique_ptr<Model> buildModel(const ModelConfig& cfg, const std::vector<int64_t>& sample_shape,
+                                  int64_t classes, const std::string& base_dir = "",
+                                  collective::Communicator* comm = nullptr);
 
-/// True if any submodule is a BatchNorm layer.
-bool hasBatchNorm(const torch::nn::Module& model);
+/// Whether the configured model has BatchNorm layers, before the trainer builds
+/// it (loads TorchScript files to look).
+bool modelHasBatchNorm(const ModelConfig& cfg, const std::string& base_dir = "");
 
-/// Parameters and buffers (BatchNorm running statistics), in a fixed order.
-std::vector<torch::Tensor> modelState(const torch::nn::Module& model);
+/// Note [sync batchnorm]: while a SyncBatchNorm layer trains, its batch statistics
+/// are summed over all ranks (one allreduce per layer in forward and one in
+/// backward), so every rank normalises with the global batch's mean and variance.
+/// The switch lets the batch search measure without it (a rank that runs out of
+/// memory mid-forward could otherwise strand the others in a collective).
+void setSyncBatchNormEnabled(bool enabled);
 
 /// An optimizer whose learning rate is set every step (the plan owns the schedule).
 class Optimizer {
@@ -30,16 +64,11 @@ class Optimizer {
   virtual void zeroGrad() = 0;
 };
 
-/// sgd (momentum, nesterov, weight decay), adamw, or lars.
-std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, torch::nn::Module& model);
+/// sgd (momentum, nesterov, weight decay), adamw, or lars, over `params`.
+std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<torch::Tensor> params);
 
 /// LARS trust ratio of one layer: eta * |w| / (|g| + wd * |w|), or 1 when either
 /// norm is zero (You et al. 2017).
 double larsTrustRatio(double weight_norm, double grad_norm, double weight_decay, double eta);
 
-}  // namespace batchdist::worker
-
-namespace batchdist::worker {
-/// Whether the configured model has BatchNorm layers (known before building it).
-inline bool modelHasBatchNorm(const ModelConfig& cfg) { return cfg.batchnorm; }
 }  // namespace batchdist::worker

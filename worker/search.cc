@@ -338,12 +338,13 @@ namespace {
 class TrainStepMeasurer : public Measurer {
  public:
   TrainStepMeasurer(const Config& cfg, collective::Communicator& comm, const DataSplit& data,
-                    at::Device device)
+                    at::Device device, const std::string& base_dir)
       : cfg_(cfg), comm_(comm), data_(data), device_(device) {
     // A throwaway model: the training run starts from a fresh, identical one.
-    const auto first = makePlan(cfg_, comm_.size(), data_.train.size(),
-                                modelHasBatchNorm(cfg_.model), std::max<int64_t>(2, cfg_.search.min));
-    trainer_ = std::make_unique<Trainer>(cfg_, comm_, data_, device_, first);
+    has_bn_ = modelHasBatchNorm(cfg_.model, base_dir);
+    const auto first = makePlan(cfg_, comm_.size(), data_.train.size(), has_bn_,
+                                std::max<int64_t>(2, cfg_.search.min));
+    trainer_ = std::make_unique<Trainer>(cfg_, comm_, data_, device_, first, base_dir);
     if (device_.is_cuda()) {
       total_mb_ = compat::cudaTotalBytes(device_.index()) / (1 << 20);
       budget_mb_ = cfg_.search.memory_fraction * total_mb_;
@@ -363,13 +364,20 @@ class TrainStepMeasurer : public Measurer {
     cfg.batch.global = 0;
     cfg.batch.global_auto = false;
     cfg.batch.accum = accum;
-    const auto plan = makePlan(cfg, comm_.size(), data_.train.size(),
-                               modelHasBatchNorm(cfg.model), per_gpu);
+    const auto plan = makePlan(cfg, comm_.size(), data_.train.size(), has_bn_, per_gpu);
     trainer_->setPlan(plan);
     Sharder sharder(plan, static_cast<uint64_t>(cfg.train.seed));
-    resetPeak();
     const int64_t warm = cfg.search.warmup_steps + extra_warmup;
     const int64_t total = warm + cfg.search.timed_steps;
+    std::vector<MicroBatch> jobs;
+    for (int64_t i = 0; i < total; ++i) {
+      for (auto& j : trainer_->jobs(sharder, i % plan.steps_per_epoch, 1)) jobs.push_back(std::move(j));
+    }
+    trainer_->loader().start(std::move(jobs), 0);
+    // Note [sync batchnorm]: measured without it, so that a rank running out of
+    // memory mid-forward cannot strand the others in a BatchNorm allreduce.
+    setSyncBatchNormEnabled(false);
+    resetPeak();
     // Each timed step is timed alone and the median taken: one step delayed by
     // the scheduler (or a peer's) does not move the estimate.
     std::vector<double> step_secs;
@@ -379,7 +387,7 @@ class TrainStepMeasurer : public Measurer {
       const int64_t step = i % plan.steps_per_epoch;
       if (out.fail == FailKind::kNone) {
         try {
-          trainer_->computeGradients(sharder, step);
+          trainer_->computeGradients(sharder.realSamples(step));
         } catch (const std::exception& e) {
           out.fail = isOutOfMemory(e) ? FailKind::kOutOfMemory : FailKind::kError;
           if (out.fail == FailKind::kError) {
@@ -409,6 +417,8 @@ class TrainStepMeasurer : public Measurer {
       if (budget_mb_ > 0 && out.peak_mb > budget_mb_) out.fail = FailKind::kOverBudget;
     }
     trainer_->clearGradients();
+    trainer_->takeTime();
+    setSyncBatchNormEnabled(true);
     if (device_.is_cuda()) compat::cudaEmptyCache();
     return out;
   }
@@ -434,6 +444,7 @@ class TrainStepMeasurer : public Measurer {
   const DataSplit& data_;
   at::Device device_;
   std::unique_ptr<Trainer> trainer_;
+  bool has_bn_ = false;
   double total_mb_ = 0;
   double budget_mb_ = 0;
   std::string name_;
@@ -442,8 +453,9 @@ class TrainStepMeasurer : public Measurer {
 }  // namespace
 
 std::unique_ptr<Measurer> makeTrainStepMeasurer(const Config& cfg, collective::Communicator& comm,
-                                                const DataSplit& data, at::Device device) {
-  return std::make_unique<TrainStepMeasurer>(cfg, comm, data, device);
+                                                const DataSplit& data, at::Device device,
+                                                const std::string& base_dir) {
+  return std::make_unique<TrainStepMeasurer>(cfg, comm, data, device, base_dir);
 }
 
 // ---------------------------------------------------------------------------
@@ -609,7 +621,8 @@ std::string searchCacheKey(const Config& cfg, const DataInfo& data, int64_t worl
   std::string b;
   for (double v : budgets) b += formatFixed(v, 0) + ",";
   return strCat(sections, "data.shape=", shape, ";data.classes=", data.classes,
-                ";data.train=", data.train_size, ";precision=fp32;device=", device,
+                ";data.train=", data.train_size, ";precision=", cfg.train.precision,
+                ";transform=", cfg.data.resize, ";device=", device,
                 ";world=", world, ";budgets=", b, ";torch=", compat::torchVersion());
 }
 

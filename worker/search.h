@@ -109,7 +109,8 @@ class BatchSearch {
 /// The measurer that runs the real training step (forward, backward, gradient
 /// averaging, optimizer) on real batches of the configured data.
 std::unique_ptr<Measurer> makeTrainStepMeasurer(const Config& cfg, collective::Communicator& comm,
-                                                const DataSplit& data, at::Device device);
+                                                const DataSplit& data, at::Device device,
+                                                const std::string& base_dir = "");
 
 std::string searchJson(const SearchResult& r);
 /// Plot of samples/s and peak memory against per-GPU batch, the choice marked.

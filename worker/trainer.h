@@ -1,6 +1,7 @@
 #pragma once
 // The training loop: plan -> micro-batches -> forward/backward -> gradient sum ->
-// optimizer, with distributed evaluation and per-epoch health checks.
+// optimizer, with distributed evaluation, per-epoch health checks and a
+// breakdown of where the time goes.
 
 #include <torch/torch.h>
 
@@ -13,8 +14,10 @@
 #include "collective/grad_sync.h"
 #include "worker/config.h"
 #include "worker/data.h"
+#include "worker/loader.h"
 #include "worker/model.h"
 #include "worker/plan.h"
+#include "worker/precision.h"
 
 namespace batchdist::worker {
 
@@ -33,6 +36,19 @@ class Console {
   bool tty_;
   bool pending_ = false;
   double last_plain_ = -1e9;
+};
+
+/// Where a step's time goes (seconds, this rank).
+struct TimeBreakdown {
+  double data_wait = 0;  ///< blocked waiting for the loader
+  double compute = 0;    ///< forward, backward, optimizer
+  double comm = 0;       ///< exposed gradient communication
+  double total() const { return data_wait + compute + comm; }
+  void add(const TimeBreakdown& o) {
+    data_wait += o.data_wait;
+    compute += o.compute;
+    comm += o.comm;
+  }
 };
 
 struct EpochStats {
@@ -54,6 +70,12 @@ struct TrainResult {
   double eval_accuracy = 0;
   double wall_s = 0;
   bool completed = true;     ///< false if a stop request ended the run early
+  TimeBreakdown time;        ///< summed over the run, this rank (rank 0 reports)
+  double peak_memory_mb = 0; ///< CUDA allocator peak (0 on CPU)
+  double memory_total_mb = 0;
+  double gpu_utilization = -1;  ///< mean NVML utilization in %, -1 if unknown
+  int64_t skipped_steps = 0; ///< fp16: steps skipped for inf/NaN gradients
+  double loss_scale = 0;     ///< fp16: final loss scale
   std::vector<EpochStats> history;
 };
 
@@ -66,39 +88,44 @@ struct EvalResult {
 class Trainer {
  public:
   /// Builds the model (seeded, identical on every rank; rank 0's state is
-  /// broadcast anyway) and the optimizer. Collective: every rank constructs it.
+  /// broadcast anyway), the optimizer and the loader. Collective.
   Trainer(const Config& cfg, collective::Communicator& comm, const DataSplit& data,
-          at::Device device, const Plan& plan);
+          at::Device device, const Plan& plan, const std::string& base_dir = "");
+  ~Trainer();
 
   const Plan& plan() const { return plan_; }
   /// Replaces the plan (the batch search measures several per-GPU batches).
   void setPlan(const Plan& plan) { plan_ = plan; }
-  torch::nn::Sequential& model() { return model_; }
+  Model& model() { return *model_; }
+  Loader& loader() { return *loader_; }
   at::Device device() const { return device_; }
 
-  /// One optimizer step: the micro-batches of step `step` of the current epoch of
-  /// `sharder`, then the gradient sum over ranks and the update at `lr`. Returns
-  /// this rank's sum of per-sample losses (weight-0 samples excluded). `stop`, if
-  /// given, is this rank's stop request in and "any rank asked" out (agreed in the
-  /// gradient allreduce, so all ranks stop after the same step).
-  double trainStep(const Sharder& sharder, int64_t step, double lr, bool* stop = nullptr);
+  /// This rank's micro-batches for steps [first, first + count) of the sharder's
+  /// current epoch, in the order the step functions consume them.
+  std::vector<MicroBatch> jobs(const Sharder& sharder, int64_t first, int64_t count) const;
+
+  /// One optimizer step over the next plan().accum batches of loader(); `real`
+  /// is the step's number of real samples over all ranks (Sharder::realSamples).
+  /// Returns this rank's loss sum. `stop`, if given, is this rank's stop request
+  /// in and "any rank asked" out (agreed in the gradient allreduce).
+  double trainStep(int64_t real, double lr, bool* stop = nullptr);
 
   // trainStep() in its three parts. Only syncGradients() communicates, so a rank
   // whose computeGradients() failed (out of memory) can still take part in it and
   // no rank waits forever (Note [search agreement] in worker/search.h).
 
-  /// Forward and backward over this rank's micro-batches; returns the local loss sum.
-  double computeGradients(const Sharder& sharder, int64_t step);
-  /// Drops all gradients and autograd state (after a failed computeGradients()).
+  /// Forward and backward over the next plan().accum batches; returns the loss sum.
+  double computeGradients(int64_t real);
+  /// Drops all gradients (after a failed computeGradients()).
   void clearGradients();
-  /// Sums gradients over the ranks (zeros where this rank has none); see trainStep for `stop`.
+  /// Sums gradients over the ranks (zeros where this rank has none).
   void syncGradients(bool* stop = nullptr);
-  /// Optimizer update at `lr`.
+  /// Optimizer update at `lr` (fp16: unscales, or skips a step with inf/NaN gradients).
   void applyUpdate(double lr);
 
-  /// Averages BatchNorm buffers by taking rank 0's (as DDP's broadcast_buffers),
-  /// then evaluates on this rank's shard of the validation set; every validation
-  /// sample counts exactly once over all ranks.
+  /// Takes rank 0's BatchNorm buffers (as DDP's broadcast_buffers), then
+  /// evaluates this rank's shard of the validation set; every validation sample
+  /// counts exactly once over all ranks.
   EvalResult evaluate();
 
   /// Throws TrainingError if a parameter or buffer is not finite on any rank, or
@@ -110,16 +137,24 @@ class Trainer {
   /// finishes the same step and the run ends with `completed = false`.
   TrainResult train(Console& console, const std::function<bool()>& stop_requested = {});
 
+  /// Time spent since the last call (this rank).
+  TimeBreakdown takeTime();
+
  private:
+  void synchronize() const;
+
   const Config& cfg_;
   collective::Communicator& comm_;
   const DataSplit& data_;
   at::Device device_;
   Plan plan_;
-  torch::nn::Sequential model_;
+  std::unique_ptr<Model> model_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<collective::GradientSynchronizer> sync_;
-  torch::Tensor train_x_, train_y_;
+  std::unique_ptr<Loader> loader_;
+  std::unique_ptr<LossScaler> scaler_;  // fp16 only
+  Transform eval_transform_;
+  TimeBreakdown time_;
 };
 
 /// Fixed-point text with `digits` decimals.
@@ -127,5 +162,10 @@ std::string formatFixed(double v, int digits);
 
 /// "1:02:03" / "2:03".
 std::string formatDuration(double seconds);
+
+/// The end-of-run diagnosis (rank 0): one line per finding, each quoting the
+/// numbers it rests on. Empty when nothing stands out.
+std::vector<std::string> diagnose(const Config& cfg, const TrainResult& r, at::Device device,
+                                  const std::string& device_name);
 
 }  // namespace batchdist::worker

@@ -1,0 +1,97 @@
+#pragma once
+// Note [loader]: batches are made ahead of the training step by `workers` threads
+// into a bounded queue of at most `prefetch` batches. Each batch is the gather of
+// one micro-batch's indices (uint8 images become float), then the configured
+// transforms, seeded by (seed, epoch, job) so a batch is the same whichever thread
+// made it and however many threads there are; the consumer takes them strictly in
+// order. On CUDA, batches are staged in page-locked memory and copied with
+// non_blocking on a side stream, so the copy overlaps the compute already queued;
+// the random transforms then run on the GPU (their random numbers are drawn on the
+// CPU from the same seeded generator).
+
+#include <ATen/core/Tensor.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "worker/config.h"
+#include "worker/data.h"
+#include "worker/plan.h"
+
+namespace batchdist::worker {
+
+/// Random crop (zero padding), horizontal flip, resize and normalize, on a batch
+/// [N, C, H, W] (or flat features: only normalize). Deterministic given `seed`.
+struct Transform {
+  int64_t crop_padding = 0;
+  bool hflip = false;
+  int64_t resize = 0;
+  std::vector<double> mean;
+  std::vector<double> std;
+
+  static Transform fromConfig(const DataConfig& cfg, bool training);
+  bool randomOps() const { return crop_padding > 0 || hflip; }
+  bool any() const { return randomOps() || resize > 0 || !mean.empty(); }
+  /// Output per-sample shape for input per-sample shape `in`.
+  std::vector<int64_t> outputShape(const std::vector<int64_t>& in) const;
+  at::Tensor apply(const at::Tensor& x, uint64_t seed) const;
+};
+
+struct Batch {
+  at::Tensor x;  ///< float, on the training device
+  at::Tensor y;  ///< int64 labels
+  at::Tensor w;  ///< float loss weights (0 for padding)
+};
+
+struct LoaderOptions {
+  int64_t workers = 0;
+  int64_t prefetch = 2;
+  bool pin_memory = true;
+  at::Device device = at::kCPU;
+  Transform transform;
+  uint64_t seed = 0;
+};
+
+class Loader {
+ public:
+  Loader(const Dataset& data, LoaderOptions opts);
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  /// Queues the micro-batches of an epoch, in the order next() returns them.
+  void start(std::vector<MicroBatch> jobs, int64_t epoch);
+  /// The next batch, in order; blocks until it is ready.
+  Batch next();
+  /// Seconds next() spent waiting for a batch since the last call.
+  double takeWaitSeconds();
+  /// Most batches ever queued ahead at once (never above prefetch).
+  int64_t maxQueued() const { return max_queued_; }
+
+ private:
+  Batch make(const MicroBatch& job, int64_t index) const;
+  Batch toDevice(Batch host) const;
+  void work();
+
+  const Dataset& data_;
+  LoaderOptions opts_;
+  std::vector<MicroBatch> jobs_;
+  int64_t epoch_ = 0;
+  int64_t generation_ = 0;   // bumped by start(): a batch of an older one is dropped
+  int64_t next_job_ = 0;     // next job a worker takes
+  int64_t consumed_ = 0;     // next job the consumer returns
+  std::map<int64_t, Batch> ready_;
+  int64_t max_queued_ = 0;
+  double wait_s_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace batchdist::worker

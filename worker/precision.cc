@@ -1,0 +1,49 @@
+#include "worker/precision.h"
+
+#include <ATen/ATen.h>
+
+#include "collective/error.h"
+#include "collective/torch_compat.h"
+
+namespace batchdist::worker {
+
+void checkPrecision(const std::string& precision, const at::Device& device) {
+  if (precision == "fp16" && !device.is_cuda()) {
+    throw ConfigError("train.precision: fp16 autocast needs a CUDA device; on the CPU use bf16");
+  }
+}
+
+AutocastScope::AutocastScope(const at::Device& device, const std::string& precision)
+    : type_(device.type()) {
+  if (precision == "fp32") return;
+  compat::setAutocast(type_, true, precision == "bf16" ? at::kBFloat16 : at::kHalf);
+  at::autocast::increment_nesting();
+  active_ = true;
+}
+
+AutocastScope::~AutocastScope() {
+  if (!active_) return;
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  compat::setAutocast(type_, false, type_ == at::kCUDA ? at::kHalf : at::kBFloat16);
+}
+
+LossScaler::LossScaler(double initial_scale, int64_t growth_interval, double backoff,
+                       double growth)
+    : scale_(initial_scale), growth_interval_(growth_interval), backoff_(backoff),
+      growth_(growth) {}
+
+bool LossScaler::update(bool found_inf) {
+  if (found_inf) {
+    scale_ = std::max(1.0, scale_ * backoff_);
+    tracker_ = 0;
+    ++skipped_;
+    return false;
+  }
+  if (++tracker_ >= growth_interval_) {
+    scale_ *= growth_;
+    tracker_ = 0;
+  }
+  return true;
+}
+
+}  // namespace batchdist::worker
