@@ -306,6 +306,26 @@ class ScriptModel : public Model {
   std::string path_;
 };
 
+/// The informative line of an exception: TorchScript puts a preamble first and
+/// the actual error ("RuntimeError: ...") last.
+std::string essence(const std::string& what) {
+  std::vector<std::string> lines;
+  std::size_t pos = 0;
+  while (pos <= what.size()) {
+    const auto end = what.find('\n', pos);
+    const auto line = what.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
+    if (line.find_first_not_of(" \t") != std::string::npos) lines.push_back(line);
+    if (end == std::string::npos) break;
+    pos = end + 1;
+  }
+  if (lines.empty()) return what;
+  if (lines.front().find("TorchScript interpreter") == std::string::npos) return lines.front();
+  for (auto it = lines.rbegin(); it != lines.rend(); ++it) {
+    if (it->find("Error:") != std::string::npos) return *it;
+  }
+  return lines.back();
+}
+
 std::string resolve(const std::string& path, const std::string& base_dir) {
   if (path.empty() || path[0] == '/' || base_dir.empty()) return path;
   return base_dir + "/" + path;
@@ -341,9 +361,8 @@ std::unique_ptr<Model> checked(std::unique_ptr<Model> model, const std::vector<i
   } catch (const ConfigError&) {
     throw;
   } catch (const std::exception& e) {
-    const std::string msg = e.what();
     throw ConfigError(strCat(what, ": forward failed on a sample batch of shape ", shapeText(in),
-                             ": ", msg.substr(0, msg.find('\n'))));
+                             ": ", essence(e.what())));
   }
   if (out.dim() != 2 || out.size(0) != 2 || out.size(1) != classes) {
     throw ConfigError(strCat(what, ": forward on a sample batch of shape ", shapeText(in),

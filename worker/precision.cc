@@ -46,4 +46,21 @@ bool LossScaler::update(bool found_inf) {
   return true;
 }
 
+bool unscaleOrSkip(LossScaler& scaler, const std::vector<at::Tensor>& params) {
+  bool found_inf = false;
+  for (const auto& p : params) {
+    if (p.grad().defined() && !at::isfinite(p.grad()).all().item<bool>()) {
+      found_inf = true;
+      break;
+    }
+  }
+  const double scale = scaler.scale();
+  if (!scaler.update(found_inf)) return false;
+  at::NoGradGuard no_grad;
+  for (const auto& p : params) {
+    if (p.grad().defined()) p.grad().mul_(1.0 / scale);
+  }
+  return true;
+}
+
 }  // namespace batchdist::worker

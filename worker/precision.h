@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace batchdist::worker {
 
@@ -47,5 +48,11 @@ class LossScaler {
   int64_t tracker_ = 0;
   int64_t skipped_ = 0;
 };
+
+/// The fp16 step decision, after the gradients were summed over the ranks: if any
+/// gradient holds inf/NaN the step is skipped (returns false) and the scale backs
+/// off; otherwise the gradients are divided by the scale they were computed
+/// with and the optimizer may step (returns true).
+bool unscaleOrSkip(LossScaler& scaler, const std::vector<at::Tensor>& params);
 
 }  // namespace batchdist::worker

@@ -175,24 +175,10 @@ void Trainer::syncGradients(bool* stop) {
 
 void Trainer::applyUpdate(double lr) {
   const double t0 = now();
-  if (scaler_) {
-    // Gradients are already summed over ranks, so every rank reaches the same verdict.
-    bool found_inf = false;
-    for (const auto& p : model_->parameters()) {
-      if (p.grad().defined() && !torch::isfinite(p.grad()).all().item<bool>()) {
-        found_inf = true;
-        break;
-      }
-    }
-    const double scale = scaler_->scale();
-    if (!scaler_->update(found_inf)) {
-      time_.compute += now() - t0;
-      return;  // skipped: the scale backed off
-    }
-    torch::NoGradGuard no_grad;
-    for (auto& p : model_->parameters()) {
-      if (p.grad().defined()) p.mutable_grad().mul_(1.0 / scale);
-    }
+  // fp16: gradients are already summed over ranks, so every rank reaches the same verdict.
+  if (scaler_ && !unscaleOrSkip(*scaler_, model_->parameters())) {
+    time_.compute += now() - t0;
+    return;  // skipped: the scale backed off
   }
   optimizer_->step(lr);
   time_.compute += now() - t0;
