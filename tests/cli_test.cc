@@ -202,3 +202,28 @@ TEST(Cli, RanksWithDifferentConfigsAreToldWhatDiffers) {
             std::string::npos)
       << r.out;
 }
+
+TEST(Cli, Resnet18Cifar10ConfigPlansAgainstCifarFiles) {
+  // A miniature CIFAR-10 directory in the real binary layout (10 images a file).
+  const auto dir = std::filesystem::temp_directory_path() / "batchdist_cli_cifar";
+  std::filesystem::create_directories(dir);
+  std::string records;
+  for (int i = 0; i < 10; ++i) {
+    records.push_back(static_cast<char>(i));
+    records.append(3072, static_cast<char>(i * 7));
+  }
+  for (const char* f : {"data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin",
+                        "data_batch_4.bin", "data_batch_5.bin", "test_batch.bin"}) {
+    std::ofstream(dir / f, std::ios::binary) << records;
+  }
+  const std::string cfg = std::string(BATCHDIST_SOURCE_DIR) + "/configs/resnet18-cifar10.yaml";
+  auto r = run("plan " + cfg + " --world 2 --json --set data.path=" + dir.string() +
+               " --set batch.per_gpu=5 --set batch.global=10");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = YAML::Load(r.out);
+  EXPECT_EQ(j["dataset_size"].as<int>(), 50);
+  EXPECT_EQ(j["steps_per_epoch"].as<int>(), 5);
+  // Without the files: a clear error naming the file it looked for.
+  expectCleanError(run("plan " + cfg + " --world 2"),
+                   "cifar-10-batches-bin/data_batch_1.bin' (No such file or directory)");
+}
