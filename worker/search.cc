@@ -137,6 +137,7 @@ Candidate BatchSearch::agree(int64_t per_gpu, int64_t accum, const Measurement& 
        failed ? -std::numeric_limits<double>::max() / 4 : -m.samples_per_s},
       collective::ReduceOp::kMax);
   Candidate c;
+  c.rank_peak_mb = comm_.allgather(m.peak_mb);
   c.per_gpu = per_gpu;
   c.accum = accum;
   c.global = per_gpu * accum * W;
@@ -311,6 +312,9 @@ SearchResult BatchSearch::run(Console* console) {
           c.min_rank_sps = std::min(c.min_rank_sps, again.min_rank_sps);
           c.max_rank_sps = std::max(c.max_rank_sps, again.max_rank_sps);
           c.peak_mb = std::max(c.peak_mb, again.peak_mb);
+          for (std::size_t k = 0; k < c.rank_peak_mb.size() && k < again.rank_peak_mb.size(); ++k) {
+            c.rank_peak_mb[k] = std::max(c.rank_peak_mb[k], again.rank_peak_mb[k]);
+          }
           c.measurements = 2;
         }
         if (console) {
@@ -474,6 +478,11 @@ std::string searchJson(const SearchResult& r) {
         .add("rank_samples_per_s_min", c.min_rank_sps)
         .add("rank_samples_per_s_max", c.max_rank_sps)
         .add("peak_memory_mb", c.peak_mb)
+        .raw("rank_peak_memory_mb", [&] {
+          std::vector<std::string> v;
+          for (double p : c.rank_peak_mb) v.push_back(json::number(p));
+          return json::array(v);
+        }())
         .add("measurements", c.measurements)
         .add("chosen", c.per_gpu == r.chosen);
     cands.push_back(o.str());
@@ -658,6 +667,9 @@ std::optional<SearchResult> readSearchCache(const std::string& path, const std::
       k.max_rank_sps = c["rank_samples_per_s_max"].as<double>();
       k.peak_mb = c["peak_memory_mb"].as<double>();
       if (c["measurements"]) k.measurements = c["measurements"].as<int64_t>();
+      if (c["rank_peak_memory_mb"]) {
+        for (const auto& v : c["rank_peak_memory_mb"]) k.rank_peak_mb.push_back(v.as<double>());
+      }
       r.candidates.push_back(k);
     }
     r.cached = true;

@@ -8,7 +8,8 @@
 //    contributes zeros; the search model is thrown away afterwards);
 //  - after every candidate, all ranks agree through one allreduce(MAX) of
 //    [failure kind, failing rank, peak memory, samples/s, -samples/s], i.e. the MAX
-//    of the failure flag, the MAX of peak memory and the MIN (and MAX) of samples/s;
+//    of the failure flag, the MAX of peak memory and the MIN (and MAX) of samples/s,
+//    then one allgather of each rank's peak (for the report);
 //  - the next candidate is a pure function of the agreed results, so every rank
 //    walks the same sequence and stops at the same point.
 // A candidate fails if any rank ran out of memory (a cuDNN "not supported" at a
@@ -65,6 +66,7 @@ struct Candidate {
   double global_sps = 0;         ///< world x slowest rank: the job's throughput
   int64_t measurements = 1;      ///< times measured (re-measured contenders: mean)
   double peak_mb = 0;            ///< max over ranks
+  std::vector<double> rank_peak_mb;  ///< each rank's own peak (ranks may have different budgets)
 };
 
 struct SearchResult {
