@@ -5,30 +5,13 @@
 # usage: signal_stop.sh MPIRUN "MPI FLAGS" BATCHDIST CONFIG OUTDIR SIGNAL
 set -u
 mpirun=$1 flags=$2 bin=$3 cfg=$4 out=$5 sig=${6:-TERM}
-rm -rf "$out"; mkdir -p "$out"
-# shellcheck disable=SC2086
-"$mpirun" $flags -np 2 "$bin" "$cfg" --output "$out" --set train.epochs=100000 \
-  --set dist.timeout_s=30 >"$out/log" 2>&1 &
-launcher=$!
-for _ in $(seq 1 100); do
-  grep -q "^epoch" "$out/log" 2>/dev/null && break
-  sleep 0.2
-done
-victim=""
-for p in $(pgrep -f -- "--output $out --set train.epochs=100000"); do
-  if [ "$(ps -o comm= -p "$p")" = "batchdist" ]; then victim=$p; fi
-done
+. "$(dirname "$0")/mpi_job_lib.sh"
+start_long_job --set dist.timeout_s=30
+victim=$(rank_pid)
 [ -n "$victim" ] || { echo "no running rank found"; cat "$out/log"; kill "$launcher"; exit 1; }
 kill -"$sig" "$victim"
-for _ in $(seq 1 150); do
-  kill -0 "$launcher" 2>/dev/null || break
-  sleep 0.2
-done
-if kill -0 "$launcher" 2>/dev/null; then
-  echo "job still running 30 s after SIG$sig"; kill -9 "$launcher"; exit 1
-fi
-wait "$launcher"; rc=$?
-cat "$out/log" | grep -v "^epoch .* step" | tail -20
+wait_for_job_end "SIG$sig"
+grep -v "^epoch .* step" "$out/log" | tail -20
 fail() { echo "FAIL: $*"; exit 1; }
 grep -q "received SIG$sig: stopped cleanly" "$out/log" || fail "no stop message"
 grep -q "stop requested: every rank stopped after step" "$out/log" || fail "ranks did not agree"

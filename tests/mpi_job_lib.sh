@@ -1,0 +1,38 @@
+# Shared by the tests that interfere with a running 2-rank job (rank_death.sh,
+# signal_stop.sh). Source it; set mpirun, flags, bin, cfg and out first.
+
+# Starts a long 2-rank training run in the background; its pid is $launcher.
+start_long_job() {
+  rm -rf "$out"; mkdir -p "$out"
+  # shellcheck disable=SC2086
+  "$mpirun" $flags -np 2 "$bin" "$cfg" --output "$out" --set train.epochs=100000 "$@" \
+    >"$out/log" 2>&1 &
+  launcher=$!
+  # Wait until training runs (an epoch line) before touching it.
+  for _ in $(seq 1 100); do
+    grep -q "^epoch" "$out/log" 2>/dev/null && break
+    sleep 0.2
+  done
+}
+
+# Prints the pid of a batchdist rank of this job (mpirun's last child), or nothing.
+rank_pid() {
+  local victim=""
+  for p in $(pgrep -f -- "--output $out --set train.epochs=100000"); do
+    if [ "$(ps -o comm= -p "$p")" = "batchdist" ]; then victim=$p; fi
+  done
+  echo "$victim"
+}
+
+# Waits up to 30 s for the job to end by itself; sets $rc to its exit code, or
+# kills it and fails.
+wait_for_job_end() {
+  for _ in $(seq 1 150); do
+    kill -0 "$launcher" 2>/dev/null || break
+    sleep 0.2
+  done
+  if kill -0 "$launcher" 2>/dev/null; then
+    echo "FAIL: job still running 30 s after $1"; kill -9 "$launcher"; exit 1
+  fi
+  wait "$launcher"; rc=$?
+}
