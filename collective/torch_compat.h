@@ -27,6 +27,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace batchdist::compat {
@@ -138,7 +139,7 @@ inline void cudaEmptyCache() {
 inline at::Tensor copyToDeviceAsync(const at::Tensor& host, const at::Device& device) {
 #if defined(BATCHDIST_WITH_CUDA)
   if (device.is_cuda()) {
-    static thread_local c10::optional<c10::cuda::CUDAStream> side;
+    static thread_local std::optional<c10::cuda::CUDAStream> side;
     if (!side || side->device_index() != device.index()) {
       side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
     }
