@@ -318,8 +318,9 @@ std::string slurmScript(const SlurmJobSpec& job) {
   }
 
   if (srun) {
-    s << "# Launcher: srun (" << job.launcher_reason << "). srun starts the ranks and\n"
-      << "# PMIx wires them into one MPI world (Open MPI joins a Slurm step through PMIx).\n"
+    s << "# Launcher: srun (" << job.launcher_reason << ").\n"
+      << "# srun starts the ranks and PMIx wires them into one MPI world (Open MPI joins a\n"
+      << "# Slurm step through PMIx).\n"
       << "# Without --mpi=pmix each task would be a world of 1; batchdist refuses to start then.\n"
       << "# --kill-on-bad-exit: a rank that fails ends the whole step at once.\n"
       << "srun --mpi=pmix --kill-on-bad-exit=1";
@@ -328,9 +329,9 @@ std::string slurmScript(const SlurmJobSpec& job) {
     if (job.cpus_per_task > 0) s << " --cpus-per-task=" << job.cpus_per_task;
     s << " \\\n  " << cmd.str() << "\n";
   } else {
-    s << "# Launcher: mpirun (" << job.launcher_reason << "). mpirun finds the\n"
-      << "# allocation itself and starts one Open MPI daemon per node through srun, the ranks\n"
-      << "# under it.\n";
+    s << "# Launcher: mpirun (" << job.launcher_reason << ").\n"
+      << "# mpirun finds the allocation itself and starts one Open MPI daemon per node\n"
+      << "# through srun, the ranks under it.\n";
     if (gpu) {
       s << "# The daemons' step must see every GPU of its node, not the one GPU that\n"
         << "# SLURM_GPUS_PER_TASK would give a step of one task per node.\n"

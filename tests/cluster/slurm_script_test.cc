@@ -55,9 +55,9 @@ SlurmJobSpec gpuJob() {
   j.workdir = "/home/me";
   j.nodes = 2;
   j.gpus_per_node = 8;
-  j.cpus_per_task = 6;
+  j.cpus_per_task = 8;
   j.partition = "gpu";
-  j.time = "4:00:00";
+  j.time = "04:00:00";
   j.interface = "ib0";
   return j;
 }
@@ -145,7 +145,7 @@ TEST(SlurmJob, DefaultsAndChecks) {
   expectError(j, "one rank per GPU");
   j = gpuJob();
   j.signal_before_s = 14400;
-  expectError(j, "not shorter than --time 4:00:00 (14400 s)");
+  expectError(j, "not shorter than --time 04:00:00 (14400 s)");
   j = gpuJob();
   j.nodes = 0;
   expectError(j, "--nodes must be >= 1");
@@ -186,15 +186,15 @@ TEST(SlurmScript, GpuJobWithSrun) {
   for (const char* line :
        {"#!/bin/bash\n", "\n#SBATCH --job-name=batchdist-train\n", "\n#SBATCH --nodes=2\n",
         "\n#SBATCH --ntasks-per-node=8\n", "\n#SBATCH --gpus-per-task=1\n",
-        "\n#SBATCH --gpu-bind=none\n", "\n#SBATCH --cpus-per-task=6\n",
-        "\n#SBATCH --partition=gpu\n", "\n#SBATCH --time=4:00:00\n",
+        "\n#SBATCH --gpu-bind=none\n", "\n#SBATCH --cpus-per-task=8\n",
+        "\n#SBATCH --partition=gpu\n", "\n#SBATCH --time=04:00:00\n",
         "\n#SBATCH --signal=USR1@120\n", "\n#SBATCH --output=/scratch/runs/%x-%j.out\n",
         "\n#SBATCH --chdir=/home/me\n", "\nexport BATCHDIST_IFNAME=ib0\n",
         "\nexport OMPI_MCA_oob_tcp_if_include=ib0\n", "\nexport OMPI_MCA_btl_tcp_if_include=ib0\n",
         "\nOUT=/scratch/runs/${SLURM_JOB_ID}\n",
-        "\nsrun --mpi=pmix --kill-on-bad-exit=1 --gpu-bind=none --cpus-per-task=6 \\\n"
+        "\nsrun --mpi=pmix --kill-on-bad-exit=1 --gpu-bind=none --cpus-per-task=8 \\\n"
         "  /opt/batchdist/bin/batchdist train /data/cfg/train.yaml --output \"$OUT\" \\\n"
-        "    --set train.epochs=5 \\\n    --set train.threads=6\n"}) {
+        "    --set train.epochs=5 \\\n    --set train.threads=8\n"}) {
     EXPECT_TRUE(contains(s, line)) << "missing:\n" << line << "\nin:\n" << s;
   }
   EXPECT_FALSE(contains(s, "mpirun -np"));
@@ -225,7 +225,7 @@ TEST(SlurmScript, GpuJobWithMpirunForwardsTheSignal) {
   for (const char* line :
        {"\n#SBATCH --signal=B:USR1@120\n", "\nunset SLURM_GPUS_PER_TASK SLURM_GPU_BIND\n",
         "\nmpirun -np \"$SLURM_NTASKS\" --map-by ppr:8:node --bind-to none \\\n",
-        "--set train.threads=6 &\nlauncher=$!\n",
+        "--set train.threads=8 &\nlauncher=$!\n",
         "\ntrap 'kill -USR1 \"$launcher\" 2>/dev/null' USR1\n",
         "\ntrap 'kill -TERM \"$launcher\" 2>/dev/null' TERM\n", "\nwait \"$launcher\"\n"}) {
     EXPECT_TRUE(contains(s, line)) << "missing:\n" << line << "\nin:\n" << s;
@@ -259,7 +259,7 @@ TEST(SlurmScript, ThreadsFromTheUserWin) {
   j.sets.push_back("train.threads=3");
   const auto s = generate(j, kListWithPmix);
   EXPECT_TRUE(contains(s, "--set train.threads=3")) << s;
-  EXPECT_FALSE(contains(s, "--set train.threads=6")) << s;
+  EXPECT_FALSE(contains(s, "--set train.threads=8")) << s;
 }
 
 TEST(SlurmScript, OddPathsAndValuesSurviveTheShell) {
@@ -454,4 +454,35 @@ TEST(SlurmVerb, SrunWithoutPmixStopsWithOneClearMessage) {
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_EQ(r.out, "") << "task 1 repeats task 0's message";
   EXPECT_FALSE(fs::exists(fs::path(out) / "report.json"));
+}
+
+TEST(SlurmTemplate, MatchesTheGenerator) {
+  // slurm/batchdist.sbatch is the hand-edited form of what the generator writes for a
+  // GPU job with srun: same directives, same values where they are not placeholders.
+  std::stringstream text;
+  text << std::ifstream(std::string(BATCHDIST_SOURCE_DIR) + "/slurm/batchdist.sbatch").rdbuf();
+  ASSERT_FALSE(text.str().empty());
+  auto directives = [](const std::string& script) {
+    std::map<std::string, std::string> out;
+    std::istringstream in(script);
+    for (std::string line; std::getline(in, line);) {
+      std::smatch m;
+      if (std::regex_match(line, m, std::regex("#SBATCH --([a-z-]+)=(.*)"))) out[m[1]] = m[2];
+    }
+    return out;
+  };
+  auto job = gpuJob();
+  job.job_name = "batchdist";
+  auto generated = directives(generate(job, kListWithPmix));
+  generated.erase("chdir");  // the template runs where it is submitted
+  const auto tmpl = directives(text.str());
+  ASSERT_EQ(tmpl.size(), generated.size()) << text.str();
+  for (const auto& [key, value] : generated) {
+    ASSERT_TRUE(tmpl.count(key)) << "template lacks --" << key;
+    if (key != "output" && key != "cpus-per-task") {
+      EXPECT_EQ(tmpl.at(key), value) << "--" << key;
+    }
+  }
+  EXPECT_TRUE(contains(text.str(), "\nsrun --mpi=pmix --kill-on-bad-exit=1 --gpu-bind=none "));
+  expectValidBash(text.str());
 }
