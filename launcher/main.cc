@@ -5,13 +5,9 @@
 #include <unistd.h>
 
 #include <sys/stat.h>
-#include <sys/wait.h>
 
-#include <array>
 #include <atomic>
-#include <cctype>
 #include <csignal>
-#include <cstdio>
 #include <cstring>
 
 #include <algorithm>
@@ -152,23 +148,7 @@ int runSlurm(const CliOptions& cli) {
       std::cout << "  submit with: sbatch " << job.script << "\n";
       return 0;
     }
-    FILE* p = popen(strCat("timeout 120 sbatch --parsable ", shellQuote(job.script), " 2>&1").c_str(),
-                    "r");
-    std::string out;
-    if (p) {
-      std::array<char, 1024> buf;
-      while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-    }
-    const int status = p ? pclose(p) : -1;
-    while (!out.empty() && std::isspace(static_cast<unsigned char>(out.back()))) out.pop_back();
-    const std::string id = out.substr(0, out.find(';'));
-    if (status != 0 || id.empty() || id.find_first_not_of("0123456789") != std::string::npos) {
-      throw Error(strCat("sbatch ", job.script, " failed (", status == -1 ? std::string("could not run it")
-                                                            : strCat("exit ", WEXITSTATUS(status)),
-                         "): ", out.empty() ? std::string("no output") : out,
-                         ". Run batchdist slurm on a Slurm login node, or submit the script "
-                         "by hand"));
-    }
+    const std::string id = submitSlurmScript(job.script);
     std::cout << "batchdist slurm: submitted batch job " << id << "\n  log " << job.output << "/"
               << job.job_name << "-" << id << ".out, report " << job.output << "/" << id
               << "/report.json\n";
@@ -176,6 +156,9 @@ int runSlurm(const CliOptions& cli) {
   } catch (const Error& e) {
     std::cerr << "batchdist: error: " << e.what() << std::endl;
     return e.exitCode();
+  } catch (const std::exception& e) {  // the file system: no room, no permission
+    std::cerr << "batchdist: error: " << e.what() << std::endl;
+    return 1;
   }
 }
 
@@ -472,9 +455,9 @@ int main(int argc, char** argv) {
   // srun without a process manager would start N singletons: say so before
   // MPI_Init (Open MPI aborts in it) and, for other MPIs, after it.
   const launcher::EnvLookup env = [](const char* name) { return std::getenv(name); };
-  if (const auto problem = launcher::srunLaunchProblem(env, launcher::mpiSlurmPmiSupport());
-      !problem.empty()) {
-    return launcher::srunProblem(problem);
+  if (std::getenv("SLURM_STEP_ID") != nullptr) {
+    const auto problem = launcher::srunLaunchProblem(env, launcher::mpiSlurmPmiSupport());
+    if (!problem.empty()) return launcher::srunProblem(problem);
   }
   launcher::MpiScope mpi(&argc, &argv);
   if (const auto problem = launcher::srunWorldProblem(env, mpi.size()); !problem.empty()) {

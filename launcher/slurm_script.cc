@@ -1,6 +1,7 @@
 #include "launcher/slurm_script.h"
 
 #include <dlfcn.h>
+#include <sys/wait.h>
 #include <mpi.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <filesystem>
 #include <regex>
 #include <sstream>
+#include <utility>
 
 #include "collective/error.h"
 
@@ -60,11 +62,24 @@ int envInt(const EnvLookup& env, const char* name) {
   return v ? std::atoi(v) : 0;
 }
 
-/// "task P of a N-task srun step (SLURM_MPI_TYPE=T)", or "" when not in a step.
+/// "task P of a N-task srun step (SLURM_MPI_TYPE=T)".
 std::string stepDescription(const EnvLookup& env) {
   const char* type = get(env, "SLURM_MPI_TYPE");
-  return strCat("task ", get(env, "SLURM_PROCID"), " of a ", envInt(env, "SLURM_STEP_NUM_TASKS"),
+  const char* procid = get(env, "SLURM_PROCID");
+  return strCat("task ", procid ? procid : "?", " of a ", envInt(env, "SLURM_STEP_NUM_TASKS"),
                 "-task srun step (SLURM_MPI_TYPE=", type ? type : "unset", ")");
+}
+
+/// Output (stdout and stderr) and exit status of a shell command; status -1 when
+/// it could not be started.
+std::pair<std::string, int> runCommand(const std::string& command) {
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  if (!p) return {"", -1};
+  std::string out;
+  std::array<char, 1024> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  const int status = pclose(p);
+  return {out, WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)};
 }
 
 const char* kSrunFix =
@@ -203,13 +218,24 @@ void resolveLauncher(SlurmJobSpec& job, const std::string& srun_mpi_list) {
 
 std::string probeSrunMpiList() {
   // `timeout` bounds a hung controller; stderr holds the list in some versions.
-  FILE* p = popen("timeout 20 srun --mpi=list 2>&1", "r");
-  if (!p) return "";
-  std::string out;
-  std::array<char, 1024> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  const int status = pclose(p);
+  const auto [out, status] = runCommand("timeout 20 srun --mpi=list");
   return status == 0 ? out : "";
+}
+
+std::string submitSlurmScript(const std::string& script) {
+  auto [out, status] = runCommand("timeout 120 sbatch --parsable " + shellQuote(script));
+  while (!out.empty() && std::isspace(static_cast<unsigned char>(out.back()))) out.pop_back();
+  const std::string id = out.substr(0, out.find(';'));  // "id" or "id;cluster"
+  if (status == 0 && !id.empty() && id.find_first_not_of("0123456789") == std::string::npos) {
+    return id;
+  }
+  throw Error(strCat("sbatch ", script, " failed (",
+                     status == -1 ? std::string("could not start it")
+                     : status == 124 ? std::string("no answer within 120 s")
+                                     : strCat("exit ", status),
+                     "): ", out.empty() ? std::string("no output") : out,
+                     ". Run batchdist slurm where sbatch works (a login node), or submit the "
+                     "script by hand"));
 }
 
 std::string shellQuote(const std::string& word) {

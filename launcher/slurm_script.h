@@ -55,6 +55,10 @@ std::string probeSrunMpiList();
 /// The sbatch script for `job` (completed and resolved).
 std::string slurmScript(const SlurmJobSpec& job);
 
+/// Runs `sbatch --parsable SCRIPT` (bounded by a timeout) and returns the job id;
+/// throws Error with sbatch's own message when it fails.
+std::string submitSlurmScript(const std::string& script);
+
 /// A word for sh: single-quoted unless it is plainly safe.
 std::string shellQuote(const std::string& word);
 

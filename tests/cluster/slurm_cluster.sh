@@ -43,6 +43,14 @@ slurm_cluster_stop() {
   done
   for pid in ${SLURM_TEST_PIDS:-}; do kill -9 "$pid" 2>/dev/null; done
   SLURM_TEST_PIDS=""
+  # A step daemon (slurmstepd) still finishing outlives slurmd and ignores SIGTERM;
+  # ours are the processes holding files of this cluster's directory open.
+  if [ -n "${SLURM_TEST_DIR:-}" ]; then
+    for pid in $(find /proc/[0-9]*/fd -maxdepth 1 -lname "$SLURM_TEST_DIR/*" 2>/dev/null |
+      cut -d/ -f3 | sort -u); do
+      [ "$pid" != "$$" ] && [ "$pid" != "$BASHPID" ] && kill -9 "$pid" 2>/dev/null
+    done
+  fi
 }
 
 # usage: slurm_cluster_start DIR CPUS
