@@ -37,10 +37,21 @@ Result sh(const std::string& cmd) {
   return r;
 }
 
+/// Scratch directories, removed when the test process ends.
+struct ScratchDirs {
+  std::vector<fs::path> dirs;
+  ~ScratchDirs() {
+    std::error_code ec;
+    for (const auto& d : dirs) fs::remove_all(d, ec);
+  }
+};
+ScratchDirs g_scratch;
+
 fs::path tempDir(const std::string& name) {
   const auto dir = fs::temp_directory_path() / ("batchdist_slurm_test_" + name);
   fs::remove_all(dir);
   fs::create_directories(dir);
+  g_scratch.dirs.push_back(dir);
   return dir;
 }
 

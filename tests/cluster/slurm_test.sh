@@ -43,6 +43,7 @@ fail() {
   for f in "$dir"/out/*.out "$dir"/out/*.sbatch; do
     [ -f "$f" ] && { echo "--- $f ---"; grep -v '^epoch .* step' "$f" | tail -n 40; }
   done
+  echo "FAIL: $*"
   exit 1
 }
 
