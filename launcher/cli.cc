@@ -28,6 +28,31 @@ po::options_description describeOptions() {
   return opts;
 }
 
+po::options_description describeSlurmOptions() {
+  po::options_description opts("Slurm (batchdist slurm CONFIG.yaml ...; --output DIR holds the "
+                               "script, the job logs and one run directory per job id)");
+  opts.add_options()
+      ("nodes,N", po::value<int>(), "nodes (hosts) for the job [1]")
+      ("gpus-per-node", po::value<int>(),
+       "GPUs per node, one rank each (required); 0 = a CPU job with --tasks-per-node ranks")
+      ("tasks-per-node", po::value<int>(), "CPU jobs: ranks per node")
+      ("cpus-per-task", po::value<int>(), "CPU cores per rank (also sets train.threads)")
+      ("partition,p", po::value<std::string>(), "Slurm partition [the cluster's default]")
+      ("time,t", po::value<std::string>(), "time limit, Slurm's format (e.g. 2:00:00)")
+      ("signal-before", po::value<int>(),
+       "send SIGUSR1 this many seconds before the time limit, for a clean stop [120, or a "
+       "quarter of a shorter limit]")
+      ("job-name", po::value<std::string>(), "Slurm job name [batchdist-<config name>]")
+      ("launcher", po::value<std::string>(),
+       "srun, mpirun or auto: srun --mpi=pmix when `srun --mpi=list` has pmix, else mpirun "
+       "[auto]")
+      ("interface", po::value<std::string>(),
+       "network interface the nodes share, for the rendezvous and Open MPI (e.g. ib0)")
+      ("script", po::value<std::string>(), "where to write the script [DIR/<job name>.sbatch]")
+      ("submit", "submit the script with sbatch and print the job id");
+  return opts;
+}
+
 }  // namespace
 
 std::string usage() {
@@ -37,14 +62,20 @@ std::string usage() {
         "Usage:\n"
         "  mpirun -np N batchdist [train] CONFIG.yaml [options]   train on N ranks\n"
         "  batchdist plan CONFIG.yaml --world N [--json]          print the batch plan, no MPI\n"
-        "  mpirun -np N batchdist search CONFIG.yaml              only run the batch search\n\n"
+        "  mpirun -np N batchdist search CONFIG.yaml              only run the batch search\n"
+        "  batchdist slurm CONFIG.yaml --nodes N --gpus-per-node G [--partition P] [--time T]\n"
+        "                  [--submit]                             write (and submit) an sbatch script\n\n"
         "Verbs:\n"
         "  train   (default) rendezvous over c10d (NCCL on GPUs, Gloo on CPUs) and train\n"
         "  plan    global/per-GPU batch, accumulation, shards, drop/pad and scaled lr\n"
-        "  search  coordinated per-GPU batch search (batch.per_gpu: auto)\n\n"
-     << describeOptions()
+        "  search  coordinated per-GPU batch search (batch.per_gpu: auto)\n"
+        "  slurm   an sbatch script for this config: nodes, one rank per GPU, time limit,\n"
+        "          SIGUSR1 before it for a clean stop, srun --mpi=pmix or mpirun\n\n"
+     << describeOptions() << "\n"
+     << describeSlurmOptions()
      << "\nExit codes: 0 success, 1 runtime failure, 2 bad input (config, data, options).\n"
-        "Example: mpirun -np 2 batchdist configs/quickstart.yaml --set train.epochs=5\n";
+        "Example: mpirun -np 2 batchdist configs/quickstart.yaml --set train.epochs=5\n"
+        "         batchdist slurm train.yaml --nodes 2 --gpus-per-node 8 --time 4:00:00 --submit\n";
   return os.str();
 }
 
@@ -52,7 +83,7 @@ CliOptions parseCli(int argc, char** argv) {
   po::options_description hidden;
   hidden.add_options()("args", po::value<std::vector<std::string>>(), "");
   po::options_description all;
-  all.add(describeOptions()).add(hidden);
+  all.add(describeOptions()).add(describeSlurmOptions()).add(hidden);
   po::positional_options_description pos;
   pos.add("args", -1);
 
@@ -81,7 +112,8 @@ CliOptions parseCli(int argc, char** argv) {
 
   std::vector<std::string> args;
   if (vm.count("args")) args = vm["args"].as<std::vector<std::string>>();
-  if (!args.empty() && (args[0] == "train" || args[0] == "plan" || args[0] == "search")) {
+  if (!args.empty() && (args[0] == "train" || args[0] == "plan" || args[0] == "search" ||
+                        args[0] == "slurm")) {
     o.verb = args[0];
     args.erase(args.begin());
   }
@@ -97,6 +129,48 @@ CliOptions parseCli(int argc, char** argv) {
   if (o.world > 0 && o.verb != "plan") {
     throw ConfigError("command line: --world is for 'batchdist plan'; under mpirun the world "
                       "size is the number of ranks");
+  }
+  const auto slurm_opts = describeSlurmOptions();
+  for (const auto& opt : slurm_opts.options()) {
+    const std::string name = opt->long_name();
+    if (vm.count(name) && o.verb != "slurm") {
+      throw ConfigError(strCat("command line: --", name, " is for 'batchdist slurm' (", o.verb,
+                               " runs under the launcher you started it with); see "
+                               "batchdist --help"));
+    }
+  }
+  if (o.verb == "slurm") {
+    auto& j = o.slurm;
+    if (vm.count("nodes")) j.nodes = vm["nodes"].as<int>();
+    if (vm.count("gpus-per-node")) j.gpus_per_node = vm["gpus-per-node"].as<int>();
+    if (vm.count("tasks-per-node")) {
+      j.tasks_per_node = vm["tasks-per-node"].as<int>();
+      if (j.tasks_per_node < 1) {
+        throw ConfigError(strCat("command line: --tasks-per-node must be >= 1, got ",
+                                 j.tasks_per_node));
+      }
+    }
+    if (vm.count("cpus-per-task")) {
+      j.cpus_per_task = vm["cpus-per-task"].as<int>();
+      if (j.cpus_per_task < 1) {
+        throw ConfigError(strCat("command line: --cpus-per-task must be >= 1, got ",
+                                 j.cpus_per_task));
+      }
+    }
+    if (vm.count("partition")) j.partition = vm["partition"].as<std::string>();
+    if (vm.count("time")) j.time = vm["time"].as<std::string>();
+    if (vm.count("signal-before")) {
+      j.signal_before_s = vm["signal-before"].as<int>();
+      if (j.signal_before_s < 1) {
+        throw ConfigError(strCat("command line: --signal-before must be >= 1 second, got ",
+                                 j.signal_before_s));
+      }
+    }
+    if (vm.count("job-name")) j.job_name = vm["job-name"].as<std::string>();
+    if (vm.count("launcher")) j.launcher = vm["launcher"].as<std::string>();
+    if (vm.count("interface")) j.interface = vm["interface"].as<std::string>();
+    if (vm.count("script")) j.script = vm["script"].as<std::string>();
+    j.submit = vm.count("submit") > 0;
   }
   return o;
 }

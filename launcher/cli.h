@@ -1,13 +1,15 @@
 #pragma once
-// Command line: batchdist [train|plan|search] CONFIG.yaml [options].
+// Command line: batchdist [train|plan|search|slurm] CONFIG.yaml [options].
 
 #include <string>
 #include <vector>
 
+#include "launcher/slurm_script.h"
+
 namespace batchdist::launcher {
 
 struct CliOptions {
-  std::string verb = "train";  ///< train | plan | search
+  std::string verb = "train";  ///< train | plan | search | slurm
   std::string config;
   std::vector<std::string> sets;  ///< --set key.path=value
   std::string report;             ///< --report PATH
@@ -18,6 +20,9 @@ struct CliOptions {
   int world = 0;      ///< plan: --world N
   bool json = false;  ///< plan: --json
   bool research = false;
+  /// slurm: the job options (--nodes, --gpus-per-node, ...); paths are filled in
+  /// by the verb itself.
+  SlurmJobSpec slurm;
 };
 
 /// Parses argv. Throws ConfigError (exit code 2) for unknown options, missing or

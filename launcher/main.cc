@@ -4,6 +4,8 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+
 #include <atomic>
 #include <csignal>
 #include <cstring>
@@ -21,6 +23,7 @@
 #include "collective/torch_compat.h"
 #include "launcher/cli.h"
 #include "launcher/mpi_scope.h"
+#include "launcher/slurm_script.h"
 #include "worker/config.h"
 #include "worker/data.h"
 #include "worker/json.h"
@@ -72,12 +75,104 @@ at::Device pickDevice(const worker::Config& cfg, const MpiScope& mpi) {
   }
   const int gpus = static_cast<int>(torch::cuda::device_count());
   if (mpi.localSize() > gpus) {
-    throw ConfigError(strCat("host ", mpi.host(), " runs ", mpi.localSize(),
-                             " ranks but has only ", gpus,
-                             " visible GPU(s); start at most one rank per GPU (or set "
-                             "train.device: cpu)"));
+    throw ConfigError(strCat(
+        "host ", mpi.host(), " runs ", mpi.localSize(), " ranks but this rank sees only ", gpus,
+        " GPU(s); start at most one rank per GPU (or set train.device: cpu)",
+        std::getenv("SLURM_JOB_ID") != nullptr
+            ? ". Under Slurm, --gpus-per-task binds every task to its own GPU unless the step "
+              "has --gpu-bind=none (the script `batchdist slurm` writes passes it)"
+            : ""));
   }
   return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(mpi.localRank()));
+}
+
+/// `batchdist slurm`: checks the config for the job's world size, writes the
+/// sbatch script and, with --submit, submits it.
+int runSlurm(const CliOptions& cli) {
+  namespace fs = std::filesystem;
+  try {
+    // A bad config fails here, not after a wait in the queue.
+    const auto cfg = worker::loadConfig(cli.config, cli.sets);
+    SlurmJobSpec job = cli.slurm;
+    job.config = fs::absolute(cli.config).lexically_normal().string();
+    job.sets = cli.sets;
+    job.output = fs::absolute(cli.output).lexically_normal().string();
+    job.workdir = fs::current_path().string();
+    job.binary = fs::read_symlink("/proc/self/exe").string();
+    if (!job.script.empty()) job.script = fs::absolute(job.script).lexically_normal().string();
+    completeSlurmJob(job);
+    const int world = job.nodes * job.tasks_per_node;
+    if (job.gpus_per_node > 0 && cfg.train.device == "cpu") {
+      throw ConfigError(strCat(cfg.source, ": train.device: cpu, but --gpus-per-node ",
+                               job.gpus_per_node, " asks Slurm for GPUs; pass --gpus-per-node 0 "
+                               "--tasks-per-node T for a CPU job, or set train.device: auto"));
+    }
+    if (job.gpus_per_node == 0 && cfg.train.device == "cuda") {
+      throw ConfigError(strCat(cfg.source, ": train.device: cuda, but --gpus-per-node 0 is a CPU "
+                               "job; pass --gpus-per-node G"));
+    }
+    if (!job.interface.empty() && !cfg.dist.interface.empty() &&
+        cfg.dist.interface != job.interface) {
+      throw ConfigError(strCat(cfg.source, ": dist.interface: ", cfg.dist.interface,
+                               " wins over --interface ", job.interface, "; drop one of them"));
+    }
+    // The batch arithmetic must work for this world size (data permitting: it may
+    // live only on the compute nodes).
+    if (!cfg.batch.per_gpu_auto) {
+      std::optional<worker::DataInfo> info;
+      try {
+        info = worker::describeData(cfg.data, cfg.train.seed, dirOf(cli.config));
+      } catch (const Error& e) {
+        std::cout << "batchdist slurm: note: the data cannot be read here (" << e.what()
+                  << "); the batch plan is checked when the job starts\n";
+      }
+      if (info) {
+        try {
+          worker::makePlan(cfg, world, info->train_size, worker::modelHasBatchNorm(cfg.model));
+        } catch (const ConfigError& e) {
+          throw ConfigError(strCat("a job of ", job.nodes, " node(s) x ", job.tasks_per_node,
+                                   " rank(s) is world size ", world, ": ", e.what()));
+        }
+      }
+    }
+    resolveLauncher(job, job.launcher == "mpirun" ? std::string() : probeSrunMpiList());
+    fs::create_directories(job.output);
+    fs::create_directories(fs::path(job.script).parent_path());
+    worker::writeFileAtomic(job.script, slurmScript(job));
+    chmod(job.script.c_str(), 0755);
+    std::cout << "batchdist slurm: wrote " << job.script << "\n  " << job.nodes << " node(s) x "
+              << job.tasks_per_node << (job.gpus_per_node > 0 ? " GPU" : " CPU")
+              << " rank(s) = world size " << world << "; ranks started by "
+              << (job.launcher == "srun" ? "srun --mpi=pmix" : "mpirun") << " ("
+              << job.launcher_reason << ")\n";
+    if (!job.submit) {
+      std::cout << "  submit with: sbatch " << job.script << "\n";
+      return 0;
+    }
+    const std::string id = submitSlurmScript(job.script);
+    std::cout << "batchdist slurm: submitted batch job " << id << "\n  log " << job.output << "/"
+              << job.job_name << "-" << id << ".out, report " << job.output << "/" << id
+              << "/report.json\n";
+    return 0;
+  } catch (const Error& e) {
+    std::cerr << "batchdist: error: " << e.what() << std::endl;
+    return e.exitCode();
+  } catch (const std::exception& e) {  // the file system: no room, no permission
+    std::cerr << "batchdist: error: " << e.what() << std::endl;
+    return 1;
+  }
+}
+
+/// A problem with how srun started this task: every task exits 2, task 0 says why.
+int srunProblem(const std::string& problem) {
+  const char* procid = std::getenv("SLURM_PROCID");
+  if (procid == nullptr || std::string(procid) == "0") {
+    char host[256] = {};
+    gethostname(host, sizeof host - 1);
+    std::cerr << strCat("[task ", procid ? procid : "?", " host ", host, "] error: ", problem, "\n")
+              << std::flush;
+  }
+  return 2;
 }
 
 int runPlan(const CliOptions& cli) {
@@ -275,9 +370,10 @@ int runTrain(const CliOptions& cli, MpiScope& mpi) {
     const int sig = static_cast<int>(comm->allreduce(static_cast<double>(own_sig),
                                                      collective::ReduceOp::kMax));
     if (!result.completed && own_sig != 0) {
-      std::cerr << mpi.tag() << " received SIG" << sigabbrev_np(own_sig)
-                << ": stopped cleanly after step " << result.steps << "; rank 0 saves the model "
-                << "and the report" << std::endl;
+      std::cerr << strCat(mpi.tag(), " received SIG", sigabbrev_np(own_sig),
+                          ": stopped cleanly after step ", result.steps,
+                          "; rank 0 saves the model and the report\n")
+                << std::flush;
     }
 
     if (lead) {
@@ -355,12 +451,14 @@ int runTrain(const CliOptions& cli, MpiScope& mpi) {
     comm->barrier();
     if (!result.completed) return 128 + (sig ? sig : SIGTERM);
   } catch (const Error& e) {
-    std::cerr << mpi.tag() << " error: " << e.what() << std::endl;
+    // One write per message: the ranks' lines do not interleave under mpirun.
+    std::cerr << strCat(mpi.tag(), " error: ", e.what(), "\n") << std::flush;
     mpi.abort(e.exitCode());
   } catch (const std::exception& e) {
     std::string what = e.what();
-    std::cerr << mpi.tag() << " error: " << what.substr(0, what.find("\nException raised from"))
-              << std::endl;
+    std::cerr << strCat(mpi.tag(), " error: ", what.substr(0, what.find("\nException raised from")),
+                        "\n")
+              << std::flush;
     mpi.abort(1);
   }
   return 0;
@@ -390,6 +488,17 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (cli.verb == "plan") return launcher::runPlan(cli);
+  if (cli.verb == "slurm") return launcher::runSlurm(cli);
+  // srun without a process manager would start N singletons: say so before
+  // MPI_Init (Open MPI aborts in it) and, for other MPIs, after it.
+  const launcher::EnvLookup env = [](const char* name) { return std::getenv(name); };
+  if (std::getenv("SLURM_STEP_ID") != nullptr) {
+    const auto problem = launcher::srunLaunchProblem(env, launcher::mpiSlurmPmiSupport());
+    if (!problem.empty()) return launcher::srunProblem(problem);
+  }
   launcher::MpiScope mpi(&argc, &argv);
+  if (const auto problem = launcher::srunWorldProblem(env, mpi.size()); !problem.empty()) {
+    return launcher::srunProblem(problem);
+  }
   return launcher::runTrain(cli, mpi);
 }

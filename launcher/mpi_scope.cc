@@ -46,7 +46,7 @@ int MpiScope::agreeOnError(int code, const std::string& message) {
   int worst = 0;
   MPI_Allreduce(&mine[1], &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   if (rank_ == first) {
-    std::cerr << tag() << " error: " << message << std::endl;
+    std::cerr << tag() + " error: " + message + "\n" << std::flush;
   }
   return worst;
 }
