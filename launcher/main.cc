@@ -1,6 +1,7 @@
 // batchdist: main(). Parses the command line, opens the MPI scope, and turns
 // every failure into one clear message and a non-zero exit of the whole job.
 
+#include <sched.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -44,6 +45,15 @@ namespace {
 std::atomic<int> g_stop_signal{0};
 
 extern "C" void onStopSignal(int sig) { g_stop_signal.store(sig); }
+
+/// CPUs this process may run on (its affinity mask: cgroups, taskset, Slurm's
+/// --cpus-per-task), not the machine's core count.
+int usableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
 
 void installStopHandlers() {
   struct sigaction sa {};
@@ -298,6 +308,10 @@ worker::SearchResult searchBatch(const CliOptions& cli, const worker::Config& cf
 
 int runTrain(const CliOptions& cli, MpiScope& mpi) {
   const bool lead = mpi.rank() == 0;
+  // From the start, so that a signal during set-up or the batch search is not
+  // fatal: it is honoured at the first training step (rank 0 still writes the
+  // report and the model).
+  installStopHandlers();
   worker::Config cfg;
   worker::DataSplit data;
   worker::Plan plan;
@@ -320,7 +334,7 @@ int runTrain(const CliOptions& cli, MpiScope& mpi) {
   try {
     const int threads = cfg.train.threads > 0
                             ? static_cast<int>(cfg.train.threads)
-                            : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
+                            : std::max(1, usableCpus() /
                                               mpi.localSize());
     torch::set_num_threads(threads);
     if (device.is_cuda()) compat::setCudaDevice(device.index());
@@ -363,7 +377,6 @@ int runTrain(const CliOptions& cli, MpiScope& mpi) {
     worker::Trainer trainer(cfg, *comm, data, device, plan, dirOf(cli.config));
     console.line(strCat("model: ", trainer.model().describe(), ", precision ", cfg.train.precision,
                         cfg.model.sync_batchnorm ? ", synchronised BatchNorm" : ""));
-    installStopHandlers();
     const auto result = trainer.train(console, [] { return g_stop_signal.load() != 0; });
     // The signal may have reached only some ranks; all learn which (once per run).
     const int own_sig = g_stop_signal.load();
