@@ -1,30 +1,19 @@
 // The real binary, as a user runs it: exit codes and messages for good and bad input.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <yaml-cpp/yaml.h>
 
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
+#include "command.h"
+
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out;  // stdout and stderr together
-};
+using Result = batchdist::testsupport::CommandResult;
+using batchdist::testsupport::expectCleanError;
 
 Result run(const std::string& args, const std::string& prefix = "") {
-  const std::string cmd = prefix + std::string(BATCHDIST_BIN) + " " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
+  return batchdist::testsupport::runCommand(prefix + std::string(BATCHDIST_BIN) + " " + args);
 }
 
 std::string mpirun(int np) {
@@ -40,20 +29,6 @@ std::string writeConfig(const std::string& name, const std::string& text) {
 }
 
 const std::string kQuickstart = std::string(BATCHDIST_SOURCE_DIR) + "/configs/quickstart.yaml";
-
-/// A bad-input run: exit code 2, the expected message once, no crash output.
-void expectCleanError(const Result& r, const std::string& message) {
-  EXPECT_EQ(r.code, 2) << r.out;
-  const auto at = r.out.find(message);
-  EXPECT_NE(at, std::string::npos) << "missing '" << message << "' in:\n" << r.out;
-  if (at != std::string::npos) {
-    EXPECT_EQ(r.out.find(message, at + 1), std::string::npos) << "printed twice:\n" << r.out;
-  }
-  for (const char* crash : {"terminate called", "Aborted", "Segmentation", "Exception raised from",
-                            "core dumped", "what():"}) {
-    EXPECT_EQ(r.out.find(crash), std::string::npos) << crash << " in:\n" << r.out;
-  }
-}
 
 }  // namespace
 
