@@ -13,6 +13,7 @@
 
 #include "collective/error.h"
 #include "worker/plan.h"
+#include "worker/util.h"
 
 extern "C" const char batchdist_digits_begin[];
 extern "C" const char batchdist_digits_end[];
@@ -24,12 +25,6 @@ int64_t product(const std::vector<int64_t>& v) {
   return std::accumulate(v.begin(), v.end(), int64_t{1}, std::multiplies<int64_t>());
 }
 
-std::string shapeText(const std::vector<int64_t>& v) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + "]";
-}
-
 std::string readFile(const std::string& path, const char* key) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
@@ -39,11 +34,6 @@ std::string readFile(const std::string& path, const char* key) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
-}
-
-std::string resolvePath(const std::string& path, const std::string& base_dir) {
-  if (path.empty() || path[0] == '/' || base_dir.empty()) return path;
-  return base_dir + "/" + path;
 }
 
 Dataset synthetic(const DataConfig& cfg, int64_t seed) {

@@ -6,15 +6,10 @@
 #include <chrono>
 
 #include "collective/error.h"
+#include "worker/util.h"
 #include "collective/torch_compat.h"
 
 namespace batchdist::worker {
-namespace {
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-}  // namespace
-
 Transform Transform::fromConfig(const DataConfig& cfg, bool training) {
   Transform t;
   if (training) {
@@ -160,7 +155,7 @@ void Loader::work() {
 }
 
 Batch Loader::next() {
-  const double t0 = now();
+  const double t0 = monotonicSeconds();
   Batch b;
   int64_t index = 0;
   if (threads_.empty()) {
@@ -183,7 +178,7 @@ Batch Loader::next() {
     ready_.erase(consumed_++);
     cv_.notify_all();
   }
-  wait_s_ += now() - t0;
+  wait_s_ += monotonicSeconds() - t0;
   b = toDevice(std::move(b));
   if (opts_.device.is_cuda() && opts_.transform.any()) {
     const uint64_t seed = opts_.seed * 1000003ull + static_cast<uint64_t>(epoch_) * 7919ull +

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "collective/error.h"
+#include "worker/util.h"
 
 namespace batchdist::worker {
 namespace nn = torch::nn;
@@ -28,12 +29,6 @@ std::vector<torch::Tensor> Model::state() const {
 }
 
 namespace {
-
-std::string shapeText(const std::vector<int64_t>& v) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + "]";
-}
 
 std::string countText(int64_t n) {
   char buf[32];
@@ -326,11 +321,6 @@ std::string essence(const std::string& what) {
   return lines.back();
 }
 
-std::string resolve(const std::string& path, const std::string& base_dir) {
-  if (path.empty() || path[0] == '/' || base_dir.empty()) return path;
-  return base_dir + "/" + path;
-}
-
 torch::jit::Module loadScript(const std::string& path) {
   if (!std::filesystem::exists(path)) {
     throw ConfigError(strCat("model.path: no such file '", path, "'"));
@@ -381,7 +371,7 @@ std::unique_ptr<Model> buildModel(const ModelConfig& cfg, const std::vector<int6
                                   collective::Communicator* comm) {
   collective::Communicator* sync = cfg.sync_batchnorm ? comm : nullptr;
   if (cfg.name == "torchscript") {
-    const auto path = resolve(cfg.path, base_dir);
+    const auto path = resolvePath(cfg.path, base_dir);
     return checked(std::make_unique<ScriptModel>(loadScript(path), path), shape, classes,
                    "model.path: " + path);
   }
@@ -437,7 +427,7 @@ std::unique_ptr<Model> buildModel(const ModelConfig& cfg, const std::vector<int6
 
 bool modelHasBatchNorm(const ModelConfig& cfg, const std::string& base_dir) {
   if (cfg.name == "torchscript") {
-    ScriptModel m(loadScript(resolve(cfg.path, base_dir)), cfg.path);
+    ScriptModel m(loadScript(resolvePath(cfg.path, base_dir)), cfg.path);
     return m.hasBatchNorm();
   }
   if (cfg.name == "resnet18" || cfg.name == "resnet50") return true;

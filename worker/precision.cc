@@ -47,13 +47,12 @@ bool LossScaler::update(bool found_inf) {
 }
 
 bool unscaleOrSkip(LossScaler& scaler, const std::vector<at::Tensor>& params) {
-  bool found_inf = false;
+  // One reduction and one device-to-host read for the whole model, not one per tensor.
+  std::vector<at::Tensor> finite;
   for (const auto& p : params) {
-    if (p.grad().defined() && !at::isfinite(p.grad()).all().item<bool>()) {
-      found_inf = true;
-      break;
-    }
+    if (p.grad().defined()) finite.push_back(at::isfinite(p.grad()).all());
   }
+  const bool found_inf = !finite.empty() && !at::stack(finite).all().item<bool>();
   const double scale = scaler.scale();
   if (!scaler.update(found_inf)) return false;
   at::NoGradGuard no_grad;

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "collective/error.h"
+#include "worker/util.h"
 #include "collective/torch_compat.h"
 #include "worker/json.h"
 #include "worker/plan.h"
@@ -22,10 +23,6 @@
 
 namespace batchdist::worker {
 namespace {
-
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 /// Timed steps per rank the re-measuring phase may bring the search up to.
 constexpr int64_t kStepBudget = 40;
@@ -165,7 +162,7 @@ Candidate BatchSearch::agree(int64_t per_gpu, int64_t accum, const Measurement& 
 SearchResult BatchSearch::run(Console* console) {
   const auto& s = cfg_.search;
   const int64_t W = comm_.size();
-  const double t0 = now();
+  const double t0 = monotonicSeconds();
   SearchResult r;
   r.objective = s.objective;
   r.tolerance = s.tolerance;
@@ -330,7 +327,7 @@ SearchResult BatchSearch::run(Console* console) {
   const auto& pick = chooseCandidate(r.candidates, s.objective, s.tolerance, &r.why);
   r.chosen = pick.per_gpu;
   r.chosen_accum = pick.accum;
-  r.seconds = now() - t0;
+  r.seconds = monotonicSeconds() - t0;
   return r;
 }
 
@@ -387,7 +384,7 @@ class TrainStepMeasurer : public Measurer {
     std::vector<double> step_secs;
     for (int64_t i = 0; i < total; ++i) {
       if (i >= warm) synchronize();
-      const double t = now();
+      const double t = monotonicSeconds();
       const int64_t step = i % plan.steps_per_epoch;
       if (out.fail == FailKind::kNone) {
         try {
@@ -407,7 +404,7 @@ class TrainStepMeasurer : public Measurer {
       if (out.fail == FailKind::kNone) trainer_->applyUpdate(plan.lr);
       if (i >= warm) {
         synchronize();
-        step_secs.push_back(now() - t);
+        step_secs.push_back(monotonicSeconds() - t);
       }
     }
     out.peak_mb = peakMb();

@@ -6,15 +6,12 @@
 #include <iostream>
 
 #include "collective/error.h"
+#include "worker/util.h"
 #include "collective/torch_compat.h"
 #include "worker/gpu_monitor.h"
 
 namespace batchdist::worker {
 namespace {
-
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 double pct(double part, double whole) { return whole > 0 ? 100.0 * part / whole : 0.0; }
 
@@ -49,7 +46,7 @@ void Console::line(const std::string& s) {
 
 void Console::status(const std::string& s) {
   if (!enabled_) return;
-  const double t = now();
+  const double t = monotonicSeconds();
   if (tty_) {
     if (t - last_plain_ < 0.2) return;  // a terminal needs no more than 5 updates a second
     std::cout << "\r\033[K" << s << std::flush;
@@ -130,11 +127,12 @@ double Trainer::computeGradients(int64_t real) {
   optimizer_->zeroGrad();
   const double denom = static_cast<double>(std::max<int64_t>(1, real));
   const double scale = scaler_ ? scaler_->scale() : 1.0;
-  double loss_sum = 0;
+  // Summed on the device, read once per step: no host sync per micro-batch.
+  torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device_));
   for (int64_t k = 0; k < plan_.accum; ++k) {
-    const double t0 = now();
+    const double t0 = monotonicSeconds();
     const auto batch = loader_->next();
-    const double t1 = now();
+    const double t1 = monotonicSeconds();
     time_.data_wait += t1 - t0;
     if (batch.x.size(0) == 0) continue;  // only under last_batch: keep
     torch::Tensor out;
@@ -147,10 +145,10 @@ double Trainer::computeGradients(int64_t real) {
         torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
     auto weighted = (per_sample * batch.w).sum();
     (weighted * (scale / denom)).backward();
-    loss_sum += weighted.item<double>();
-    time_.compute += now() - t1;
+    loss_sum += weighted.detach().to(torch::kDouble);
+    time_.compute += monotonicSeconds() - t1;
   }
-  return loss_sum;
+  return loss_sum.item<double>();
 }
 
 void Trainer::clearGradients() {
@@ -161,7 +159,7 @@ void Trainer::syncGradients(bool* stop) {
   // Timed with device synchronisation around it: what remains is the exposed
   // communication (nothing overlaps it yet).
   synchronize();
-  const double t0 = now();
+  const double t0 = monotonicSeconds();
   if (!stop) {
     sync_->sumGradients();
   } else {
@@ -170,18 +168,18 @@ void Trainer::syncGradients(bool* stop) {
     *stop = flag > 0.5;
   }
   synchronize();
-  time_.comm += now() - t0;
+  time_.comm += monotonicSeconds() - t0;
 }
 
 void Trainer::applyUpdate(double lr) {
-  const double t0 = now();
+  const double t0 = monotonicSeconds();
   // fp16: gradients are already summed over ranks, so every rank reaches the same verdict.
   if (scaler_ && !unscaleOrSkip(*scaler_, model_->parameters())) {
-    time_.compute += now() - t0;
+    time_.compute += monotonicSeconds() - t0;
     return;  // skipped: the scale backed off
   }
   optimizer_->step(lr);
-  time_.compute += now() - t0;
+  time_.compute += monotonicSeconds() - t0;
 }
 
 EvalResult Trainer::evaluate() {
@@ -267,14 +265,14 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
   double util_sum = 0;
   int64_t util_n = 0;
   takeTime();
-  const double t0 = now();
+  const double t0 = monotonicSeconds();
   int64_t global_step = 0;
   double train_time = 0;
   for (int64_t epoch = 0; epoch < plan_.epochs && global_step < plan_.total_steps; ++epoch) {
     sharder.setEpoch(epoch);
     const int64_t steps = std::min(plan_.steps_per_epoch, plan_.total_steps - global_step);
     loader_->start(jobs(sharder, 0, steps), epoch);
-    const double te = now();
+    const double te = monotonicSeconds();
     double loss_sum = 0;
     int64_t samples = 0;
     TimeBreakdown epoch_time;
@@ -293,9 +291,9 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
         }
       }
       if (console.enabled()) {
-        const double dt = now() - te;
+        const double dt = monotonicSeconds() - te;
         const double rate = samples / std::max(dt, 1e-9);
-        const double run_rate = (now() - t0) / global_step;
+        const double run_rate = (monotonicSeconds() - t0) / global_step;
         std::string extra = strCat("  data ", formatFixed(pct(epoch_time.data_wait, epoch_time.total()), 0),
                                    "% comm ", formatFixed(pct(epoch_time.comm, epoch_time.total()), 0), "%");
         if (device_.is_cuda()) {
@@ -310,7 +308,7 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
                               formatDuration(run_rate * (plan_.total_steps - global_step))));
       }
     }
-    const double train_secs = now() - te;
+    const double train_secs = monotonicSeconds() - te;
     train_time += train_secs;
     result.time.add(epoch_time);
     const double train_loss =
@@ -318,7 +316,7 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
     if (cfg_.train.check_finite) checkHealth(epoch);
     const auto ev = evaluate();
     EpochStats st{epoch, train_loss, ev.loss, ev.accuracy, samples / std::max(train_secs, 1e-9),
-                  now() - te};
+                  monotonicSeconds() - te};
     result.history.push_back(st);
     result.samples += samples;
     console.line(strCat("epoch ", epoch + 1, "/", plan_.epochs, "  train_loss ",
@@ -335,7 +333,7 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
   }
   result.steps = global_step;
   result.epochs = static_cast<int64_t>(result.history.size());
-  result.wall_s = now() - t0;
+  result.wall_s = monotonicSeconds() - t0;
   if (!result.history.empty()) {
     const auto& last = result.history.back();
     result.train_loss = last.train_loss;

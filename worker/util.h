@@ -1,0 +1,29 @@
+#pragma once
+// Small helpers several worker files share.
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace batchdist::worker {
+
+/// Seconds on a monotonic clock (for durations only).
+inline double monotonicSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+/// "[3, 32, 32]".
+inline std::string shapeText(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+/// `path` relative to `base_dir` (the config file's directory) unless absolute.
+inline std::string resolvePath(const std::string& path, const std::string& base_dir) {
+  if (path.empty() || path[0] == '/' || base_dir.empty()) return path;
+  return base_dir + "/" + path;
+}
+
+}  // namespace batchdist::worker
