@@ -68,7 +68,7 @@ TEST(Cli, UnknownKeyWrongTypeNegativeBatch) {
 TEST(Cli, MissingFiles) {
   expectCleanError(run("/no/such/config.yaml"), "/no/such/config.yaml: cannot open config file");
   expectCleanError(run(kQuickstart + " -q --set data.name=csv --set data.path=/no/such.csv"),
-                   "cannot open data file '/no/such.csv'");
+                   "/no/such.csv: cannot open data file (data.path) (No such file or directory)");
 }
 
 TEST(Cli, UnavailableBackendListsWhatThisBuildHas) {
@@ -173,7 +173,7 @@ TEST(Cli, RanksWithDifferentConfigsAreToldWhatDiffers) {
                      mpirun(1));
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("[rank 1/2 host "), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("config differs from rank 0's: model.hidden = [32] here, [128, 64] on rank 0"),
+  EXPECT_NE(r.out.find("config differs from rank 0's: model.hidden = [32] here, [128,64] on rank 0"),
             std::string::npos)
       << r.out;
 }
@@ -200,5 +200,6 @@ TEST(Cli, Resnet18Cifar10ConfigPlansAgainstCifarFiles) {
   EXPECT_EQ(j["steps_per_epoch"].as<int>(), 5);
   // Without the files: a clear error naming the file it looked for.
   expectCleanError(run("plan " + cfg + " --world 2"),
-                   "cifar-10-batches-bin/data_batch_1.bin' (No such file or directory)");
+                   "cifar-10-batches-bin/data_batch_1.bin: cannot open data file (data.path) (No such file "
+                   "or directory)");
 }

@@ -4,7 +4,7 @@
 #include <filesystem>
 
 #include "collective/error.h"
-#include "worker/config.h"
+#include "worker/config/config.h"
 
 using batchdist::ConfigError;
 using namespace batchdist::worker;
@@ -25,12 +25,12 @@ std::string errorOf(const std::string& yaml, const std::vector<std::string>& set
 
 TEST(Config, DefaultsFromEmptyFile) {
   const auto cfg = parseConfig("", "empty.yaml");
-  EXPECT_EQ(cfg.model.name, "mlp");
-  EXPECT_EQ(cfg.data.name, "digits");
+  EXPECT_STREQ(toString(cfg.model.name), "mlp");
+  EXPECT_STREQ(toString(cfg.data.name), "digits");
   EXPECT_EQ(cfg.batch.global, 0);
   EXPECT_EQ(cfg.batch.last_batch, LastBatch::kDrop);
-  EXPECT_EQ(cfg.optim.name, "sgd");
-  EXPECT_EQ(cfg.dist.backend, "auto");
+  EXPECT_STREQ(toString(cfg.optim.name), "sgd");
+  EXPECT_STREQ(toString(cfg.dist.backend), "auto");
   EXPECT_EQ(cfg.train.epochs, 10);
 }
 
@@ -44,7 +44,7 @@ train: {epochs: 3, seed: 7}
 dist: {backend: gloo, timeout_s: 30, interface: lo}
 )",
                                "t.yaml");
-  EXPECT_EQ(cfg.model.name, "cnn");
+  EXPECT_STREQ(toString(cfg.model.name), "cnn");
   EXPECT_EQ(cfg.model.channels, (std::vector<int64_t>{8, 16}));
   EXPECT_FALSE(cfg.model.batchnorm);
   EXPECT_EQ(cfg.data.samples, 1000);
@@ -129,7 +129,7 @@ TEST(Config, BadSetIsNamedAsSet) {
 
 TEST(Config, ResolvedConfigIsJsonWithEveryKey) {
   const auto cfg = parseConfig("batch: {global: 64}\n", "t.yaml");
-  const auto node = YAML::Load(resolvedJson(cfg));
+  const auto node = YAML::Load(cfg.resolved.dump());
   EXPECT_EQ(node["batch"]["global"].as<int>(), 64);
   EXPECT_EQ(node["optim"]["name"].as<std::string>(), "sgd");
   EXPECT_EQ(node["dist"]["timeout_s"].as<double>(), 300);

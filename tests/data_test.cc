@@ -1,8 +1,8 @@
 #include <gtest/gtest.h>
 
 #include "collective/error.h"
-#include "worker/data.h"
-#include "worker/model.h"
+#include "worker/data/data.h"
+#include "worker/model/model.h"
 
 using batchdist::ConfigError;
 using namespace batchdist::worker;
@@ -56,7 +56,7 @@ TEST(Data, CsvErrorsNameLineAndColumn) {
 
 TEST(Data, MissingFileIsAConfigError) {
   DataConfig cfg;
-  cfg.name = "csv";
+  cfg.name = DataName::kCsv;
   cfg.path = "no/such/file.csv";
   try {
     loadData(cfg, 0, "/tmp");
@@ -68,7 +68,7 @@ TEST(Data, MissingFileIsAConfigError) {
 
 TEST(Data, SyntheticIsDeterministic) {
   DataConfig cfg;
-  cfg.name = "synthetic";
+  cfg.name = DataName::kSynthetic;
   cfg.samples = 100;
   cfg.shape = {3, 4};
   cfg.classes = 5;
@@ -89,7 +89,7 @@ TEST(Model, ShapesAndBatchNormDetection) {
   mlp.batchnorm = false;
   EXPECT_FALSE(buildModel(mlp, {64}, 10)->hasBatchNorm());
   ModelConfig cnn;
-  cnn.name = "cnn";
+  cnn.name = ModelName::kCnn;
   auto c = buildModel(cnn, {1, 8, 8}, 10);
   EXPECT_EQ(c->forward(torch::randn({4, 1, 8, 8})).sizes(), (std::vector<int64_t>{4, 10}));
   EXPECT_THROW(buildModel(cnn, {64}, 10), ConfigError);

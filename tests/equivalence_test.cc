@@ -6,7 +6,7 @@
 #include <map>
 
 #include "mpi_helpers.h"
-#include "worker/trainer.h"
+#include "worker/train/trainer.h"
 
 using namespace batchdist;
 using namespace batchdist::worker;

@@ -2,8 +2,9 @@
 
 #include <cmath>
 
-#include "worker/model.h"
-#include "worker/plan.h"
+#include "worker/model/model.h"
+#include "worker/model/optimizer.h"
+#include "worker/plan/plan.h"
 
 using namespace batchdist::worker;
 

@@ -6,8 +6,11 @@
 
 #include "mpi_helpers.h"
 #include "simulated_measurer.h"
-#include "worker/search.h"
-#include "worker/trainer.h"
+#include "worker/common/console.h"
+#include "worker/search/output.h"
+#include "worker/search/search.h"
+#include "worker/train/step_measurer.h"
+#include "worker/train/trainer.h"
 
 using namespace batchdist;
 using namespace batchdist::worker;

@@ -7,7 +7,10 @@
 #include "collective/process_group.h"
 #include "collective/torch_compat.h"
 #include "simulated_measurer.h"
-#include "worker/search.h"
+#include "worker/search/cache.h"
+#include "worker/search/output.h"
+#include "worker/search/search.h"
+#include "worker/train/memory.h"
 
 using namespace batchdist;
 using namespace batchdist::worker;
@@ -68,31 +71,31 @@ std::vector<SearchResult> searchOnThreads(const Config& cfg,
 TEST(SearchRule, PlateauPicksTheSmallestNearPeak) {
   const std::vector<Candidate> c{ok(8, 100), ok(16, 180), ok(32, 290), ok(64, 300), ok(128, 302)};
   std::string why;
-  EXPECT_EQ(chooseCandidate(c, "throughput", 0.05, &why).per_gpu, 32);
+  EXPECT_EQ(chooseCandidate(c, Objective::kThroughput, 0.05, &why).per_gpu, 32);
   EXPECT_NE(why.find("smallest within 5 %"), std::string::npos) << why;
-  EXPECT_EQ(chooseCandidate(c, "throughput", 0.0).per_gpu, 128);
-  EXPECT_EQ(chooseCandidate(c, "max_fit", 0.05).per_gpu, 128);
+  EXPECT_EQ(chooseCandidate(c, Objective::kThroughput, 0.0).per_gpu, 128);
+  EXPECT_EQ(chooseCandidate(c, Objective::kMaxFit, 0.05).per_gpu, 128);
 }
 
 TEST(SearchRule, MonotoneCurvePicksTheBest) {
   const std::vector<Candidate> c{ok(8, 100), ok(16, 200), ok(32, 400), bad(64, "out of memory on rank 0", 900)};
-  EXPECT_EQ(chooseCandidate(c, "throughput", 0.05).per_gpu, 32);
-  EXPECT_EQ(chooseCandidate(c, "max_fit", 0.05).per_gpu, 32);
+  EXPECT_EQ(chooseCandidate(c, Objective::kThroughput, 0.05).per_gpu, 32);
+  EXPECT_EQ(chooseCandidate(c, Objective::kMaxFit, 0.05).per_gpu, 32);
 }
 
 TEST(SearchRule, NoisyCurveIgnoresFailuresAndDips) {
   // A dip at 32 and a failure in the middle do not confuse the rule.
   const std::vector<Candidate> c{ok(8, 100), ok(16, 250), ok(32, 180), ok(48, 262),
                                  bad(56, "over memory budget on rank 1", 990), ok(24, 240)};
-  EXPECT_EQ(chooseCandidate(c, "throughput", 0.05).per_gpu, 16);
-  EXPECT_EQ(chooseCandidate(c, "max_fit", 0.05).per_gpu, 48);
+  EXPECT_EQ(chooseCandidate(c, Objective::kThroughput, 0.05).per_gpu, 16);
+  EXPECT_EQ(chooseCandidate(c, Objective::kMaxFit, 0.05).per_gpu, 48);
 }
 
 TEST(SearchRule, AllFailNamesTheSmallestSizeAndTheMemorySeen) {
   const std::vector<Candidate> c{bad(16, "out of memory on rank 1", 2048.4),
                                  bad(8, "out of memory on rank 1", 1500.2)};
   try {
-    chooseCandidate(c, "throughput", 0.05);
+    chooseCandidate(c, Objective::kThroughput, 0.05);
     FAIL();
   } catch (const Error& e) {
     const std::string msg = e.what();
@@ -187,7 +190,7 @@ TEST(Search, JsonSvgAndTable) {
   SearchResult r;
   r.candidates = {ok(8, 100, 120), ok(16, 190, 140), bad(32, "out of memory on rank 0", 400)};
   r.chosen = 16;
-  r.objective = "throughput";
+  r.objective = Objective::kThroughput;
   r.memory_budget_mb = 300;
   const auto svg = searchSvg(r);
   EXPECT_NE(svg.find("<svg"), std::string::npos);
@@ -199,12 +202,12 @@ TEST(Search, JsonSvgAndTable) {
   const auto key = "k";
   const auto path = ::testing::TempDir() + "/search_cache_test.json";
   writeSearchCache(path, key, r);
-  const auto back = readSearchCache(path, key);
+  const auto back = readSearchCache(path, key).result;
   ASSERT_TRUE(back.has_value());
   EXPECT_TRUE(back->cached);
   EXPECT_EQ(back->chosen, 16);
   EXPECT_EQ(back->candidates.size(), 3u);
-  EXPECT_FALSE(readSearchCache(path, "other key").has_value());
+  EXPECT_FALSE(readSearchCache(path, "other key").result.has_value());
 }
 
 TEST(Search, PeakRssResetsAndTracksAllocations) {

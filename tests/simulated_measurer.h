@@ -5,7 +5,7 @@
 #include <cmath>
 #include <string>
 
-#include "worker/search.h"
+#include "worker/search/search.h"
 
 namespace batchdist::testsupport {
 

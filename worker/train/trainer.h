@@ -12,72 +12,18 @@
 
 #include "collective/communicator.h"
 #include "collective/grad_sync.h"
-#include "worker/config.h"
-#include "worker/data.h"
-#include "worker/loader.h"
-#include "worker/model.h"
-#include "worker/plan.h"
-#include "worker/precision.h"
+#include "worker/config/config.h"
+#include "worker/data/data.h"
+#include "worker/data/loader.h"
+#include "worker/model/model.h"
+#include "worker/plan/plan.h"
+#include "worker/model/optimizer.h"
+#include "worker/model/precision.h"
+#include "worker/train/result.h"
 
 namespace batchdist::worker {
 
-/// Rank-0 console output: transient status lines on a terminal, plain lines otherwise.
-class Console {
- public:
-  Console(bool enabled, bool tty) : enabled_(enabled), tty_(tty) {}
-  bool enabled() const { return enabled_; }
-  /// A line that stays.
-  void line(const std::string& s);
-  /// A progress line: overwritten in place on a terminal, printed every few seconds otherwise.
-  void status(const std::string& s);
-
- private:
-  bool enabled_;
-  bool tty_;
-  bool pending_ = false;
-  double last_plain_ = -1e9;
-};
-
-/// Where a step's time goes (seconds, this rank).
-struct TimeBreakdown {
-  double data_wait = 0;  ///< blocked waiting for the loader
-  double compute = 0;    ///< forward, backward, optimizer
-  double comm = 0;       ///< exposed gradient communication
-  double total() const { return data_wait + compute + comm; }
-  void add(const TimeBreakdown& o) {
-    data_wait += o.data_wait;
-    compute += o.compute;
-    comm += o.comm;
-  }
-};
-
-struct EpochStats {
-  int64_t epoch = 0;
-  double train_loss = 0;
-  double eval_loss = 0;
-  double eval_accuracy = 0;
-  double samples_per_s = 0;
-  double seconds = 0;
-};
-
-struct TrainResult {
-  int64_t steps = 0;
-  int64_t epochs = 0;
-  int64_t samples = 0;  ///< real (weight 1) samples trained on, all ranks
-  double samples_per_s = 0;
-  double train_loss = 0;
-  double eval_loss = 0;
-  double eval_accuracy = 0;
-  double wall_s = 0;
-  bool completed = true;     ///< false if a stop request ended the run early
-  TimeBreakdown time;        ///< summed over the run, this rank (rank 0 reports)
-  double peak_memory_mb = 0; ///< CUDA allocator peak (0 on CPU)
-  double memory_total_mb = 0;
-  double gpu_utilization = -1;  ///< mean NVML utilization in %, -1 if unknown
-  int64_t skipped_steps = 0; ///< fp16: steps skipped for inf/NaN gradients
-  double loss_scale = 0;     ///< fp16: final loss scale
-  std::vector<EpochStats> history;
-};
+class Console;
 
 struct EvalResult {
   double loss = 0;
@@ -90,7 +36,7 @@ class Trainer {
   /// Builds the model (seeded, identical on every rank; rank 0's state is
   /// broadcast anyway), the optimizer and the loader. Collective.
   Trainer(const Config& cfg, collective::Communicator& comm, const DataSplit& data,
-          at::Device device, const Plan& plan, const std::string& base_dir = "");
+          at::Device device, const Plan& plan);
   ~Trainer();
 
   const Plan& plan() const { return plan_; }
@@ -156,16 +102,5 @@ class Trainer {
   Transform eval_transform_;
   TimeBreakdown time_;
 };
-
-/// Fixed-point text with `digits` decimals.
-std::string formatFixed(double v, int digits);
-
-/// "1:02:03" / "2:03".
-std::string formatDuration(double seconds);
-
-/// The end-of-run diagnosis (rank 0): one line per finding, each quoting the
-/// numbers it rests on. Empty when nothing stands out.
-std::vector<std::string> diagnose(const Config& cfg, const TrainResult& r, at::Device device,
-                                  const std::string& device_name);
 
 }  // namespace batchdist::worker

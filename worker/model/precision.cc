@@ -1,4 +1,4 @@
-#include "worker/precision.h"
+#include "worker/model/precision.h"
 
 #include <ATen/ATen.h>
 
@@ -7,16 +7,17 @@
 
 namespace batchdist::worker {
 
-void checkPrecision(const std::string& precision, const at::Device& device) {
-  if (precision == "fp16" && !device.is_cuda()) {
-    throw ConfigError("train.precision: fp16 autocast needs a CUDA device; on the CPU use bf16");
+void checkPrecision(Precision precision, const at::Device& device, const std::string& source) {
+  if (precision == Precision::kFp16 && !device.is_cuda()) {
+    throw keyError(source, "train.precision",
+                   "fp16 autocast needs a CUDA device; on the CPU use bf16");
   }
 }
 
-AutocastScope::AutocastScope(const at::Device& device, const std::string& precision)
+AutocastScope::AutocastScope(const at::Device& device, Precision precision)
     : type_(device.type()) {
-  if (precision == "fp32") return;
-  compat::setAutocast(type_, true, precision == "bf16" ? at::kBFloat16 : at::kHalf);
+  if (precision == Precision::kFp32) return;
+  compat::setAutocast(type_, true, precision == Precision::kBf16 ? at::kBFloat16 : at::kHalf);
   at::autocast::increment_nesting();
   active_ = true;
 }

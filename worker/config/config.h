@@ -2,25 +2,93 @@
 // Config: YAML -> typed, validated structs. Validated once, at load; everything
 // downstream trusts these values. No torch here: the config is pure data.
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
+#include <optional>
 #include <string>
-#include <utility>
+#include <string_view>
 #include <vector>
+
+#include "collective/error.h"
 
 namespace batchdist::worker {
 
+// Closed sets: parsed once at load (Section::choice), compared as enums
+// everywhere else, and named by toString() in messages and reports.
 enum class LastBatch { kDrop, kPad, kKeep };
 enum class LrScaling { kLinear, kSqrt, kNone };
 enum class Schedule { kConstant, kStep, kCosine };
+enum class ModelName { kMlp, kCnn, kResnet18, kResnet50, kTorchscript };
+enum class ResnetStem { kCifar, kImagenet };
+enum class DataName { kDigits, kCsv, kSynthetic, kSyntheticImages, kCifar10, kCifar100, kMnist };
+enum class OptimName { kSgd, kAdamw, kLars };
+enum class DeviceKind { kAuto, kCpu, kCuda };
+enum class Precision { kFp32, kBf16, kFp16 };
+enum class DistBackend { kAuto, kGloo, kNccl };
+enum class Objective { kThroughput, kMaxFit };
 
-const char* toString(LastBatch v);
-const char* toString(LrScaling v);
-const char* toString(Schedule v);
+/// The names of a closed set, in schema order (the first is not necessarily the default).
+template <typename E>
+struct EnumNames;
+#define BATCHDIST_ENUM_NAMES(E, ...)                                     \
+  template <>                                                           \
+  struct EnumNames<E> {                                                 \
+    static constexpr std::pair<E, const char*> kNames[] = {__VA_ARGS__}; \
+  }
+BATCHDIST_ENUM_NAMES(LastBatch, {LastBatch::kDrop, "drop"}, {LastBatch::kPad, "pad"},
+                     {LastBatch::kKeep, "keep"});
+BATCHDIST_ENUM_NAMES(LrScaling, {LrScaling::kLinear, "linear"}, {LrScaling::kSqrt, "sqrt"},
+                     {LrScaling::kNone, "none"});
+BATCHDIST_ENUM_NAMES(Schedule, {Schedule::kConstant, "constant"}, {Schedule::kStep, "step"},
+                     {Schedule::kCosine, "cosine"});
+BATCHDIST_ENUM_NAMES(ModelName, {ModelName::kMlp, "mlp"}, {ModelName::kCnn, "cnn"},
+                     {ModelName::kResnet18, "resnet18"}, {ModelName::kResnet50, "resnet50"},
+                     {ModelName::kTorchscript, "torchscript"});
+BATCHDIST_ENUM_NAMES(ResnetStem, {ResnetStem::kCifar, "cifar"}, {ResnetStem::kImagenet, "imagenet"});
+BATCHDIST_ENUM_NAMES(DataName, {DataName::kDigits, "digits"}, {DataName::kCsv, "csv"},
+                     {DataName::kSynthetic, "synthetic"},
+                     {DataName::kSyntheticImages, "synthetic_images"},
+                     {DataName::kCifar10, "cifar10"}, {DataName::kCifar100, "cifar100"},
+                     {DataName::kMnist, "mnist"});
+BATCHDIST_ENUM_NAMES(OptimName, {OptimName::kSgd, "sgd"}, {OptimName::kAdamw, "adamw"},
+                     {OptimName::kLars, "lars"});
+BATCHDIST_ENUM_NAMES(DeviceKind, {DeviceKind::kAuto, "auto"}, {DeviceKind::kCpu, "cpu"},
+                     {DeviceKind::kCuda, "cuda"});
+BATCHDIST_ENUM_NAMES(Precision, {Precision::kFp32, "fp32"}, {Precision::kBf16, "bf16"},
+                     {Precision::kFp16, "fp16"});
+BATCHDIST_ENUM_NAMES(DistBackend, {DistBackend::kAuto, "auto"}, {DistBackend::kGloo, "gloo"},
+                     {DistBackend::kNccl, "nccl"});
+BATCHDIST_ENUM_NAMES(Objective, {Objective::kThroughput, "throughput"},
+                     {Objective::kMaxFit, "max_fit"});
+#undef BATCHDIST_ENUM_NAMES
+
+/// The name of `v` ("fp16", "max_fit", ...).
+template <typename E>
+const char* toString(E v) {
+  for (const auto& [e, name] : EnumNames<E>::kNames) {
+    if (e == v) return name;
+  }
+  return "?";
+}
+
+/// The value named `name`, if any.
+template <typename E>
+std::optional<E> parseEnum(std::string_view name) {
+  for (const auto& [e, n] : EnumNames<E>::kNames) {
+    if (name == n) return e;
+  }
+  return std::nullopt;
+}
+
+/// The one form of a message about a config key: "SOURCE: KEY: WHAT" (SOURCE is
+/// the config file, or "--set KEY" for a key given on the command line).
+ConfigError keyError(const std::string& source, const std::string& key, const std::string& what);
 
 struct ModelConfig {
-  std::string name = "mlp";                 ///< mlp | cnn | resnet18 | resnet50 | torchscript
+  ModelName name = ModelName::kMlp;
   std::string path;                          ///< torchscript: the .pt file (relative to the config)
-  std::string stem = "cifar";                ///< resnet: cifar (3x3, no pool) | imagenet (7x7/2 + pool)
+  ResnetStem stem = ResnetStem::kCifar;      ///< resnet: cifar (3x3, no pool) | imagenet (7x7/2 + pool)
   bool sync_batchnorm = false;               ///< BatchNorm statistics over all ranks (built-ins)
   std::vector<int64_t> hidden{128, 64};     ///< mlp hidden widths
   std::vector<int64_t> channels{16, 32};    ///< cnn conv widths
@@ -29,7 +97,7 @@ struct ModelConfig {
 };
 
 struct DataConfig {
-  std::string name = "digits";  ///< digits | csv | synthetic | synthetic_images | cifar10 | cifar100 | mnist
+  DataName name = DataName::kDigits;
   std::string path;                          ///< digits: optional (embedded copy); csv: required
   int64_t samples = 4096;                    ///< synthetic: number of samples
   std::vector<int64_t> shape{64};            ///< synthetic: per-sample feature shape
@@ -61,7 +129,7 @@ struct BatchConfig {
 };
 
 struct OptimConfig {
-  std::string name = "sgd";                  ///< sgd | adamw | lars
+  OptimName name = OptimName::kSgd;
   double lr = 0.1;                           ///< rate at base_batch
   int64_t base_batch = 256;                  ///< global batch at which `lr` holds
   LrScaling lr_scaling = LrScaling::kLinear;
@@ -83,17 +151,17 @@ struct OptimConfig {
 struct TrainConfig {
   int64_t epochs = 10;
   int64_t seed = 0;
-  std::string device = "auto";               ///< auto | cpu | cuda
+  DeviceKind device = DeviceKind::kAuto;
   int64_t max_steps = 0;                     ///< stop after this many optimizer steps (0: all)
   int64_t threads = 0;                       ///< intra-op threads per rank (0: cores / local ranks)
   bool check_finite = true;
-  std::string precision = "fp32";            ///< fp32 | bf16 | fp16 (autocast; fp16 scales the loss)
+  Precision precision = Precision::kFp32;    ///< autocast; fp16 also scales the loss
   double loss_scale = 65536.0;               ///< fp16: initial loss scale
   int64_t scale_growth_interval = 2000;      ///< fp16: finite steps before the scale doubles
 };
 
 struct DistConfig {
-  std::string backend = "auto";              ///< auto | gloo | nccl
+  DistBackend backend = DistBackend::kAuto;
   double timeout_s = 300;
   std::string interface;
   double bucket_mb = 25;
@@ -107,13 +175,14 @@ struct SearchConfig {
   int64_t memory_limit_mb = 0;               ///< CPU: resident-memory budget (0: none)
   int64_t warmup_steps = 2;
   int64_t timed_steps = 3;
-  std::string objective = "throughput";      ///< throughput | max_fit
+  Objective objective = Objective::kThroughput;
   double tolerance = 0.05;
   std::string cache;                         ///< cache file ("" -> <output>/search_cache.json)
 };
 
 struct Config {
   std::string source;                        ///< file the config came from (for messages)
+  std::string base_dir = ".";                ///< its directory: relative paths resolve here
   ModelConfig model;
   DataConfig data;
   BatchConfig batch;
@@ -121,9 +190,17 @@ struct Config {
   TrainConfig train;
   DistConfig dist;
   SearchConfig search;
-  /// Every key with the value in force (defaults included), as JSON, in schema order.
-  std::vector<std::pair<std::string, std::string>> resolved;
+  /// Every key with the value in force (defaults included), by section, in schema
+  /// order: {"model": {"name": "mlp", ...}, ...}. The report, the search cache key
+  /// and the cross-rank check read it.
+  nlohmann::ordered_json resolved;
+  /// Keys a rank may set differently from the others (its memory budget,
+  /// interface, threads, cache file): "section.key".
+  static const std::vector<std::string>& perRankKeys();
 };
+
+/// Largest config file read (a safeguard against /dev/zero and the like).
+constexpr std::size_t kMaxConfigBytes = std::size_t{4} << 20;
 
 /// Loads `path`, applies `overrides` ("key.path=value", value parsed as YAML, so
 /// typed like the file), validates. Throws ConfigError naming file, key and value.
@@ -132,9 +209,6 @@ Config loadConfig(const std::string& path, const std::vector<std::string>& overr
 /// Same, from YAML text (`source` names it in messages).
 Config parseConfig(const std::string& yaml_text, const std::string& source,
                    const std::vector<std::string>& overrides = {});
-
-/// The resolved config as a JSON object.
-std::string resolvedJson(const Config& cfg);
 
 /// Levenshtein distance, for "did you mean" hints.
 std::size_t editDistance(const std::string& a, const std::string& b);

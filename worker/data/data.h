@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "worker/config.h"
+#include "worker/config/config.h"
 
 namespace batchdist::worker {
 

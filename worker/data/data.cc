@@ -1,4 +1,4 @@
-#include "worker/data.h"
+#include "worker/data/data.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -12,8 +12,9 @@
 #include <sstream>
 
 #include "collective/error.h"
-#include "worker/plan.h"
-#include "worker/util.h"
+#include "worker/plan/plan.h"
+#include "worker/common/files.h"
+#include "worker/common/util.h"
 
 extern "C" const char batchdist_digits_begin[];
 extern "C" const char batchdist_digits_end[];
@@ -25,15 +26,11 @@ int64_t product(const std::vector<int64_t>& v) {
   return std::accumulate(v.begin(), v.end(), int64_t{1}, std::multiplies<int64_t>());
 }
 
-std::string readFile(const std::string& path, const char* key) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw ConfigError(strCat(key, ": cannot open data file '", path, "' (", std::strerror(errno),
-                             ")"));
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+/// Largest data file read into memory (the loader keeps whole data sets in memory).
+constexpr std::uintmax_t kMaxDataBytes = std::uintmax_t{16} << 30;
+
+std::string readFile(const std::string& path) {
+  return readFileBounded(path, kMaxDataBytes, "data file (data.path)");
 }
 
 Dataset synthetic(const DataConfig& cfg, int64_t seed) {
@@ -211,11 +208,20 @@ Dataset parseIdx(const std::string& images, const std::string& image_source,
   const int64_t n = bigEndian32(images, 4);
   const int64_t rows = bigEndian32(images, 8);
   const int64_t cols = bigEndian32(images, 12);
-  const int64_t want = 16 + n * rows * cols;
-  if (static_cast<int64_t>(images.size()) != want) {
+  if (n == 0 || rows == 0 || cols == 0) {
+    throw ConfigError(strCat(image_source, ": offset 4: the header declares ", n, " images of ",
+                             rows, "x", cols, " pixels; a data set needs at least one image of at "
+                             "least 1x1"));
+  }
+  // Each factor < 2^32, so the product needs 96 bits; it is compared with the
+  // file size before anything is allocated.
+  const unsigned __int128 want = 16 + static_cast<unsigned __int128>(n) * rows * cols;
+  if (static_cast<unsigned __int128>(images.size()) != want) {
     throw ConfigError(strCat(image_source, ": header says ", n, " images of ", rows, "x", cols,
-                             " (", want, " bytes), but the file has ", images.size(), " bytes",
-                             static_cast<int64_t>(images.size()) < want ? " (truncated)" : ""));
+                             " (", (want >> 64) != 0 ? std::string("over 2^64") : std::to_string(static_cast<uint64_t>(want)),
+                             " bytes), but the file has ",
+                             images.size(), " bytes",
+                             static_cast<unsigned __int128>(images.size()) < want ? " (truncated)" : ""));
   }
   const int64_t nl = bigEndian32(labels, 4);
   if (nl != n) {
@@ -242,94 +248,112 @@ Dataset parseIdx(const std::string& images, const std::string& image_source,
   return d;
 }
 
-DataSplit loadData(const DataConfig& cfg, int64_t seed, const std::string& base_dir) {
-  DataSplit split;
-  split.name = cfg.name;
-  Dataset all;
-  if (cfg.name == "digits") {
-    if (cfg.path.empty()) {
-      split.origin = "embedded digits (UCI optical digits, 1797 samples)";
-      all = parseCsv(embeddedDigitsCsv(), "embedded digits.csv", 10, {1, 8, 8}, 1.0 / 16.0);
-    } else {
-      const auto path = resolvePath(cfg.path, base_dir);
-      split.origin = path;
-      all = parseCsv(readFile(path, "data.path"), path, 10, {1, 8, 8}, 1.0 / 16.0);
-    }
-  } else if (cfg.name == "csv") {
-    if (cfg.path.empty()) {
-      throw ConfigError("data.path: data.name: csv needs a path to a CSV file (numeric features, "
-                        "then an integer label per line)");
-    }
-    const auto path = resolvePath(cfg.path, base_dir);
-    split.origin = path;
-    all = parseCsv(readFile(path, "data.path"), path, cfg.classes, cfg.shape);
-  } else if (cfg.name == "cifar10" || cfg.name == "cifar100") {
-    // data.path: the directory of the binary version (data_batch_1..5.bin +
-    // test_batch.bin, or train.bin + test.bin for CIFAR-100). The test file is
-    // the validation set.
-    if (cfg.path.empty()) {
-      throw ConfigError(strCat("data.path: data.name: ", cfg.name, " needs the directory of the "
-                               "CIFAR binary files (nothing is downloaded)"));
-    }
-    const auto dir = resolvePath(cfg.path, base_dir);
-    const bool ten = cfg.name == "cifar10";
-    const int64_t label_bytes = ten ? 1 : 2;
-    const int64_t classes = ten ? 10 : 100;
-    std::vector<Dataset> parts;
-    const std::vector<std::string> train_files =
-        ten ? std::vector<std::string>{"data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin",
-                                       "data_batch_4.bin", "data_batch_5.bin"}
-            : std::vector<std::string>{"train.bin"};
-    for (const auto& f : train_files) {
-      const auto path = fileIn(dir, f);
-      parts.push_back(parseCifar(readFile(path, "data.path"), path, label_bytes, classes));
-    }
-    const auto test_path = fileIn(dir, ten ? "test_batch.bin" : "test.bin");
-    split.origin = strCat(cfg.name, " binary in ", dir);
-    split.train = concat(parts);
-    split.val = parseCifar(readFile(test_path, "data.path"), test_path, label_bytes, classes);
-    return split;
-  } else if (cfg.name == "mnist") {
-    // data.path: the directory of the four unpacked idx files (MNIST or Fashion-MNIST).
-    if (cfg.path.empty()) {
-      throw ConfigError("data.path: data.name: mnist needs the directory of the unpacked idx files "
-                        "(train-images-idx3-ubyte, ...; nothing is downloaded)");
-    }
-    const auto dir = resolvePath(cfg.path, base_dir);
-    auto pair = [&](const std::string& prefix) {
-      const auto images = fileIn(dir, prefix + "-images-idx3-ubyte");
-      const auto labels = fileIn(dir, prefix + "-labels-idx1-ubyte");
-      return parseIdx(readFile(images, "data.path"), images, readFile(labels, "data.path"), labels);
-    };
-    split.origin = "idx files in " + dir;
-    split.train = pair("train");
-    split.val = pair("t10k");
-    return split;
-  } else if (cfg.name == "synthetic_images") {
-    split.origin = strCat("synthetic images ", cfg.samples, " x ", shapeText(cfg.shape), ", ",
-                          cfg.classes, " classes");
-    all = syntheticImages(cfg, seed);
-  } else {
-    split.origin = strCat("synthetic ", cfg.samples, " x ", shapeText(cfg.shape), ", ",
-                          cfg.classes, " classes");
-    all = synthetic(cfg, seed);
-  }
+namespace {
 
-  // Seeded split: the same on every rank, whatever the world size.
+Dataset loadDigits(const DataConfig& cfg, const std::string& base_dir, std::string* origin) {
+  if (cfg.path.empty()) {
+    *origin = "embedded digits (UCI optical digits, 1797 samples)";
+    return parseCsv(embeddedDigitsCsv(), "embedded digits.csv", 10, {1, 8, 8}, 1.0 / 16.0);
+  }
+  const auto path = resolvePath(cfg.path, base_dir);
+  *origin = path;
+  return parseCsv(readFile(path), path, 10, {1, 8, 8}, 1.0 / 16.0);
+}
+
+/// data.path: the directory of the binary version (data_batch_1..5.bin +
+/// test_batch.bin, or train.bin + test.bin for CIFAR-100). The test file is the
+/// validation set. Nothing is downloaded.
+DataSplit loadCifar(const DataConfig& cfg, const std::string& base_dir) {
+  const auto dir = resolvePath(cfg.path, base_dir);
+  const bool ten = cfg.name == DataName::kCifar10;
+  const int64_t label_bytes = ten ? 1 : 2;
+  const int64_t classes = ten ? 10 : 100;
+  std::vector<Dataset> parts;
+  const std::vector<std::string> train_files =
+      ten ? std::vector<std::string>{"data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin",
+                                     "data_batch_4.bin", "data_batch_5.bin"}
+          : std::vector<std::string>{"train.bin"};
+  for (const auto& f : train_files) {
+    const auto path = fileIn(dir, f);
+    parts.push_back(parseCifar(readFile(path), path, label_bytes, classes));
+  }
+  const auto test_path = fileIn(dir, ten ? "test_batch.bin" : "test.bin");
+  DataSplit split;
+  split.origin = strCat(toString(cfg.name), " binary in ", dir);
+  split.train = concat(parts);
+  split.val = parseCifar(readFile(test_path), test_path, label_bytes, classes);
+  return split;
+}
+
+/// data.path: the directory of the four unpacked idx files (MNIST or Fashion-MNIST).
+DataSplit loadMnist(const DataConfig& cfg, const std::string& base_dir) {
+  const auto dir = resolvePath(cfg.path, base_dir);
+  auto pair = [&](const std::string& prefix) {
+    const auto images = fileIn(dir, prefix + "-images-idx3-ubyte");
+    const auto labels = fileIn(dir, prefix + "-labels-idx1-ubyte");
+    return parseIdx(readFile(images), images, readFile(labels), labels);
+  };
+  DataSplit split;
+  split.origin = "idx files in " + dir;
+  split.train = pair("train");
+  split.val = pair("t10k");
+  return split;
+}
+
+/// Seeded split of `all` into train and validation: the same on every rank,
+/// whatever the world size.
+void splitSeeded(const Dataset& all, double val_fraction, int64_t seed, DataSplit* split) {
   const int64_t n = all.size();
-  const int64_t n_val = valCount(n, cfg.val_fraction);
+  const int64_t n_val = valCount(n, val_fraction);
   if (n - n_val < 2) {
-    throw ConfigError(strCat("data.val_fraction: ", cfg.val_fraction, " leaves ", n - n_val,
-                             " of ", n, " samples for training"));
+    throw ConfigError(strCat("data.val_fraction: ", val_fraction, " leaves ", n - n_val, " of ", n,
+                             " samples for training"));
   }
   const auto perm = seededPermutation(n, static_cast<uint64_t>(seed), -1);
   std::vector<int64_t> val_rows(perm.begin(), perm.begin() + n_val);
   std::vector<int64_t> train_rows(perm.begin() + n_val, perm.end());
-  split.train = subset(all, train_rows);
-  split.val = n_val > 0 ? subset(all, val_rows) : Dataset{};
-  split.val.sample_shape = all.sample_shape;
-  split.val.classes = all.classes;
-  split.val.x_scale = all.x_scale;
+  split->train = subset(all, train_rows);
+  split->val = n_val > 0 ? subset(all, val_rows) : Dataset{};
+  split->val.sample_shape = all.sample_shape;
+  split->val.classes = all.classes;
+  split->val.x_scale = all.x_scale;
+}
+
+}  // namespace
+
+DataSplit loadData(const DataConfig& cfg, int64_t seed, const std::string& base_dir) {
+  DataSplit split;
+  Dataset all;
+  switch (cfg.name) {
+    case DataName::kCifar10:
+    case DataName::kCifar100:
+      split = loadCifar(cfg, base_dir);
+      break;
+    case DataName::kMnist:
+      split = loadMnist(cfg, base_dir);
+      break;
+    case DataName::kDigits:
+      all = loadDigits(cfg, base_dir, &split.origin);
+      break;
+    case DataName::kCsv: {
+      const auto path = resolvePath(cfg.path, base_dir);
+      split.origin = path;
+      all = parseCsv(readFile(path), path, cfg.classes, cfg.shape);
+      break;
+    }
+    case DataName::kSyntheticImages:
+      split.origin = strCat("synthetic images ", cfg.samples, " x ", shapeText(cfg.shape), ", ",
+                            cfg.classes, " classes");
+      all = syntheticImages(cfg, seed);
+      break;
+    case DataName::kSynthetic:
+      split.origin = strCat("synthetic ", cfg.samples, " x ", shapeText(cfg.shape), ", ",
+                            cfg.classes, " classes");
+      all = synthetic(cfg, seed);
+      break;
+  }
+  split.name = toString(cfg.name);
+  if (all.y.defined()) splitSeeded(all, cfg.val_fraction, seed, &split);
   return split;
 }
 
@@ -338,7 +362,7 @@ int64_t valCount(int64_t n, double val_fraction) {
 }
 
 DataInfo describeData(const DataConfig& cfg, int64_t seed, const std::string& base_dir) {
-  if (cfg.name == "synthetic" || cfg.name == "synthetic_images") {
+  if (cfg.name == DataName::kSynthetic || cfg.name == DataName::kSyntheticImages) {
     const int64_t n_val = valCount(cfg.samples, cfg.val_fraction);
     return {cfg.samples - n_val, n_val, cfg.shape, cfg.classes};
   }

@@ -1,4 +1,4 @@
-#include "worker/loader.h"
+#include "worker/data/loader.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -6,7 +6,7 @@
 #include <chrono>
 
 #include "collective/error.h"
-#include "worker/util.h"
+#include "worker/common/util.h"
 #include "collective/torch_compat.h"
 
 namespace batchdist::worker {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "collective/communicator.h"
-#include "worker/config.h"
+#include "worker/config/config.h"
 
 namespace batchdist::worker {
 
@@ -24,8 +24,10 @@ class Model {
   virtual std::vector<std::pair<std::string, torch::Tensor>> namedBuffers() const = 0;
   virtual void train(bool on) = 0;
   virtual void to(const at::Device& device) = 0;
-  /// Saves to `path` (TorchScript modules as TorchScript, built-ins as a C++ archive).
-  virtual void save(const std::string& path) = 0;
+  /// The saved form (TorchScript modules as TorchScript, built-ins as a C++
+  /// archive), in memory: the caller writes it with writeFileAtomic, so a full
+  /// disk is an error with a cause, never a half-written model.pt.
+  virtual std::string serialize() = 0;
   virtual bool hasBatchNorm() const = 0;
   /// e.g. "resnet18 (cifar stem), 11.2 M parameters".
   virtual std::string describe() const = 0;
@@ -55,20 +57,5 @@ bool modelHasBatchNorm(const ModelConfig& cfg, const std::string& base_dir = "")
 /// The switch lets the batch search measure without it (a rank that runs out of
 /// memory mid-forward could otherwise strand the others in a collective).
 void setSyncBatchNormEnabled(bool enabled);
-
-/// An optimizer whose learning rate is set every step (the plan owns the schedule).
-class Optimizer {
- public:
-  virtual ~Optimizer() = default;
-  virtual void step(double lr) = 0;
-  virtual void zeroGrad() = 0;
-};
-
-/// sgd (momentum, nesterov, weight decay), adamw, or lars, over `params`.
-std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<torch::Tensor> params);
-
-/// LARS trust ratio of one layer: eta * |w| / (|g| + wd * |w|), or 1 when either
-/// norm is zero (You et al. 2017).
-double larsTrustRatio(double weight_norm, double grad_norm, double weight_decay, double eta);
 
 }  // namespace batchdist::worker

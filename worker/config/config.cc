@@ -1,42 +1,28 @@
-#include "worker/config.h"
+#include "worker/config/config.h"
 
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
+#include <filesystem>
 #include <limits>
 #include <set>
 #include <sstream>
 
 #include "collective/error.h"
-#include "worker/json.h"
+#include "worker/common/files.h"
 
 namespace batchdist::worker {
 
-const char* toString(LastBatch v) {
-  switch (v) {
-    case LastBatch::kDrop: return "drop";
-    case LastBatch::kPad: return "pad";
-    case LastBatch::kKeep: return "keep";
-  }
-  return "?";
+ConfigError keyError(const std::string& source, const std::string& key, const std::string& what) {
+  if (source.rfind("--set", 0) == 0) return ConfigError(strCat(source, ": ", what));
+  return ConfigError(strCat(source, ": ", key, ": ", what));
 }
-const char* toString(LrScaling v) {
-  switch (v) {
-    case LrScaling::kLinear: return "linear";
-    case LrScaling::kSqrt: return "sqrt";
-    case LrScaling::kNone: return "none";
-  }
-  return "?";
-}
-const char* toString(Schedule v) {
-  switch (v) {
-    case Schedule::kConstant: return "constant";
-    case Schedule::kStep: return "step";
-    case Schedule::kCosine: return "cosine";
-  }
-  return "?";
+
+const std::vector<std::string>& Config::perRankKeys() {
+  static const std::vector<std::string> keys = {"search.memory_limit_mb", "dist.interface",
+                                                "train.threads", "search.cache"};
+  return keys;
 }
 
 std::size_t editDistance(const std::string& a, const std::string& b) {
@@ -59,18 +45,19 @@ constexpr int64_t kMaxInt = std::numeric_limits<int64_t>::max();
 /// State shared by all sections while one config is read.
 struct Context {
   std::string source;
-  std::set<std::string> from_set;  // paths given by --set
+  std::set<std::string> from_set;  // paths given by --set ("batch.global")
+  std::set<std::string> sections_from_set;  // sections only --set mentions
   std::vector<std::string> known;  // every key the schema asked for, full path
   struct Unknown {
     std::string path;
     YAML::Mark mark;
   };
   std::vector<Unknown> unknown;
-  std::vector<std::pair<std::string, std::string>>* resolved = nullptr;
+  nlohmann::ordered_json* resolved = nullptr;
 
   /// "file.yaml:12: batch.global" or "--set batch.global".
   std::string where(const std::string& path, const YAML::Mark& mark) const {
-    if (from_set.count(path)) return "--set " + path;
+    if (from_set.count(path) || sections_from_set.count(path)) return "--set " + path;
     if (mark.line >= 0) return strCat(source, ":", mark.line + 1, ": ", path);
     return strCat(source, ": ", path);
   }
@@ -81,6 +68,33 @@ std::string scalarText(const YAML::Node& n) {
   if (n.IsSequence()) return "a list";
   if (n.IsMap()) return "a mapping";
   return "nothing";
+}
+
+/// The keys of mapping `map` (at `path`, "" for the top level) as plain names.
+/// Refuses keys that are not plain scalars (`? [a, b] : 1`) and keys given twice,
+/// which YAML forbids and yaml-cpp would silently resolve to the first.
+std::vector<std::pair<std::string, YAML::Mark>> mapKeys(const Context& ctx, const YAML::Node& map,
+                                                        const std::string& path) {
+  std::vector<std::pair<std::string, YAML::Mark>> keys;
+  for (const auto& kv : map) {
+    const std::string here = path.empty() ? "top level" : path;
+    if (!kv.first.IsScalar()) {
+      throw ConfigError(strCat(ctx.where(path, kv.first.Mark()), path.empty() ? "" : ": ",
+                               "a key must be a plain name, got ", scalarText(kv.first), " (in ",
+                               here, ")"));
+    }
+    const std::string key = kv.first.Scalar();
+    for (const auto& [seen, mark] : keys) {
+      if (seen == key) {
+        const std::string full = path.empty() ? key : path + "." + key;
+        throw ConfigError(strCat(ctx.where(full, kv.first.Mark()), ": '", key,
+                                 "' is given twice (first on line ", mark.line + 1,
+                                 "); keep one"));
+      }
+    }
+    keys.emplace_back(key, kv.first.Mark());
+  }
+  return keys;
 }
 
 /// Reads one mapping of the config, recording every key it knows.
@@ -94,14 +108,15 @@ class Section {
       throw ConfigError(strCat(ctx_.where(name_, node_.Mark()), ": expected a mapping of keys, got ",
                                scalarText(node_)));
     }
+    if (node_ && node_.IsMap()) present_ = mapKeys(ctx_, node_, name_);
+    (*ctx_.resolved)[name_] = nlohmann::ordered_json::object();
   }
 
   ~Section() noexcept(false) {
-    if (!node_ || !node_.IsMap() || std::uncaught_exceptions() > 0) return;
-    for (const auto& kv : node_) {
-      const auto key = kv.first.as<std::string>();
+    if (std::uncaught_exceptions() > 0) return;
+    for (const auto& [key, mark] : present_) {
       if (std::find(keys_.begin(), keys_.end(), key) == keys_.end()) {
-        ctx_.unknown.push_back({name_ + "." + key, kv.first.Mark()});
+        ctx_.unknown.push_back({name_ + "." + key, mark});
       }
     }
   }
@@ -111,7 +126,7 @@ class Section {
     int64_t v = def;
     if (n) v = asInt(n, key);
     checkRange(key, n, v, lo, hi);
-    record(key, json::number(v));
+    record(key, v);
     return v;
   }
 
@@ -129,7 +144,7 @@ class Section {
     if (v < lo || v > hi) {
       throw ConfigError(strCat(where(key, n), ": ", v, " is out of range; allowed ", lo, " .. ", hi));
     }
-    record(key, json::number(v));
+    record(key, v);
     return v;
   }
 
@@ -143,7 +158,7 @@ class Section {
         throw typeError(key, n, "true or false");
       }
     }
-    record(key, v ? "true" : "false");
+    record(key, v);
     return v;
   }
 
@@ -154,26 +169,31 @@ class Section {
       if (!n.IsScalar()) throw typeError(key, n, "a string");
       v = n.Scalar();
     }
-    record(key, json::quote(v));
+    record(key, v);
     return v;
   }
 
-  std::string choice(const std::string& key, const std::string& def,
-                     const std::vector<std::string>& allowed) {
+  /// One name of the closed set E (EnumNames<E>).
+  template <typename E>
+  E choice(const std::string& key, E def) {
     const auto n = get(key);
-    std::string v = def;
+    std::vector<std::string> allowed;
+    for (const auto& [e, name] : EnumNames<E>::kNames) allowed.emplace_back(name);
+    E v = def;
     if (n) {
       if (!n.IsScalar()) throw typeError(key, n, "one of " + joined(allowed));
-      v = n.Scalar();
-    }
-    if (std::find(allowed.begin(), allowed.end(), v) == allowed.end()) {
-      std::string hint;
-      for (const auto& a : allowed) {
-        if (editDistance(a, v) <= 2) hint = "; did you mean '" + a + "'?";
+      const auto parsed = parseEnum<E>(n.Scalar());
+      if (!parsed) {
+        std::string hint;
+        for (const auto& a : allowed) {
+          if (editDistance(a, n.Scalar()) <= 2) hint = "; did you mean '" + a + "'?";
+        }
+        throw ConfigError(strCat(where(key, n), ": '", n.Scalar(), "' is not one of ",
+                                 joined(allowed), hint));
       }
-      throw ConfigError(strCat(where(key, n), ": '", v, "' is not one of ", joined(allowed), hint));
+      v = *parsed;
     }
-    record(key, json::quote(v));
+    record(key, toString(v));
     return v;
   }
 
@@ -189,9 +209,7 @@ class Section {
         checkRange(key, item, v.back(), lo, hi);
       }
     }
-    std::string js = "[";
-    for (std::size_t i = 0; i < v.size(); ++i) js += (i ? ", " : "") + json::number(v[i]);
-    record(key, js + "]");
+    record(key, v);
     return v;
   }
 
@@ -216,9 +234,7 @@ class Section {
         v.push_back(x);
       }
     }
-    std::string js = "[";
-    for (std::size_t i = 0; i < v.size(); ++i) js += (i ? ", " : "") + json::number(v[i]);
-    record(key, js + "]");
+    record(key, v);
     return v;
   }
 
@@ -229,7 +245,7 @@ class Section {
     int64_t v = def;
     if (n && n.IsScalar() && n.Scalar() == "auto") {
       *is_auto = true;
-      record(key, json::quote("auto"));
+      record(key, "auto");
       return 0;
     }
     if (n) {
@@ -240,7 +256,11 @@ class Section {
       }
       checkRange(key, n, v, lo, kMaxInt);
     }
-    record(key, v == 0 ? "null" : json::number(v));
+    if (v == 0) {
+      record(key, nullptr);
+    } else {
+      record(key, v);
+    }
     return v;
   }
 
@@ -276,8 +296,9 @@ class Section {
     return ctx_.where(name_ + "." + key, n ? n.Mark() : YAML::Mark::null_mark());
   }
 
-  void record(const std::string& key, std::string json_value) {
-    ctx_.resolved->emplace_back(name_ + "." + key, std::move(json_value));
+  template <typename T>
+  void record(const std::string& key, const T& value) {
+    (*ctx_.resolved)[name_][key] = value;
   }
 
   static std::string joined(const std::vector<std::string>& v) {
@@ -290,6 +311,7 @@ class Section {
   std::string name_;
   YAML::Node node_;
   std::vector<std::string> keys_;
+  std::vector<std::pair<std::string, YAML::Mark>> present_;
 };
 
 const std::vector<std::string> kSections = {"model", "data",  "batch", "optim",
@@ -332,12 +354,66 @@ void applyOverride(YAML::Node& root, const std::string& spec, Context& ctx) {
     throw ConfigError(strCat("--set ", path, ": keys have the form section.key (e.g. optim.lr)"));
   }
   if (!root.IsMap()) root = YAML::Node(YAML::NodeType::Map);
+  if (!root[parts[0]]) ctx.sections_from_set.insert(parts[0]);
   YAML::Node section = root[parts[0]];
   if (section.IsDefined() && !section.IsNull() && !section.IsMap()) {
     throw ConfigError(strCat("--set ", path, ": '", parts[0], "' is not a mapping in ", ctx.source));
   }
   section[parts[1]] = value;
   ctx.from_set.insert(path);
+}
+
+/// Rules that tie keys together (each key alone was checked as it was read).
+void validate(const Config& cfg, const Context& ctx) {
+  const auto err = [&](const std::string& key, const std::string& what) {
+    return keyError(ctx.from_set.count(key) ? "--set " + key : ctx.source, key, what);
+  };
+  if (cfg.model.name == ModelName::kTorchscript && cfg.model.path.empty()) {
+    throw err("model.name", "torchscript needs model.path (a module saved with "
+                            "torch.jit.script(...).save() or torch.jit.trace)");
+  }
+  switch (cfg.data.name) {
+    case DataName::kCsv:
+      if (cfg.data.path.empty()) {
+        throw err("data.path", "data.name: csv needs a path to a CSV file (numeric features, "
+                               "then an integer label, per line)");
+      }
+      break;
+    case DataName::kCifar10:
+    case DataName::kCifar100:
+    case DataName::kMnist:
+      if (cfg.data.path.empty()) {
+        throw err("data.path", strCat("data.name: ", toString(cfg.data.name),
+                                      " needs the directory holding its files"));
+      }
+      break;
+    default: break;
+  }
+  const auto& b = cfg.batch;
+  if (b.per_gpu_auto && b.global > 0 && b.accum > 0) {
+    throw err("batch.per_gpu",
+              strCat("auto with both batch.global (", b.global, ") and batch.accum (", b.accum,
+                     ") set leaves nothing to search: per-GPU batch = global / (accum x world "
+                     "size). Drop batch.accum to let the search pick the per-GPU batch and "
+                     "derive accumulation, or set batch.per_gpu to a number"));
+  }
+  // Note [equal shards]: BatchNorm needs two samples per micro-batch. Built-in
+  // models are known here; a TorchScript model's BatchNorm is checked by the plan.
+  const bool builtin_bn = cfg.model.name == ModelName::kResnet18 ||
+                          cfg.model.name == ModelName::kResnet50 ||
+                          ((cfg.model.name == ModelName::kMlp || cfg.model.name == ModelName::kCnn) &&
+                           cfg.model.batchnorm);
+  if (builtin_bn && b.min_per_gpu < 2) {
+    throw err("batch.min_per_gpu",
+              strCat(b.min_per_gpu, " is too small for a model with BatchNorm, which cannot "
+                     "normalise fewer than 2 samples per micro-batch (NaN statistics); use 2 or "
+                     "more, or model.batchnorm: false"));
+  }
+  if (builtin_bn && !b.per_gpu_auto && b.per_gpu == 1) {
+    throw err("batch.per_gpu", "1 is too small for a model with BatchNorm, which cannot "
+                               "normalise one sample per micro-batch (NaN statistics); use 2 or "
+                               "more, or model.batchnorm: false");
+  }
 }
 
 }  // namespace
@@ -349,11 +425,18 @@ Config parseConfig(const std::string& yaml_text, const std::string& source,
   Context ctx;
   ctx.source = source;
   ctx.resolved = &cfg.resolved;
+  cfg.resolved = nlohmann::ordered_json::object();
 
   YAML::Node root;
   try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::ParserException& e) {
+    const auto docs = YAML::LoadAll(yaml_text);
+    if (docs.size() > 1) {
+      throw ConfigError(strCat(source, ":", docs[1].Mark().line + 1, ": holds ", docs.size(),
+                               " YAML documents (separated by '---'); a config is one document"));
+    }
+    if (!docs.empty()) root = docs.front();
+  } catch (const YAML::Exception& e) {
+    if (e.mark.is_null()) throw ConfigError(strCat(source, ": malformed YAML: ", e.msg));
     throw ConfigError(strCat(source, ":", e.mark.line + 1, ":", e.mark.column + 1,
                              ": malformed YAML: ", e.msg));
   }
@@ -362,13 +445,15 @@ Config parseConfig(const std::string& yaml_text, const std::string& source,
                              "train, dist, search) at the top level, got ",
                              scalarText(root)));
   }
+  std::vector<std::pair<std::string, YAML::Mark>> top;
+  if (root.IsMap()) top = mapKeys(ctx, root, "");
   for (const auto& o : overrides) applyOverride(root, o, ctx);
 
   {
     Section s(ctx, root, "model");
-    cfg.model.name = s.choice("name", "mlp", {"mlp", "cnn", "resnet18", "resnet50", "torchscript"});
+    cfg.model.name = s.choice("name", ModelName::kMlp);
     cfg.model.path = s.text("path", "");
-    cfg.model.stem = s.choice("stem", "cifar", {"cifar", "imagenet"});
+    cfg.model.stem = s.choice("stem", ResnetStem::kCifar);
     cfg.model.sync_batchnorm = s.boolean("sync_batchnorm", false);
     cfg.model.hidden = s.intList("hidden", cfg.model.hidden, 1, 1 << 20);
     cfg.model.channels = s.intList("channels", cfg.model.channels, 1, 1 << 16);
@@ -377,8 +462,7 @@ Config parseConfig(const std::string& yaml_text, const std::string& source,
   }
   {
     Section s(ctx, root, "data");
-    cfg.data.name = s.choice("name", "digits", {"digits", "csv", "synthetic", "synthetic_images",
-                                                "cifar10", "cifar100", "mnist"});
+    cfg.data.name = s.choice("name", DataName::kDigits);
     cfg.data.path = s.text("path", "");
     cfg.data.samples = s.integer("samples", 4096, 2, int64_t{1} << 40);
     cfg.data.shape = s.intList("shape", cfg.data.shape, 1, 1 << 20);
@@ -399,28 +483,19 @@ Config parseConfig(const std::string& yaml_text, const std::string& source,
     cfg.batch.global = s.integerOrAuto("global", 0, 1, &cfg.batch.global_auto);
     cfg.batch.per_gpu = s.integerOrAuto("per_gpu", 0, 1, &cfg.batch.per_gpu_auto);
     cfg.batch.accum = s.integer("accum", 0, 0, 1 << 20);
-    const auto last = s.choice("last_batch", "drop", {"drop", "pad", "keep"});
-    cfg.batch.last_batch = last == "drop"  ? LastBatch::kDrop
-                           : last == "pad" ? LastBatch::kPad
-                                           : LastBatch::kKeep;
+    cfg.batch.last_batch = s.choice("last_batch", LastBatch::kDrop);
     cfg.batch.min_per_gpu = s.integer("min_per_gpu", 2, 1, 1 << 20);
     cfg.batch.eval_per_gpu = s.integer("eval_per_gpu", 0, 0, 1 << 24);
   }
   {
     Section s(ctx, root, "optim");
-    cfg.optim.name = s.choice("name", "sgd", {"sgd", "adamw", "lars"});
+    cfg.optim.name = s.choice("name", OptimName::kSgd);
     cfg.optim.lr = s.real("lr", 0.1, 1e-12, 1e3);
     cfg.optim.base_batch = s.integer("base_batch", 256, 1, int64_t{1} << 32);
-    const auto scaling = s.choice("lr_scaling", "linear", {"linear", "sqrt", "none"});
-    cfg.optim.lr_scaling = scaling == "linear" ? LrScaling::kLinear
-                           : scaling == "sqrt" ? LrScaling::kSqrt
-                                               : LrScaling::kNone;
+    cfg.optim.lr_scaling = s.choice("lr_scaling", LrScaling::kLinear);
     cfg.optim.warmup_epochs = s.real("warmup_epochs", 0.0, 0.0, 1e6);
     cfg.optim.warmup_steps = s.integer("warmup_steps", -1, -1, int64_t{1} << 40);
-    const auto sched = s.choice("schedule", "constant", {"constant", "step", "cosine"});
-    cfg.optim.schedule = sched == "constant" ? Schedule::kConstant
-                         : sched == "step"   ? Schedule::kStep
-                                             : Schedule::kCosine;
+    cfg.optim.schedule = s.choice("schedule", Schedule::kConstant);
     cfg.optim.min_lr = s.real("min_lr", 0.0, 0.0, 1e3);
     cfg.optim.step_gamma = s.real("step_gamma", 0.1, 0.0, 1.0);
     cfg.optim.milestones = s.intList("milestones", {}, 1, int64_t{1} << 30);
@@ -436,17 +511,17 @@ Config parseConfig(const std::string& yaml_text, const std::string& source,
     Section s(ctx, root, "train");
     cfg.train.epochs = s.integer("epochs", 10, 1, 1 << 24);
     cfg.train.seed = s.integer("seed", 0, 0, kMaxInt);
-    cfg.train.device = s.choice("device", "auto", {"auto", "cpu", "cuda"});
+    cfg.train.device = s.choice("device", DeviceKind::kAuto);
     cfg.train.max_steps = s.integer("max_steps", 0, 0, kMaxInt);
     cfg.train.threads = s.integer("threads", 0, 0, 4096);
     cfg.train.check_finite = s.boolean("check_finite", true);
-    cfg.train.precision = s.choice("precision", "fp32", {"fp32", "bf16", "fp16"});
+    cfg.train.precision = s.choice("precision", Precision::kFp32);
     cfg.train.loss_scale = s.real("loss_scale", 65536.0, 1.0, 1e12);
     cfg.train.scale_growth_interval = s.integer("scale_growth_interval", 2000, 1, int64_t{1} << 40);
   }
   {
     Section s(ctx, root, "dist");
-    cfg.dist.backend = s.choice("backend", "auto", {"auto", "gloo", "nccl"});
+    cfg.dist.backend = s.choice("backend", DistBackend::kAuto);
     cfg.dist.timeout_s = s.real("timeout_s", 300, 1, 86400 * 7);
     cfg.dist.interface = s.text("interface", "");
     cfg.dist.bucket_mb = s.real("bucket_mb", 25, 0.001, 4096);
@@ -460,17 +535,16 @@ Config parseConfig(const std::string& yaml_text, const std::string& source,
     cfg.search.memory_limit_mb = s.integer("memory_limit_mb", 0, 0, int64_t{1} << 30);
     cfg.search.warmup_steps = s.integer("warmup_steps", 2, 0, 1000);
     cfg.search.timed_steps = s.integer("timed_steps", 3, 1, 1000);
-    cfg.search.objective = s.choice("objective", "throughput", {"throughput", "max_fit"});
+    cfg.search.objective = s.choice("objective", Objective::kThroughput);
     cfg.search.tolerance = s.real("tolerance", 0.05, 0.0, 1.0);
     cfg.search.cache = s.text("cache", "");
   }
 
   // Unknown keys: sections first, then keys inside known sections.
   if (root.IsMap()) {
-    for (const auto& kv : root) {
-      const auto key = kv.first.as<std::string>();
+    for (const auto& [key, mark] : mapKeys(ctx, root, "")) {
       if (std::find(kSections.begin(), kSections.end(), key) == kSections.end()) {
-        throw ConfigError(strCat(ctx.where(key, kv.first.Mark()), ": unknown section '", key,
+        throw ConfigError(strCat(ctx.where(key, mark), ": unknown section '", key,
                                  "' (sections: model, data, batch, optim, train, dist, search)",
                                  suggestion(key, kSections)));
       }
@@ -489,10 +563,7 @@ Config parseConfig(const std::string& yaml_text, const std::string& source,
                              " values but data.std has ", cfg.data.std.size(),
                              "; give one per channel for both"));
   }
-  if (cfg.model.name == "torchscript" && cfg.model.path.empty()) {
-    throw ConfigError(strCat(source, ": model.name: torchscript needs model.path (a module saved "
-                                     "with torch.jit.script(...).save() or torch.jit.trace)"));
-  }
+  validate(cfg, ctx);
   if (cfg.search.max != 0 && cfg.search.max < cfg.search.min) {
     throw ConfigError(strCat(source, ": search.max (", cfg.search.max, ") is below search.min (",
                              cfg.search.min, ")"));
@@ -501,32 +572,10 @@ Config parseConfig(const std::string& yaml_text, const std::string& source,
 }
 
 Config loadConfig(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path);
-  if (!in) {
-    throw ConfigError(strCat(path, ": cannot open config file (", std::strerror(errno), ")"));
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parseConfig(ss.str(), path, overrides);
-}
-
-std::string resolvedJson(const Config& cfg) {
-  // Nested by section, in schema order: {"model": {"name": "mlp", ...}, ...}.
-  json::Object root;
-  json::Object section;
-  std::string current;
-  for (const auto& [path, value] : cfg.resolved) {
-    const auto dot = path.find('.');
-    const std::string name = path.substr(0, dot);
-    if (name != current) {
-      if (!current.empty()) root.raw(current, section.str());
-      section = json::Object();
-      current = name;
-    }
-    section.raw(path.substr(dot + 1), value);
-  }
-  if (!current.empty()) root.raw(current, section.str());
-  return root.str();
+  auto cfg = parseConfig(readFileBounded(path, kMaxConfigBytes, "config file"), path, overrides);
+  const auto dir = std::filesystem::path(path).parent_path();
+  cfg.base_dir = dir.empty() ? "." : dir.string();
+  return cfg;
 }
 
 }  // namespace batchdist::worker

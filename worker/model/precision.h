@@ -4,6 +4,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+
+#include "worker/config/config.h"
 #include <string>
 #include <vector>
 
@@ -12,7 +14,7 @@ namespace batchdist::worker {
 /// Autocast for the forward pass: bf16 (CPU or CUDA) or fp16 (CUDA); fp32 is a no-op.
 class AutocastScope {
  public:
-  AutocastScope(const at::Device& device, const std::string& precision);
+  AutocastScope(const at::Device& device, Precision precision);
   ~AutocastScope();
   AutocastScope(const AutocastScope&) = delete;
   AutocastScope& operator=(const AutocastScope&) = delete;
@@ -22,8 +24,9 @@ class AutocastScope {
   at::DeviceType type_ = at::kCPU;
 };
 
-/// Throws ConfigError for a precision the device cannot run (fp16 on CPU).
-void checkPrecision(const std::string& precision, const at::Device& device);
+/// Throws ConfigError (naming `source`, the config file) for a precision the
+/// device cannot run (fp16 on CPU).
+void checkPrecision(Precision precision, const at::Device& device, const std::string& source);
 
 /// fp16 dynamic loss scaling (Micikevicius et al. 2018): the loss is multiplied by
 /// scale() before backward; a step whose summed gradients hold inf/NaN is skipped

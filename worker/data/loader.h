@@ -18,9 +18,9 @@
 #include <thread>
 #include <vector>
 
-#include "worker/config.h"
-#include "worker/data.h"
-#include "worker/plan.h"
+#include "worker/config/config.h"
+#include "worker/data/data.h"
+#include "worker/plan/plan.h"
 
 namespace batchdist::worker {
 

@@ -7,23 +7,22 @@
 //    every step even on a rank whose forward/backward ran out of memory (that rank
 //    contributes zeros; the search model is thrown away afterwards);
 //  - after every candidate, all ranks agree through one allreduce(MAX) of
-//    [failure kind, failing rank, peak memory, samples/s, -samples/s], i.e. the MAX
-//    of the failure flag, the MAX of peak memory and the MIN (and MAX) of samples/s,
-//    then one allgather of each rank's peak (for the report);
+//    [failure code, peak memory, samples/s, -samples/s, stop], i.e. the worst
+//    failure (kind and lowest rank in one number), the MAX of peak memory, the MIN
+//    (and MAX) of samples/s and whether any rank was asked to stop, then one
+//    allgather of each rank's peak (for the report);
 //  - the next candidate is a pure function of the agreed results, so every rank
 //    walks the same sequence and stops at the same point.
 // A candidate fails if any rank ran out of memory (a cuDNN "not supported" at a
 // large batch counts as out of memory) or its peak memory exceeded the budget.
 
 #include <cstdint>
-#include <memory>
-#include <optional>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "collective/communicator.h"
-#include "worker/config.h"
-#include "worker/data.h"
+#include "worker/config/config.h"
 
 namespace batchdist::worker {
 
@@ -73,7 +72,7 @@ struct SearchResult {
   int64_t chosen = 0;  ///< per-GPU batch
   int64_t chosen_accum = 1;
   bool cached = false;
-  std::string objective;
+  Objective objective = Objective::kThroughput;
   double tolerance = 0;
   double memory_budget_mb = 0;  ///< tightest rank's budget
   std::string device;
@@ -88,51 +87,43 @@ struct SearchResult {
 /// is within `tolerance` of the best measured; max_fit: the largest that fits.
 /// Throws Error naming the smallest size tried and the memory seen when none fits.
 const Candidate& chooseCandidate(const std::vector<Candidate>& candidates,
-                                 const std::string& objective, double tolerance,
+                                 Objective objective, double tolerance,
                                  std::string* why = nullptr);
+
+/// Thrown on every rank when a stop was requested (SIGTERM ...) during the search;
+/// every rank learns it in the same per-candidate agreement.
+class SearchStopped : public Error {
+ public:
+  using Error::Error;
+};
 
 /// Runs the search over `comm`; collective.
 class BatchSearch {
  public:
+  /// `stop_requested` is polled after every candidate (e.g. a SIGTERM flag); when
+  /// it is true on any rank, run() throws SearchStopped on every rank.
   BatchSearch(const Config& cfg, collective::Communicator& comm, Measurer& measurer,
-              int64_t train_size, bool has_batchnorm);
+              int64_t train_size, bool has_batchnorm, std::function<bool()> stop_requested = {});
   SearchResult run(Console* console);
 
  private:
+  /// The per-GPU sizes the walk may try, from the config and the world size.
+  struct Space;
+  Space space() const;
   Candidate agree(int64_t per_gpu, int64_t accum, const Measurement& m);
+  const Candidate& measureOne(SearchResult& r, const Space& sp, int64_t per_gpu, Console* console);
+  void doublingPhase(SearchResult& r, const Space& sp, Console* console, int64_t* last_ok,
+                     int64_t* first_fail, double* best);
+  void boundaryPhase(SearchResult& r, const Space& sp, Console* console, int64_t last_ok,
+                     int64_t first_fail, double best);
+  void remeasurePhase(SearchResult& r, Console* console, double best);
 
   const Config& cfg_;
   collective::Communicator& comm_;
   Measurer& measurer_;
   int64_t train_size_;
   bool has_bn_;
+  std::function<bool()> stop_requested_;
 };
-
-/// The measurer that runs the real training step (forward, backward, gradient
-/// averaging, optimizer) on real batches of the configured data.
-std::unique_ptr<Measurer> makeTrainStepMeasurer(const Config& cfg, collective::Communicator& comm,
-                                                const DataSplit& data, at::Device device,
-                                                const std::string& base_dir = "");
-
-std::string searchJson(const SearchResult& r);
-/// Plot of samples/s and peak memory against per-GPU batch, the choice marked.
-std::string searchSvg(const SearchResult& r);
-/// The table rank 0 prints.
-std::string searchTable(const SearchResult& r);
-
-/// Everything the result depends on: model and data shapes, batch settings,
-/// optimizer, search settings, every rank's memory budget, device, world size,
-/// libtorch version.
-std::string searchCacheKey(const Config& cfg, const DataInfo& data, int64_t world,
-                           const std::string& device, const std::vector<double>& budgets);
-std::optional<SearchResult> readSearchCache(const std::string& path, const std::string& key);
-void writeSearchCache(const std::string& path, const std::string& key, const SearchResult& r);
-
-/// True if `e` means "out of memory" (CUDA/CPU allocator, cuDNN/cuBLAS allocation).
-bool isOutOfMemory(const std::exception& e);
-
-/// This process's peak resident memory (MB) since the last resetPeakRss().
-double peakRssMb();
-void resetPeakRss();
 
 }  // namespace batchdist::worker

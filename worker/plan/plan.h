@@ -12,11 +12,13 @@
 // `keep` (the naive behaviour: a short last batch split as evenly as possible) is
 // refused for models with BatchNorm.
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "worker/config.h"
+#include "worker/config/config.h"
 
 namespace batchdist::worker {
 
@@ -66,7 +68,7 @@ double scaledLr(double base_lr, int64_t base_batch, int64_t global, LrScaling ru
 /// Human-readable plan (the `batchdist plan` output).
 std::string planText(const Plan& p);
 /// The plan as JSON (`batchdist plan --json`, the run report).
-std::string planJson(const Plan& p);
+nlohmann::ordered_json planJson(const Plan& p);
 
 /// One rank's micro-batch: dataset indices and per-sample loss weights (1, or 0 for padding).
 struct MicroBatch {

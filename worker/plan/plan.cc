@@ -1,4 +1,4 @@
-#include "worker/plan.h"
+#include "worker/plan/plan.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,6 @@
 #include <sstream>
 
 #include "collective/error.h"
-#include "worker/json.h"
 
 namespace batchdist::worker {
 namespace {
@@ -31,14 +30,22 @@ double scaledLr(double base_lr, int64_t base_batch, int64_t global, LrScaling ru
   return base_lr;
 }
 
-Plan makePlan(const Config& cfg, int64_t world, int64_t n, bool has_bn, int64_t per_gpu_override) {
-  const auto& b = cfg.batch;
-  Plan p;
-  p.world_size = world;
-  p.last_batch = b.last_batch;
-  p.dataset_size = n;
-  const std::string src = cfg.source;
+namespace {
 
+/// a * b, or ConfigError naming what was being computed when it overflows.
+int64_t mul(int64_t a, int64_t b, const std::string& src, const char* what) {
+  int64_t out = 0;
+  if (__builtin_mul_overflow(a, b, &out)) {
+    throw ConfigError(strCat(src, ": ", what, " overflows (", a, " x ", b,
+                             "); the batch settings are far too large"));
+  }
+  return out;
+}
+
+/// Phase 1: the batch triple G = m x a x W from whichever of the three are set.
+void resolveBatch(const Config& cfg, int64_t world, int64_t per_gpu_override, Plan& p) {
+  const auto& b = cfg.batch;
+  const std::string& src = cfg.source;
   int64_t G = b.global_auto ? 0 : b.global;
   int64_t m = per_gpu_override > 0 ? per_gpu_override : b.per_gpu;
   int64_t a = b.accum;
@@ -46,28 +53,32 @@ Plan makePlan(const Config& cfg, int64_t world, int64_t n, bool has_bn, int64_t 
     throw ConfigError(strCat(src, ": batch.per_gpu is 'auto': the batch search picks it at run "
                                   "time (batchdist search / batchdist train)"));
   }
-
   if (G > 0 && m > 0 && a > 0) {
-    if (G != m * a * world) {
+    const int64_t product = mul(mul(m, a, src, "batch.per_gpu x batch.accum"), world, src,
+                                "batch.per_gpu x batch.accum x world size");
+    if (G != product) {
       throw ConfigError(strCat(src, ": batch.global=", G, " != batch.per_gpu ", m,
-                               " x batch.accum ", a, " x world size ", world, " (= ", m * a * world,
+                               " x batch.accum ", a, " x world size ", world, " (= ", product,
                                "); drop one of the three to derive it, or ",
-                               nearestMultiples(G, m * world), " for batch.global"));
+                               nearestMultiples(G, mul(m, world, src, "batch.per_gpu x world size")),
+                               " for batch.global"));
     }
   } else if (G > 0 && m > 0) {
-    if (G % (m * world) != 0) {
+    const int64_t unit = mul(m, world, src, "batch.per_gpu x world size");
+    if (G % unit != 0) {
       throw ConfigError(strCat(src, ": batch.global=", G, " is not divisible by world size ", world,
-                               " x batch.per_gpu ", m, " (= ", m * world, "); ",
-                               nearestMultiples(G, m * world)));
+                               " x batch.per_gpu ", m, " (= ", unit, "); ",
+                               nearestMultiples(G, unit)));
     }
-    a = G / (m * world);
+    a = G / unit;
   } else if (G > 0 && a > 0) {
-    if (G % (a * world) != 0) {
+    const int64_t unit = mul(a, world, src, "batch.accum x world size");
+    if (G % unit != 0) {
       throw ConfigError(strCat(src, ": batch.global=", G, " is not divisible by world size ", world,
-                               " x batch.accum ", a, " (= ", a * world, "); ",
-                               nearestMultiples(G, a * world)));
+                               " x batch.accum ", a, " (= ", unit, "); ",
+                               nearestMultiples(G, unit)));
     }
-    m = G / (a * world);
+    m = G / unit;
   } else if (G > 0) {
     if (G % world != 0) {
       throw ConfigError(strCat(src, ": batch.global=", G, " is not divisible by world size ", world,
@@ -78,49 +89,69 @@ Plan makePlan(const Config& cfg, int64_t world, int64_t n, bool has_bn, int64_t 
   } else {
     if (m == 0) m = 32;
     if (a == 0) a = 1;
-    G = m * a * world;
+    G = mul(mul(m, a, src, "batch.per_gpu x batch.accum"), world, src,
+            "batch.per_gpu x batch.accum x world size");
   }
   p.per_gpu = m;
   p.accum = a;
   p.global = G;
+}
 
-  if (has_bn && b.last_batch == LastBatch::kKeep) {
+/// Phase 2: Note [equal shards] for BatchNorm: never fewer than 2 samples (nor
+/// fewer than batch.min_per_gpu) in a micro-batch, and no uneven last batch.
+void checkBatchNorm(const Config& cfg, bool has_bn, const Plan& p) {
+  if (!has_bn) return;
+  const std::string& src = cfg.source;
+  if (cfg.batch.last_batch == LastBatch::kKeep) {
     throw ConfigError(strCat(
         src, ": batch.last_batch: keep splits the short last batch unevenly and can give a rank "
              "0 or 1 samples, which BatchNorm cannot normalise (NaN running statistics); use "
              "'drop' or 'pad' for this model"));
   }
-  if (has_bn && m < b.min_per_gpu) {
-    throw ConfigError(strCat(src, ": batch.per_gpu=", m, " is below batch.min_per_gpu=",
-                             b.min_per_gpu, ": BatchNorm in training mode needs at least ",
-                             b.min_per_gpu, " samples per GPU per micro-batch; raise batch.global "
-                             "or lower batch.accum"));
+  const int64_t floor = std::max<int64_t>(2, cfg.batch.min_per_gpu);
+  if (p.per_gpu < floor) {
+    throw ConfigError(strCat(src, ": batch.per_gpu=", p.per_gpu, " is below ", floor,
+                             ": BatchNorm in training mode needs at least ", floor,
+                             " samples per GPU per micro-batch (batch.min_per_gpu, never below "
+                             "2); raise batch.global or lower batch.accum"));
   }
+}
 
-  if (b.last_batch == LastBatch::kDrop) {
+/// Phase 3: steps per epoch and what the last batch policy drops or pads.
+void planEpochs(const Config& cfg, int64_t n, Plan& p) {
+  const int64_t G = p.global;
+  if (cfg.batch.last_batch == LastBatch::kDrop) {
     p.steps_per_epoch = n / G;
     p.samples_dropped = n % G;
     if (p.steps_per_epoch == 0) {
-      throw ConfigError(strCat(src, ": the training set has ", n,
+      throw ConfigError(strCat(cfg.source, ": the training set has ", n,
                                " samples, fewer than batch.global=", G,
                                ", so batch.last_batch: drop leaves no step; lower the batch or "
                                "use last_batch: pad"));
     }
   } else {
-    p.steps_per_epoch = (n + G - 1) / G;
-    if (b.last_batch == LastBatch::kPad) p.samples_padded = (G - n % G) % G;
+    p.steps_per_epoch = n / G + (n % G != 0 ? 1 : 0);
+    if (cfg.batch.last_batch == LastBatch::kPad) p.samples_padded = (G - n % G) % G;
+    if (p.samples_padded > n) {
+      throw ConfigError(strCat(cfg.source, ": batch.global=", G, " with batch.last_batch: pad "
+                               "would add ", p.samples_padded, " padding samples to the ", n,
+                               " of the training set each epoch (more padding than data); lower "
+                               "the batch"));
+    }
   }
-
   p.epochs = cfg.train.epochs;
-  p.total_steps = p.epochs * p.steps_per_epoch;
+  p.total_steps = mul(p.epochs, p.steps_per_epoch, cfg.source, "train.epochs x steps per epoch");
   if (cfg.train.max_steps > 0) p.total_steps = std::min(p.total_steps, cfg.train.max_steps);
+}
 
+/// Phase 4: Note [lr follows the batch]: the peak rate scaled to G, warmup, schedule.
+void planLr(const Config& cfg, Plan& p) {
   const auto& o = cfg.optim;
-  p.optimizer = o.name;
+  p.optimizer = toString(o.name);
   p.base_lr = o.lr;
   p.base_batch = o.base_batch;
   p.lr_scaling = o.lr_scaling;
-  p.lr = scaledLr(o.lr, o.base_batch, G, o.lr_scaling);
+  p.lr = scaledLr(o.lr, o.base_batch, p.global, o.lr_scaling);
   p.warmup_steps = o.warmup_steps >= 0
                        ? o.warmup_steps
                        : static_cast<int64_t>(std::llround(o.warmup_epochs * p.steps_per_epoch));
@@ -130,11 +161,16 @@ Plan makePlan(const Config& cfg, int64_t world, int64_t n, bool has_bn, int64_t 
   p.milestones = o.milestones;
   std::sort(p.milestones.begin(), p.milestones.end());
   if (o.schedule == Schedule::kStep && p.milestones.empty()) {
-    throw ConfigError(strCat(src, ": optim.schedule: step needs optim.milestones (epochs at which "
-                                  "the rate is multiplied by optim.step_gamma), e.g. [30, 60]"));
+    throw ConfigError(strCat(cfg.source, ": optim.schedule: step needs optim.milestones (epochs at "
+                                         "which the rate is multiplied by optim.step_gamma), e.g. "
+                                         "[30, 60]"));
   }
+}
 
-  // Warnings worth a look, never fatal.
+/// Phase 5: warnings worth a look, never fatal.
+void planWarnings(const Config& cfg, Plan& p) {
+  const int64_t n = p.dataset_size;
+  const int64_t G = p.global;
   if (p.samples_dropped > 0) {
     p.warnings.push_back(strCat(p.samples_dropped, " of ", n, " training samples (",
                                 100.0 * p.samples_dropped / n,
@@ -145,8 +181,8 @@ Plan makePlan(const Config& cfg, int64_t world, int64_t n, bool has_bn, int64_t 
     p.warnings.push_back(strCat(p.samples_padded, " padding samples (weight 0) fill the last "
                                 "global batch each epoch (batch.last_batch: pad)"));
   }
-  if (p.lr_scaling != LrScaling::kNone && G > 8 * o.base_batch && p.warmup_steps == 0) {
-    p.warnings.push_back(strCat("lr scaled ", G / static_cast<double>(o.base_batch),
+  if (p.lr_scaling != LrScaling::kNone && G / 8 > cfg.optim.base_batch && p.warmup_steps == 0) {
+    p.warnings.push_back(strCat("lr scaled ", G / static_cast<double>(cfg.optim.base_batch),
                                 "x for batch ", G, " with no warmup; large-batch training usually "
                                 "needs optim.warmup_epochs (Goyal et al. 2017)"));
   }
@@ -154,10 +190,24 @@ Plan makePlan(const Config& cfg, int64_t world, int64_t n, bool has_bn, int64_t 
     p.warnings.push_back(strCat("warmup (", p.warmup_steps, " steps) is longer than the run (",
                                 p.total_steps, " steps)"));
   }
-  if (G > n / 2 && b.last_batch != LastBatch::kDrop) {
+  if (G > n / 2 && cfg.batch.last_batch != LastBatch::kDrop) {
     p.warnings.push_back(strCat("batch.global=", G, " is more than half the training set (", n,
                                 "): few steps per epoch"));
   }
+}
+
+}  // namespace
+
+Plan makePlan(const Config& cfg, int64_t world, int64_t n, bool has_bn, int64_t per_gpu_override) {
+  Plan p;
+  p.world_size = world;
+  p.last_batch = cfg.batch.last_batch;
+  p.dataset_size = n;
+  resolveBatch(cfg, world, per_gpu_override, p);
+  checkBatchNorm(cfg, has_bn, p);
+  planEpochs(cfg, n, p);
+  planLr(cfg, p);
+  planWarnings(cfg, p);
   return p;
 }
 
@@ -221,35 +271,31 @@ std::string planText(const Plan& p) {
   return os.str();
 }
 
-std::string planJson(const Plan& p) {
-  std::vector<std::string> ranks;
+nlohmann::ordered_json planJson(const Plan& p) {
+  auto ranks = nlohmann::ordered_json::array();
   for (int64_t r = 0; r < p.world_size; ++r) {
-    ranks.push_back(json::Object().add("rank", r).add("samples_per_epoch", p.rankSamplesPerEpoch(r)).str());
+    ranks.push_back({{"rank", r}, {"samples_per_epoch", p.rankSamplesPerEpoch(r)}});
   }
-  std::vector<std::string> warnings;
-  for (const auto& w : p.warnings) warnings.push_back(json::quote(w));
-  return json::Object()
-      .add("world_size", p.world_size)
-      .add("per_gpu_batch", p.per_gpu)
-      .add("accum_steps", p.accum)
-      .add("global_batch", p.global)
-      .add("last_batch", toString(p.last_batch))
-      .add("dataset_size", p.dataset_size)
-      .add("steps_per_epoch", p.steps_per_epoch)
-      .add("samples_dropped", p.samples_dropped)
-      .add("samples_padded", p.samples_padded)
-      .add("epochs", p.epochs)
-      .add("total_steps", p.total_steps)
-      .add("optimizer", p.optimizer)
-      .add("base_lr", p.base_lr)
-      .add("base_batch", p.base_batch)
-      .add("lr_scaling", toString(p.lr_scaling))
-      .add("lr", p.lr)
-      .add("warmup_steps", p.warmup_steps)
-      .add("schedule", toString(p.schedule))
-      .raw("ranks", json::array(ranks))
-      .raw("warnings", json::array(warnings))
-      .str();
+  return {{"world_size", p.world_size},
+          {"per_gpu_batch", p.per_gpu},
+          {"accum_steps", p.accum},
+          {"global_batch", p.global},
+          {"last_batch", toString(p.last_batch)},
+          {"dataset_size", p.dataset_size},
+          {"steps_per_epoch", p.steps_per_epoch},
+          {"samples_dropped", p.samples_dropped},
+          {"samples_padded", p.samples_padded},
+          {"epochs", p.epochs},
+          {"total_steps", p.total_steps},
+          {"optimizer", p.optimizer},
+          {"base_lr", p.base_lr},
+          {"base_batch", p.base_batch},
+          {"lr_scaling", toString(p.lr_scaling)},
+          {"lr", p.lr},
+          {"warmup_steps", p.warmup_steps},
+          {"schedule", toString(p.schedule)},
+          {"ranks", ranks},
+          {"warnings", p.warnings}};
 }
 
 std::vector<int64_t> seededPermutation(int64_t n, uint64_t seed, int64_t epoch) {

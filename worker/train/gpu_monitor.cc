@@ -1,4 +1,4 @@
-#include "worker/gpu_monitor.h"
+#include "worker/train/gpu_monitor.h"
 
 #include <dlfcn.h>
 

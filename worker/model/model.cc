@@ -1,13 +1,15 @@
-#include "worker/model.h"
+#include "worker/model/model.h"
 
 #include <torch/script.h>
 
 #include <atomic>
 #include <filesystem>
 #include <numeric>
+#include <sstream>
 
 #include "collective/error.h"
-#include "worker/util.h"
+#include "worker/common/util.h"
+#include "worker/config/config.h"
 
 namespace batchdist::worker {
 namespace nn = torch::nn;
@@ -242,10 +244,12 @@ class NnModel : public Model {
   }
   void train(bool on) override { module_->train(on); }
   void to(const at::Device& device) override { module_->to(device); }
-  void save(const std::string& path) override {
+  std::string serialize() override {
     torch::serialize::OutputArchive archive;
     module_->save(archive);
-    archive.save_to(path);
+    std::ostringstream out;
+    archive.save_to(out);
+    return out.str();
   }
   bool hasBatchNorm() const override { return moduleHasBatchNorm(*module_); }
   std::string describe() const override {
@@ -282,7 +286,11 @@ class ScriptModel : public Model {
   }
   void train(bool on) override { m_.train(on); }
   void to(const at::Device& device) override { m_.to(device); }
-  void save(const std::string& path) override { m_.save(path); }
+  std::string serialize() override {
+    std::ostringstream out;
+    m_.save(out);
+    return out.str();
+  }
   bool hasBatchNorm() const override {
     for (const auto& sub : m_.modules()) {
       const auto type = sub.type()->name();
@@ -370,12 +378,12 @@ std::unique_ptr<Model> buildModel(const ModelConfig& cfg, const std::vector<int6
                                   int64_t classes, const std::string& base_dir,
                                   collective::Communicator* comm) {
   collective::Communicator* sync = cfg.sync_batchnorm ? comm : nullptr;
-  if (cfg.name == "torchscript") {
+  if (cfg.name == ModelName::kTorchscript) {
     const auto path = resolvePath(cfg.path, base_dir);
     return checked(std::make_unique<ScriptModel>(loadScript(path), path), shape, classes,
                    "model.path: " + path);
   }
-  if (cfg.name == "mlp") {
+  if (cfg.name == ModelName::kMlp) {
     int64_t in = std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
     nn::Sequential net;
     net->push_back(nn::Flatten());
@@ -391,16 +399,18 @@ std::unique_ptr<Model> buildModel(const ModelConfig& cfg, const std::vector<int6
                    "model.name: mlp");
   }
   if (shape.size() != 3) {
-    throw ConfigError(strCat("model.name: ", cfg.name,
+    throw ConfigError(strCat("model.name: ", toString(cfg.name),
                              " needs image samples of shape [C, H, W], but the data has shape ",
                              shapeText(shape), "; set data.shape (e.g. [1, 8, 8]) or use mlp"));
   }
-  if (cfg.name == "resnet18" || cfg.name == "resnet50") {
-    const bool deep = cfg.name == "resnet50";
+  if (cfg.name == ModelName::kResnet18 || cfg.name == ModelName::kResnet50) {
+    const bool deep = cfg.name == ModelName::kResnet50;
     ResNet net(deep, deep ? std::vector<int64_t>{3, 4, 6, 3} : std::vector<int64_t>{2, 2, 2, 2},
-               shape[0], classes, cfg.stem == "imagenet", sync);
-    return checked(std::make_unique<NnModel<ResNet>>(net, cfg.name + " (" + cfg.stem + " stem)"),
-                   shape, classes, "model.name: " + cfg.name);
+               shape[0], classes, cfg.stem == ResnetStem::kImagenet, sync);
+    const std::string name = toString(cfg.name);
+    return checked(std::make_unique<NnModel<ResNet>>(
+                       net, strCat(name, " (", toString(cfg.stem), " stem)")),
+                   shape, classes, "model.name: " + name);
   }
   // cnn: 3x3 conv blocks, global average pooling, linear head.
   nn::Sequential net;
@@ -426,99 +436,12 @@ std::unique_ptr<Model> buildModel(const ModelConfig& cfg, const std::vector<int6
 }
 
 bool modelHasBatchNorm(const ModelConfig& cfg, const std::string& base_dir) {
-  if (cfg.name == "torchscript") {
+  if (cfg.name == ModelName::kTorchscript) {
     ScriptModel m(loadScript(resolvePath(cfg.path, base_dir)), cfg.path);
     return m.hasBatchNorm();
   }
-  if (cfg.name == "resnet18" || cfg.name == "resnet50") return true;
+  if (cfg.name == ModelName::kResnet18 || cfg.name == ModelName::kResnet50) return true;
   return cfg.batchnorm;
-}
-
-double larsTrustRatio(double weight_norm, double grad_norm, double weight_decay, double eta) {
-  if (weight_norm <= 0 || grad_norm <= 0) return 1.0;
-  return eta * weight_norm / (grad_norm + weight_decay * weight_norm);
-}
-
-namespace {
-
-template <typename TorchOpt, typename Options>
-class TorchOptimizer : public Optimizer {
- public:
-  TorchOptimizer(std::vector<torch::Tensor> params, Options opts) : opt_(std::move(params), opts) {}
-  void step(double lr) override {
-    for (auto& group : opt_.param_groups()) static_cast<Options&>(group.options()).lr(lr);
-    opt_.step();
-  }
-  void zeroGrad() override {
-    for (auto& group : opt_.param_groups()) {
-      for (auto& p : group.params()) {
-        if (p.grad().defined()) p.mutable_grad().zero_();
-      }
-    }
-  }
-
- private:
-  TorchOpt opt_;
-};
-
-/// SGD with layer-wise adaptive rate scaling. Weights (dim > 1) get the trust
-/// ratio and weight decay; biases and BatchNorm parameters (dim <= 1) are
-/// excluded from both, as in Goyal/You et al.
-class Lars : public Optimizer {
- public:
-  Lars(std::vector<torch::Tensor> params, const OptimConfig& cfg)
-      : params_(std::move(params)), cfg_(cfg) {
-    for (auto& p : params_) momentum_.push_back(torch::zeros_like(p));
-  }
-  void step(double lr) override {
-    torch::NoGradGuard no_grad;
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      auto& p = params_[i];
-      if (!p.grad().defined()) continue;
-      auto g = p.grad();
-      if (p.dim() > 1) {
-        const double wn = p.norm().item<double>();
-        const double gn = g.norm().item<double>();
-        const double trust = larsTrustRatio(wn, gn, cfg_.weight_decay, cfg_.trust_coefficient);
-        g = (g + cfg_.weight_decay * p) * trust;
-      }
-      momentum_[i].mul_(cfg_.momentum).add_(g, lr);
-      p.sub_(momentum_[i]);
-    }
-  }
-  void zeroGrad() override {
-    for (auto& p : params_) {
-      if (p.grad().defined()) p.mutable_grad().zero_();
-    }
-  }
-
- private:
-  std::vector<torch::Tensor> params_;
-  std::vector<torch::Tensor> momentum_;
-  OptimConfig cfg_;
-};
-
-}  // namespace
-
-std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<torch::Tensor> params) {
-  if (cfg.name == "sgd") {
-    if (cfg.nesterov && cfg.momentum <= 0) {
-      throw ConfigError("optim.nesterov: true needs optim.momentum > 0");
-    }
-    return std::make_unique<TorchOptimizer<torch::optim::SGD, torch::optim::SGDOptions>>(
-        params, torch::optim::SGDOptions(cfg.lr)
-                    .momentum(cfg.momentum)
-                    .nesterov(cfg.nesterov)
-                    .weight_decay(cfg.weight_decay));
-  }
-  if (cfg.name == "adamw") {
-    return std::make_unique<TorchOptimizer<torch::optim::AdamW, torch::optim::AdamWOptions>>(
-        params, torch::optim::AdamWOptions(cfg.lr)
-                    .betas({cfg.beta1, cfg.beta2})
-                    .eps(cfg.eps)
-                    .weight_decay(cfg.weight_decay));
-  }
-  return std::make_unique<Lars>(params, cfg);
 }
 
 }  // namespace batchdist::worker

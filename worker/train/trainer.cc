@@ -1,4 +1,4 @@
-#include "worker/trainer.h"
+#include "worker/train/trainer.h"
 
 #include <chrono>
 #include <cmath>
@@ -6,9 +6,10 @@
 #include <iostream>
 
 #include "collective/error.h"
-#include "worker/util.h"
+#include "worker/common/util.h"
 #include "collective/torch_compat.h"
-#include "worker/gpu_monitor.h"
+#include "worker/common/console.h"
+#include "worker/train/gpu_monitor.h"
 
 namespace batchdist::worker {
 namespace {
@@ -17,57 +18,16 @@ double pct(double part, double whole) { return whole > 0 ? 100.0 * part / whole 
 
 }  // namespace
 
-std::string formatFixed(double v, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-  return buf;
-}
-
-std::string formatDuration(double s) {
-  if (!std::isfinite(s) || s < 0) return "?";
-  const auto total = static_cast<int64_t>(std::llround(s));
-  char buf[32];
-  if (total >= 3600) {
-    std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", static_cast<long long>(total / 3600),
-                  static_cast<long long>(total / 60 % 60), static_cast<long long>(total % 60));
-  } else {
-    std::snprintf(buf, sizeof buf, "%lld:%02lld", static_cast<long long>(total / 60),
-                  static_cast<long long>(total % 60));
-  }
-  return buf;
-}
-
-void Console::line(const std::string& s) {
-  if (!enabled_) return;
-  if (pending_) std::cout << "\r\033[K";
-  pending_ = false;
-  std::cout << s << std::endl;
-}
-
-void Console::status(const std::string& s) {
-  if (!enabled_) return;
-  const double t = monotonicSeconds();
-  if (tty_) {
-    if (t - last_plain_ < 0.2) return;  // a terminal needs no more than 5 updates a second
-    std::cout << "\r\033[K" << s << std::flush;
-    pending_ = true;
-    last_plain_ = t;
-  } else if (t - last_plain_ >= 5.0) {
-    std::cout << s << std::endl;
-    last_plain_ = t;
-  }
-}
-
 Trainer::Trainer(const Config& cfg, collective::Communicator& comm, const DataSplit& data,
-                 at::Device device, const Plan& plan, const std::string& base_dir)
+                 at::Device device, const Plan& plan)
     : cfg_(cfg), comm_(comm), data_(data), device_(device), plan_(plan) {
-  checkPrecision(cfg.train.precision, device);
+  checkPrecision(cfg.train.precision, device, cfg.source);
   // Same seed on every rank: identical initial weights without communication;
   // rank 0's state is broadcast anyway (TorchScript modules bring their own).
   torch::manual_seed(static_cast<uint64_t>(cfg.train.seed));
   const auto transform = Transform::fromConfig(cfg.data, /*training=*/true);
   model_ = buildModel(cfg.model, transform.outputShape(data.train.sample_shape),
-                      data.train.classes, base_dir, &comm_);
+                      data.train.classes, cfg.base_dir, &comm_);
   model_->to(device_);
   collective::broadcastCoalesced(comm_, model_->state(), 0);
   // Per-rank stream for dropout etc., deterministic for a fixed world size.
@@ -84,7 +44,7 @@ Trainer::Trainer(const Config& cfg, collective::Communicator& comm, const DataSp
   lo.seed = static_cast<uint64_t>(cfg.train.seed) * 31 + comm_.rank();
   loader_ = std::make_unique<Loader>(data.train, lo);
   eval_transform_ = Transform::fromConfig(cfg.data, /*training=*/false);
-  if (cfg.train.precision == "fp16") {
+  if (cfg.train.precision == Precision::kFp16) {
     scaler_ = std::make_unique<LossScaler>(cfg.train.loss_scale, cfg.train.scale_growth_interval);
   }
 }
@@ -352,43 +312,6 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
     result.loss_scale = scaler_->scale();
   }
   return result;
-}
-
-std::vector<std::string> diagnose(const Config& cfg, const TrainResult& r, at::Device device,
-                                  const std::string& device_name) {
-  std::vector<std::string> out;
-  const double total = r.time.total();
-  if (total <= 0) return out;
-  const double data = pct(r.time.data_wait, total);
-  const double comm = pct(r.time.comm, total);
-  if (data > 10) {
-    out.push_back(strCat("data: ", formatFixed(data, 0), " % of step time waiting for batches (",
-                         formatFixed(r.time.data_wait, 1), " s of ", formatFixed(total, 1),
-                         " s); raise data.workers (now ", cfg.data.workers, ") or data.prefetch (now ",
-                         cfg.data.prefetch, "), or preprocess offline"));
-  }
-  if (comm > 30) {
-    out.push_back(strCat("communication: ", formatFixed(comm, 0),
-                         " % of step time in the gradient allreduce (", formatFixed(r.time.comm, 1),
-                         " s); a larger per-GPU batch or gradient accumulation (batch.accum) "
-                         "amortises it"));
-  }
-  if (device.is_cuda() && r.memory_total_mb > 0 && r.peak_memory_mb < 0.5 * r.memory_total_mb) {
-    out.push_back(strCat("memory: peak ", formatFixed(r.peak_memory_mb / 1024, 1), " GiB of ",
-                         formatFixed(r.memory_total_mb / 1024, 1), " GiB (",
-                         formatFixed(pct(r.peak_memory_mb, r.memory_total_mb), 0),
-                         " %); a larger batch fits: try batch.per_gpu: auto"));
-  }
-  if (device.is_cuda() && cfg.train.precision == "fp32") {
-    out.push_back(strCat("precision: fp32 on ", device_name,
-                         ", whose tensor cores run bf16/fp16 far faster; try train.precision: bf16 "
-                         "(or fp16), which also halves activation memory"));
-  }
-  if (r.gpu_utilization >= 0 && r.gpu_utilization < 70) {
-    out.push_back(strCat("utilization: the GPU was busy ", formatFixed(r.gpu_utilization, 0),
-                         " % of the time (NVML); see the data and communication shares above"));
-  }
-  return out;
 }
 
 }  // namespace batchdist::worker

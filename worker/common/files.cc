@@ -1,0 +1,146 @@
+#include "worker/common/files.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "collective/error.h"
+
+namespace batchdist::worker {
+namespace {
+
+std::string errnoText(int err) { return std::strerror(err); }
+
+/// Closes a descriptor on every path out.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+}  // namespace
+
+std::string byteSize(std::uintmax_t bytes) {
+  char buf[32];
+  if (bytes >= (std::uintmax_t{1} << 30)) {
+    std::snprintf(buf, sizeof buf, "%.1f GiB", bytes / double(1 << 30));
+  } else if (bytes >= (std::uintmax_t{1} << 20)) {
+    std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / double(1 << 20));
+  } else if (bytes >= 1024) {
+    std::snprintf(buf, sizeof buf, "%.1f KiB", bytes / 1024.0);
+  } else {
+    std::snprintf(buf, sizeof buf, "%ju bytes", bytes);
+  }
+  return buf;
+}
+
+std::string readFileBounded(const std::string& path, std::uintmax_t max_bytes,
+                            const std::string& what) {
+  Fd f;
+  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (f.fd < 0) throw ConfigError(strCat(path, ": cannot open ", what, " (", errnoText(errno), ")"));
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0) {
+    throw ConfigError(strCat(path, ": cannot read ", what, " (", errnoText(errno), ")"));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    throw ConfigError(strCat(path, ": is a directory, not a ", what));
+  }
+  const auto too_large = [&](const std::string& size) {
+    return ConfigError(strCat(path, ": ", what, " is too large (", size, "; at most ",
+                              byteSize(max_bytes), " is read)"));
+  };
+  std::string out;
+  if (S_ISREG(st.st_mode)) {
+    if (static_cast<std::uintmax_t>(st.st_size) > max_bytes) {
+      throw too_large(byteSize(static_cast<std::uintmax_t>(st.st_size)));
+    }
+    out.reserve(static_cast<std::size_t>(st.st_size));
+  }
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(f.fd, buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw ConfigError(strCat(path, ": cannot read ", what, " (", errnoText(errno), ")"));
+    }
+    if (n == 0) break;
+    if (out.size() + static_cast<std::size_t>(n) > max_bytes) {
+      throw too_large("more than " + byteSize(max_bytes));
+    }
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+  return out;
+}
+
+void writeFileAtomic(const std::string& path, const std::string& text) {
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  std::error_code ec;
+  if (p.has_parent_path()) {
+    fs::create_directories(p.parent_path(), ec);
+    if (ec) throw Error(strCat("cannot write ", path, ": cannot create its directory (", ec.message(), ")"));
+  }
+  const std::string tmp = path + ".tmp";
+  const auto fail = [&](int err) {
+    ::unlink(tmp.c_str());
+    return Error(strCat("cannot write ", path, ": ", errnoText(err)));
+  };
+  {
+    Fd f;
+    f.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (f.fd < 0) throw fail(errno);
+    std::size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = ::write(f.fd, text.data() + done, text.size() - done);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        throw fail(errno);
+      }
+      done += static_cast<std::size_t>(n);
+    }
+    if (::fsync(f.fd) != 0) throw fail(errno);
+    const int fd = f.fd;
+    f.fd = -1;
+    if (::close(fd) != 0) throw fail(errno);
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) throw fail(errno);
+}
+
+void checkWritableDirectory(const std::string& dir, const std::string& what) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir)) {
+    throw Error(strCat("cannot write ", what, " to ", dir, ": ",
+                       ec ? ec.message() : std::string("not a directory")));
+  }
+  const std::string probe = (fs::path(dir) / ".batchdist-write-check").string();
+  Fd f;
+  f.fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (f.fd < 0) {
+    throw Error(strCat("cannot write ", what, " to ", dir, ": ", errnoText(errno)));
+  }
+  ::unlink(probe.c_str());
+}
+
+void checkWritableFile(const std::string& path, const std::string& what) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    throw Error(strCat("cannot write ", what, " to ", path, ": it is a directory"));
+  }
+  const auto parent = fs::path(path).parent_path();
+  checkWritableDirectory(parent.empty() ? "." : parent.string(), what);
+  if (fs::exists(path, ec) && ::access(path.c_str(), W_OK) != 0) {
+    throw Error(strCat("cannot write ", what, " to ", path, ": ", errnoText(errno)));
+  }
+}
+
+}  // namespace batchdist::worker

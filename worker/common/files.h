@@ -1,0 +1,35 @@
+#pragma once
+// Reading and writing files with the errors a user can act on: every message
+// names the file and the cause (errno text), and nothing is read without a bound.
+
+#include <cstdint>
+#include <string>
+
+namespace batchdist::worker {
+
+/// Reads all of `path`. Throws ConfigError (it is the user's file) naming the
+/// file and the cause when it is missing, a directory, unreadable, or larger
+/// than `max_bytes` (checked before reading for regular files, while reading for
+/// pipes and devices such as /dev/zero). `what` says what the file is for
+/// ("config file", "data file"), for the message.
+std::string readFileBounded(const std::string& path, std::uintmax_t max_bytes,
+                            const std::string& what);
+
+/// Writes `text` to `path` atomically (temp file, fsync, rename; parent
+/// directories created). On failure the temporary file is removed, `path` keeps
+/// its earlier content, and Error names the file and the cause (e.g. "No space
+/// left on device").
+void writeFileAtomic(const std::string& path, const std::string& text);
+
+/// Throws Error naming `dir` and the cause unless files can be created in it
+/// (creating it if needed). For checking outputs before a long run starts.
+void checkWritableDirectory(const std::string& dir, const std::string& what);
+
+/// Throws Error naming `path` and the cause unless `path` can be written later:
+/// it is not a directory, and its directory is writable.
+void checkWritableFile(const std::string& path, const std::string& what);
+
+/// "1.5 MiB" style size text.
+std::string byteSize(std::uintmax_t bytes);
+
+}  // namespace batchdist::worker

@@ -1,0 +1,29 @@
+#pragma once
+// Optimizers: the plan owns the learning-rate schedule, so every optimizer takes
+// its rate at each step.
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <vector>
+
+#include "worker/config/config.h"
+
+namespace batchdist::worker {
+
+/// An optimizer whose learning rate is set every step (the plan owns the schedule).
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  virtual void step(double lr) = 0;
+  virtual void zeroGrad() = 0;
+};
+
+/// sgd (momentum, nesterov, weight decay), adamw, or lars, over `params`.
+std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<at::Tensor> params);
+
+/// LARS trust ratio of one layer: eta * |w| / (|g| + wd * |w|), or 1 when either
+/// norm is zero (You et al. 2017).
+double larsTrustRatio(double weight_norm, double grad_norm, double weight_decay, double eta);
+
+}  // namespace batchdist::worker

@@ -1,0 +1,80 @@
+#include "worker/report/report.h"
+
+namespace batchdist::worker {
+namespace {
+
+double share(double part, double whole) { return whole > 0 ? part / whole : 0.0; }
+
+nlohmann::ordered_json historyJson(const TrainResult& r) {
+  auto out = nlohmann::ordered_json::array();
+  for (const auto& h : r.history) {
+    out.push_back({{"epoch", h.epoch + 1},
+                   {"train_loss", h.train_loss},
+                   {"eval_loss", h.eval_loss},
+                   {"eval_accuracy", h.eval_accuracy},
+                   {"samples_per_s", h.samples_per_s},
+                   {"seconds", h.seconds}});
+  }
+  return out;
+}
+
+nlohmann::ordered_json timeJson(const TimeBreakdown& t) {
+  const double total = t.total();
+  return {{"data_wait_s", t.data_wait},
+          {"compute_s", t.compute},
+          {"comm_s", t.comm},
+          {"data_wait_fraction", share(t.data_wait, total)},
+          {"compute_fraction", share(t.compute, total)},
+          {"comm_fraction", share(t.comm, total)}};
+}
+
+}  // namespace
+
+nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const TrainResult& r,
+                                 const RunInfo& info) {
+  nlohmann::ordered_json o{{"batchdist_version", BATCHDIST_VERSION},
+                           {"torch_version", info.torch_version},
+                           {"world_size", info.world_size},
+                           {"hosts", info.hosts},
+                           {"backend", info.backend},
+                           {"device", info.device},
+                           {"data", info.data_origin},
+                           {"per_gpu_batch", plan.per_gpu},
+                           {"accum_steps", plan.accum},
+                           {"global_batch", plan.global},
+                           {"lr", plan.lr},
+                           {"warmup_steps", plan.warmup_steps},
+                           {"schedule", toString(plan.schedule)},
+                           {"precision", toString(cfg.train.precision)},
+                           {"epochs", r.epochs},
+                           {"steps", r.steps},
+                           {"samples", r.samples},
+                           {"samples_per_s", r.samples_per_s},
+                           {"train_loss", r.train_loss},
+                           {"eval_loss", r.eval_loss},
+                           {"eval_accuracy", r.eval_accuracy},
+                           {"wall_s", r.wall_s},
+                           {"completed", r.completed},
+                           {"model_path", info.model_path}};
+  if (!r.completed) o["stopped_by"] = info.stopped_by;
+  o["plan"] = planJson(plan);
+  o["history"] = historyJson(r);
+  o["time_breakdown"] = timeJson(r.time);
+  o["memory"] = {{"peak_mb", r.peak_memory_mb},
+                 {"total_mb", r.memory_total_mb},
+                 {"gpu_utilization", r.gpu_utilization}};
+  if (cfg.train.precision == Precision::kFp16) {
+    o["loss_scaler"] = {{"scale", r.loss_scale}, {"skipped_steps", r.skipped_steps}};
+  }
+  if (info.search) {
+    o["search"] = {{"chosen", info.search->chosen},
+                   {"cached", info.search->cached},
+                   {"candidates", info.search->candidates.size()},
+                   {"timed_steps", info.search->timed_steps},
+                   {"seconds", info.search->seconds}};
+  }
+  o["config"] = cfg.resolved;
+  return o;
+}
+
+}  // namespace batchdist::worker

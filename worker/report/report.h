@@ -1,0 +1,33 @@
+#pragma once
+// The JSON run report (--report PATH, and <output>/report.json): typed inputs,
+// one nlohmann document out.
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <string>
+
+#include "worker/config/config.h"
+#include "worker/plan/plan.h"
+#include "worker/search/search.h"
+#include "worker/train/result.h"
+
+namespace batchdist::worker {
+
+/// What the run knows besides the config, the plan and the training result.
+struct RunInfo {
+  int64_t world_size = 1;
+  int64_t hosts = 1;
+  std::string backend;
+  std::string device;
+  std::string torch_version;
+  std::string data_origin;
+  std::string model_path;             ///< where rank 0 saved the model
+  std::string stopped_by;             ///< "SIGTERM" when a signal ended the run early
+  std::optional<SearchResult> search; ///< when the batch was searched (or cached)
+};
+
+nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const TrainResult& result,
+                                 const RunInfo& info);
+
+}  // namespace batchdist::worker

@@ -1,0 +1,342 @@
+#include "worker/run.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include "collective/error.h"
+#include "collective/process_group.h"
+#include "collective/rendezvous.h"
+#include "collective/torch_compat.h"
+#include "worker/common/console.h"
+#include "worker/common/files.h"
+#include "worker/model/model.h"
+#include "worker/model/precision.h"
+#include "worker/report/diagnose.h"
+#include "worker/report/report.h"
+#include "worker/search/cache.h"
+#include "worker/search/output.h"
+#include "worker/search/search.h"
+#include "worker/train/step_measurer.h"
+#include "worker/train/trainer.h"
+
+namespace batchdist::worker {
+namespace fs = std::filesystem;
+
+std::string RankPlace::tag() const { return strCat("[rank ", rank, "/", size, " host ", host, "]"); }
+
+int usableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+namespace {
+
+/// Local rank -> device. CUDA ranks bind to GPU = local rank.
+at::Device pickDevice(const Config& cfg, const RankPlace& place) {
+  const bool have_cuda = torch::cuda::is_available();
+  if (cfg.train.device == DeviceKind::kCpu || (cfg.train.device == DeviceKind::kAuto && !have_cuda)) {
+    return at::kCPU;
+  }
+  if (!have_cuda) {
+    throw keyError(cfg.source, "train.device",
+                   strCat("cuda, but no CUDA device is visible on ", place.host,
+#if defined(BATCHDIST_WITH_CUDA)
+                          " (check CUDA_VISIBLE_DEVICES and the driver)"
+#else
+                          " (this batchdist was built against a CPU-only LibTorch)"
+#endif
+                          "; set train.device: cpu or auto"));
+  }
+  const int gpus = static_cast<int>(torch::cuda::device_count());
+  if (place.local_size > gpus) {
+    throw ConfigError(strCat(
+        "host ", place.host, " runs ", place.local_size, " ranks but this rank sees only ", gpus,
+        " GPU(s); start at most one rank per GPU (or set train.device: cpu)",
+        std::getenv("SLURM_JOB_ID") != nullptr
+            ? ". Under Slurm, --gpus-per-task binds every task to its own GPU unless the step "
+              "has --gpu-bind=none (the script `batchdist slurm` writes passes it)"
+            : ""));
+  }
+  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(place.local_rank));
+}
+
+/// Every rank must train the same thing: compares each rank's resolved config
+/// with rank 0's, key by key, skipping the keys a rank may set for itself.
+/// Collective; throws ConfigError on every rank.
+void checkConfigsAgree(const Config& cfg, collective::Communicator& comm) {
+  nlohmann::ordered_json mine = cfg.resolved;
+  for (const auto& key : Config::perRankKeys()) {
+    const auto dot = key.find('.');
+    if (mine.contains(key.substr(0, dot))) mine[key.substr(0, dot)].erase(key.substr(dot + 1));
+  }
+  const std::string text = mine.dump();
+  const auto root = nlohmann::ordered_json::parse(comm.broadcast(text, 0));
+  std::string diff;
+  if (root != mine) {
+    for (const auto& [section, keys] : mine.items()) {
+      for (const auto& [key, value] : keys.items()) {
+        const auto theirs = root.value(section, nlohmann::ordered_json::object()).value(key, nlohmann::ordered_json());
+        if (theirs != value) {
+          diff += strCat(diff.empty() ? "" : "; ", section, ".", key, " = ", value.dump(),
+                         " here, ", theirs.dump(), " on rank 0");
+        }
+      }
+    }
+    if (diff.empty()) diff = "the set of keys differs (different batchdist versions?)";
+  }
+  if (comm.any(!diff.empty())) {
+    throw ConfigError(diff.empty() ? std::string("another rank's config differs from rank 0's "
+                                                 "(see its message)")
+                                   : "config differs from rank 0's: " + diff +
+                                         ". Every rank must train the same model on the same "
+                                         "data; launch them with the same file and --set options");
+  }
+}
+
+/// The job's connection: rendezvous over MPI, then the process group.
+struct Connection {
+  std::unique_ptr<collective::Communicator> comm;
+  std::string store_address;
+  int threads = 1;
+};
+
+Connection connect(const RunSetup& s, const RankPlace& place) {
+  Connection c;
+  c.threads = s.cfg.train.threads > 0 ? static_cast<int>(s.cfg.train.threads)
+                                      : std::max(1, usableCpus() / place.local_size);
+  torch::set_num_threads(c.threads);
+  if (s.device.is_cuda()) compat::setCudaDevice(s.device.index());
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(s.cfg.dist.timeout_s * 1000));
+  collective::RendezvousOptions ro;
+  ro.interface = s.cfg.dist.interface;
+  ro.timeout = timeout;
+  ro.all_ranks_local = place.host_count == 1;
+  const auto rv = collective::rendezvousOverMpi(MPI_COMM_WORLD, ro);
+  collective::BackendOptions bo;
+  bo.backend = toString(s.cfg.dist.backend);
+  bo.device = s.device;
+  bo.timeout = timeout;
+  bo.interface = rv.interface;
+  bo.address = rv.address;
+  c.comm = collective::createCommunicator(rv.store, place.rank, place.size, bo);
+  c.store_address = rv.store_address;
+  return c;
+}
+
+/// The cached search result, if rank 0 has one for this setup (collective: rank
+/// 0 reads, every rank learns the answer).
+std::optional<SearchResult> lookupCache(const RunRequest& req, const Config& cfg,
+                                        collective::Communicator& comm, const std::string& path,
+                                        const std::string& key, Console& console) {
+  std::optional<SearchResult> cached;
+  if (comm.rank() == 0 && !req.research) {
+    const auto found = readSearchCache(path, key);
+    if (!found.problem.empty()) {
+      std::cerr << strCat("batchdist: warning: ignoring the search cache: ", found.problem,
+                          "; searching again\n")
+                << std::flush;
+    }
+    cached = found.result;
+  }
+  const auto hit = comm.broadcast(
+      cached ? strCat(cached->chosen, " ", cached->chosen_accum) : std::string(), 0);
+  if (hit.empty()) return std::nullopt;
+  if (!cached) {
+    cached.emplace();
+    std::istringstream(hit) >> cached->chosen >> cached->chosen_accum;
+    cached->cached = true;
+  }
+  console.line(strCat("batch search: cached result for this model, data, device and world size in ",
+                      path, " (--research to measure again)"));
+  return cached;
+}
+
+/// Runs (or reads from the cache) the coordinated batch search. Collective.
+SearchResult searchBatch(const RunRequest& req, const RunSetup& s, collective::Communicator& comm,
+                         Console& console) {
+  auto measurer = makeTrainStepMeasurer(s.cfg, comm, s.data, s.device);
+  SearchCacheInputs in;
+  in.train_size = s.data.train.size();
+  in.sample_shape = s.data.train.sample_shape;
+  in.classes = s.data.train.classes;
+  in.world = comm.size();
+  in.device = measurer->deviceName();
+  in.budgets = comm.allgather(measurer->memoryBudgetMb());
+  const auto key = searchCacheKey(s.cfg, in);
+  const std::string cache_path = s.cfg.search.cache.empty()
+                                     ? (fs::path(req.output) / "search_cache.json").string()
+                                     : s.cfg.search.cache;
+  if (auto cached = lookupCache(req, s.cfg, comm, cache_path, key, console)) return *cached;
+  BatchSearch search(s.cfg, comm, *measurer, s.data.train.size(), s.has_bn,
+                     [&req] { return req.stop_signal() != 0; });
+  auto result = search.run(&console);
+  if (comm.rank() == 0) writeSearchCache(cache_path, key, result);
+  return result;
+}
+
+void writeSearchArtifacts(const RunRequest& req, const SearchResult& result) {
+  writeFileAtomic((fs::path(req.output) / "search.json").string(), searchJson(result).dump(2) + "\n");
+  writeFileAtomic((fs::path(req.output) / "search.svg").string(), searchSvg(result));
+  if (!req.quiet) std::cout << searchTable(result) << std::flush;
+}
+
+/// Rank 0's artifacts and summary lines after training.
+void finishRun(const RunRequest& req, const RankPlace& place, const RunSetup& s,
+               collective::Communicator& comm, Trainer& trainer, const TrainResult& result,
+               const std::optional<SearchResult>& searched, int sig, Console& console) {
+  const std::string model_path = (fs::path(req.output) / "model.pt").string();
+  writeFileAtomic(model_path, trainer.model().serialize());
+  RunInfo info;
+  info.world_size = place.size;
+  info.hosts = place.host_count;
+  info.backend = comm.backendName();
+  info.device = s.device.str();
+  info.torch_version = compat::torchVersion();
+  info.data_origin = s.data.origin;
+  info.model_path = model_path;
+  if (!result.completed) info.stopped_by = strCat("SIG", sigabbrev_np(sig ? sig : SIGTERM));
+  info.search = searched;
+  const auto report = runReport(s.cfg, s.plan, result, info).dump(2) + "\n";
+  writeFileAtomic((fs::path(req.output) / "report.json").string(), report);
+  if (!req.report.empty()) writeFileAtomic(req.report, report);
+
+  const auto& t = result.time;
+  const double tt = std::max(1e-9, t.total());
+  console.line(strCat("time: data wait ", formatFixed(100 * t.data_wait / tt, 1), " %, compute ",
+                      formatFixed(100 * t.compute / tt, 1), " %, communication ",
+                      formatFixed(100 * t.comm / tt, 1), " % of step time (rank 0)"));
+  const auto name = s.device.is_cuda() ? compat::cudaDeviceName(s.device.index()) : "cpu";
+  for (const auto& f : diagnose(s.cfg, result, s.device.is_cuda(), name)) {
+    console.line("diagnosis: " + f);
+  }
+  console.line(strCat(result.completed ? "done: " : "stopped early: ", result.steps,
+                      " steps, eval accuracy ", formatFixed(100.0 * result.eval_accuracy, 2), " %, ",
+                      static_cast<int64_t>(result.samples_per_s), " samples/s, ",
+                      formatDuration(result.wall_s), "; wrote ", req.output,
+                      "/report.json and model.pt"));
+}
+
+/// The signal any rank received (all learn it; collective).
+int agreedSignal(const RunRequest& req, collective::Communicator& comm) {
+  return static_cast<int>(
+      comm.allreduce(static_cast<double>(req.stop_signal()), collective::ReduceOp::kMax));
+}
+
+}  // namespace
+
+RunSetup prepareRun(const RunRequest& req, const RankPlace& place) {
+  RunSetup s;
+  s.cfg = loadConfig(req.config_path, req.sets);
+  if (place.rank == 0) {
+    // Before anything long: a run whose results cannot be saved is not started.
+    checkWritableDirectory(req.output, "the results (--output)");
+    if (!req.report.empty()) checkWritableFile(req.report, "the report (--report)");
+    if (!s.cfg.search.cache.empty()) checkWritableFile(s.cfg.search.cache, "the search cache (search.cache)");
+  }
+  s.device = pickDevice(s.cfg, place);
+  checkPrecision(s.cfg.train.precision, s.device, s.cfg.source);
+  s.data = loadData(s.cfg.data, s.cfg.train.seed, s.cfg.base_dir);
+  s.has_bn = modelHasBatchNorm(s.cfg.model, s.cfg.base_dir);
+  if (!req.search_only && !s.cfg.batch.per_gpu_auto) {
+    s.plan = makePlan(s.cfg, place.size, s.data.train.size(), s.has_bn);
+  }
+  return s;
+}
+
+int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
+  auto conn = connect(s, place);
+  auto& comm = *conn.comm;
+  checkConfigsAgree(s.cfg, comm);
+  const bool lead = place.rank == 0;
+  Console console(lead && !req.quiet, isatty(STDOUT_FILENO) != 0);
+  console.line(strCat("batchdist ", BATCHDIST_VERSION, ": ", place.size, " rank(s) on ",
+                      place.host_count, " host(s), backend ", comm.backendName(), ", device ",
+                      s.device.str(), ", torch ", compat::torchVersion(), ", ", conn.threads,
+                      " thread(s)/rank, store ", conn.store_address));
+  console.line(strCat("data: ", s.data.origin, " -> ", s.data.train.size(), " train / ",
+                      s.data.val.size(), " validation samples"));
+
+  std::optional<SearchResult> searched;
+  if (req.search_only || s.cfg.batch.per_gpu_auto) {
+    try {
+      searched = searchBatch(req, s, comm, console);
+    } catch (const SearchStopped& e) {
+      const int sig = agreedSignal(req, comm);
+      console.line(strCat("stop requested during the batch search: every rank stopped ", e.what(),
+                          "; nothing was trained"));
+      comm.barrier();
+      return 128 + (sig ? sig : SIGTERM);
+    }
+    if (lead) writeSearchArtifacts(req, *searched);
+    // The plan (shards, lr scaling, warmup, BatchNorm minimum) follows the choice.
+    s.plan = makePlan(s.cfg, place.size, s.data.train.size(), s.has_bn, searched->chosen);
+    if (req.search_only) {
+      if (console.enabled()) std::cout << planText(s.plan) << std::flush;
+      comm.barrier();
+      return 0;
+    }
+  }
+  if (console.enabled()) std::cout << planText(s.plan) << std::flush;
+
+  Trainer trainer(s.cfg, comm, s.data, s.device, s.plan);
+  console.line(strCat("model: ", trainer.model().describe(), ", precision ",
+                      toString(s.cfg.train.precision),
+                      s.cfg.model.sync_batchnorm ? ", synchronised BatchNorm" : ""));
+  const auto result = trainer.train(console, [&req] { return req.stop_signal() != 0; });
+  // The signal may have reached only some ranks; all learn which (once per run).
+  const int own_sig = req.stop_signal();
+  const int sig = agreedSignal(req, comm);
+  if (!result.completed && own_sig != 0) {
+    std::cerr << strCat(place.tag(), " received SIG", sigabbrev_np(own_sig),
+                        ": stopped cleanly after step ", result.steps,
+                        "; rank 0 saves the model and the report\n")
+              << std::flush;
+  }
+  if (lead) finishRun(req, place, s, comm, trainer, result, searched, sig, console);
+  comm.barrier();
+  return result.completed ? 0 : 128 + (sig ? sig : SIGTERM);
+}
+
+std::string planOutput(const RunRequest& req, int world, bool json) {
+  const auto cfg = loadConfig(req.config_path, req.sets);
+  const auto info = describeData(cfg.data, cfg.train.seed, cfg.base_dir);
+  world = std::max(1, world);
+  if (cfg.batch.per_gpu_auto) {
+    // Nothing to plan yet: the search picks the batch on the real hardware.
+    const auto& sc = cfg.search;
+    if (json) {
+      nlohmann::ordered_json j{{"world_size", world},
+                               {"per_gpu_batch", "auto"},
+                               {"dataset_size", info.train_size},
+                               {"search",
+                                {{"min", sc.min},
+                                 {"max", sc.max},
+                                 {"objective", toString(sc.objective)},
+                                 {"tolerance", sc.tolerance}}}};
+      return j.dump(2) + "\n";
+    }
+    return strCat("plan: world ", world,
+                  " x per-GPU batch auto: the batch search picks it at run time, measuring "
+                  "candidates from search.min=",
+                  sc.min, sc.max > 0 ? strCat(" to search.max=", sc.max) : std::string(),
+                  " on every rank (objective ", toString(sc.objective), "); run `batchdist search ",
+                  req.config_path, "` under mpirun to see it\n");
+  }
+  const auto plan = makePlan(cfg, world, info.train_size, modelHasBatchNorm(cfg.model, cfg.base_dir));
+  return json ? planJson(plan).dump(2) + "\n" : planText(plan);
+}
+
+}  // namespace batchdist::worker

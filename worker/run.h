@@ -1,0 +1,73 @@
+#pragma once
+// One run of batchdist on this rank: set-up, configs agree, search or cache,
+// plan, train, artifacts. The launcher (launcher/main.cc) owns the command line,
+// the MPI scope, the signals and the exit codes, and calls in here.
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "worker/config/config.h"
+#include "worker/data/data.h"
+#include "worker/plan/plan.h"
+
+namespace batchdist::worker {
+
+/// Where this rank sits in the job (the launcher learns it from MPI).
+struct RankPlace {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  int host_count = 1;
+  std::string host;
+  /// "[rank R/N host H]", the prefix of every per-rank message.
+  std::string tag() const;
+};
+
+/// What the user asked for.
+struct RunRequest {
+  std::string config_path;
+  std::vector<std::string> sets;  ///< --set key.path=value
+  std::string output = "batchdist-out";
+  std::string report;             ///< --report PATH (a copy of report.json), or empty
+  bool quiet = false;
+  bool research = false;          ///< ignore the search cache
+  bool search_only = false;       ///< the `search` verb: search, print the plan, stop
+  /// The signal that asked this rank to stop (SIGTERM, SIGUSR1, SIGINT), or 0.
+  std::function<int()> stop_signal = [] { return 0; };
+};
+
+/// The local, deterministic part of the set-up: every rank does it alone and
+/// fails the same way, so the launcher can agree on the outcome without a
+/// collective.
+struct RunSetup {
+  Config cfg;
+  DataSplit data;
+  Plan plan;  ///< empty (global 1) when per_gpu is auto: the search decides
+  bool has_bn = false;
+  at::Device device = at::kCPU;
+};
+
+/// Loads the config and data, picks the device, plans the batch (unless the
+/// search will), and checks that rank 0 can write every output before anything
+/// long starts. Throws Error (ConfigError: bad input, exit 2).
+RunSetup prepareRun(const RunRequest& req, const RankPlace& place);
+
+/// Everything after the set-up: rendezvous, the cross-rank config check, the
+/// batch search (or its cache), training, and rank 0's artifacts (model.pt,
+/// report.json, search.json/svg). Collective. Returns the exit code: 0, or
+/// 128 + signal when a stop request ended the run early. Throws Error.
+int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& setup);
+
+/// The `plan` verb's output (text, or JSON with `json`) for `world` ranks.
+/// Throws Error.
+std::string planOutput(const RunRequest& req, int world, bool json);
+
+/// CPUs this process may run on (its affinity mask: cgroups, taskset, Slurm's
+/// --cpus-per-task), not the machine's core count.
+int usableCpus();
+
+}  // namespace batchdist::worker

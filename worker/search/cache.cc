@@ -1,0 +1,88 @@
+#include "worker/search/cache.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <filesystem>
+#include <set>
+
+#include "collective/error.h"
+#include "collective/torch_compat.h"
+#include "worker/common/console.h"
+#include "worker/common/files.h"
+#include "worker/search/output.h"
+
+namespace batchdist::worker {
+namespace {
+
+/// A cache file is small; anything larger is not ours.
+constexpr std::uintmax_t kMaxCacheBytes = std::uintmax_t{16} << 20;
+
+/// Why `r` cannot be trusted as a search result, or "".
+std::string implausible(const SearchResult& r) {
+  if (r.chosen <= 0) return strCat("chosen per-GPU batch ", r.chosen, " is not positive");
+  if (r.chosen_accum <= 0) return strCat("chosen accumulation ", r.chosen_accum, " is not positive");
+  for (const auto& c : r.candidates) {
+    if (c.per_gpu == r.chosen && c.accum == r.chosen_accum && !c.failed) return "";
+  }
+  return strCat("chosen per-GPU batch ", r.chosen, " x accum ", r.chosen_accum,
+                " is not among the measured candidates that fit");
+}
+
+}  // namespace
+
+std::string searchCacheKey(const Config& cfg, const SearchCacheInputs& in) {
+  // The resolved model/optim/search/batch sections plus what the machine adds.
+  nlohmann::ordered_json key;
+  for (const char* section : {"model", "optim", "search", "batch"}) {
+    auto s = cfg.resolved.value(section, nlohmann::ordered_json::object());
+    s.erase("cache");
+    s.erase("per_gpu");
+    key[section] = s;
+  }
+  key["data"] = {{"shape", in.sample_shape}, {"classes", in.classes}, {"train", in.train_size},
+                 {"resize", cfg.data.resize}};
+  std::vector<std::string> budgets;
+  for (double b : in.budgets) budgets.push_back(formatFixed(b, 0));
+  key["precision"] = toString(cfg.train.precision);
+  key["device"] = in.device;
+  key["world"] = in.world;
+  key["budgets"] = budgets;
+  key["torch"] = compat::torchVersion();
+  return key.dump();
+}
+
+CacheLookup readSearchCache(const std::string& path, const std::string& key) {
+  CacheLookup out;
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return out;  // first run: search
+  try {
+    const auto root = nlohmann::json::parse(readFileBounded(path, kMaxCacheBytes, "search cache"));
+    if (!root.is_object() || !root.contains("key") || !root.contains("result")) {
+      out.problem = strCat(path, ": not a batchdist search cache (no key/result)");
+      return out;
+    }
+    if (!root["key"].is_string() || root["key"].get<std::string>() != key) return out;  // other setup
+    auto r = searchFromJson(root.at("result"));
+    if (const auto why = implausible(r); !why.empty()) {
+      out.problem = strCat(path, ": damaged entry: ", why);
+      return out;
+    }
+    r.cached = true;
+    r.timed_steps = 0;  // none this run
+    r.seconds = 0;
+    out.result = std::move(r);
+  } catch (const Error& e) {
+    out.problem = e.what();
+  } catch (const std::exception& e) {
+    out.problem = strCat(path, ": damaged: ", e.what());
+  }
+  return out;
+}
+
+void writeSearchCache(const std::string& path, const std::string& key, const SearchResult& r) {
+  nlohmann::ordered_json j{{"key", key}, {"result", searchJson(r)}};
+  writeFileAtomic(path, j.dump(2) + "\n");
+}
+
+}  // namespace batchdist::worker

@@ -1,0 +1,200 @@
+#include "worker/search/output.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <iomanip>
+#include <sstream>
+#include <stdexcept>
+
+#include "collective/error.h"
+#include "worker/common/console.h"
+
+namespace batchdist::worker {
+
+std::string xmlEscape(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&apos;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+nlohmann::ordered_json searchJson(const SearchResult& r) {
+  auto cands = nlohmann::ordered_json::array();
+  for (const auto& c : r.candidates) {
+    cands.push_back({{"per_gpu_batch", c.per_gpu},
+                     {"accum_steps", c.accum},
+                     {"global_batch", c.global},
+                     {"failed", c.failed},
+                     {"reason", c.reason},
+                     {"samples_per_s", c.global_sps},
+                     {"rank_samples_per_s_min", c.min_rank_sps},
+                     {"rank_samples_per_s_max", c.max_rank_sps},
+                     {"peak_memory_mb", c.peak_mb},
+                     {"rank_peak_memory_mb", c.rank_peak_mb},
+                     {"measurements", c.measurements},
+                     {"chosen", c.per_gpu == r.chosen}});
+  }
+  return {{"chosen", r.chosen},
+          {"chosen_accum", r.chosen_accum},
+          {"why", r.why},
+          {"cached", r.cached},
+          {"objective", toString(r.objective)},
+          {"tolerance", r.tolerance},
+          {"memory_budget_mb", r.memory_budget_mb},
+          {"device", r.device},
+          {"world_size", r.world_size},
+          {"timed_steps", r.timed_steps},
+          {"seconds", r.seconds},
+          {"candidates", cands}};
+}
+
+SearchResult searchFromJson(const nlohmann::json& j) {
+  SearchResult r;
+  r.chosen = j.at("chosen").get<int64_t>();
+  r.chosen_accum = j.at("chosen_accum").get<int64_t>();
+  r.why = j.at("why").get<std::string>();
+  const auto objective = parseEnum<Objective>(j.at("objective").get<std::string>());
+  if (!objective) throw std::invalid_argument("unknown objective");
+  r.objective = *objective;
+  r.tolerance = j.at("tolerance").get<double>();
+  r.memory_budget_mb = j.at("memory_budget_mb").get<double>();
+  r.device = j.at("device").get<std::string>();
+  r.world_size = j.at("world_size").get<int64_t>();
+  for (const auto& c : j.at("candidates")) {
+    Candidate k;
+    k.per_gpu = c.at("per_gpu_batch").get<int64_t>();
+    k.accum = c.at("accum_steps").get<int64_t>();
+    k.global = c.at("global_batch").get<int64_t>();
+    k.failed = c.at("failed").get<bool>();
+    k.reason = c.at("reason").get<std::string>();
+    k.global_sps = c.at("samples_per_s").get<double>();
+    k.min_rank_sps = c.at("rank_samples_per_s_min").get<double>();
+    k.max_rank_sps = c.at("rank_samples_per_s_max").get<double>();
+    k.peak_mb = c.at("peak_memory_mb").get<double>();
+    k.measurements = c.value("measurements", int64_t{1});
+    k.rank_peak_mb = c.value("rank_peak_memory_mb", std::vector<double>{});
+    r.candidates.push_back(std::move(k));
+  }
+  return r;
+}
+
+std::string searchTable(const SearchResult& r) {
+  std::ostringstream os;
+  os << "  per-GPU  accum  global   samples/s   rank min..max samples/s   peak MB  result\n";
+  for (const auto& c : r.candidates) {
+    char line[256];
+    std::snprintf(line, sizeof line, "  %7lld  %5lld  %6lld  %10.0f   %10.0f..%-10.0f  %8.0f  %s%s\n",
+                  static_cast<long long>(c.per_gpu), static_cast<long long>(c.accum),
+                  static_cast<long long>(c.global), c.global_sps, c.min_rank_sps, c.max_rank_sps,
+                  c.peak_mb, c.failed ? c.reason.c_str() : "ok",
+                  c.per_gpu == r.chosen ? "  <- chosen" : "");
+    os << line;
+  }
+  os << "  chosen per-GPU batch " << r.chosen << " x accum " << r.chosen_accum << ": " << r.why
+     << (r.cached ? " [cached]" : "") << "\n";
+  return os.str();
+}
+
+std::string searchSvg(const SearchResult& r) {
+  const double W = 720, H = 420, L = 70, R = 70, T = 40, B = 50;
+  double xmin = 1e300, xmax = 0, smax = 1, mmax = std::max(1.0, r.memory_budget_mb);
+  for (const auto& c : r.candidates) {
+    xmin = std::min(xmin, std::log2(static_cast<double>(c.per_gpu)));
+    xmax = std::max(xmax, std::log2(static_cast<double>(c.per_gpu)));
+    smax = std::max(smax, c.global_sps);
+    mmax = std::max(mmax, c.peak_mb);
+  }
+  if (r.candidates.empty()) xmin = 0, xmax = 1;
+  if (xmax - xmin < 1e-9) xmin -= 0.5, xmax += 0.5;
+  auto X = [&](int64_t m) {
+    return L + (std::log2(static_cast<double>(m)) - xmin) / (xmax - xmin) * (W - L - R);
+  };
+  auto Ys = [&](double v) { return H - B - v / (smax * 1.1) * (H - T - B); };
+  auto Ym = [&](double v) { return H - B - v / (mmax * 1.1) * (H - T - B); };
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1);
+  os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
+     << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
+     << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+     << "<text x=\"" << W / 2 << "\" y=\"20\" text-anchor=\"middle\" font-size=\"14\">batch search: "
+     << r.world_size << " rank(s), " << xmlEscape(r.device) << ", objective "
+     << toString(r.objective) << "</text>\n"
+     << "<line x1=\"" << L << "\" y1=\"" << H - B << "\" x2=\"" << W - R << "\" y2=\"" << H - B
+     << "\" stroke=\"black\"/>\n"
+     << "<line x1=\"" << L << "\" y1=\"" << T << "\" x2=\"" << L << "\" y2=\"" << H - B
+     << "\" stroke=\"#1f77b4\"/>\n"
+     << "<line x1=\"" << W - R << "\" y1=\"" << T << "\" x2=\"" << W - R << "\" y2=\"" << H - B
+     << "\" stroke=\"#d62728\"/>\n"
+     << "<text x=\"" << W / 2 << "\" y=\"" << H - 12
+     << "\" text-anchor=\"middle\">per-GPU batch (log scale)</text>\n"
+     << "<text x=\"16\" y=\"" << H / 2 << "\" transform=\"rotate(-90 16 " << H / 2
+     << ")\" text-anchor=\"middle\" fill=\"#1f77b4\">samples/s (all ranks)</text>\n"
+     << "<text x=\"" << W - 14 << "\" y=\"" << H / 2 << "\" transform=\"rotate(90 " << W - 14 << " "
+     << H / 2 << ")\" text-anchor=\"middle\" fill=\"#d62728\">peak memory (MB)</text>\n"
+     << "<text x=\"" << L - 6 << "\" y=\"" << Ys(smax) << "\" text-anchor=\"end\" fill=\"#1f77b4\">"
+     << std::setprecision(0) << smax << "</text>\n"
+     << "<text x=\"" << W - R + 6 << "\" y=\"" << Ym(mmax) << "\" fill=\"#d62728\">" << mmax
+     << "</text>\n"
+     << std::setprecision(1);
+  auto sorted = r.candidates;
+  std::sort(sorted.begin(), sorted.end(),
+            [](const Candidate& a, const Candidate& b) { return a.per_gpu < b.per_gpu; });
+  std::string sps_pts, mem_pts;
+  double last_label = -1e9;
+  for (const auto& c : sorted) {
+    if (X(c.per_gpu) - last_label >= 30) {  // labels of clustered sizes would overlap
+      os << "<text x=\"" << X(c.per_gpu) << "\" y=\"" << H - B + 16
+         << "\" text-anchor=\"middle\">" << c.per_gpu << "</text>\n";
+      last_label = X(c.per_gpu);
+    }
+    if (c.failed) {
+      os << "<text x=\"" << X(c.per_gpu) << "\" y=\"" << H - B - 4
+         << "\" text-anchor=\"middle\" fill=\"#d62728\" font-weight=\"bold\">x<title>" << xmlEscape(c.reason)
+         << "</title></text>\n";
+      continue;
+    }
+    sps_pts += strCat(X(c.per_gpu), ",", Ys(c.global_sps), " ");
+    if (c.peak_mb > 0) mem_pts += strCat(X(c.per_gpu), ",", Ym(c.peak_mb), " ");
+    os << "<circle cx=\"" << X(c.per_gpu) << "\" cy=\"" << Ys(c.global_sps)
+       << "\" r=\"3\" fill=\"#1f77b4\"/>\n";
+    if (c.peak_mb > 0) {
+      os << "<rect x=\"" << X(c.per_gpu) - 3 << "\" y=\"" << Ym(c.peak_mb) - 3
+         << "\" width=\"6\" height=\"6\" fill=\"#d62728\"/>\n";
+    }
+  }
+  os << "<polyline points=\"" << sps_pts << "\" fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"2\"/>\n";
+  if (!mem_pts.empty()) {
+    os << "<polyline points=\"" << mem_pts
+       << "\" fill=\"none\" stroke=\"#d62728\" stroke-width=\"1.5\"/>\n";
+  }
+  if (r.memory_budget_mb > 0) {
+    os << "<line x1=\"" << L << "\" y1=\"" << Ym(r.memory_budget_mb) << "\" x2=\"" << W - R
+       << "\" y2=\"" << Ym(r.memory_budget_mb)
+       << "\" stroke=\"#d62728\" stroke-dasharray=\"6,4\"/>\n"
+       << "<text x=\"" << L + 4 << "\" y=\"" << Ym(r.memory_budget_mb) - 4
+       << "\" fill=\"#d62728\">memory budget " << std::setprecision(0) << r.memory_budget_mb
+       << " MB</text>\n"
+       << std::setprecision(1);
+  }
+  for (const auto& c : sorted) {
+    if (c.per_gpu != r.chosen || c.failed) continue;
+    os << "<circle cx=\"" << X(c.per_gpu) << "\" cy=\"" << Ys(c.global_sps)
+       << "\" r=\"8\" fill=\"none\" stroke=\"green\" stroke-width=\"2.5\"/>\n"
+       << "<text x=\"" << X(c.per_gpu) << "\" y=\"" << Ys(c.global_sps) - 12
+       << "\" text-anchor=\"middle\" fill=\"green\">chosen: " << c.per_gpu << "</text>\n";
+  }
+  os << "</svg>\n";
+  return os.str();
+}
+
+}  // namespace batchdist::worker

@@ -1,0 +1,51 @@
+#pragma once
+// What a training run produced: the trainer fills it, the report writes it.
+// Pure data (no torch), so the report does not depend on the trainer.
+
+#include <cstdint>
+#include <vector>
+
+namespace batchdist::worker {
+
+/// Where a step's time goes (seconds, this rank).
+struct TimeBreakdown {
+  double data_wait = 0;  ///< blocked waiting for the loader
+  double compute = 0;    ///< forward, backward, optimizer
+  double comm = 0;       ///< exposed gradient communication
+  double total() const { return data_wait + compute + comm; }
+  void add(const TimeBreakdown& o) {
+    data_wait += o.data_wait;
+    compute += o.compute;
+    comm += o.comm;
+  }
+};
+
+struct EpochStats {
+  int64_t epoch = 0;
+  double train_loss = 0;
+  double eval_loss = 0;
+  double eval_accuracy = 0;
+  double samples_per_s = 0;
+  double seconds = 0;
+};
+
+struct TrainResult {
+  int64_t steps = 0;
+  int64_t epochs = 0;
+  int64_t samples = 0;  ///< real (weight 1) samples trained on, all ranks
+  double samples_per_s = 0;
+  double train_loss = 0;
+  double eval_loss = 0;
+  double eval_accuracy = 0;
+  double wall_s = 0;
+  bool completed = true;     ///< false if a stop request ended the run early
+  TimeBreakdown time;        ///< summed over the run, this rank (rank 0 reports)
+  double peak_memory_mb = 0; ///< CUDA allocator peak (0 on CPU)
+  double memory_total_mb = 0;
+  double gpu_utilization = -1;  ///< mean NVML utilization in %, -1 if unknown
+  int64_t skipped_steps = 0; ///< fp16: steps skipped for inf/NaN gradients
+  double loss_scale = 0;     ///< fp16: final loss scale
+  std::vector<EpochStats> history;
+};
+
+}  // namespace batchdist::worker
