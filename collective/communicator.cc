@@ -2,6 +2,10 @@
 
 #include <ATen/ATen.h>
 
+#include <cstring>
+#include <string>
+#include <vector>
+
 namespace batchdist::collective {
 
 std::vector<double> Communicator::allreduce(const std::vector<double>& values, ReduceOp op) {

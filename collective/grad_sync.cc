@@ -27,6 +27,13 @@ GradientSynchronizer::GradientSynchronizer(Communicator& comm, std::vector<at::T
     buckets_[it->second].params.push_back(k);
     bytes[it->second] += nbytes;
   }
+  if (buckets_.empty()) {
+    // No trainable parameter: one bucket holding only the side channel, so the
+    // per-step agreement (stop requests) still travels.
+    buckets_.push_back({});
+    buckets_.back().flat = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(comm_.device()));
+    return;
+  }
   for (std::size_t i = 0; i < buckets_.size(); ++i) {
     auto& b = buckets_[i];
     int64_t n = 0;

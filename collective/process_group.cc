@@ -2,7 +2,10 @@
 
 #include <ATen/ATen.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <thread>
 
 #include "collective/error.h"
 #include "collective/torch_compat.h"
@@ -25,37 +28,98 @@ std::string joined(const std::vector<std::string>& v) {
   return out;
 }
 
+std::string firstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+std::string thisHost() {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  return host;
+}
+
+std::string text(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
+std::vector<uint8_t> bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+
+/// Note [stall report]: when a collective times out, the ranks that are still
+/// alive find out who is missing, as c10d's monitored barrier and Horovod's
+/// stall inspector do: each writes "arrived at collective #seq" to the
+/// rendezvous store, waits a few seconds for the others' keys, and names the
+/// ranks (and hosts) whose key never came: they are stopped (SIGSTOP, a debugger),
+/// hung elsewhere, or dead. Every rank counts its collectives in the same order,
+/// so #seq is the same collective on every rank. The store lives on rank 0: if
+/// it does not answer, rank 0 itself is the one missing.
+std::string stallReport(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                        uint64_t seq) {
+  if (!store) return "";
+  const std::string prefix = strCat("batchdist/stall/", seq, "/");
+  try {
+    store->setTimeout(std::chrono::seconds(5));
+    store->set(prefix + std::to_string(rank), bytes(thisHost()));
+    std::vector<int> missing;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    for (;;) {
+      missing.clear();
+      for (int r = 0; r < size; ++r) {
+        if (!store->check({prefix + std::to_string(r)})) missing.push_back(r);
+      }
+      if (missing.empty() || std::chrono::steady_clock::now() > deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    if (missing.empty()) {
+      return " Every rank reached this collective, so the network between them is the likely "
+             "cause (or dist.timeout_s is too short for this step).";
+    }
+    std::string who;
+    for (int r : missing) {
+      std::string host = "?";
+      try {
+        if (store->check({strCat("batchdist/host/", r)})) host = text(store->get(strCat("batchdist/host/", r)));
+      } catch (const std::exception&) {
+      }
+      who += strCat(who.empty() ? "" : ", ", "rank ", r, " (host ", host, ")");
+    }
+    return strCat(" Did not reach it: ", who,
+                  "; stopped (SIGSTOP, a debugger), hung in something else, or dead.");
+  } catch (const std::exception&) {
+    return " The rendezvous store on rank 0 does not answer either: rank 0 is stopped, hung or "
+           "dead.";
+  }
+}
+
 class C10dWork : public PendingWork {
  public:
-  C10dWork(compat::WorkPtr work, std::string what, int rank, std::chrono::milliseconds timeout)
-      : work_(std::move(work)), what_(std::move(what)), rank_(rank), timeout_(timeout) {}
+  C10dWork(compat::WorkPtr work, std::string what, int rank, int size,
+           std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Store> store, uint64_t seq)
+      : work_(std::move(work)), what_(std::move(what)), rank_(rank), size_(size),
+        timeout_(timeout), store_(std::move(store)), seq_(seq) {}
 
   void wait() override {
     try {
       work_->wait(timeout_);
     } catch (const std::exception& e) {
-      throw CollectiveError(strCat(what_, " failed on rank ", rank_, " (timeout ",
-                                   timeout_.count() / 1000.0,
-                                   " s, dist.timeout_s): ", firstLine(e.what()),
-                                   ". A peer rank probably died or is stuck; see its error above."));
+      throw CollectiveError(strCat(what_, " #", seq_, " failed (timeout ",
+                                   timeout_.count() / 1000.0, " s, dist.timeout_s): ",
+                                   firstLine(e.what()), ".",
+                                   stallReport(store_, rank_, size_, seq_)));
     }
   }
-
-  static std::string firstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
 
  private:
   compat::WorkPtr work_;
   std::string what_;
   int rank_;
+  int size_;
   std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  uint64_t seq_;
 };
 
 class ProcessGroupCommunicator : public Communicator {
  public:
   ProcessGroupCommunicator(compat::BackendPtr backend, std::string name, int rank, int size,
-                           at::Device device, std::chrono::milliseconds timeout)
+                           at::Device device, std::chrono::milliseconds timeout,
+                           c10::intrusive_ptr<c10d::Store> store)
       : backend_(std::move(backend)), name_(std::move(name)), rank_(rank), size_(size),
-        device_(device), timeout_(timeout) {}
+        device_(device), timeout_(timeout), store_(std::move(store)) {}
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -106,13 +170,14 @@ class ProcessGroupCommunicator : public Communicator {
     try {
       return f();
     } catch (const std::exception& e) {
-      throw CollectiveError(strCat(what, " could not start on rank ", rank_, " (", name_,
-                                   "): ", C10dWork::firstLine(e.what())));
+      throw CollectiveError(strCat(what, " could not start (", name_,
+                                   "): ", firstLine(e.what())));
     }
   }
 
   std::unique_ptr<PendingWork> wrap(compat::WorkPtr w, const char* what) {
-    return std::make_unique<C10dWork>(std::move(w), strCat(name_, " ", what), rank_, timeout_);
+    return std::make_unique<C10dWork>(std::move(w), strCat(name_, " ", what), rank_, size_,
+                                      timeout_, store_, ++seq_);
   }
 
   compat::BackendPtr backend_;
@@ -121,6 +186,8 @@ class ProcessGroupCommunicator : public Communicator {
   int size_;
   at::Device device_;
   std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10d::Store> store_;  // for the stall report only
+  uint64_t seq_ = 0;                       // collectives started (Note [stall report])
 };
 
 }  // namespace
@@ -176,12 +243,16 @@ std::unique_ptr<Communicator> createCommunicator(const c10::intrusive_ptr<c10d::
   } catch (const std::exception& e) {
     std::string what = e.what();
     throw CollectiveError(strCat(
-        "rank ", rank, " could not join the ", name, " process group of ", size, " ranks within ",
+        "could not join the ", name, " process group of ", size, " ranks within ",
         opts.timeout.count() / 1000.0, " s: ", what.substr(0, what.find('\n')),
         ". Check that every rank can reach the others (dist.interface / BATCHDIST_IFNAME)"));
   }
+  try {
+    store->set(strCat("batchdist/host/", rank), bytes(thisHost()));  // for the stall report
+  } catch (const std::exception&) {
+  }
   return std::make_unique<ProcessGroupCommunicator>(std::move(backend), name, rank, size,
-                                                    opts.device, opts.timeout);
+                                                    opts.device, opts.timeout, store);
 }
 
 }  // namespace batchdist::collective

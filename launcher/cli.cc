@@ -79,6 +79,16 @@ std::string usage() {
   return os.str();
 }
 
+const char* toString(Verb v) {
+  switch (v) {
+    case Verb::kTrain: return "train";
+    case Verb::kPlan: return "plan";
+    case Verb::kSearch: return "search";
+    case Verb::kSlurm: return "slurm";
+  }
+  return "?";
+}
+
 CliOptions parseCli(int argc, char** argv) {
   po::options_description hidden;
   hidden.add_options()("args", po::value<std::vector<std::string>>(), "");
@@ -112,10 +122,14 @@ CliOptions parseCli(int argc, char** argv) {
 
   std::vector<std::string> args;
   if (vm.count("args")) args = vm["args"].as<std::vector<std::string>>();
-  if (!args.empty() && (args[0] == "train" || args[0] == "plan" || args[0] == "search" ||
-                        args[0] == "slurm")) {
-    o.verb = args[0];
-    args.erase(args.begin());
+  if (!args.empty()) {
+    for (Verb v : {Verb::kTrain, Verb::kPlan, Verb::kSearch, Verb::kSlurm}) {
+      if (args[0] == toString(v)) {
+        o.verb = v;
+        args.erase(args.begin());
+        break;
+      }
+    }
   }
   if (args.empty()) {
     throw ConfigError("command line: missing CONFIG.yaml (e.g. batchdist configs/quickstart.yaml); "
@@ -126,20 +140,20 @@ CliOptions parseCli(int argc, char** argv) {
                              "' after the config file; see batchdist --help"));
   }
   o.config = args[0];
-  if (o.world > 0 && o.verb != "plan") {
+  if (o.world > 0 && o.verb != Verb::kPlan) {
     throw ConfigError("command line: --world is for 'batchdist plan'; under mpirun the world "
                       "size is the number of ranks");
   }
   const auto slurm_opts = describeSlurmOptions();
   for (const auto& opt : slurm_opts.options()) {
     const std::string name = opt->long_name();
-    if (vm.count(name) && o.verb != "slurm") {
-      throw ConfigError(strCat("command line: --", name, " is for 'batchdist slurm' (", o.verb,
+    if (vm.count(name) && o.verb != Verb::kSlurm) {
+      throw ConfigError(strCat("command line: --", name, " is for 'batchdist slurm' (", toString(o.verb),
                                " runs under the launcher you started it with); see "
                                "batchdist --help"));
     }
   }
-  if (o.verb == "slurm") {
+  if (o.verb == Verb::kSlurm) {
     auto& j = o.slurm;
     if (vm.count("nodes")) j.nodes = vm["nodes"].as<int>();
     if (vm.count("gpus-per-node")) j.gpus_per_node = vm["gpus-per-node"].as<int>();

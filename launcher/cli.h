@@ -8,8 +8,13 @@
 
 namespace batchdist::launcher {
 
+enum class Verb { kTrain, kPlan, kSearch, kSlurm };
+
+/// "train", "plan", "search", "slurm".
+const char* toString(Verb v);
+
 struct CliOptions {
-  std::string verb = "train";  ///< train | plan | search | slurm
+  Verb verb = Verb::kTrain;
   std::string config;
   std::vector<std::string> sets;  ///< --set key.path=value
   std::string report;             ///< --report PATH

@@ -141,7 +141,7 @@ worker::RunRequest requestFrom(const CliOptions& cli) {
   req.report = cli.report;
   req.quiet = cli.quiet;
   req.research = cli.research;
-  req.search_only = cli.verb == "search";
+  req.search_only = cli.verb == Verb::kSearch;
   req.stop_signal = [] { return g_stop_signal.load(); };
   return req;
 }
@@ -214,8 +214,8 @@ int main(int argc, char** argv) {
     std::cout << ")\n";
     return 0;
   }
-  if (cli.verb == "plan") return launcher::runPlan(cli);
-  if (cli.verb == "slurm") return launcher::runSlurm(cli);
+  if (cli.verb == launcher::Verb::kPlan) return launcher::runPlan(cli);
+  if (cli.verb == launcher::Verb::kSlurm) return launcher::runSlurm(cli);
   // srun without a process manager would start N singletons: say so before
   // MPI_Init (Open MPI aborts in it) and, for other MPIs, after it.
   const launcher::EnvLookup env = [](const char* name) { return std::getenv(name); };

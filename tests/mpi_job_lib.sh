@@ -2,16 +2,30 @@
 # signal_stop.sh). Source it; set mpirun, flags, bin, cfg and out first.
 
 # Starts a long 2-rank training run in the background; its pid is $launcher.
-start_long_job() {
+start_long_job() { start_job "^epoch" "$cfg" "$@"; }
+
+# Starts `batchdist ARGS... --output $out --set train.epochs=100000` on 2 ranks in
+# the background (pid $launcher) and waits until its log matches PATTERN.
+start_job() {
+  local pattern=$1; shift
   rm -rf "$out"; mkdir -p "$out"
   # shellcheck disable=SC2086
-  "$mpirun" $flags -np 2 "$bin" "$cfg" --output "$out" --set train.epochs=100000 "$@" \
+  "$mpirun" $flags -np 2 "$bin" "$@" --output "$out" --set train.epochs=100000 \
     >"$out/log" 2>&1 &
   launcher=$!
-  # Wait until training runs (an epoch line) before touching it.
-  for _ in $(seq 1 100); do
-    grep -q "^epoch" "$out/log" 2>/dev/null && break
+  for _ in $(seq 1 150); do
+    grep -q "$pattern" "$out/log" 2>/dev/null && break
     sleep 0.2
+  done
+}
+
+# The pid of this job's batchdist rank RANK (from its environment), or nothing.
+rank_pid_of() {
+  for p in $(pgrep -f -- "--output $out --set train.epochs=100000"); do
+    [ "$(ps -o comm= -p "$p")" = "batchdist" ] || continue
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1"; then
+      echo "$p"; return
+    fi
   done
 }
 

@@ -13,6 +13,14 @@
 #include "worker/data/loader.h"
 #include "worker/model/model.h"
 #include "worker/model/precision.h"
+#include "worker/common/console.h"
+#include "worker/config/config.h"
+#include "worker/plan/plan.h"
+#include "worker/train/trainer.h"
+#include "collective/process_group.h"
+#include "collective/torch_compat.h"
+
+#include <torch/script.h>
 
 using batchdist::ConfigError;
 using namespace batchdist::worker;
@@ -203,6 +211,24 @@ TEST(Models, TorchScriptLoadsTrainsAndSaves) {
   EXPECT_NO_THROW(buildModel(cfg, {1, 8, 8}, 10));
 }
 
+// A TorchScript forward that raises during training (here: a batch of the
+// wrong shape) names the model file, not only the Python line inside it.
+TEST(Models, TorchScriptForwardFailureInTrainingNamesTheFile) {
+  ModelConfig cfg;
+  cfg.name = ModelName::kTorchscript;
+  cfg.path = kTinyCnn;
+  auto model = buildModel(cfg, {1, 8, 8}, 10);
+  std::string msg = "<no error>";
+  try {
+    model->forward(torch::zeros({2, 3, 5, 5}));
+  } catch (const batchdist::TrainingError& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("model " + kTinyCnn + ": forward failed on input of shape [2, 3, 5, 5]"),
+            std::string::npos)
+      << msg;
+}
+
 TEST(Models, TorchScriptErrorsNameTheFileAndShape) {
   ModelConfig cfg;
   cfg.name = ModelName::kTorchscript;
@@ -303,6 +329,28 @@ TEST(Loader, QueueNeverExceedsPrefetch) {
   EXPECT_LE(loader.maxQueued(), 2);
 }
 
+// A failing job (here: an index past the data set) is reported once, when its
+// turn comes; the jobs after it and the next start() are unaffected (a search
+// candidate after a failed one must not inherit its error).
+TEST(Loader, AFailedJobFailsOnceAndTheNextEpochIsClean) {
+  const auto data = imageSet(64);
+  for (int64_t workers : {0, 2}) {
+    SCOPED_TRACE(::testing::Message() << "workers=" << workers);
+    LoaderOptions o;
+    o.workers = workers;
+    o.prefetch = 2;
+    Loader loader(data, o);
+    auto jobs = jobsFor(64, 8);
+    jobs[1].indices[0] = 1000;  // out of range
+    loader.start(jobs, 0);
+    EXPECT_NO_THROW(loader.next());
+    EXPECT_ANY_THROW(loader.next());
+    for (int i = 2; i < 8; ++i) EXPECT_NO_THROW(loader.next()) << "job " << i;
+    loader.start(jobsFor(64, 8), 1);
+    for (int i = 0; i < 8; ++i) EXPECT_NO_THROW(loader.next()) << "epoch 1 job " << i;
+  }
+}
+
 TEST(Transforms, CropFlipResizeNormalize) {
   auto x = torch::arange(2 * 1 * 4 * 4, torch::kFloat).view({2, 1, 4, 4});
   Transform flip;
@@ -362,4 +410,47 @@ TEST(Precision, Fp16NeedsCudaAndBf16RunsOnCpu) {
   }
   EXPECT_EQ(out.scalar_type(), torch::kBFloat16);
   EXPECT_EQ(net->forward(torch::randn({4, 1, 8, 8})).scalar_type(), torch::kFloat);  // scope ended
+}
+
+// Note [frozen parameters]: the usual fine-tuning set-up, a TorchScript model
+// whose backbone has requires_grad=False, trained with weight decay: the frozen
+// weights must come out bit-identical, the trainable head must move.
+TEST(Trainer, FrozenParametersAreNeitherTrainedNorDecayed) {
+  auto module = torch::jit::load(kTinyCnn);
+  for (auto p : module.named_parameters()) {
+    if (p.name.rfind("conv.", 0) == 0) p.value.set_requires_grad(false);
+  }
+  const auto path = (tempDir("frozen") / "frozen.pt").string();
+  module.save(path);
+  std::map<std::string, torch::Tensor> before;
+  for (auto p : torch::jit::load(path).named_parameters()) before[p.name] = p.value.clone();
+  ASSERT_FALSE(before.at("conv.weight").requires_grad());
+
+  auto cfg = parseConfig("model: {name: torchscript, path: " + path + "}\n"
+                         "optim: {name: sgd, lr: 0.5, weight_decay: 0.1}\n"
+                         "batch: {global: 32}\ntrain: {epochs: 3, max_steps: 30}\n",
+                         "t.yaml");
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  batchdist::collective::BackendOptions o;
+  o.backend = "gloo";
+  o.address = "127.0.0.1";
+  auto comm = batchdist::collective::createCommunicator(store, 0, 1, o);
+  const auto data = loadData(cfg.data, cfg.train.seed, "");
+  const auto plan = makePlan(cfg, 1, data.train.size(), true);
+  Trainer trainer(cfg, *comm, data, at::kCPU, plan);
+  Console quiet(false, false);
+  const auto result = trainer.train(quiet);
+  EXPECT_EQ(result.steps, 30);
+  int frozen = 0, moved = 0;
+  for (const auto& [name, t] : trainer.model().namedParameters()) {
+    if (name.rfind("conv.", 0) == 0) {
+      EXPECT_TRUE(torch::equal(t, before.at(name))) << name << " changed although frozen";
+      EXPECT_FALSE(t.grad().defined()) << name << " got a gradient";
+      ++frozen;
+    } else if (!torch::equal(t, before.at(name))) {
+      ++moved;
+    }
+  }
+  EXPECT_EQ(frozen, 2);
+  EXPECT_GT(moved, 0) << "the trainable parameters did not train";
 }

@@ -389,6 +389,17 @@ void validate(const Config& cfg, const Context& ctx) {
       break;
     default: break;
   }
+  if (cfg.optim.schedule == Schedule::kStep && cfg.optim.milestones.empty()) {
+    throw err("optim.schedule", "step needs optim.milestones (epochs at which the rate is "
+                                "multiplied by optim.step_gamma), e.g. [30, 60]");
+  }
+  if (cfg.optim.name == OptimName::kSgd && cfg.optim.nesterov && cfg.optim.momentum <= 0) {
+    throw err("optim.nesterov", "true needs optim.momentum > 0");
+  }
+  if (cfg.data.name == DataName::kSyntheticImages && cfg.data.shape.size() != 3) {
+    throw err("data.shape", strCat("synthetic_images needs [C, H, W], got ", cfg.data.shape.size(),
+                                   " dimension(s)"));
+  }
   const auto& b = cfg.batch;
   if (b.per_gpu_auto && b.global > 0 && b.accum > 0) {
     throw err("batch.per_gpu",

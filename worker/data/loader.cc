@@ -92,18 +92,19 @@ void Loader::start(std::vector<MicroBatch> jobs, int64_t epoch) {
     next_job_ = 0;
     consumed_ = 0;
     ready_.clear();
+    errors_.clear();  // a failure belongs to the job list it happened in
   }
   cv_.notify_all();
 }
 
-Batch Loader::make(const MicroBatch& job, int64_t index) const {
+Batch Loader::make(const MicroBatch& job, int64_t index, int64_t epoch) const {
   Batch b;
   auto idx = at::tensor(job.indices, at::kLong);
   b.x = data_.x.index_select(0, idx).to(at::kFloat);
   if (data_.x_scale != 1.0) b.x.mul_(data_.x_scale);
   b.y = data_.y.index_select(0, idx);
   b.w = at::tensor(job.weights, at::kFloat);
-  const uint64_t seed = opts_.seed * 1000003ull + static_cast<uint64_t>(epoch_) * 7919ull +
+  const uint64_t seed = opts_.seed * 1000003ull + static_cast<uint64_t>(epoch) * 7919ull +
                         static_cast<uint64_t>(index);
   if (!opts_.device.is_cuda() && opts_.transform.any()) {
     b.x = opts_.transform.apply(b.x, seed);  // CPU training: in the worker, off the step
@@ -136,18 +137,19 @@ void Loader::work() {
     if (stop_) return;
     const int64_t i = next_job_++;
     const int64_t generation = generation_;
+    const int64_t epoch = epoch_;  // read under the lock: start() writes it
     const MicroBatch job = jobs_[i];
     lock.unlock();
     Batch b;
     std::exception_ptr err;
     try {
-      b = make(job, i);
+      b = make(job, i, epoch);
     } catch (...) {
       err = std::current_exception();
     }
     lock.lock();
     if (generation != generation_) continue;  // start() moved on meanwhile
-    if (err && !error_) error_ = err;
+    if (err) errors_[i] = err;
     ready_[i] = std::move(b);
     max_queued_ = std::max<int64_t>(max_queued_, static_cast<int64_t>(ready_.size()));
     cv_.notify_all();
@@ -158,30 +160,39 @@ Batch Loader::next() {
   const double t0 = monotonicSeconds();
   Batch b;
   int64_t index = 0;
+  int64_t epoch = 0;
   if (threads_.empty()) {
     std::lock_guard<std::mutex> lock(mu_);
     if (consumed_ >= static_cast<int64_t>(jobs_.size())) {
       throw Error("loader: next() past the end of the epoch");
     }
     index = consumed_++;
-    b = make(jobs_[index], index);
+    epoch = epoch_;
+    b = make(jobs_[index], index, epoch);
     max_queued_ = std::max<int64_t>(max_queued_, 1);
   } else {
     std::unique_lock<std::mutex> lock(mu_);
     if (consumed_ >= static_cast<int64_t>(jobs_.size())) {
       throw Error("loader: next() past the end of the epoch");
     }
-    cv_.wait(lock, [this] { return error_ || ready_.count(consumed_) > 0; });
-    if (error_) std::rethrow_exception(error_);
+    cv_.wait(lock, [this] { return ready_.count(consumed_) > 0; });
     index = consumed_;
+    epoch = epoch_;
     b = std::move(ready_[consumed_]);
     ready_.erase(consumed_++);
     cv_.notify_all();
+    // A job's failure is reported when its turn comes, once: the next job (or the
+    // next start()) is unaffected.
+    if (const auto it = errors_.find(index); it != errors_.end()) {
+      const auto err = it->second;
+      errors_.erase(it);
+      std::rethrow_exception(err);
+    }
   }
   wait_s_ += monotonicSeconds() - t0;
   b = toDevice(std::move(b));
   if (opts_.device.is_cuda() && opts_.transform.any()) {
-    const uint64_t seed = opts_.seed * 1000003ull + static_cast<uint64_t>(epoch_) * 7919ull +
+    const uint64_t seed = opts_.seed * 1000003ull + static_cast<uint64_t>(epoch) * 7919ull +
                           static_cast<uint64_t>(index);
     b.x = opts_.transform.apply(b.x, seed);  // on the GPU
   }

@@ -73,7 +73,7 @@ class Loader {
   int64_t maxQueued() const { return max_queued_; }
 
  private:
-  Batch make(const MicroBatch& job, int64_t index) const;
+  Batch make(const MicroBatch& job, int64_t index, int64_t epoch) const;
   Batch toDevice(Batch host) const;
   void work();
 
@@ -88,7 +88,7 @@ class Loader {
   int64_t max_queued_ = 0;
   double wait_s_ = 0;
   bool stop_ = false;
-  std::exception_ptr error_;
+  std::map<int64_t, std::exception_ptr> errors_;  // job index -> its failure
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::thread> threads_;

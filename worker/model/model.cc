@@ -1,6 +1,7 @@
 #include "worker/model/model.h"
 
 #include <torch/script.h>
+#include <torch/torch.h>
 
 #include <atomic>
 #include <filesystem>
@@ -17,6 +18,13 @@ namespace nn = torch::nn;
 std::vector<torch::Tensor> Model::parameters() const {
   std::vector<torch::Tensor> out;
   for (auto& [name, t] : namedParameters()) out.push_back(t);
+  return out;
+}
+std::vector<torch::Tensor> Model::trainableParameters() const {
+  std::vector<torch::Tensor> out;
+  for (auto& [name, t] : namedParameters()) {
+    if (t.requires_grad()) out.push_back(t);
+  }
   return out;
 }
 std::vector<torch::Tensor> Model::buffers() const {
@@ -264,11 +272,25 @@ class NnModel : public Model {
 };
 
 /// The user's TorchScript module.
+std::string essence(const std::string& what);
+
 class ScriptModel : public Model {
  public:
   ScriptModel(torch::jit::Module m, std::string path) : m_(std::move(m)), path_(std::move(path)) {}
   torch::Tensor forward(const torch::Tensor& x) override {
-    auto out = m_.forward({x});
+    c10::IValue out;
+    try {
+      out = m_.forward({x});
+    } catch (const c10::OutOfMemoryError&) {
+      throw;  // the batch search and training handle it by type
+    } catch (const std::bad_alloc&) {
+      throw;
+    } catch (const std::exception& e) {
+      // The interpreter's message names the Python line, not the file: add it.
+      // (An out-of-memory inside the interpreter keeps its "out of memory" text.)
+      throw TrainingError(strCat("model ", path_, ": forward failed on input of shape ",
+                                 shapeText(x.sizes().vec()), ": ", essence(e.what())));
+    }
     if (!out.isTensor()) {
       throw ConfigError(strCat("model.path: ", path_, ": forward must return one Tensor of logits"));
     }

@@ -2,7 +2,7 @@
 // Models: the built-ins (mlp, cnn, resnet18/50) and the user's own TorchScript
 // module, behind one small interface the trainer uses.
 
-#include <torch/torch.h>
+#include <ATen/core/Tensor.h>
 
 #include <memory>
 #include <string>
@@ -19,9 +19,9 @@ namespace batchdist::worker {
 class Model {
  public:
   virtual ~Model() = default;
-  virtual torch::Tensor forward(const torch::Tensor& x) = 0;
-  virtual std::vector<std::pair<std::string, torch::Tensor>> namedParameters() const = 0;
-  virtual std::vector<std::pair<std::string, torch::Tensor>> namedBuffers() const = 0;
+  virtual at::Tensor forward(const at::Tensor& x) = 0;
+  virtual std::vector<std::pair<std::string, at::Tensor>> namedParameters() const = 0;
+  virtual std::vector<std::pair<std::string, at::Tensor>> namedBuffers() const = 0;
   virtual void train(bool on) = 0;
   virtual void to(const at::Device& device) = 0;
   /// The saved form (TorchScript modules as TorchScript, built-ins as a C++
@@ -32,10 +32,13 @@ class Model {
   /// e.g. "resnet18 (cifar stem), 11.2 M parameters".
   virtual std::string describe() const = 0;
 
-  std::vector<torch::Tensor> parameters() const;
-  std::vector<torch::Tensor> buffers() const;
+  std::vector<at::Tensor> parameters() const;
+  /// The parameters that require grad: what the optimizer and the gradient
+  /// synchroniser see (Note [frozen parameters] in worker/train/trainer.cc).
+  std::vector<at::Tensor> trainableParameters() const;
+  std::vector<at::Tensor> buffers() const;
   /// Parameters then buffers.
-  std::vector<torch::Tensor> state() const;
+  std::vector<at::Tensor> state() const;
 };
 
 /// Builds the model of `cfg` for samples of `sample_shape` and `classes` outputs.

@@ -160,11 +160,6 @@ void planLr(const Config& cfg, Plan& p) {
   p.step_gamma = o.step_gamma;
   p.milestones = o.milestones;
   std::sort(p.milestones.begin(), p.milestones.end());
-  if (o.schedule == Schedule::kStep && p.milestones.empty()) {
-    throw ConfigError(strCat(cfg.source, ": optim.schedule: step needs optim.milestones (epochs at "
-                                         "which the rate is multiplied by optim.step_gamma), e.g. "
-                                         "[30, 60]"));
-  }
 }
 
 /// Phase 5: warnings worth a look, never fatal.

@@ -1,5 +1,7 @@
 #include "worker/train/trainer.h"
 
+#include <torch/torch.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -12,12 +14,6 @@
 #include "worker/train/gpu_monitor.h"
 
 namespace batchdist::worker {
-namespace {
-
-double pct(double part, double whole) { return whole > 0 ? 100.0 * part / whole : 0.0; }
-
-}  // namespace
-
 Trainer::Trainer(const Config& cfg, collective::Communicator& comm, const DataSplit& data,
                  at::Device device, const Plan& plan)
     : cfg_(cfg), comm_(comm), data_(data), device_(device), plan_(plan) {
@@ -32,9 +28,12 @@ Trainer::Trainer(const Config& cfg, collective::Communicator& comm, const DataSp
   collective::broadcastCoalesced(comm_, model_->state(), 0);
   // Per-rank stream for dropout etc., deterministic for a fixed world size.
   torch::manual_seed(static_cast<uint64_t>(cfg.train.seed) + 1000003ull * (comm_.rank() + 1));
-  optimizer_ = makeOptimizer(cfg.optim, model_->parameters());
+  // Note [frozen parameters]: only parameters that require grad are trained,
+  // synchronised and decayed; a frozen backbone stays exactly as loaded.
+  const auto trainable = model_->trainableParameters();
+  optimizer_ = makeOptimizer(cfg.optim, trainable);
   sync_ = std::make_unique<collective::GradientSynchronizer>(
-      comm_, model_->parameters(), static_cast<std::size_t>(cfg.dist.bucket_mb * (1 << 20)));
+      comm_, trainable, static_cast<std::size_t>(cfg.dist.bucket_mb * (1 << 20)));
   LoaderOptions lo;
   lo.workers = cfg.data.workers;
   lo.prefetch = cfg.data.prefetch;
@@ -112,7 +111,7 @@ double Trainer::computeGradients(int64_t real) {
 }
 
 void Trainer::clearGradients() {
-  for (auto& p : model_->parameters()) p.mutable_grad() = torch::Tensor();
+  for (auto& p : model_->trainableParameters()) p.mutable_grad() = torch::Tensor();
 }
 
 void Trainer::syncGradients(bool* stop) {
@@ -134,7 +133,7 @@ void Trainer::syncGradients(bool* stop) {
 void Trainer::applyUpdate(double lr) {
   const double t0 = monotonicSeconds();
   // fp16: gradients are already summed over ranks, so every rank reaches the same verdict.
-  if (scaler_ && !unscaleOrSkip(*scaler_, model_->parameters())) {
+  if (scaler_ && !unscaleOrSkip(*scaler_, model_->trainableParameters())) {
     time_.compute += monotonicSeconds() - t0;
     return;  // skipped: the scale backed off
   }
@@ -214,77 +213,103 @@ void Trainer::checkHealth(int64_t epoch) {
   }
 }
 
+/// What one epoch of train() accumulates (this rank).
+struct Trainer::EpochRun {
+  int64_t epoch = 0;
+  int64_t steps = 0;        ///< steps this epoch runs
+  double started = 0;       ///< monotonic seconds
+  double loss_sum = 0;      ///< this rank's weighted loss sum
+  int64_t samples = 0;      ///< real samples over all ranks
+  TimeBreakdown time;
+  bool stop = false;        ///< a stop was agreed at the last step
+};
+
+void Trainer::progress(Console& console, const EpochRun& e, int64_t step, int64_t global_step,
+                       double run_started) {
+  if (!console.enabled()) return;
+  const auto pct = [](double part, double whole) { return whole > 0 ? 100.0 * part / whole : 0.0; };
+  const double now = monotonicSeconds();
+  const double rate = e.samples / std::max(now - e.started, 1e-9);
+  const double per_step = (now - run_started) / global_step;
+  std::string extra = strCat("  data ", formatFixed(pct(e.time.data_wait, e.time.total()), 0),
+                             "% comm ", formatFixed(pct(e.time.comm, e.time.total()), 0), "%");
+  if (device_.is_cuda()) {
+    extra += strCat("  mem ",
+                    formatFixed(compat::cudaPeakAllocatedBytes(device_.index()) / (1 << 30), 1),
+                    " GiB");
+  }
+  console.status(strCat("epoch ", e.epoch + 1, "/", plan_.epochs, " step ", step + 1, "/",
+                        plan_.steps_per_epoch, "  loss ",
+                        formatFixed(e.loss_sum * comm_.size() / std::max<int64_t>(1, e.samples), 4),
+                        "  lr ", plan_.lrAt(global_step - 1), "  ", static_cast<int64_t>(rate),
+                        " samples/s", extra, "  ETA ",
+                        formatDuration(per_step * (plan_.total_steps - global_step))));
+}
+
+void Trainer::runSteps(EpochRun& e, const Sharder& sharder, int64_t* global_step,
+                       const std::function<bool()>& stop_requested, Console& console,
+                       double run_started, UtilizationSampler& gpu) {
+  for (int64_t s = 0; s < e.steps && !e.stop; ++s) {
+    e.stop = stop_requested && stop_requested();
+    e.loss_sum += trainStep(sharder.realSamples(s), plan_.lrAt(*global_step), &e.stop);
+    e.samples += sharder.realSamples(s);
+    ++*global_step;
+    e.time.add(takeTime());
+    gpu.sample(*global_step);
+    progress(console, e, s, *global_step, run_started);
+  }
+}
+
+EpochStats Trainer::finishEpoch(const EpochRun& e, Console& console) {
+  const double train_secs = monotonicSeconds() - e.started;
+  const double train_loss =
+      comm_.allreduce(e.loss_sum, collective::ReduceOp::kSum) / std::max<int64_t>(1, e.samples);
+  if (cfg_.train.check_finite) checkHealth(e.epoch);
+  const auto ev = evaluate();
+  EpochStats st{e.epoch, train_loss, ev.loss, ev.accuracy, e.samples / std::max(train_secs, 1e-9),
+                monotonicSeconds() - e.started};
+  console.line(strCat("epoch ", e.epoch + 1, "/", plan_.epochs, "  train_loss ",
+                      formatFixed(train_loss, 4), "  eval_loss ", formatFixed(ev.loss, 4),
+                      "  eval_acc ", formatFixed(100.0 * ev.accuracy, 2), " %  ",
+                      static_cast<int64_t>(st.samples_per_s), " samples/s  (",
+                      formatDuration(st.seconds), ")"));
+  return st;
+}
+
+void Trainer::UtilizationSampler::sample(int64_t global_step) {
+  if (!monitor || !monitor->available() || global_step % 10 != 0) return;
+  const double u = monitor->utilization();
+  if (u >= 0) {
+    sum += u;
+    ++count;
+  }
+}
+
 TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_requested) {
   TrainResult result;
   Sharder sharder(plan_, static_cast<uint64_t>(cfg_.train.seed));
-  std::unique_ptr<GpuMonitor> gpu;
+  UtilizationSampler gpu;
   if (device_.is_cuda()) {
-    gpu = std::make_unique<GpuMonitor>(device_.index());
+    gpu.monitor = std::make_unique<GpuMonitor>(device_.index());
     compat::cudaResetPeak(device_.index());
   }
-  double util_sum = 0;
-  int64_t util_n = 0;
   takeTime();
   const double t0 = monotonicSeconds();
   int64_t global_step = 0;
   double train_time = 0;
   for (int64_t epoch = 0; epoch < plan_.epochs && global_step < plan_.total_steps; ++epoch) {
+    EpochRun e;
+    e.epoch = epoch;
+    e.steps = std::min(plan_.steps_per_epoch, plan_.total_steps - global_step);
     sharder.setEpoch(epoch);
-    const int64_t steps = std::min(plan_.steps_per_epoch, plan_.total_steps - global_step);
-    loader_->start(jobs(sharder, 0, steps), epoch);
-    const double te = monotonicSeconds();
-    double loss_sum = 0;
-    int64_t samples = 0;
-    TimeBreakdown epoch_time;
-    bool stop = false;
-    for (int64_t s = 0; s < steps && !stop; ++s) {
-      stop = stop_requested && stop_requested();
-      loss_sum += trainStep(sharder.realSamples(s), plan_.lrAt(global_step), &stop);
-      samples += sharder.realSamples(s);
-      ++global_step;
-      epoch_time.add(takeTime());
-      if (gpu && gpu->available() && global_step % 10 == 0) {
-        const double u = gpu->utilization();
-        if (u >= 0) {
-          util_sum += u;
-          ++util_n;
-        }
-      }
-      if (console.enabled()) {
-        const double dt = monotonicSeconds() - te;
-        const double rate = samples / std::max(dt, 1e-9);
-        const double run_rate = (monotonicSeconds() - t0) / global_step;
-        std::string extra = strCat("  data ", formatFixed(pct(epoch_time.data_wait, epoch_time.total()), 0),
-                                   "% comm ", formatFixed(pct(epoch_time.comm, epoch_time.total()), 0), "%");
-        if (device_.is_cuda()) {
-          extra += strCat("  mem ", formatFixed(compat::cudaPeakAllocatedBytes(device_.index()) / (1 << 30), 1),
-                          " GiB");
-        }
-        console.status(strCat("epoch ", epoch + 1, "/", plan_.epochs, " step ", s + 1, "/",
-                              plan_.steps_per_epoch, "  loss ",
-                              formatFixed(loss_sum * comm_.size() / std::max<int64_t>(1, samples), 4),
-                              "  lr ", plan_.lrAt(global_step - 1), "  ",
-                              static_cast<int64_t>(rate), " samples/s", extra, "  ETA ",
-                              formatDuration(run_rate * (plan_.total_steps - global_step))));
-      }
-    }
-    const double train_secs = monotonicSeconds() - te;
-    train_time += train_secs;
-    result.time.add(epoch_time);
-    const double train_loss =
-        comm_.allreduce(loss_sum, collective::ReduceOp::kSum) / std::max<int64_t>(1, samples);
-    if (cfg_.train.check_finite) checkHealth(epoch);
-    const auto ev = evaluate();
-    EpochStats st{epoch, train_loss, ev.loss, ev.accuracy, samples / std::max(train_secs, 1e-9),
-                  monotonicSeconds() - te};
-    result.history.push_back(st);
-    result.samples += samples;
-    console.line(strCat("epoch ", epoch + 1, "/", plan_.epochs, "  train_loss ",
-                        formatFixed(train_loss, 4), "  eval_loss ", formatFixed(ev.loss, 4),
-                        "  eval_acc ", formatFixed(100.0 * ev.accuracy, 2), " %  ",
-                        static_cast<int64_t>(st.samples_per_s), " samples/s  (",
-                        formatDuration(st.seconds), ")"));
-    if (stop) {
+    loader_->start(jobs(sharder, 0, e.steps), epoch);
+    e.started = monotonicSeconds();
+    runSteps(e, sharder, &global_step, stop_requested, console, t0, gpu);
+    train_time += monotonicSeconds() - e.started;
+    result.time.add(e.time);
+    result.history.push_back(finishEpoch(e, console));
+    result.samples += e.samples;
+    if (e.stop) {
       result.completed = false;
       console.line(strCat("stop requested: every rank stopped after step ", global_step, " of ",
                           plan_.total_steps, " (epoch ", epoch + 1, ")"));
@@ -306,7 +331,7 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
     result.peak_memory_mb = compat::cudaPeakAllocatedBytes(device_.index()) / (1 << 20);
     result.memory_total_mb = compat::cudaTotalBytes(device_.index()) / (1 << 20);
   }
-  if (util_n > 0) result.gpu_utilization = util_sum / util_n;
+  if (gpu.count > 0) result.gpu_utilization = gpu.sum / gpu.count;
   if (scaler_) {
     result.skipped_steps = scaler_->skippedSteps();
     result.loss_scale = scaler_->scale();

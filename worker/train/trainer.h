@@ -3,7 +3,7 @@
 // optimizer, with distributed evaluation, per-epoch health checks and a
 // breakdown of where the time goes.
 
-#include <torch/torch.h>
+#include <ATen/core/Tensor.h>
 
 #include <functional>
 #include <memory>
@@ -19,6 +19,7 @@
 #include "worker/plan/plan.h"
 #include "worker/model/optimizer.h"
 #include "worker/model/precision.h"
+#include "worker/train/gpu_monitor.h"
 #include "worker/train/result.h"
 
 namespace batchdist::worker {
@@ -87,6 +88,20 @@ class Trainer {
   TimeBreakdown takeTime();
 
  private:
+  struct EpochRun;
+  /// NVML utilization, sampled every 10 steps on CUDA.
+  struct UtilizationSampler {
+    std::unique_ptr<GpuMonitor> monitor;
+    double sum = 0;
+    int64_t count = 0;
+    void sample(int64_t global_step);
+  };
+  void runSteps(EpochRun& e, const Sharder& sharder, int64_t* global_step,
+                const std::function<bool()>& stop_requested, Console& console, double run_started,
+                UtilizationSampler& gpu);
+  void progress(Console& console, const EpochRun& e, int64_t step, int64_t global_step,
+                double run_started);
+  EpochStats finishEpoch(const EpochRun& e, Console& console);
   void synchronize() const;
 
   const Config& cfg_;
