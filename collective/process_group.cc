@@ -28,7 +28,15 @@ std::string joined(const std::vector<std::string>& v) {
   return out;
 }
 
-std::string firstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
+/// The first line of `s`, without a trailing period or exclamation mark (the
+/// caller ends the sentence).
+std::string firstLine(const std::string& s) {
+  std::string line = s.substr(0, s.find('\n'));
+  while (!line.empty() && (line.back() == '.' || line.back() == '!' || line.back() == ' ')) {
+    line.pop_back();
+  }
+  return line;
+}
 
 std::string thisHost() {
   char host[256] = {};

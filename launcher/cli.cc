@@ -89,6 +89,68 @@ const char* toString(Verb v) {
   return "?";
 }
 
+namespace {
+
+/// An integer option that must be >= 1 (`unit` names what it counts, for the message).
+int atLeastOne(const po::variables_map& vm, const char* name, const char* unit = "") {
+  const int v = vm[name].as<int>();
+  if (v < 1) throw ConfigError(strCat("command line: --", name, " must be >= 1", unit, ", got ", v));
+  return v;
+}
+
+/// The positional arguments: an optional verb, then exactly one config file.
+void readVerbAndConfig(const po::variables_map& vm, CliOptions& o) {
+  std::vector<std::string> args;
+  if (vm.count("args")) args = vm["args"].as<std::vector<std::string>>();
+  if (!args.empty()) {
+    for (Verb v : {Verb::kTrain, Verb::kPlan, Verb::kSearch, Verb::kSlurm}) {
+      if (args[0] == toString(v)) {
+        o.verb = v;
+        args.erase(args.begin());
+        break;
+      }
+    }
+  }
+  if (args.empty()) {
+    throw ConfigError("command line: missing CONFIG.yaml (e.g. batchdist configs/quickstart.yaml); "
+                      "see batchdist --help");
+  }
+  if (args.size() > 1) {
+    throw ConfigError(strCat("command line: unexpected argument '", args[1],
+                             "' after the config file; see batchdist --help"));
+  }
+  o.config = args[0];
+}
+
+/// The options of `batchdist slurm`; refused for the other verbs.
+void readSlurmOptions(const po::variables_map& vm, CliOptions& o) {
+  const auto slurm_opts = describeSlurmOptions();
+  for (const auto& opt : slurm_opts.options()) {
+    const std::string name = opt->long_name();
+    if (vm.count(name) && o.verb != Verb::kSlurm) {
+      throw ConfigError(strCat("command line: --", name, " is for 'batchdist slurm' (",
+                               toString(o.verb), " runs under the launcher you started it with); "
+                               "see batchdist --help"));
+    }
+  }
+  if (o.verb != Verb::kSlurm) return;
+  auto& j = o.slurm;
+  if (vm.count("nodes")) j.nodes = vm["nodes"].as<int>();
+  if (vm.count("gpus-per-node")) j.gpus_per_node = vm["gpus-per-node"].as<int>();
+  if (vm.count("tasks-per-node")) j.tasks_per_node = atLeastOne(vm, "tasks-per-node");
+  if (vm.count("cpus-per-task")) j.cpus_per_task = atLeastOne(vm, "cpus-per-task");
+  if (vm.count("partition")) j.partition = vm["partition"].as<std::string>();
+  if (vm.count("time")) j.time = vm["time"].as<std::string>();
+  if (vm.count("signal-before")) j.signal_before_s = atLeastOne(vm, "signal-before", " second");
+  if (vm.count("job-name")) j.job_name = vm["job-name"].as<std::string>();
+  if (vm.count("launcher")) j.launcher = vm["launcher"].as<std::string>();
+  if (vm.count("interface")) j.interface = vm["interface"].as<std::string>();
+  if (vm.count("script")) j.script = vm["script"].as<std::string>();
+  j.submit = vm.count("submit") > 0;
+}
+
+}  // namespace
+
 CliOptions parseCli(int argc, char** argv) {
   po::options_description hidden;
   hidden.add_options()("args", po::value<std::vector<std::string>>(), "");
@@ -115,77 +177,13 @@ CliOptions parseCli(int argc, char** argv) {
   if (vm.count("set")) o.sets = vm["set"].as<std::vector<std::string>>();
   if (vm.count("report")) o.report = vm["report"].as<std::string>();
   o.output = vm["output"].as<std::string>();
-  if (vm.count("world")) {
-    o.world = vm["world"].as<int>();
-    if (o.world < 1) throw ConfigError(strCat("command line: --world must be >= 1, got ", o.world));
-  }
-
-  std::vector<std::string> args;
-  if (vm.count("args")) args = vm["args"].as<std::vector<std::string>>();
-  if (!args.empty()) {
-    for (Verb v : {Verb::kTrain, Verb::kPlan, Verb::kSearch, Verb::kSlurm}) {
-      if (args[0] == toString(v)) {
-        o.verb = v;
-        args.erase(args.begin());
-        break;
-      }
-    }
-  }
-  if (args.empty()) {
-    throw ConfigError("command line: missing CONFIG.yaml (e.g. batchdist configs/quickstart.yaml); "
-                      "see batchdist --help");
-  }
-  if (args.size() > 1) {
-    throw ConfigError(strCat("command line: unexpected argument '", args[1],
-                             "' after the config file; see batchdist --help"));
-  }
-  o.config = args[0];
+  if (vm.count("world")) o.world = atLeastOne(vm, "world");
+  readVerbAndConfig(vm, o);
   if (o.world > 0 && o.verb != Verb::kPlan) {
     throw ConfigError("command line: --world is for 'batchdist plan'; under mpirun the world "
                       "size is the number of ranks");
   }
-  const auto slurm_opts = describeSlurmOptions();
-  for (const auto& opt : slurm_opts.options()) {
-    const std::string name = opt->long_name();
-    if (vm.count(name) && o.verb != Verb::kSlurm) {
-      throw ConfigError(strCat("command line: --", name, " is for 'batchdist slurm' (", toString(o.verb),
-                               " runs under the launcher you started it with); see "
-                               "batchdist --help"));
-    }
-  }
-  if (o.verb == Verb::kSlurm) {
-    auto& j = o.slurm;
-    if (vm.count("nodes")) j.nodes = vm["nodes"].as<int>();
-    if (vm.count("gpus-per-node")) j.gpus_per_node = vm["gpus-per-node"].as<int>();
-    if (vm.count("tasks-per-node")) {
-      j.tasks_per_node = vm["tasks-per-node"].as<int>();
-      if (j.tasks_per_node < 1) {
-        throw ConfigError(strCat("command line: --tasks-per-node must be >= 1, got ",
-                                 j.tasks_per_node));
-      }
-    }
-    if (vm.count("cpus-per-task")) {
-      j.cpus_per_task = vm["cpus-per-task"].as<int>();
-      if (j.cpus_per_task < 1) {
-        throw ConfigError(strCat("command line: --cpus-per-task must be >= 1, got ",
-                                 j.cpus_per_task));
-      }
-    }
-    if (vm.count("partition")) j.partition = vm["partition"].as<std::string>();
-    if (vm.count("time")) j.time = vm["time"].as<std::string>();
-    if (vm.count("signal-before")) {
-      j.signal_before_s = vm["signal-before"].as<int>();
-      if (j.signal_before_s < 1) {
-        throw ConfigError(strCat("command line: --signal-before must be >= 1 second, got ",
-                                 j.signal_before_s));
-      }
-    }
-    if (vm.count("job-name")) j.job_name = vm["job-name"].as<std::string>();
-    if (vm.count("launcher")) j.launcher = vm["launcher"].as<std::string>();
-    if (vm.count("interface")) j.interface = vm["interface"].as<std::string>();
-    if (vm.count("script")) j.script = vm["script"].as<std::string>();
-    j.submit = vm.count("submit") > 0;
-  }
+  readSlurmOptions(vm, o);
   return o;
 }
 

@@ -10,7 +10,7 @@ mpirun=$1 flags=$2 bin=$3 cfg=$4 out=$5 frozen=$6
 start_long_job --set dist.timeout_s=5
 victim=$(rank_pid_of "$frozen")
 [ -n "$victim" ] || { echo "no running rank $frozen found"; cat "$out/log"; kill "$launcher"; exit 1; }
-cleanup() { kill -CONT "$victim" 2>/dev/null; kill -9 "$victim" 2>/dev/null; }
+cleanup() { kill -9 "$victim" 2>/dev/null; kill -CONT "$victim" 2>/dev/null; }
 trap cleanup EXIT
 start=$(date +%s)
 kill -STOP "$victim"

@@ -368,6 +368,20 @@ void validate(const Config& cfg, const Context& ctx) {
   const auto err = [&](const std::string& key, const std::string& what) {
     return keyError(ctx.from_set.count(key) ? "--set " + key : ctx.source, key, what);
   };
+  const std::string& source = ctx.source;
+  if (cfg.optim.min_lr > cfg.optim.lr) {
+    throw ConfigError(strCat(source, ": optim.min_lr (", cfg.optim.min_lr,
+                             ") must not exceed optim.lr (", cfg.optim.lr, ")"));
+  }
+  if (cfg.data.mean.size() != cfg.data.std.size()) {
+    throw ConfigError(strCat(source, ": data.mean has ", cfg.data.mean.size(),
+                             " values but data.std has ", cfg.data.std.size(),
+                             "; give one per channel for both"));
+  }
+  if (cfg.search.max != 0 && cfg.search.max < cfg.search.min) {
+    throw ConfigError(strCat(source, ": search.max (", cfg.search.max, ") is below search.min (",
+                             cfg.search.min, ")"));
+  }
   if (cfg.model.name == ModelName::kTorchscript && cfg.model.path.empty()) {
     throw err("model.name", "torchscript needs model.path (a module saved with "
                             "torch.jit.script(...).save() or torch.jit.trace)");
@@ -427,20 +441,109 @@ void validate(const Config& cfg, const Context& ctx) {
   }
 }
 
-}  // namespace
+void readModel(Context& ctx, const YAML::Node& root, ModelConfig& c) {
+  Section s(ctx, root, "model");
+  c.name = s.choice("name", ModelName::kMlp);
+  c.path = s.text("path", "");
+  c.stem = s.choice("stem", ResnetStem::kCifar);
+  c.sync_batchnorm = s.boolean("sync_batchnorm", false);
+  c.hidden = s.intList("hidden", c.hidden, 1, 1 << 20);
+  c.channels = s.intList("channels", c.channels, 1, 1 << 16);
+  c.batchnorm = s.boolean("batchnorm", true);
+  c.dropout = s.real("dropout", 0.0, 0.0, 0.99);
+}
 
-Config parseConfig(const std::string& yaml_text, const std::string& source,
-                   const std::vector<std::string>& overrides) {
-  Config cfg;
-  cfg.source = source;
-  Context ctx;
-  ctx.source = source;
-  ctx.resolved = &cfg.resolved;
-  cfg.resolved = nlohmann::ordered_json::object();
+void readData(Context& ctx, const YAML::Node& root, DataConfig& c) {
+  Section s(ctx, root, "data");
+  c.name = s.choice("name", DataName::kDigits);
+  c.path = s.text("path", "");
+  c.samples = s.integer("samples", 4096, 2, int64_t{1} << 40);
+  c.shape = s.intList("shape", c.shape, 1, 1 << 20);
+  c.classes = s.integer("classes", 10, 2, 1 << 20);
+  c.val_fraction = s.real("val_fraction", 0.2, 0.0, 0.9);
+  c.noise = s.real("noise", 0.5, 0.0, 100.0);
+  c.workers = s.integer("workers", 0, 0, 256);
+  c.prefetch = s.integer("prefetch", 2, 1, 1024);
+  c.pin_memory = s.boolean("pin_memory", true);
+  c.crop_padding = s.integer("crop_padding", 0, 0, 1024);
+  c.hflip = s.boolean("hflip", false);
+  c.resize = s.integer("resize", 0, 0, 8192);
+  c.mean = s.realList("mean", {}, -1e6, 1e6);
+  c.std = s.realList("std", {}, 1e-12, 1e6);
+}
 
+void readBatch(Context& ctx, const YAML::Node& root, BatchConfig& c) {
+  Section s(ctx, root, "batch");
+  c.global = s.integerOrAuto("global", 0, 1, &c.global_auto);
+  c.per_gpu = s.integerOrAuto("per_gpu", 0, 1, &c.per_gpu_auto);
+  c.accum = s.integer("accum", 0, 0, 1 << 20);
+  c.last_batch = s.choice("last_batch", LastBatch::kDrop);
+  c.min_per_gpu = s.integer("min_per_gpu", 2, 1, 1 << 20);
+  c.eval_per_gpu = s.integer("eval_per_gpu", 0, 0, 1 << 24);
+}
+
+void readOptim(Context& ctx, const YAML::Node& root, OptimConfig& c) {
+  Section s(ctx, root, "optim");
+  c.name = s.choice("name", OptimName::kSgd);
+  c.lr = s.real("lr", 0.1, 1e-12, 1e3);
+  c.base_batch = s.integer("base_batch", 256, 1, int64_t{1} << 32);
+  c.lr_scaling = s.choice("lr_scaling", LrScaling::kLinear);
+  c.warmup_epochs = s.real("warmup_epochs", 0.0, 0.0, 1e6);
+  c.warmup_steps = s.integer("warmup_steps", -1, -1, int64_t{1} << 40);
+  c.schedule = s.choice("schedule", Schedule::kConstant);
+  c.min_lr = s.real("min_lr", 0.0, 0.0, 1e3);
+  c.step_gamma = s.real("step_gamma", 0.1, 0.0, 1.0);
+  c.milestones = s.intList("milestones", {}, 1, int64_t{1} << 30);
+  c.momentum = s.real("momentum", 0.9, 0.0, 0.9999);
+  c.nesterov = s.boolean("nesterov", false);
+  c.weight_decay = s.real("weight_decay", 0.0, 0.0, 10.0);
+  c.beta1 = s.real("beta1", 0.9, 0.0, 0.9999);
+  c.beta2 = s.real("beta2", 0.999, 0.0, 0.99999);
+  c.eps = s.real("eps", 1e-8, 1e-16, 1.0);
+  c.trust_coefficient = s.real("trust_coefficient", 0.001, 1e-9, 10.0);
+}
+
+void readTrain(Context& ctx, const YAML::Node& root, TrainConfig& c) {
+  Section s(ctx, root, "train");
+  c.epochs = s.integer("epochs", 10, 1, 1 << 24);
+  c.seed = s.integer("seed", 0, 0, kMaxInt);
+  c.device = s.choice("device", DeviceKind::kAuto);
+  c.max_steps = s.integer("max_steps", 0, 0, kMaxInt);
+  c.threads = s.integer("threads", 0, 0, 4096);
+  c.check_finite = s.boolean("check_finite", true);
+  c.precision = s.choice("precision", Precision::kFp32);
+  c.loss_scale = s.real("loss_scale", 65536.0, 1.0, 1e12);
+  c.scale_growth_interval = s.integer("scale_growth_interval", 2000, 1, int64_t{1} << 40);
+}
+
+void readDist(Context& ctx, const YAML::Node& root, DistConfig& c) {
+  Section s(ctx, root, "dist");
+  c.backend = s.choice("backend", DistBackend::kAuto);
+  c.timeout_s = s.real("timeout_s", 300, 1, 86400 * 7);
+  c.interface = s.text("interface", "");
+  c.bucket_mb = s.real("bucket_mb", 25, 0.001, 4096);
+  c.overlap = s.boolean("overlap", true);
+}
+
+void readSearch(Context& ctx, const YAML::Node& root, SearchConfig& c) {
+  Section s(ctx, root, "search");
+  c.min = s.integer("min", 8, 1, 1 << 24);
+  c.max = s.integer("max", 0, 0, 1 << 24);
+  c.multiple_of = s.integer("multiple_of", 8, 1, 1 << 20);
+  c.memory_fraction = s.real("memory_fraction", 0.9, 0.05, 1.0);
+  c.memory_limit_mb = s.integer("memory_limit_mb", 0, 0, int64_t{1} << 30);
+  c.warmup_steps = s.integer("warmup_steps", 2, 0, 1000);
+  c.timed_steps = s.integer("timed_steps", 3, 1, 1000);
+  c.objective = s.choice("objective", Objective::kThroughput);
+  c.tolerance = s.real("tolerance", 0.05, 0.0, 1.0);
+  c.cache = s.text("cache", "");
+}
+
+/// The one YAML document of `text`, a mapping (or empty).
+YAML::Node loadYaml(const std::string& text, const std::string& source) {
   YAML::Node root;
   try {
-    const auto docs = YAML::LoadAll(yaml_text);
+    const auto docs = YAML::LoadAll(text);
     if (docs.size() > 1) {
       throw ConfigError(strCat(source, ":", docs[1].Mark().line + 1, ": holds ", docs.size(),
                                " YAML documents (separated by '---'); a config is one document"));
@@ -456,102 +559,11 @@ Config parseConfig(const std::string& yaml_text, const std::string& source,
                              "train, dist, search) at the top level, got ",
                              scalarText(root)));
   }
-  std::vector<std::pair<std::string, YAML::Mark>> top;
-  if (root.IsMap()) top = mapKeys(ctx, root, "");
-  for (const auto& o : overrides) applyOverride(root, o, ctx);
+  return root;
+}
 
-  {
-    Section s(ctx, root, "model");
-    cfg.model.name = s.choice("name", ModelName::kMlp);
-    cfg.model.path = s.text("path", "");
-    cfg.model.stem = s.choice("stem", ResnetStem::kCifar);
-    cfg.model.sync_batchnorm = s.boolean("sync_batchnorm", false);
-    cfg.model.hidden = s.intList("hidden", cfg.model.hidden, 1, 1 << 20);
-    cfg.model.channels = s.intList("channels", cfg.model.channels, 1, 1 << 16);
-    cfg.model.batchnorm = s.boolean("batchnorm", true);
-    cfg.model.dropout = s.real("dropout", 0.0, 0.0, 0.99);
-  }
-  {
-    Section s(ctx, root, "data");
-    cfg.data.name = s.choice("name", DataName::kDigits);
-    cfg.data.path = s.text("path", "");
-    cfg.data.samples = s.integer("samples", 4096, 2, int64_t{1} << 40);
-    cfg.data.shape = s.intList("shape", cfg.data.shape, 1, 1 << 20);
-    cfg.data.classes = s.integer("classes", 10, 2, 1 << 20);
-    cfg.data.val_fraction = s.real("val_fraction", 0.2, 0.0, 0.9);
-    cfg.data.noise = s.real("noise", 0.5, 0.0, 100.0);
-    cfg.data.workers = s.integer("workers", 0, 0, 256);
-    cfg.data.prefetch = s.integer("prefetch", 2, 1, 1024);
-    cfg.data.pin_memory = s.boolean("pin_memory", true);
-    cfg.data.crop_padding = s.integer("crop_padding", 0, 0, 1024);
-    cfg.data.hflip = s.boolean("hflip", false);
-    cfg.data.resize = s.integer("resize", 0, 0, 8192);
-    cfg.data.mean = s.realList("mean", {}, -1e6, 1e6);
-    cfg.data.std = s.realList("std", {}, 1e-12, 1e6);
-  }
-  {
-    Section s(ctx, root, "batch");
-    cfg.batch.global = s.integerOrAuto("global", 0, 1, &cfg.batch.global_auto);
-    cfg.batch.per_gpu = s.integerOrAuto("per_gpu", 0, 1, &cfg.batch.per_gpu_auto);
-    cfg.batch.accum = s.integer("accum", 0, 0, 1 << 20);
-    cfg.batch.last_batch = s.choice("last_batch", LastBatch::kDrop);
-    cfg.batch.min_per_gpu = s.integer("min_per_gpu", 2, 1, 1 << 20);
-    cfg.batch.eval_per_gpu = s.integer("eval_per_gpu", 0, 0, 1 << 24);
-  }
-  {
-    Section s(ctx, root, "optim");
-    cfg.optim.name = s.choice("name", OptimName::kSgd);
-    cfg.optim.lr = s.real("lr", 0.1, 1e-12, 1e3);
-    cfg.optim.base_batch = s.integer("base_batch", 256, 1, int64_t{1} << 32);
-    cfg.optim.lr_scaling = s.choice("lr_scaling", LrScaling::kLinear);
-    cfg.optim.warmup_epochs = s.real("warmup_epochs", 0.0, 0.0, 1e6);
-    cfg.optim.warmup_steps = s.integer("warmup_steps", -1, -1, int64_t{1} << 40);
-    cfg.optim.schedule = s.choice("schedule", Schedule::kConstant);
-    cfg.optim.min_lr = s.real("min_lr", 0.0, 0.0, 1e3);
-    cfg.optim.step_gamma = s.real("step_gamma", 0.1, 0.0, 1.0);
-    cfg.optim.milestones = s.intList("milestones", {}, 1, int64_t{1} << 30);
-    cfg.optim.momentum = s.real("momentum", 0.9, 0.0, 0.9999);
-    cfg.optim.nesterov = s.boolean("nesterov", false);
-    cfg.optim.weight_decay = s.real("weight_decay", 0.0, 0.0, 10.0);
-    cfg.optim.beta1 = s.real("beta1", 0.9, 0.0, 0.9999);
-    cfg.optim.beta2 = s.real("beta2", 0.999, 0.0, 0.99999);
-    cfg.optim.eps = s.real("eps", 1e-8, 1e-16, 1.0);
-    cfg.optim.trust_coefficient = s.real("trust_coefficient", 0.001, 1e-9, 10.0);
-  }
-  {
-    Section s(ctx, root, "train");
-    cfg.train.epochs = s.integer("epochs", 10, 1, 1 << 24);
-    cfg.train.seed = s.integer("seed", 0, 0, kMaxInt);
-    cfg.train.device = s.choice("device", DeviceKind::kAuto);
-    cfg.train.max_steps = s.integer("max_steps", 0, 0, kMaxInt);
-    cfg.train.threads = s.integer("threads", 0, 0, 4096);
-    cfg.train.check_finite = s.boolean("check_finite", true);
-    cfg.train.precision = s.choice("precision", Precision::kFp32);
-    cfg.train.loss_scale = s.real("loss_scale", 65536.0, 1.0, 1e12);
-    cfg.train.scale_growth_interval = s.integer("scale_growth_interval", 2000, 1, int64_t{1} << 40);
-  }
-  {
-    Section s(ctx, root, "dist");
-    cfg.dist.backend = s.choice("backend", DistBackend::kAuto);
-    cfg.dist.timeout_s = s.real("timeout_s", 300, 1, 86400 * 7);
-    cfg.dist.interface = s.text("interface", "");
-    cfg.dist.bucket_mb = s.real("bucket_mb", 25, 0.001, 4096);
-  }
-  {
-    Section s(ctx, root, "search");
-    cfg.search.min = s.integer("min", 8, 1, 1 << 24);
-    cfg.search.max = s.integer("max", 0, 0, 1 << 24);
-    cfg.search.multiple_of = s.integer("multiple_of", 8, 1, 1 << 20);
-    cfg.search.memory_fraction = s.real("memory_fraction", 0.9, 0.05, 1.0);
-    cfg.search.memory_limit_mb = s.integer("memory_limit_mb", 0, 0, int64_t{1} << 30);
-    cfg.search.warmup_steps = s.integer("warmup_steps", 2, 0, 1000);
-    cfg.search.timed_steps = s.integer("timed_steps", 3, 1, 1000);
-    cfg.search.objective = s.choice("objective", Objective::kThroughput);
-    cfg.search.tolerance = s.real("tolerance", 0.05, 0.0, 1.0);
-    cfg.search.cache = s.text("cache", "");
-  }
-
-  // Unknown keys: sections first, then keys inside known sections.
+/// Unknown keys: sections first, then keys inside known sections.
+void checkUnknownKeys(const Context& ctx, const YAML::Node& root) {
   if (root.IsMap()) {
     for (const auto& [key, mark] : mapKeys(ctx, root, "")) {
       if (std::find(kSections.begin(), kSections.end(), key) == kSections.end()) {
@@ -565,20 +577,34 @@ Config parseConfig(const std::string& yaml_text, const std::string& source,
     const auto& u = ctx.unknown.front();
     throw ConfigError(strCat(ctx.where(u.path, u.mark), ": unknown key", suggestion(u.path, ctx.known)));
   }
-  if (cfg.optim.min_lr > cfg.optim.lr) {
-    throw ConfigError(strCat(source, ": optim.min_lr (", cfg.optim.min_lr,
-                             ") must not exceed optim.lr (", cfg.optim.lr, ")"));
-  }
-  if (cfg.data.mean.size() != cfg.data.std.size()) {
-    throw ConfigError(strCat(source, ": data.mean has ", cfg.data.mean.size(),
-                             " values but data.std has ", cfg.data.std.size(),
-                             "; give one per channel for both"));
-  }
+}
+
+}  // namespace
+
+Config parseConfig(const std::string& yaml_text, const std::string& source,
+                   const std::vector<std::string>& overrides) {
+  Config cfg;
+  cfg.source = source;
+  Context ctx;
+  ctx.source = source;
+  ctx.resolved = &cfg.resolved;
+  cfg.resolved = nlohmann::ordered_json::object();
+
+  YAML::Node root = loadYaml(yaml_text, source);
+  // Map keys and duplicates are refused before --set edits the tree.
+  if (root.IsMap()) mapKeys(ctx, root, "");
+  for (const auto& o : overrides) applyOverride(root, o, ctx);
+
+  readModel(ctx, root, cfg.model);
+  readData(ctx, root, cfg.data);
+  readBatch(ctx, root, cfg.batch);
+  readOptim(ctx, root, cfg.optim);
+  readTrain(ctx, root, cfg.train);
+  readDist(ctx, root, cfg.dist);
+  readSearch(ctx, root, cfg.search);
+
+  checkUnknownKeys(ctx, root);
   validate(cfg, ctx);
-  if (cfg.search.max != 0 && cfg.search.max < cfg.search.min) {
-    throw ConfigError(strCat(source, ": search.max (", cfg.search.max, ") is below search.min (",
-                             cfg.search.min, ")"));
-  }
   return cfg;
 }
 

@@ -165,6 +165,7 @@ struct DistConfig {
   double timeout_s = 300;
   std::string interface;
   double bucket_mb = 25;
+  bool overlap = true;                       ///< reducer: allreduce during backward (false: after it)
 };
 
 struct SearchConfig {

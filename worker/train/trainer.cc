@@ -32,8 +32,12 @@ Trainer::Trainer(const Config& cfg, collective::Communicator& comm, const DataSp
   // synchronised and decayed; a frozen backbone stays exactly as loaded.
   const auto trainable = model_->trainableParameters();
   optimizer_ = makeOptimizer(cfg.optim, trainable);
-  sync_ = std::make_unique<collective::GradientSynchronizer>(
-      comm_, trainable, static_cast<std::size_t>(cfg.dist.bucket_mb * (1 << 20)));
+  const auto bucket_bytes = static_cast<std::size_t>(cfg.dist.bucket_mb * (1 << 20));
+  if (cfg.dist.overlap) {
+    reducer_ = std::make_unique<collective::Reducer>(comm_, trainable, bucket_bytes);
+  } else {
+    sync_ = std::make_unique<collective::GradientSynchronizer>(comm_, trainable, bucket_bytes);
+  }
   LoaderOptions lo;
   lo.workers = cfg.data.workers;
   lo.prefetch = cfg.data.prefetch;
@@ -70,7 +74,7 @@ std::vector<MicroBatch> Trainer::jobs(const Sharder& sharder, int64_t first, int
 }
 
 double Trainer::trainStep(int64_t real, double lr, bool* stop) {
-  const double loss = computeGradients(real);
+  const double loss = computeGradients(real, stop && *stop ? 1.0 : 0.0);
   syncGradients(stop);
   applyUpdate(lr);
   return loss;
@@ -81,9 +85,13 @@ double Trainer::trainStep(int64_t real, double lr, bool* stop) {
 // known on every rank from the plan. Autograd sums over micro-batches, the
 // gradient synchroniser sums over ranks, so the update is the mean gradient over
 // the R samples, whatever the split G = m x a x W; padded samples (w = 0) add nothing.
-double Trainer::computeGradients(int64_t real) {
+double Trainer::computeGradients(int64_t real, double side) {
   model_->train(true);
-  optimizer_->zeroGrad();
+  if (reducer_) {
+    reducer_->zeroGrad();
+  } else {
+    optimizer_->zeroGrad();
+  }
   const double denom = static_cast<double>(std::max<int64_t>(1, real));
   const double scale = scaler_ ? scaler_->scale() : 1.0;
   // Summed on the device, read once per step: no host sync per micro-batch.
@@ -93,6 +101,8 @@ double Trainer::computeGradients(int64_t real) {
     const auto batch = loader_->next();
     const double t1 = monotonicSeconds();
     time_.data_wait += t1 - t0;
+    // Note [overlapped reducer]: only the last micro-batch's backward sends.
+    if (reducer_) reducer_->prepare(k == plan_.accum - 1, side);
     if (batch.x.size(0) == 0) continue;  // only under last_batch: keep
     torch::Tensor out;
     {
@@ -111,15 +121,22 @@ double Trainer::computeGradients(int64_t real) {
 }
 
 void Trainer::clearGradients() {
+  if (reducer_) {
+    reducer_->zeroGrad();  // the gradients are views of its buckets: keep them
+    return;
+  }
   for (auto& p : model_->trainableParameters()) p.mutable_grad() = torch::Tensor();
 }
 
 void Trainer::syncGradients(bool* stop) {
   // Timed with device synchronisation around it: what remains is the exposed
-  // communication (nothing overlaps it yet).
+  // communication (with the reducer, what backward did not hide).
   synchronize();
   const double t0 = monotonicSeconds();
-  if (!stop) {
+  if (reducer_) {
+    const double side = reducer_->finish();
+    if (stop) *stop = side > 0.5;
+  } else if (!stop) {
     sync_->sumGradients();
   } else {
     double flag = *stop ? 1.0 : 0.0;

@@ -12,6 +12,7 @@
 
 #include "collective/communicator.h"
 #include "collective/grad_sync.h"
+#include "collective/reducer.h"
 #include "worker/config/config.h"
 #include "worker/data/data.h"
 #include "worker/data/loader.h"
@@ -57,12 +58,16 @@ class Trainer {
   /// in and "any rank asked" out (agreed in the gradient allreduce).
   double trainStep(int64_t real, double lr, bool* stop = nullptr);
 
-  // trainStep() in its three parts. Only syncGradients() communicates, so a rank
-  // whose computeGradients() failed (out of memory) can still take part in it and
-  // no rank waits forever (Note [search agreement] in worker/search.h).
+  // trainStep() in its three parts. A rank whose computeGradients() failed (out
+  // of memory) still calls syncGradients(), which sends what it has (zeros), so
+  // no rank waits forever (Note [search agreement] in worker/search/search.h):
+  // with the overlapped reducer the other ranks' buckets start during their
+  // backward and this rank's in syncGradients(), in the same order.
 
   /// Forward and backward over the next plan().accum batches; returns the loss sum.
-  double computeGradients(int64_t real);
+  /// `side`: this rank's value for the gradient allreduce's side channel (the
+  /// stop flag), summed over the ranks by syncGradients().
+  double computeGradients(int64_t real, double side = 0.0);
   /// Drops all gradients (after a failed computeGradients()).
   void clearGradients();
   /// Sums gradients over the ranks (zeros where this rank has none).
@@ -111,7 +116,8 @@ class Trainer {
   Plan plan_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Optimizer> optimizer_;
-  std::unique_ptr<collective::GradientSynchronizer> sync_;
+  std::unique_ptr<collective::Reducer> reducer_;              // dist.overlap: true
+  std::unique_ptr<collective::GradientSynchronizer> sync_;   // dist.overlap: false
   std::unique_ptr<Loader> loader_;
   std::unique_ptr<LossScaler> scaler_;  // fp16 only
   Transform eval_transform_;

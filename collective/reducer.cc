@@ -1,0 +1,185 @@
+#include "collective/reducer.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <map>
+#include <string>
+#include <utility>
+
+#include "collective/error.h"
+
+namespace batchdist::collective {
+
+Reducer::Reducer(Communicator& comm, std::vector<at::Tensor> params, std::size_t bucket_bytes)
+    : comm_(comm), params_(std::move(params)), bucket_bytes_(bucket_bytes), seen_(params_.size()) {
+  // Initial order: reverse registration, roughly the order backward produces
+  // gradients (Note [overlapped reducer]); rebuilt from the real order later.
+  std::vector<std::size_t> order;
+  for (std::size_t k = params_.size(); k-- > 0;) order.push_back(k);
+  build(order);
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
+    if (!acc) {
+      throw CollectiveError(strCat("reducer: parameter ", i, " has no gradient accumulator (it "
+                                   "does not require grad, or is not a leaf)"));
+    }
+    acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [this, i](const torch::autograd::variable_list& outputs,
+                  const torch::autograd::variable_list&) {
+          onGradReady(i);
+          return outputs;
+        }));
+    hooks_.push_back(std::static_pointer_cast<void>(acc));
+  }
+}
+
+// The hooks stay on the accumulators, which live as long as the parameters; they
+// hold `this`, so a Reducer must outlive every backward over its parameters (the
+// trainer owns both and destroys the model after it).
+Reducer::~Reducer() = default;
+
+void Reducer::build(const std::vector<std::size_t>& order) {
+  // One open bucket per (dtype, device), filled in `order` up to bucket_bytes_.
+  buckets_.clear();
+  bucket_of_.assign(params_.size(), 0);
+  std::map<std::pair<int, std::string>, std::size_t> open;
+  std::vector<std::size_t> bytes;
+  for (const std::size_t k : order) {
+    const auto& p = params_[k];
+    const auto key = std::make_pair(static_cast<int>(p.scalar_type()), p.device().str());
+    const std::size_t nbytes = p.numel() * p.element_size();
+    auto it = open.find(key);
+    if (it == open.end() || (bytes[it->second] > 0 && bytes[it->second] + nbytes > bucket_bytes_)) {
+      buckets_.emplace_back();
+      bytes.push_back(0);
+      it = open.insert_or_assign(key, buckets_.size() - 1).first;
+    }
+    buckets_[it->second].params.push_back(k);
+    bucket_of_[k] = it->second;
+    bytes[it->second] += nbytes;
+  }
+  if (buckets_.empty()) {
+    // No parameter: a bucket of the side channel alone, so agreement still travels.
+    buckets_.emplace_back();
+    buckets_.back().flat =
+        at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(comm_.device()));
+    return;
+  }
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    auto& bucket = buckets_[b];
+    int64_t n = 0;
+    for (auto k : bucket.params) n += params_[k].numel();
+    bucket.flat = at::zeros({n + (b == 0 ? 1 : 0)}, params_[bucket.params.front()].options());
+  }
+  attachViews();
+}
+
+void Reducer::attachViews() {
+  for (auto& bucket : buckets_) {
+    int64_t offset = 0;
+    for (auto k : bucket.params) {
+      auto& p = params_[k];
+      auto view = bucket.flat.narrow(0, offset, p.numel()).view(p.sizes());
+      const auto& grad = p.grad();
+      if (!grad.defined() || grad.data_ptr() != view.data_ptr()) {
+        at::NoGradGuard no_grad;
+        if (grad.defined()) view.copy_(grad);  // someone replaced it: keep its value
+        p.mutable_grad() = view;
+      }
+      offset += p.numel();
+    }
+  }
+}
+
+void Reducer::zeroGrad() {
+  for (auto& bucket : buckets_) bucket.flat.zero_();
+  attachViews();
+}
+
+void Reducer::rebuildInReadyOrder() {
+  // Collective (one broadcast): every rank calls finish() at every step, so all
+  // get here at the end of the same step. The summed gradients move into the
+  // new buckets (attachViews copies), so the optimizer still sees them.
+  rebuilt_ = true;
+  // Parameters that never became ready go last, in the initial order.
+  std::vector<std::size_t> order = ready_order_;
+  for (std::size_t k = params_.size(); k-- > 0;) {
+    if (!seen_[k]) order.push_back(k);
+  }
+  // Ranks may see different orders (threads on CUDA); everyone takes rank 0's.
+  auto t = at::tensor(std::vector<int64_t>(order.begin(), order.end()), at::kLong)
+               .to(comm_.device());
+  comm_.broadcast(t, 0);
+  t = t.cpu();
+  order.assign(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+  build(order);
+}
+
+void Reducer::prepare(bool final_micro, double side) {
+  std::lock_guard<std::mutex> lock(mu_);
+  final_ = final_micro;
+  if (!final_micro) return;
+  in_step_ = true;
+  side_ = side;
+  next_bucket_ = 0;
+  for (auto& bucket : buckets_) {
+    bucket.pending = bucket.params.size();
+    bucket.ready = false;
+    bucket.work.reset();
+  }
+  auto& first = buckets_.front().flat;
+  first.narrow(0, first.numel() - 1, 1).fill_(side_);
+}
+
+void Reducer::onGradReady(std::size_t param) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!final_ || !in_step_) return;  // accumulation: nothing leaves this rank
+  if (steps_ == 0 && !seen_[param]) {
+    seen_[param] = true;
+    ready_order_.push_back(param);
+  }
+  auto& bucket = buckets_[bucket_of_[param]];
+  if (bucket.pending > 0 && --bucket.pending == 0) {
+    bucket.ready = true;
+    startReadyBuckets(/*from_hook=*/true);
+  }
+}
+
+void Reducer::startReadyBuckets(bool from_hook) {
+  // In index order only: a ready bucket waits for the ones before it.
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].ready) {
+    auto& bucket = buckets_[next_bucket_++];
+    ++started_total_;
+    if (from_hook) ++started_from_hooks_;
+    if (comm_.size() > 1) bucket.work = comm_.allreduceAsync(bucket.flat, ReduceOp::kSum);
+  }
+}
+
+double Reducer::finish() {
+  if (!in_step_) {
+    // No backward on this rank (it failed before, e.g. out of memory in the
+    // batch search): it still sends its zeroed buckets, so no rank waits forever.
+    prepare(/*final_micro=*/true, 0.0);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Parameters that got no gradient this step: their (zero) views are sent as they are.
+    for (auto& bucket : buckets_) bucket.ready = true;
+    startReadyBuckets(/*from_hook=*/false);
+    in_step_ = false;
+    final_ = false;
+  }
+  for (auto& bucket : buckets_) {
+    if (bucket.work) bucket.work->wait();
+    bucket.work.reset();
+  }
+  const auto& first = buckets_.front().flat;
+  const double side = first.narrow(0, first.numel() - 1, 1).item<double>();
+  if (++steps_ == 1 && !rebuilt_) rebuildInReadyOrder();
+  return side;
+}
+
+}  // namespace batchdist::collective

@@ -1,0 +1,105 @@
+#pragma once
+// The gradient reducer: gradients summed over the ranks while backward still runs.
+//
+// Note [overlapped reducer] (in the spirit of c10d's Reducer, Li et al., VLDB 2020):
+//  - Every parameter's .grad is a view into one flat bucket tensor, so autograd
+//    accumulates straight into the buffer the allreduce sends: no copy in or out.
+//  - A post-hook on each parameter's gradient accumulator counts the bucket's
+//    pending gradients; when the last one is in, the bucket's allreduce starts,
+//    while autograd computes the gradients of earlier layers.
+//  - Hooks act only on the last micro-batch of an accumulation window (prepare()
+//    says which): the others accumulate locally and send nothing.
+//  - Buckets start strictly in index order on every rank (a ready bucket waits
+//    for the ones before it), so every rank issues the same collectives in the
+//    same order: Gloo and NCCL match collectives by order.
+//  - finish() starts whatever did not start from a hook (parameters that got no
+//    gradient this step: their zeroed views are sent, so no rank waits), then
+//    waits for all buckets.
+//  - After the first step, buckets are rebuilt in the order gradients really
+//    became ready (rank 0's order, broadcast, so all ranks agree).
+//  - Bucket 0 carries one extra element: the side channel of prepare()/finish()
+//    (e.g. a stop request that every rank must honour at the same step).
+// On CUDA, c10d's NCCL backend runs the collectives on its own stream after an
+// event on the stream that produced the gradients, and wait() makes the current
+// stream wait for them: the optimizer sees summed gradients without a host sync.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "collective/communicator.h"
+
+namespace batchdist::collective {
+
+class Reducer {
+ public:
+  /// `params` (those that require grad) must be identical in order, shape and
+  /// dtype on every rank. Their .grad becomes a view into the buckets.
+  Reducer(Communicator& comm, std::vector<at::Tensor> params, std::size_t bucket_bytes);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  /// Zeroes every gradient (the bucket buffers), re-attaching any .grad that was
+  /// replaced or dropped.
+  void zeroGrad();
+
+  /// Before a micro-batch's backward. `final_micro`: the last of the accumulation
+  /// window (only then do hooks start allreduces). `side`: this rank's value of
+  /// the side channel, summed over the ranks (read it from finish()).
+  void prepare(bool final_micro, double side = 0.0);
+
+  /// After the final micro-batch's backward: starts the buckets no hook started,
+  /// waits for all of them. Every gradient then holds its sum over the ranks.
+  /// Returns the side channel summed over the ranks. Every rank must call it at
+  /// every step, also one whose backward failed (it sends zeros); after the first
+  /// step it rebuilds the buckets in ready order (a collective).
+  double finish();
+
+  std::size_t bucketCount() const { return buckets_.size(); }
+  /// Bucket allreduces started so far (from hooks or finish()).
+  int64_t collectivesStarted() const { return started_total_; }
+  /// Of those, started from an autograd hook, i.e. during backward.
+  int64_t startedFromHooks() const { return started_from_hooks_; }
+  /// Whether the buckets have been rebuilt in ready order.
+  bool rebuilt() const { return rebuilt_; }
+
+ private:
+  struct Bucket {
+    std::vector<std::size_t> params;  // indices into params_
+    at::Tensor flat;                  // + 1 side-channel element in bucket 0
+    std::size_t pending = 0;          // gradients still to come this step
+    bool ready = false;
+    std::unique_ptr<PendingWork> work;
+  };
+
+  void build(const std::vector<std::size_t>& order);
+  void attachViews();
+  void onGradReady(std::size_t param);
+  void startReadyBuckets(bool from_hook);  // holds mu_
+  void rebuildInReadyOrder();
+
+  Communicator& comm_;
+  std::vector<at::Tensor> params_;
+  std::size_t bucket_bytes_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::size_t> bucket_of_;       // param -> bucket
+  std::vector<std::shared_ptr<void>> hooks_;  // keeps the grad accumulators alive
+  std::vector<std::size_t> ready_order_;     // first step: param ready order
+  std::vector<bool> seen_;
+  std::mutex mu_;
+  bool final_ = false;
+  bool in_step_ = false;
+  std::size_t next_bucket_ = 0;
+  double side_ = 0;
+  bool rebuilt_ = false;
+  int64_t steps_ = 0;
+  int64_t started_total_ = 0;
+  int64_t started_from_hooks_ = 0;
+};
+
+}  // namespace batchdist::collective
