@@ -5,6 +5,8 @@
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
+#include <chrono>
 #include <map>
 #include <string>
 #include <utility>
@@ -12,6 +14,13 @@
 #include "collective/error.h"
 
 namespace batchdist::collective {
+namespace {
+
+double steadySeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
 
 Reducer::Reducer(Communicator& comm, std::vector<at::Tensor> params, std::size_t bucket_bytes)
     : comm_(comm), params_(std::move(params)), bucket_bytes_(bucket_bytes), seen_(params_.size()) {
@@ -62,17 +71,19 @@ void Reducer::build(const std::vector<std::size_t>& order) {
     bytes[it->second] += nbytes;
   }
   if (buckets_.empty()) {
-    // No parameter: a bucket of the side channel alone, so agreement still travels.
+    // No parameter: a bucket of the tail alone, so agreement still travels.
     buckets_.emplace_back();
-    buckets_.back().flat =
-        at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(comm_.device()));
+    buckets_.back().flat = at::zeros({1 + comm_.size()},
+                                     at::TensorOptions().dtype(at::kFloat).device(comm_.device()));
     return;
   }
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     auto& bucket = buckets_[b];
     int64_t n = 0;
     for (auto k : bucket.params) n += params_[k].numel();
-    bucket.flat = at::zeros({n + (b == 0 ? 1 : 0)}, params_[bucket.params.front()].options());
+    // Tail: the side channel in bucket 0, then the arrival slots in the last.
+    const int64_t tail = (b == 0 ? 1 : 0) + (b + 1 == buckets_.size() ? comm_.size() : 0);
+    bucket.flat = at::zeros({n + tail}, params_[bucket.params.front()].options());
   }
   attachViews();
 }
@@ -95,6 +106,7 @@ void Reducer::attachViews() {
 }
 
 void Reducer::zeroGrad() {
+  step_started_ = steadySeconds();
   for (auto& bucket : buckets_) bucket.flat.zero_();
   attachViews();
 }
@@ -130,8 +142,32 @@ void Reducer::prepare(bool final_micro, double side) {
     bucket.ready = false;
     bucket.work.reset();
   }
-  auto& first = buckets_.front().flat;
-  first.narrow(0, first.numel() - 1, 1).fill_(side_);
+  sideSlot().fill_(side_);
+}
+
+at::Tensor Reducer::sideSlot() const {
+  const auto& first = buckets_.front();
+  const int64_t at = paramElements(first);
+  return first.flat.narrow(0, at, 1);
+}
+
+at::Tensor Reducer::arrivalSlots() const {
+  const auto& last = buckets_.back();
+  const int64_t at = paramElements(last) + (buckets_.size() == 1 ? 1 : 0);
+  return last.flat.narrow(0, at, comm_.size());
+}
+
+int64_t Reducer::paramElements(const Bucket& bucket) const {
+  int64_t n = 0;
+  for (auto k : bucket.params) n += params_[k].numel();
+  return n;
+}
+
+void Reducer::stampArrival(Bucket& bucket) {
+  if (&bucket != &buckets_.back()) return;
+  auto slots = arrivalSlots();
+  slots.zero_();
+  slots.narrow(0, comm_.rank(), 1).fill_(steadySeconds() - step_started_);
 }
 
 void Reducer::onGradReady(std::size_t param) {
@@ -152,6 +188,7 @@ void Reducer::startReadyBuckets(bool from_hook) {
   // In index order only: a ready bucket waits for the ones before it.
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].ready) {
     auto& bucket = buckets_[next_bucket_++];
+    stampArrival(bucket);
     ++started_total_;
     if (from_hook) ++started_from_hooks_;
     if (comm_.size() > 1) bucket.work = comm_.allreduceAsync(bucket.flat, ReduceOp::kSum);
@@ -176,8 +213,12 @@ double Reducer::finish() {
     if (bucket.work) bucket.work->wait();
     bucket.work.reset();
   }
-  const auto& first = buckets_.front().flat;
-  const double side = first.narrow(0, first.numel() - 1, 1).item<double>();
+  const double side = sideSlot().item<double>();
+  const auto arrivals = arrivalSlots().to(at::kDouble).cpu();
+  const double* t = arrivals.data_ptr<double>();
+  double latest = 0;
+  for (int r = 0; r < comm_.size(); ++r) latest = std::max(latest, t[r]);
+  last_skew_s_ = std::max(0.0, latest - t[comm_.rank()]);
   if (++steps_ == 1 && !rebuilt_) rebuildInReadyOrder();
   return side;
 }

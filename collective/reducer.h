@@ -19,6 +19,10 @@
 //    became ready (rank 0's order, broadcast, so all ranks agree).
 //  - Bucket 0 carries one extra element: the side channel of prepare()/finish()
 //    (e.g. a stop request that every rank must honour at the same step).
+//  - The last bucket carries W more: each rank writes, into its own slot, how
+//    long its step took until that bucket started (the end of its backward); the
+//    sum gives every rank's time, so a rank knows how long it waited in finish()
+//    for a slower peer (skew) rather than for the network.
 // On CUDA, c10d's NCCL backend runs the collectives on its own stream after an
 // event on the stream that produced the gradients, and wait() makes the current
 // stream wait for them: the optimizer sees summed gradients without a host sync.
@@ -67,6 +71,10 @@ class Reducer {
   int64_t startedFromHooks() const { return started_from_hooks_; }
   /// Whether the buckets have been rebuilt in ready order.
   bool rebuilt() const { return rebuilt_; }
+  /// After finish(): how much later than this rank the slowest rank reached the
+  /// end of its backward in the last step (seconds, >= 0): waiting for it is
+  /// skew, not communication.
+  double lastSkewSeconds() const { return last_skew_s_; }
 
  private:
   struct Bucket {
@@ -82,6 +90,10 @@ class Reducer {
   void onGradReady(std::size_t param);
   void startReadyBuckets(bool from_hook);  // holds mu_
   void rebuildInReadyOrder();
+  void stampArrival(Bucket& bucket);  // the last bucket: this rank's step time
+  at::Tensor sideSlot() const;
+  at::Tensor arrivalSlots() const;
+  int64_t paramElements(const Bucket& bucket) const;
 
   Communicator& comm_;
   std::vector<at::Tensor> params_;
@@ -100,6 +112,8 @@ class Reducer {
   int64_t steps_ = 0;
   int64_t started_total_ = 0;
   int64_t started_from_hooks_ = 0;
+  double step_started_ = 0;     // monotonic seconds at zeroGrad()
+  double last_skew_s_ = 0;
 };
 
 }  // namespace batchdist::collective

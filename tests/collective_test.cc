@@ -181,6 +181,29 @@ TEST_P(Collectives, ReducerOverlapsSendsOnlyOnTheLastMicroBatchAndSumsExactly) {
   });
 }
 
+// The time a rank waits in finish() for a slower rank is skew, not network:
+// the reducer reports it from every rank's arrival time (Note [overlapped reducer]).
+TEST(Reducer, WaitingForASlowerRankIsReportedAsSkew) {
+  runRanks(2, [](Communicator& c) {
+    auto w = torch::ones({64, 64}, torch::requires_grad());
+    Reducer reducer(c, {w}, 1 << 20);
+    for (int step = 0; step < 2; ++step) {
+      reducer.zeroGrad();
+      reducer.prepare(true);
+      if (c.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      torch::mm(torch::ones({2, 64}), w).sum().backward();
+      reducer.finish();
+      if (c.rank() == 0) {
+        EXPECT_GT(reducer.lastSkewSeconds(), 0.2) << "step " << step;
+        EXPECT_LT(reducer.lastSkewSeconds(), 2.0) << "step " << step;
+      } else {
+        EXPECT_LT(reducer.lastSkewSeconds(), 0.1) << "step " << step;
+      }
+      EXPECT_TRUE(torch::allclose(w.grad(), torch::full({64, 64}, 4.0f)));
+    }
+  });
+}
+
 TEST_P(Collectives, BroadcastCoalescedMakesEveryRankEqualToRoot) {
   runRanks(GetParam(), [](Communicator& c) {
     std::vector<torch::Tensor> ts{torch::full({2, 2}, float(c.rank())),

@@ -217,7 +217,8 @@ void finishRun(const RunRequest& req, const RankPlace& place, const RunSetup& s,
   const double tt = std::max(1e-9, t.total());
   console.line(strCat("time: data wait ", formatFixed(100 * t.data_wait / tt, 1), " %, compute ",
                       formatFixed(100 * t.compute / tt, 1), " %, communication ",
-                      formatFixed(100 * t.comm / tt, 1), " % of step time (rank 0)"));
+                      formatFixed(100 * t.comm / tt, 1), " %, waiting for slower ranks ",
+                      formatFixed(100 * t.skew / tt, 1), " % of step time (rank 0)"));
   const auto name = s.device.is_cuda() ? compat::cudaDeviceName(s.device.index()) : "cpu";
   for (const auto& f : diagnose(s.cfg, result, s.device.is_cuda(), name)) {
     console.line("diagnosis: " + f);

@@ -29,6 +29,13 @@ std::vector<std::string> diagnose(const Config& cfg, const TrainResult& r, bool 
                          " s); a larger per-GPU batch or gradient accumulation (batch.accum) "
                          "amortises it"));
   }
+  const double skew = pct(r.time.skew, total);
+  if (skew > 15) {
+    out.push_back(strCat("skew: ", formatFixed(skew, 0), " % of step time (rank 0) waiting for a "
+                         "slower rank to finish its backward (", formatFixed(r.time.skew, 1),
+                         " s); look for a rank with a slower device, a busier host, or a slower "
+                         "data pipeline (data.workers)"));
+  }
   if (cuda && r.memory_total_mb > 0 && r.peak_memory_mb < 0.5 * r.memory_total_mb) {
     out.push_back(strCat("memory: peak ", formatFixed(r.peak_memory_mb / 1024, 1), " GiB of ",
                          formatFixed(r.memory_total_mb / 1024, 1), " GiB (",

@@ -23,9 +23,11 @@ nlohmann::ordered_json timeJson(const TimeBreakdown& t) {
   return {{"data_wait_s", t.data_wait},
           {"compute_s", t.compute},
           {"comm_s", t.comm},
+          {"skew_s", t.skew},
           {"data_wait_fraction", share(t.data_wait, total)},
           {"compute_fraction", share(t.compute, total)},
-          {"comm_fraction", share(t.comm, total)}};
+          {"comm_fraction", share(t.comm, total)},
+          {"skew_fraction", share(t.skew, total)}};
 }
 
 }  // namespace

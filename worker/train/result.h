@@ -11,12 +11,14 @@ namespace batchdist::worker {
 struct TimeBreakdown {
   double data_wait = 0;  ///< blocked waiting for the loader
   double compute = 0;    ///< forward, backward, optimizer
-  double comm = 0;       ///< exposed gradient communication
-  double total() const { return data_wait + compute + comm; }
+  double comm = 0;       ///< exposed gradient communication (not hidden by backward)
+  double skew = 0;       ///< waiting for a slower rank (Note [overlapped reducer])
+  double total() const { return data_wait + compute + comm + skew; }
   void add(const TimeBreakdown& o) {
     data_wait += o.data_wait;
     compute += o.compute;
     comm += o.comm;
+    skew += o.skew;
   }
 };
 

@@ -136,6 +136,14 @@ void Trainer::syncGradients(bool* stop) {
   if (reducer_) {
     const double side = reducer_->finish();
     if (stop) *stop = side > 0.5;
+    synchronize();
+    // Part of the wait was for a slower rank to finish its backward, not for the
+    // network: report that apart.
+    const double waited = monotonicSeconds() - t0;
+    const double skew = std::min(waited, reducer_->lastSkewSeconds());
+    time_.skew += skew;
+    time_.comm += waited - skew;
+    return;
   } else if (!stop) {
     sync_->sumGradients();
   } else {
