@@ -415,6 +415,19 @@ TEST(Cli, PlanJsonErrorWithBytesThatAreNotUtf8IsStillJson) {
   expectCleanError(run(text + " -q"), "data.path: is not valid UTF-8 (byte 0xE9 at offset 4");
 }
 
+TEST(Cli, AnOutputPathThatIsNotUtf8StillGetsItsReport) {
+  // report.json quotes --output (model_path); nlohmann refused to dump the
+  // Latin-1 name after training, and the report was lost (exit 1).
+  const auto dir = freshDir("batchdist_cli_latin1_\xE9");
+  const auto r = run(kQuickstart + " -q --set train.max_steps=2 --set train.epochs=1 --output " +
+                     dir.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto report = nlohmann::json::parse(readText(dir / "report.json"));
+  EXPECT_EQ(report["steps"].get<int>(), 2);
+  EXPECT_NE(report["model_path"].get<std::string>().find("latin1_\xEF\xBF\xBD"), std::string::npos)
+      << report["model_path"];  // the stray byte as U+FFFD
+}
+
 TEST(Cli, DamagedSearchCacheIsNamedAndSearchedAgain) {
   // A cached entry with chosen 0 used to reach the plan, whose error named the
   // config file; now the cache file is named in a warning and the search reruns.
