@@ -151,7 +151,12 @@ int runPlan(const CliOptions& cli) {
     std::cout << worker::planOutput(requestFrom(cli), cli.world, cli.json);
     return 0;
   } catch (const Error& e) {
-    if (cli.json) std::cout << nlohmann::json{{"error", e.what()}}.dump() << "\n";
+    // The message may quote bytes from the user's file that are not UTF-8.
+    if (cli.json) {
+      std::cout << nlohmann::json{{"error", e.what()}}.dump(-1, ' ', false,
+                                                            nlohmann::json::error_handler_t::replace)
+                << "\n";
+    }
     std::cerr << "batchdist: error: " << e.what() << std::endl;
     return e.exitCode();
   }

@@ -1,9 +1,18 @@
 // The real binary, as a user runs it: exit codes and messages for good and bad input.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <sstream>
 
 #include "command.h"
 
@@ -11,6 +20,8 @@ namespace {
 
 using Result = batchdist::testsupport::CommandResult;
 using batchdist::testsupport::expectCleanError;
+using batchdist::testsupport::expectCleanFailure;
+namespace fs = std::filesystem;
 
 Result run(const std::string& args, const std::string& prefix = "") {
   return batchdist::testsupport::runCommand(prefix + std::string(BATCHDIST_BIN) + " " + args);
@@ -29,6 +40,53 @@ std::string writeConfig(const std::string& name, const std::string& text) {
 }
 
 const std::string kQuickstart = std::string(BATCHDIST_SOURCE_DIR) + "/configs/quickstart.yaml";
+
+/// A fresh, empty directory under the temp dir.
+fs::path freshDir(const std::string& name) {
+  const auto dir = fs::temp_directory_path() / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::string readText(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+/// A tmpfs mounted on `dir` for the test's lifetime (root, or CAP_SYS_ADMIN).
+/// The only way to make a directory unwritable or full that also stops root.
+class TmpfsMount {
+ public:
+  TmpfsMount(const fs::path& dir, unsigned long flags, const std::string& options) : dir_(dir) {
+    if (::mount("tmpfs", dir.c_str(), "tmpfs", flags, options.c_str()) == 0) {
+      mounted_ = true;
+    } else {
+      why_not_ = std::string("cannot mount a tmpfs on ") + dir.string() + " (" +
+                 std::strerror(errno) + "); this test needs root or CAP_SYS_ADMIN";
+    }
+  }
+  ~TmpfsMount() {
+    if (mounted_) ::umount2(dir_.c_str(), MNT_DETACH);
+  }
+  TmpfsMount(const TmpfsMount&) = delete;
+  TmpfsMount& operator=(const TmpfsMount&) = delete;
+  bool mounted() const { return mounted_; }
+  const std::string& whyNot() const { return why_not_; }
+
+ private:
+  fs::path dir_;
+  bool mounted_ = false;
+  std::string why_not_;
+};
+
+/// Set-up checks fail before training: nothing of the run is printed.
+void expectNoTraining(const Result& r) {
+  EXPECT_EQ(r.out.find("epoch 1/"), std::string::npos) << "trained before failing:\n" << r.out;
+  EXPECT_EQ(r.out.find("model: "), std::string::npos) << "trained before failing:\n" << r.out;
+}
 
 }  // namespace
 
@@ -133,13 +191,21 @@ TEST(Cli, SingletonRunWritesReportAndModel) {
 }
 
 TEST(Cli, SearchCacheHitMissAndResearch) {
-  const auto out = std::filesystem::temp_directory_path() / "batchdist_cli_search";
+  const auto out = std::filesystem::temp_directory_path() /
+                   ("batchdist_cli_search_" + std::to_string(getpid()));
   std::filesystem::remove_all(out);
   const std::string base = "search " + std::string(BATCHDIST_SOURCE_DIR) +
                            "/configs/search-cpu.yaml --output " + out.string() +
                            " --set search.max=32 --set search.timed_steps=1 --set search.warmup_steps=1";
   auto cachedFlag = [&] {
-    return YAML::LoadFile((out / "search.json").string())["cached"].as<bool>();
+    const auto path = out / "search.json";
+    if (!std::filesystem::exists(path)) {
+      std::string listing;
+      for (const auto& e : std::filesystem::directory_iterator(out)) listing += " " + e.path().filename().string();
+      ADD_FAILURE() << path << " missing; the directory holds:" << listing;
+      return false;
+    }
+    return YAML::LoadFile(path.string())["cached"].as<bool>();
   };
   auto r = run(base);
   ASSERT_EQ(r.code, 0) << r.out;
@@ -202,4 +268,195 @@ TEST(Cli, Resnet18Cifar10ConfigPlansAgainstCifarFiles) {
   expectCleanError(run("plan " + cfg + " --world 2"),
                    "cifar-10-batches-bin/data_batch_1.bin: cannot open data file (data.path) (No such file "
                    "or directory)");
+}
+
+// --- Bugs found by new users (each test fails on the code before 1958dcc) ---
+
+TEST(Cli, AMappingAsAKeyIsACleanError) {
+  // `plan` used to die of an uncaught YAML::TypedBadConversion, `train` with exit 1.
+  const auto top = writeConfig("map_key_top.yaml", "? [a, b]\n: 1\n");
+  expectCleanError(run("plan " + top + " --world 2"),
+                   top + ":1: a key must be a plain name, got a list (in top level)");
+  expectCleanError(run(top + " -q"), "a key must be a plain name");
+  const auto inner = writeConfig("map_key_inner.yaml", "batch:\n  ? [a, b]\n  : 1\n");
+  expectCleanError(run("plan " + inner + " --world 2"),
+                   inner + ":2: batch: a key must be a plain name, got a list (in batch)");
+  expectCleanError(run(inner + " -q"), "a key must be a plain name");
+}
+
+TEST(Cli, DuplicateKeysSectionsAndDocumentsAreRefused) {
+  const auto keys = writeConfig("dup_keys.yaml", "batch: {global: 64, global: 128}\n");
+  expectCleanError(run("plan " + keys), "batch.global: 'global' is given twice (first on line 1)");
+  const auto sections = writeConfig("dup_sections.yaml",
+                                    "batch:\n  global: 64\ntrain:\n  epochs: 1\nbatch:\n  global: 128\n");
+  expectCleanError(run(sections + " -q"), sections + ":5: batch: 'batch' is given twice (first on line 1)");
+  const auto docs = writeConfig("two_docs.yaml", "batch: {global: 64}\n---\nbatch: {global: 128}\n");
+  expectCleanError(run(docs + " -q"), docs + ":2: holds 2 YAML documents");
+}
+
+TEST(Cli, ADirectoryIsNotAConfig) {
+  // Trained with the defaults and exited 0.
+  const auto dir = freshDir("batchdist_cli_config_dir");
+  expectCleanError(run(dir.string() + " -q"), dir.string() + ": is a directory, not a config file");
+  expectCleanError(run("plan " + dir.string()), "is a directory");
+}
+
+TEST(Cli, DevZeroIsTooLargeForConfigAndData) {
+  // std::bad_alloc / "terminate called" while reading forever.
+  expectCleanError(run("/dev/zero -q"), "/dev/zero: config file is too large");
+  expectCleanError(run("plan /dev/zero"), "/dev/zero: config file is too large");
+  // Data: a device is cut at 1 GiB (kMaxStreamBytes), not at the 16 GiB allowed a
+  // regular data file, which would first fill 16 GiB of memory.
+  const auto r = run(kQuickstart + " --set data.name=csv --set data.path=/dev/zero");
+  expectCleanError(r, "/dev/zero: data file (data.path) is too large (more than 1.0 GiB; at most "
+                      "1.0 GiB is read from a pipe or device)");
+  expectNoTraining(r);
+}
+
+TEST(Cli, UnwritableOutputIsRefusedBeforeTraining) {
+  // A read-only output directory used to fail after training, with "File
+  // .../model.pt.tmp cannot be opened." and no cause. Permissions do not stop
+  // root, so as root the directory is a read-only tmpfs.
+  const auto dir = freshDir("batchdist_cli_readonly");
+  std::optional<TmpfsMount> ro;
+  std::string cause = "Permission denied";
+  if (geteuid() == 0) {
+    ro.emplace(dir, MS_RDONLY, "size=64k");
+    if (!ro->mounted()) GTEST_SKIP() << ro->whyNot();
+    cause = "Read-only file system";
+  } else {
+    fs::permissions(dir, fs::perms::owner_read | fs::perms::owner_exec | fs::perms::group_read |
+                             fs::perms::group_exec | fs::perms::others_read | fs::perms::others_exec);
+  }
+  for (const auto& out : {dir, dir / "sub"}) {
+    SCOPED_TRACE(out.string());
+    const auto r = run(kQuickstart + " --set train.epochs=1 --output " + out.string());
+    expectCleanFailure(r, 1, "cannot write the results (--output) to " + out.string() + ": " + cause);
+    expectNoTraining(r);
+  }
+  if (geteuid() != 0) fs::permissions(dir, fs::perms::owner_all);
+}
+
+TEST(Cli, OutputOrReportThatCannotBeWrittenIsRefusedBeforeTraining) {
+  // These used to fail after training, and the trained model was lost.
+  const auto dir = freshDir("batchdist_cli_outputs");
+  const auto file = dir / "a_file";
+  std::ofstream(file) << "not a directory\n";
+  auto r = run(kQuickstart + " --set train.epochs=1 --output " + file.string());
+  expectCleanFailure(r, 1, "cannot write the results (--output) to " + file.string() + ": ");
+  expectNoTraining(r);
+  r = run(kQuickstart + " --set train.epochs=1 --output " + (dir / "out").string() + " --report " +
+          (file / "report.json").string());
+  expectCleanFailure(r, 1, "cannot write the report (--report) to " + file.string() + ": ");
+  expectNoTraining(r);
+  r = run(kQuickstart + " --set train.epochs=1 --output " + (dir / "out").string() + " --report " +
+          dir.string());
+  expectCleanFailure(r, 1, "cannot write the report (--report) to " + dir.string() +
+                               ": it is a directory");
+  expectNoTraining(r);
+  EXPECT_EQ(readText(file), "not a directory\n");
+}
+
+TEST(Cli, AFullDiskWhileSavingTheModelIsACleanErrorAndKeepsEarlierFiles) {
+  // model.pt used to be written by torch::save: a full disk ended the job with
+  // "terminate called after throwing c10::Error" (exit 134).
+  const auto dir = freshDir("batchdist_cli_full_disk");
+  TmpfsMount full(dir, 0, "size=64k");
+  if (!full.mounted()) GTEST_SKIP() << full.whyNot();
+  std::ofstream(dir / "report.json") << "{\"earlier\": true}\n";
+  std::ofstream(dir / "search.json") << "{\"earlier\": \"search\"}\n";
+  // About 300k parameters: model.pt (~1.2 MB) cannot fit in 64 KB.
+  const auto r = run(kQuickstart + " -q --set model.hidden=[512,512] --set train.max_steps=2 "
+                                   "--set train.epochs=1 --output " + dir.string());
+  expectCleanFailure(r, 1, "cannot write " + (dir / "model.pt").string() + ": No space left on device");
+  EXPECT_EQ(readText(dir / "report.json"), "{\"earlier\": true}\n");
+  EXPECT_EQ(readText(dir / "search.json"), "{\"earlier\": \"search\"}\n");
+  EXPECT_FALSE(fs::exists(dir / "model.pt"));
+  EXPECT_FALSE(fs::exists(dir / "model.pt.tmp"));  // no partial file left filling the disk
+}
+
+TEST(Cli, HugeBatchesOverflowCleanly) {
+  // per-GPU 2^62 x 4 ranks wrapped to 0: SIGFPE.
+  expectCleanError(run("plan " + kQuickstart + " --world 4 --set batch.per_gpu=4611686018427387904"),
+                   "batch.per_gpu x world size overflows (4611686018427387904 x 4)");
+  expectCleanError(run("plan " + kQuickstart +
+                       " --world 1 --set batch.global=null --set batch.per_gpu=4611686018427387904"
+                       " --set batch.accum=4"),
+                   "batch.per_gpu x batch.accum overflows");
+  // More padding than data (1438 training samples, global batch 4096).
+  expectCleanError(run("plan " + kQuickstart + " --world 2 --set batch.global=4096 "
+                                               "--set batch.last_batch=pad"),
+                   "would add 2658 padding samples to the 1438 of the training set each epoch "
+                   "(more padding than data)");
+}
+
+TEST(Cli, BatchNormMinimumIsCheckedAtLoad) {
+  expectCleanError(run(kQuickstart + " -q --set batch.min_per_gpu=1"),
+                   "--set batch.min_per_gpu: 1 is too small for a model with BatchNorm");
+  expectCleanError(run("plan " + kQuickstart + " --world 2 --set batch.global=null --set batch.per_gpu=1"),
+                   "--set batch.per_gpu: 1 is too small for a model with BatchNorm");
+}
+
+TEST(Cli, SearchWithGlobalAndAccumFixedIsRefusedAtLoad) {
+  const std::string cfg = std::string(BATCHDIST_SOURCE_DIR) + "/configs/search-cpu.yaml";
+  const auto r = run(cfg + " --set batch.global=64 --set batch.accum=2");
+  expectCleanError(r, "auto with both batch.global (64) and batch.accum (2) set leaves nothing to search");
+  expectNoTraining(r);
+  EXPECT_EQ(r.out.find("batch search:"), std::string::npos) << r.out;
+}
+
+TEST(Cli, UnknownSectionFromSetIsBlamedOnTheSet) {
+  const auto r = run(kQuickstart + " -q --set foo.x=1");
+  expectCleanError(r, "--set foo: unknown section 'foo'");
+  EXPECT_EQ(r.out.find(kQuickstart + ": foo"), std::string::npos) << r.out;
+}
+
+TEST(Cli, PlanJsonErrorWithBytesThatAreNotUtf8IsStillJson) {
+  // The error JSON quoted the bad key: nlohmann threw type_error 316 inside the
+  // catch block, "terminate called". Found by the config fuzzer.
+  const auto path = writeConfig("latin1_key.yaml", "batch:\n  gl\xF6" "bal: 64\n");
+  const auto r = run("plan " + path + " --json 2>/dev/null");
+  EXPECT_EQ(r.code, 2) << r.out;
+  const auto j = YAML::Load(r.out);
+  EXPECT_NE(j["error"].as<std::string>().find("unknown key"), std::string::npos) << r.out;
+  const auto text = writeConfig("latin1_value.yaml", "data:\n  name: csv\n  path: donn\xE9" "es.csv\n");
+  expectCleanError(run(text + " -q"), "data.path: is not valid UTF-8 (byte 0xE9 at offset 4");
+}
+
+TEST(Cli, AnOutputPathThatIsNotUtf8StillGetsItsReport) {
+  // report.json quotes --output (model_path); nlohmann refused to dump the
+  // Latin-1 name after training, and the report was lost (exit 1).
+  const auto dir = freshDir("batchdist_cli_latin1_\xE9");
+  const auto r = run(kQuickstart + " -q --set train.max_steps=2 --set train.epochs=1 --output " +
+                     dir.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto report = nlohmann::json::parse(readText(dir / "report.json"));
+  EXPECT_EQ(report["steps"].get<int>(), 2);
+  EXPECT_NE(report["model_path"].get<std::string>().find("latin1_\xEF\xBF\xBD"), std::string::npos)
+      << report["model_path"];  // the stray byte as U+FFFD
+}
+
+TEST(Cli, DamagedSearchCacheIsNamedAndSearchedAgain) {
+  // A cached entry with chosen 0 used to reach the plan, whose error named the
+  // config file; now the cache file is named in a warning and the search reruns.
+  const auto dir = freshDir("batchdist_cli_damaged_cache");
+  const auto cache = (dir / "cache.json").string();
+  const std::string cfg = std::string(BATCHDIST_SOURCE_DIR) + "/configs/search-cpu.yaml";
+  const std::string search = " --set search.max=16 --set search.timed_steps=1 --set search.warmup_steps=1"
+                             " --set search.cache=" + cache + " --output " + (dir / "out").string();
+  auto r = run("search " + cfg + search);
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(readText(cache));
+  ASSERT_GT(j["result"]["chosen"].get<int>(), 0);
+  j["result"]["chosen"] = 0;
+  std::ofstream(cache) << j.dump(2);
+  r = run(cfg + search + " --set train.max_steps=2 --set train.epochs=1");
+  EXPECT_EQ(r.code, 0) << r.out;
+  const std::string warning = "batchdist: warning: ignoring the search cache: " + cache +
+                              ": damaged entry: chosen per-GPU batch 0 is not positive; searching again";
+  EXPECT_NE(r.out.find(warning), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("cached result"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("search-cpu.yaml: batch.per_gpu"), std::string::npos) << r.out;
+  // The search ran again and rewrote the entry.
+  EXPECT_GT(nlohmann::json::parse(readText(cache))["result"]["chosen"].get<int>(), 0);
 }

@@ -28,9 +28,9 @@ inline CommandResult runCommand(const std::string& cmd) {
   return r;
 }
 
-/// A bad-input run: exit code 2, the expected message exactly once, no crash output.
-inline void expectCleanError(const CommandResult& r, const std::string& message) {
-  EXPECT_EQ(r.code, 2) << r.out;
+/// A failed run: exit code `code`, the expected message exactly once, no crash output.
+inline void expectCleanFailure(const CommandResult& r, int code, const std::string& message) {
+  EXPECT_EQ(r.code, code) << r.out;
   const auto at = r.out.find(message);
   EXPECT_NE(at, std::string::npos) << "missing '" << message << "' in:\n" << r.out;
   if (at != std::string::npos) {
@@ -40,6 +40,11 @@ inline void expectCleanError(const CommandResult& r, const std::string& message)
                             "core dumped", "what():"}) {
     EXPECT_EQ(r.out.find(crash), std::string::npos) << crash << " in:\n" << r.out;
   }
+}
+
+/// A bad-input run: exit code 2, the expected message exactly once, no crash output.
+inline void expectCleanError(const CommandResult& r, const std::string& message) {
+  expectCleanFailure(r, 2, message);
 }
 
 }  // namespace batchdist::testsupport

@@ -157,3 +157,127 @@ TEST(Config, EveryShippedConfigParses) {
 TEST(Config, MissingFileIsAConfigError) {
   EXPECT_THROW(loadConfig("/nonexistent/x.yaml"), ConfigError);
 }
+
+// --- Bugs found by new users (each test fails on the code before 1958dcc) ---
+
+TEST(Config, AMappingUsedAsAKeyIsRefused) {
+  // Used to escape as YAML::TypedBadConversion ("terminate called" in `plan`).
+  auto msg = errorOf("? [a, b]\n: 1\n");
+  EXPECT_NE(msg.find("test.yaml:1: a key must be a plain name, got a list (in top level)"),
+            std::string::npos)
+      << msg;
+  msg = errorOf("batch:\n  global: 64\n  ? {x: 1}\n  : 2\n");
+  EXPECT_NE(msg.find("test.yaml:3: batch: a key must be a plain name, got a mapping (in batch)"),
+            std::string::npos)
+      << msg;
+  msg = errorOf("batch: {global: 64}\n", {"batch.per_gpu=16"});
+  EXPECT_EQ(msg, "<no error>");
+}
+
+TEST(Config, DuplicateKeysAndSectionsAreRefusedNamingBothLines) {
+  // yaml-cpp keeps the first of two equal keys; both used to pass silently.
+  auto msg = errorOf("batch: {global: 64, global: 128}\n");
+  EXPECT_NE(msg.find("test.yaml:1: batch.global: 'global' is given twice (first on line 1); keep one"),
+            std::string::npos)
+      << msg;
+  msg = errorOf("batch:\n  global: 64\nmodel:\n  name: mlp\nbatch:\n  per_gpu: 8\n");
+  EXPECT_NE(msg.find("test.yaml:5: batch: 'batch' is given twice (first on line 1)"),
+            std::string::npos)
+      << msg;
+}
+
+TEST(Config, SeveralYamlDocumentsAreRefused) {
+  // YAML::Load used to read the first document and drop the rest silently.
+  const auto msg = errorOf("batch: {global: 64}\n---\nbatch: {global: 128}\n");
+  EXPECT_NE(msg.find("test.yaml:2: holds 2 YAML documents"), std::string::npos) << msg;
+}
+
+TEST(Config, TextAfterTheDocumentIsMalformedNotIgnoredOrEndless) {
+  // Note [one YAML document]: YAML::LoadAll loops (allocating) forever on a
+  // stray ',' after a document, and YAML::Load drops it. Found by the fuzzer.
+  auto msg = errorOf("- model\n, batch");
+  EXPECT_NE(msg.find("test.yaml:2:1: malformed YAML: unexpected text after the end of the document"),
+            std::string::npos)
+      << msg;
+  msg = errorOf("batch: {global: 64}, model: {}\n");
+  EXPECT_NE(msg.find("malformed YAML"), std::string::npos) << msg;
+  msg = errorOf("", {"model.hidden=[8], 4"});
+  EXPECT_NE(msg.find("--set model.hidden: cannot parse value '[8], 4'"), std::string::npos) << msg;
+}
+
+TEST(Config, TextValuesMustBeUtf8) {
+  // The resolved config is JSON (report, cross-rank check); a Latin-1 path used
+  // to end the run with nlohmann's "invalid UTF-8 byte". Found by the fuzzer.
+  auto msg = errorOf("data:\n  name: csv\n  path: donn\xE9" "es.csv\n");
+  EXPECT_NE(msg.find("test.yaml:3: data.path: is not valid UTF-8 (byte 0xE9 at offset 4 of the "
+                     "value)"),
+            std::string::npos)
+      << msg;
+  msg = errorOf("", {"dist.interface=eth\xC0\xAF"});  // overlong '/'
+  EXPECT_NE(msg.find("--set dist.interface: is not valid UTF-8 (byte 0xC0 at offset 3"),
+            std::string::npos)
+      << msg;
+  const auto cfg = parseConfig("data: {name: csv, path: \"donn\xC3\xA9" "es/\xF0\x9F\x99\x82.csv\"}\n",
+                               "t.yaml");
+  EXPECT_EQ(cfg.data.path, "donn\xC3\xA9" "es/\xF0\x9F\x99\x82.csv");
+  EXPECT_NO_THROW((void)cfg.resolved.dump());
+}
+
+TEST(Config, ADirectoryIsNotAConfigFile) {
+  // std::ifstream opened the directory, read nothing, and trained with defaults.
+  try {
+    loadConfig(::testing::TempDir());
+    FAIL() << "a directory loaded as a config";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(": is a directory, not a config file"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Config, AnEndlessConfigFileIsTooLarge) {
+  // std::ifstream read /dev/zero until std::bad_alloc.
+  try {
+    loadConfig("/dev/zero");
+    FAIL() << "/dev/zero loaded as a config";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("/dev/zero: config file is too large (more than 4.0 MiB"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Config, BatchNormNeedsTwoSamplesPerMicroBatch) {
+  // The quickstart's mlp has BatchNorm; min_per_gpu: 1 and per_gpu: 1 used to load.
+  auto msg = errorOf("batch: {min_per_gpu: 1}\n");
+  EXPECT_NE(msg.find("test.yaml: batch.min_per_gpu: 1 is too small for a model with BatchNorm"),
+            std::string::npos)
+      << msg;
+  msg = errorOf("model: {name: cnn}\nbatch: {per_gpu: 1}\n");
+  EXPECT_NE(msg.find("test.yaml: batch.per_gpu: 1 is too small for a model with BatchNorm"),
+            std::string::npos)
+      << msg;
+  msg = errorOf("model: {name: resnet18}\n", {"batch.per_gpu=1"});
+  EXPECT_NE(msg.find("--set batch.per_gpu: 1 is too small"), std::string::npos) << msg;
+  // Without BatchNorm one sample is fine.
+  EXPECT_EQ(errorOf("model: {batchnorm: false}\nbatch: {per_gpu: 1, min_per_gpu: 1}\n"),
+            "<no error>");
+}
+
+TEST(Config, SearchWithGlobalAndAccumFixedIsRefusedAtLoad) {
+  // per-GPU = global / (accum x world) leaves the search nothing to choose; this
+  // used to fail only after start-up, repeating the value given.
+  const auto msg = errorOf("batch: {global: 64, accum: 2, per_gpu: auto}\n");
+  EXPECT_NE(msg.find("test.yaml: batch.per_gpu: auto with both batch.global (64) and batch.accum "
+                     "(2) set leaves nothing to search"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("Drop batch.accum"), std::string::npos) << msg;
+  EXPECT_EQ(errorOf("batch: {global: 64, per_gpu: auto}\n"), "<no error>");
+}
+
+TEST(Config, UnknownSectionFromSetIsBlamedOnTheSet) {
+  // Used to read "test.yaml: foo: unknown section 'foo'": the file has no foo.
+  const auto msg = errorOf("batch: {global: 64}\n", {"foo.x=1"});
+  EXPECT_EQ(msg.rfind("--set foo: unknown section 'foo'", 0), 0u) << msg;
+  EXPECT_EQ(msg.find("test.yaml"), std::string::npos) << msg;
+}

@@ -77,6 +77,47 @@ TEST(Plan, BatchNormNeedsTwoSamplesPerGpuAndRefusesKeep) {
   EXPECT_NO_THROW(makePlan(batchConfig(64, 0, 0, LastBatch::kKeep), 2, 1000, false));
 }
 
+TEST(Plan, BatchNormFloorIsTwoEvenWhenMinPerGpuIsOne) {
+  // A TorchScript model's BatchNorm is found only when the plan is made; with
+  // batch.min_per_gpu: 1 a per-GPU batch of 1 used to pass (1 < 1 is false).
+  const Config cfg = parseConfig("model: {name: torchscript, path: m.pt}\n"
+                                 "batch: {global: 4, min_per_gpu: 1}\n",
+                                 "t.yaml");
+  const auto msg = planError(cfg, 4, 1000, true);
+  EXPECT_NE(msg.find("t.yaml: batch.per_gpu=1 is below 2: BatchNorm in training mode needs at least "
+                     "2 samples per GPU per micro-batch (batch.min_per_gpu, never below 2)"),
+            std::string::npos)
+      << msg;
+  EXPECT_NO_THROW(makePlan(cfg, 4, 1000, false));
+}
+
+TEST(Plan, HugeBatchesOverflowWithAMessageNotSigfpe) {
+  // per_gpu 2^62 x world 4 wrapped to 0 and the plan divided by it (SIGFPE).
+  constexpr int64_t kHuge = int64_t{1} << 62;
+  auto msg = planError(batchConfig(0, kHuge, 0, LastBatch::kDrop), 4, 1000, false);
+  EXPECT_NE(msg.find("t.yaml: batch.per_gpu x batch.accum x world size overflows (4611686018427387904 "
+                     "x 4)"),
+            std::string::npos)
+      << msg;
+  msg = planError(batchConfig(64, kHuge, 0, LastBatch::kDrop), 4, 1000, false);
+  EXPECT_NE(msg.find("batch.per_gpu x world size overflows"), std::string::npos) << msg;
+  msg = planError(batchConfig(64, 0, kHuge, LastBatch::kDrop), 4, 1000, false);
+  EXPECT_NE(msg.find("batch.accum x world size overflows"), std::string::npos) << msg;
+  msg = planError(batchConfig(0, int64_t{1} << 40, int64_t{1} << 30, LastBatch::kPad), 1, 1000, false);
+  EXPECT_NE(msg.find("batch.per_gpu x batch.accum overflows"), std::string::npos) << msg;
+}
+
+TEST(Plan, PaddingMoreThanTheDataIsRefused) {
+  // pad used to accept any global batch: 4000 on 1000 samples pads 3000 a step.
+  const auto msg = planError(batchConfig(4000, 0, 0, LastBatch::kPad), 4, 1000, false);
+  EXPECT_NE(msg.find("t.yaml: batch.global=4000 with batch.last_batch: pad would add 3000 padding "
+                     "samples to the 1000 of the training set each epoch (more padding than data)"),
+            std::string::npos)
+      << msg;
+  const auto p = makePlan(batchConfig(1500, 0, 0, LastBatch::kPad), 3, 1000, false);
+  EXPECT_EQ(p.samples_padded, 500);  // as much padding as half the data is still allowed
+}
+
 TEST(Plan, DropWithFewerSamplesThanOneBatchIsRefused) {
   const auto msg = planError(batchConfig(64, 0, 0, LastBatch::kDrop), 2, 50, false);
   EXPECT_NE(msg.find("50 samples, fewer than batch.global=64"), std::string::npos) << msg;

@@ -1,6 +1,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cctype>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
 #include <thread>
 
 #include "collective/error.h"
@@ -64,6 +69,62 @@ std::vector<SearchResult> searchOnThreads(const Config& cfg,
     if (e) std::rethrow_exception(e);
   }
   return results;
+}
+
+/// "" if `doc` is well-formed XML as far as a hand-written SVG can go wrong
+/// (tags nest, names are names, no raw '<' in text or attributes, every '&'
+/// starts an entity); otherwise the first problem and where.
+std::string xmlProblem(const std::string& doc) {
+  const auto entityAt = [&](std::size_t i) {
+    for (const char* e : {"&amp;", "&lt;", "&gt;", "&quot;", "&apos;"}) {
+      if (doc.compare(i, std::strlen(e), e) == 0) return true;
+    }
+    if (doc.compare(i, 2, "&#") != 0) return false;
+    const auto semi = doc.find(';', i);
+    return semi != std::string::npos && semi > i + 2 && semi < i + 10;
+  };
+  const auto at = [&](std::size_t i, const std::string& what) {
+    return what + " at offset " + std::to_string(i) + ": ..." + doc.substr(i < 20 ? 0 : i - 20, 40) +
+           "...";
+  };
+  std::vector<std::string> open;
+  int roots = 0;
+  for (std::size_t i = 0; i < doc.size(); ++i) {
+    if (doc[i] == '&' && !entityAt(i)) return at(i, "bare '&'");
+    if (doc[i] != '<') continue;
+    std::size_t j = i + 1;
+    char quote = 0;
+    for (; j < doc.size() && (quote || doc[j] != '>'); ++j) {
+      if (doc[j] == '<') return at(j, "'<' inside a tag");
+      if (doc[j] == '&' && !entityAt(j)) return at(j, "bare '&' in an attribute");
+      if (quote && doc[j] == quote) {
+        quote = 0;
+      } else if (!quote && (doc[j] == '"' || doc[j] == '\'')) {
+        quote = doc[j];
+      }
+    }
+    if (j == doc.size()) return at(i, "unterminated tag");
+    std::string tag = doc.substr(i + 1, j - i - 1);
+    i = j;
+    if (!tag.empty() && (tag[0] == '?' || tag[0] == '!')) continue;
+    const bool closing = !tag.empty() && tag[0] == '/';
+    const bool empty = !tag.empty() && tag.back() == '/';
+    if (closing) tag.erase(0, 1);
+    const std::string name = tag.substr(0, tag.find_first_of(" \t\n/"));
+    if (name.empty() || !std::isalpha(static_cast<unsigned char>(name[0]))) {
+      return at(i, "bad tag name '" + name + "'");
+    }
+    if (closing) {
+      if (open.empty() || open.back() != name) return at(i, "</" + name + "> closes nothing open");
+      open.pop_back();
+    } else {
+      if (open.empty()) ++roots;
+      if (!empty) open.push_back(name);
+    }
+  }
+  if (!open.empty()) return "<" + open.back() + "> is never closed";
+  if (roots != 1) return std::to_string(roots) + " root elements";
+  return "";
 }
 
 }  // namespace
@@ -208,6 +269,130 @@ TEST(Search, JsonSvgAndTable) {
   EXPECT_EQ(back->chosen, 16);
   EXPECT_EQ(back->candidates.size(), 3u);
   EXPECT_FALSE(readSearchCache(path, "other key").result.has_value());
+}
+
+TEST(Search, SvgEscapesDeviceNamesAndReasons) {
+  // The device name and failure reasons went into search.svg raw: a '<' or '&'
+  // made the file unreadable in a browser.
+  SearchResult r;
+  r.candidates = {ok(8, 100, 120), bad(16, "error <&>\"' on rank 0", 400)};
+  r.chosen = 8;
+  r.device = "Accel <&> \"fast\" 'x'";
+  EXPECT_EQ(xmlProblem(searchSvg(SearchResult{})), "");
+  const auto svg = searchSvg(r);
+  EXPECT_EQ(xmlProblem(svg), "") << svg;
+  EXPECT_NE(svg.find("Accel &lt;&amp;&gt; &quot;fast&quot; &apos;x&apos;"), std::string::npos) << svg;
+  EXPECT_NE(svg.find("<title>error &lt;&amp;&gt;&quot;&apos; on rank 0</title>"), std::string::npos)
+      << svg;
+  EXPECT_EQ(xmlEscape("a<b>&\"c'"), "a&lt;b&gt;&amp;&quot;c&apos;");
+  // The checker itself catches what the old output had.
+  EXPECT_NE(xmlProblem("<svg><text>Accel <&> x</text></svg>"), "");
+  EXPECT_NE(xmlProblem("<svg><title>a & b</title></svg>"), "");
+}
+
+TEST(SearchCache, DamagedEntriesAreAMissNamingTheFile) {
+  // A damaged cache used to be trusted (chosen 0 reached the plan, whose error
+  // named the config file) or ignored without a word; now readSearchCache says
+  // which file is damaged and how, and the run searches again.
+  namespace fs = std::filesystem;
+  SearchResult good;
+  good.candidates = {ok(8, 100), ok(16, 190), bad(32, "out of memory on rank 0", 400)};
+  good.chosen = 16;
+  const auto path = (fs::path(::testing::TempDir()) / "search_cache_damaged.json").string();
+  const auto rewrite = [&](const std::function<void(nlohmann::json&)>& damage) {
+    writeSearchCache(path, "k", good);
+    std::ifstream in(path);
+    auto j = nlohmann::json::parse(in);
+    damage(j);
+    std::ofstream(path) << j.dump(2);
+  };
+  const auto expectProblem = [&](const std::string& fault) {
+    const auto found = readSearchCache(path, "k");
+    EXPECT_FALSE(found.result.has_value());
+    EXPECT_EQ(found.problem.rfind(path + ": ", 0), 0u) << found.problem;
+    EXPECT_NE(found.problem.find(fault), std::string::npos) << found.problem;
+  };
+  rewrite([](nlohmann::json&) {});
+  ASSERT_TRUE(readSearchCache(path, "k").result.has_value());
+  EXPECT_EQ(readSearchCache(path, "k").problem, "");
+  {
+    SCOPED_TRACE("chosen 0");
+    rewrite([](nlohmann::json& j) { j["result"]["chosen"] = 0; });
+    expectProblem("damaged entry: chosen per-GPU batch 0 is not positive");
+  }
+  {
+    SCOPED_TRACE("chosen -8");
+    rewrite([](nlohmann::json& j) { j["result"]["chosen"] = -8; });
+    expectProblem("chosen per-GPU batch -8 is not positive");
+  }
+  {
+    SCOPED_TRACE("chosen 10^6");
+    rewrite([](nlohmann::json& j) { j["result"]["chosen"] = 1000000; });
+    expectProblem("chosen per-GPU batch 1000000 x accum 1 is not among the measured candidates");
+  }
+  {
+    SCOPED_TRACE("chosen: a failed candidate");
+    rewrite([](nlohmann::json& j) { j["result"]["chosen"] = 32; });
+    expectProblem("is not among the measured candidates that fit");
+  }
+  {
+    SCOPED_TRACE("a field missing");
+    rewrite([](nlohmann::json& j) { j["result"].erase("candidates"); });
+    expectProblem("damaged");
+  }
+  {
+    SCOPED_TRACE("not JSON");
+    std::ofstream(path) << "chosen: 16\n{{{";
+    expectProblem("damaged");
+  }
+  {
+    SCOPED_TRACE("JSON, not ours");
+    std::ofstream(path) << "[1, 2, 3]";
+    expectProblem("not a batchdist search cache");
+  }
+  // Another setup's entry is an ordinary miss, and so is no file at all.
+  rewrite([](nlohmann::json& j) { j["result"]["chosen"] = 0; });
+  EXPECT_EQ(readSearchCache(path, "other key").problem, "");
+  fs::remove(path);
+  const auto none = readSearchCache(path, "k");
+  EXPECT_FALSE(none.result.has_value());
+  EXPECT_EQ(none.problem, "");
+}
+
+TEST(Search, AnErrorOnALowRankIsNotBlamedOnAnOomOnAHigherOne) {
+  // Note [search agreement]: kind and rank travel as one number. They used to be
+  // reduced with MAX separately: an error on rank 1 and an OOM on rank 3 read
+  // "failed on rank 3".
+  auto cfg = parseConfig("search: {min: 8, objective: max_fit}", "t.yaml");
+  std::vector<SimulatedMeasurer> m(4, SimulatedMeasurer(1 << 20, 1000, 4));
+  m[1].failFrom(16, FailKind::kError);
+  m[3].failFrom(16, FailKind::kOutOfMemory);
+  try {
+    searchOnThreads(cfg, m, 100000);
+    FAIL() << "the search went on after an error";
+  } catch (const TrainingError& e) {
+    EXPECT_NE(std::string(e.what()).find("batch search: per-GPU batch 16 failed on rank 1"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Search, TheWorstFailureNamesTheLowestRankWithIt) {
+  // Out of memory on rank 1 outranks over-budget on rank 3 (and rank 2's OOM).
+  auto cfg = parseConfig("search: {min: 8, max: 32, objective: max_fit}", "t.yaml");
+  std::vector<SimulatedMeasurer> m(4, SimulatedMeasurer(1 << 20, 1000, 4));
+  m[1].failFrom(32, FailKind::kOutOfMemory);
+  m[2].failFrom(32, FailKind::kOutOfMemory);
+  m[3].failFrom(32, FailKind::kOverBudget);
+  const auto res = searchOnThreads(cfg, m, 100000);
+  const Candidate* at32 = nullptr;
+  for (const auto& c : res[0].candidates) {
+    if (c.per_gpu == 32) at32 = &c;
+  }
+  ASSERT_NE(at32, nullptr);
+  EXPECT_TRUE(at32->failed);
+  EXPECT_EQ(at32->reason, "out of memory on rank 1");
+  EXPECT_EQ(res[0].chosen, 24);  // binary search between 16 and 32
 }
 
 TEST(Search, PeakRssResetsAndTracksAllocations) {

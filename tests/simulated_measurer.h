@@ -18,11 +18,24 @@ class SimulatedMeasurer : public worker::Measurer {
       : oom_above_(oom_above), peak_(peak_sps), half_(half), base_(base_mb),
         per_sample_(per_sample_mb), budget_(budget_mb), noise_(noise) {}
 
+  /// From per-GPU batch `per_gpu` up, this rank fails with `kind` (kError: a
+  /// real fault, with a detail naming this measurer).
+  SimulatedMeasurer& failFrom(int64_t per_gpu, worker::FailKind kind) {
+    fail_from_ = per_gpu;
+    fail_kind_ = kind;
+    return *this;
+  }
+
   worker::Measurement measure(int64_t per_gpu, int64_t accum, int64_t extra_warmup) override {
     (void)extra_warmup;
     ++calls;
     worker::Measurement m;
     m.peak_mb = base_ + per_sample_ * static_cast<double>(per_gpu);
+    if (fail_from_ > 0 && per_gpu >= fail_from_) {
+      m.fail = fail_kind_;
+      if (fail_kind_ == worker::FailKind::kError) m.detail = "simulated fault";
+      return m;
+    }
     if (per_gpu > oom_above_) {
       m.fail = worker::FailKind::kOutOfMemory;
       return m;
@@ -43,6 +56,8 @@ class SimulatedMeasurer : public worker::Measurer {
  private:
   int64_t oom_above_;
   double peak_, half_, base_, per_sample_, budget_, noise_;
+  int64_t fail_from_ = 0;
+  worker::FailKind fail_kind_ = worker::FailKind::kNone;
 };
 
 }  // namespace batchdist::testsupport

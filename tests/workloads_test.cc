@@ -149,6 +149,26 @@ TEST(Readers, MnistIdxFiles) {
   EXPECT_NE(msg.find("l: offset 4: 4 labels for 3 images"), std::string::npos) << msg;
 }
 
+TEST(Readers, MnistHeaderWithoutImagesIsRefused) {
+  // A header declaring 0 images, or images of 0x0 pixels, matches a 16-byte file;
+  // it used to load as an empty data set and fail later with torch's "from is
+  // out of bounds for float".
+  const auto header = [](uint32_t n, uint32_t rows, uint32_t cols) {
+    return be32(0x803) + be32(n) + be32(rows) + be32(cols);
+  };
+  const auto labels = [](uint32_t n) { return be32(0x801) + be32(n) + std::string(n, '\1'); };
+  auto msg = errorOf([&] { parseIdx(header(3, 0, 0), "i", labels(3), "l"); });
+  EXPECT_NE(msg.find("i: offset 4: the header declares 3 images of 0x0 pixels; a data set needs at "
+                     "least one image of at least 1x1"),
+            std::string::npos)
+      << msg;
+  msg = errorOf([&] { parseIdx(header(0, 28, 28), "i", labels(0), "l"); });
+  EXPECT_NE(msg.find("i: offset 4: the header declares 0 images of 28x28 pixels"), std::string::npos)
+      << msg;
+  msg = errorOf([&] { parseIdx(header(0, 0, 0), "i", labels(0), "l"); });
+  EXPECT_NE(msg.find("the header declares 0 images of 0x0 pixels"), std::string::npos) << msg;
+}
+
 TEST(Readers, SyntheticImagesAreDeterministicBytes) {
   DataConfig cfg;
   cfg.name = DataName::kSyntheticImages;

@@ -209,7 +209,12 @@ void finishRun(const RunRequest& req, const RankPlace& place, const RunSetup& s,
   info.model_path = model_path;
   if (!result.completed) info.stopped_by = strCat("SIG", sigabbrev_np(sig ? sig : SIGTERM));
   info.search = searched;
-  const auto report = runReport(s.cfg, s.plan, result, info).dump(2) + "\n";
+  // Paths from the command line (--output, the config's directory) may hold bytes
+  // that are not UTF-8; the report must still be written once the run is done.
+  const auto report =
+      runReport(s.cfg, s.plan, result, info)
+          .dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) +
+      "\n";
   writeFileAtomic((fs::path(req.output) / "report.json").string(), report);
   if (!req.report.empty()) writeFileAtomic(req.report, report);
 

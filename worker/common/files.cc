@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -52,12 +53,15 @@ std::string readFileBounded(const std::string& path, std::uintmax_t max_bytes,
   if (S_ISDIR(st.st_mode)) {
     throw ConfigError(strCat(path, ": is a directory, not a ", what));
   }
+  const bool regular = S_ISREG(st.st_mode);
+  if (!regular) max_bytes = std::min(max_bytes, kMaxStreamBytes);
   const auto too_large = [&](const std::string& size) {
     return ConfigError(strCat(path, ": ", what, " is too large (", size, "; at most ",
-                              byteSize(max_bytes), " is read)"));
+                              byteSize(max_bytes), " is read",
+                              regular ? "" : " from a pipe or device", ")"));
   };
   std::string out;
-  if (S_ISREG(st.st_mode)) {
+  if (regular) {
     if (static_cast<std::uintmax_t>(st.st_size) > max_bytes) {
       throw too_large(byteSize(static_cast<std::uintmax_t>(st.st_size)));
     }

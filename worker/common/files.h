@@ -7,11 +7,17 @@
 
 namespace batchdist::worker {
 
+/// Most bytes read from a pipe or device. Its size is known only once it has
+/// all been read into memory, so a bound meant for a regular file whose size is
+/// checked before reading (a 16 GiB data set) would first fill that much memory
+/// from /dev/zero or a runaway producer.
+constexpr std::uintmax_t kMaxStreamBytes = std::uintmax_t{1} << 30;
+
 /// Reads all of `path`. Throws ConfigError (it is the user's file) naming the
 /// file and the cause when it is missing, a directory, unreadable, or larger
-/// than `max_bytes` (checked before reading for regular files, while reading for
-/// pipes and devices such as /dev/zero). `what` says what the file is for
-/// ("config file", "data file"), for the message.
+/// than `max_bytes` (checked before reading for regular files; while reading for
+/// pipes and devices such as /dev/zero, which are also cut at kMaxStreamBytes).
+/// `what` says what the file is for ("config file", "data file"), for the message.
 std::string readFileBounded(const std::string& path, std::uintmax_t max_bytes,
                             const std::string& what);
 

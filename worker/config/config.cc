@@ -1,9 +1,11 @@
 #include "worker/config/config.h"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <limits>
 #include <set>
@@ -62,6 +64,83 @@ struct Context {
     return strCat(source, ": ", path);
   }
 };
+
+// Note [one YAML document]: yaml-cpp 0.7's LoadAll never returns on some
+// malformed input: a token no rule consumes, such as the stray ',' in "- a\n,",
+// yields one more empty document per call until memory runs out
+// (jbeder/yaml-cpp#1040, fixed after 0.8.0), and Load ignores what follows the
+// first document ("[1], 2" loads as [1]). So the documents are walked through
+// the public event interface, a document that starts where the previous one
+// did is a syntax error, and only then is the single document loaded.
+class DocumentStarts final : public YAML::EventHandler {
+ public:
+  std::vector<YAML::Mark> marks;
+  void OnDocumentStart(const YAML::Mark& mark) override { marks.push_back(mark); }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
+/// The start of every document in `text`. Throws YAML::ParserException for
+/// malformed YAML, including text that belongs to no document.
+std::vector<YAML::Mark> documentStarts(const std::string& text) {
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  DocumentStarts starts;
+  while (parser.HandleNextDocument(starts)) {
+    const auto& m = starts.marks;
+    if (m.size() >= 2 && m[m.size() - 1].pos == m[m.size() - 2].pos) {
+      throw YAML::ParserException(m.back(), "unexpected text after the end of the document (a "
+                                            "stray ',' outside [ ] or { }?)");
+    }
+  }
+  return starts.marks;
+}
+
+/// Offset of the first byte of `s` that does not belong to well-formed UTF-8
+/// (Unicode Table 3-7: no overlongs, surrogates or code points past U+10FFFF),
+/// or npos. yaml-cpp passes stray bytes through; the resolved config (report,
+/// cross-rank check, search cache key) is JSON, which must be UTF-8.
+std::size_t invalidUtf8At(const std::string& s) {
+  const auto byte = [&](std::size_t i) { return static_cast<unsigned char>(s[i]); };
+  for (std::size_t i = 0; i < s.size();) {
+    const unsigned char c = byte(i);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    std::size_t len = 0;
+    unsigned char lo = 0x80, hi = 0xBF;  // range of the second byte
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    } else {
+      return i;
+    }
+    if (i + len > s.size()) return i;
+    if (byte(i + 1) < lo || byte(i + 1) > hi) return i;
+    for (std::size_t k = 2; k < len; ++k) {
+      if (byte(i + k) < 0x80 || byte(i + k) > 0xBF) return i;
+    }
+    i += len;
+  }
+  return std::string::npos;
+}
 
 std::string scalarText(const YAML::Node& n) {
   if (n.IsScalar()) return "'" + n.Scalar() + "'";
@@ -168,6 +247,13 @@ class Section {
     if (n) {
       if (!n.IsScalar()) throw typeError(key, n, "a string");
       v = n.Scalar();
+      if (const auto at = invalidUtf8At(v); at != std::string::npos) {
+        char hex[8];
+        std::snprintf(hex, sizeof hex, "0x%02X", static_cast<unsigned char>(v[at]));
+        throw ConfigError(strCat(where(key, n), ": is not valid UTF-8 (byte ", hex, " at offset ",
+                                 at, " of the value); YAML text must be UTF-8: save the file "
+                                 "as UTF-8"));
+      }
     }
     record(key, v);
     return v;
@@ -343,7 +429,15 @@ void applyOverride(YAML::Node& root, const std::string& spec, Context& ctx) {
   const std::string text = spec.substr(eq + 1);
   YAML::Node value;
   try {
-    value = text.empty() ? YAML::Node(std::string()) : YAML::Load(text);
+    if (text.empty()) {
+      value = YAML::Node(std::string());
+    } else {
+      if (documentStarts(text).size() > 1) {
+        throw ConfigError(strCat("--set ", path, ": cannot parse value '", text,
+                                 "': it holds several YAML documents ('---'); give one value"));
+      }
+      value = YAML::Load(text);
+    }
   } catch (const YAML::Exception& e) {
     throw ConfigError(strCat("--set ", path, ": cannot parse value '", text, "': ", e.msg));
   }
@@ -543,12 +637,13 @@ void readSearch(Context& ctx, const YAML::Node& root, SearchConfig& c) {
 YAML::Node loadYaml(const std::string& text, const std::string& source) {
   YAML::Node root;
   try {
-    const auto docs = YAML::LoadAll(text);
+    // Note [one YAML document]: not LoadAll.
+    const auto docs = documentStarts(text);
     if (docs.size() > 1) {
-      throw ConfigError(strCat(source, ":", docs[1].Mark().line + 1, ": holds ", docs.size(),
+      throw ConfigError(strCat(source, ":", docs[1].line + 1, ": holds ", docs.size(),
                                " YAML documents (separated by '---'); a config is one document"));
     }
-    if (!docs.empty()) root = docs.front();
+    if (!docs.empty()) root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
     if (e.mark.is_null()) throw ConfigError(strCat(source, ": malformed YAML: ", e.msg));
     throw ConfigError(strCat(source, ":", e.mark.line + 1, ":", e.mark.column + 1,
