@@ -41,9 +41,11 @@ std::string writeConfig(const std::string& name, const std::string& text) {
 
 const std::string kQuickstart = std::string(BATCHDIST_SOURCE_DIR) + "/configs/quickstart.yaml";
 
-/// A fresh, empty directory under the temp dir.
+/// A fresh, empty directory under the temp dir (a tmpfs an interrupted run of
+/// this test left mounted there is detached first).
 fs::path freshDir(const std::string& name) {
   const auto dir = fs::temp_directory_path() / name;
+  ::umount2(dir.c_str(), MNT_DETACH);  // EINVAL when it is no mount point: fine
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;

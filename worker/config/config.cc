@@ -251,8 +251,8 @@ class Section {
         char hex[8];
         std::snprintf(hex, sizeof hex, "0x%02X", static_cast<unsigned char>(v[at]));
         throw ConfigError(strCat(where(key, n), ": is not valid UTF-8 (byte ", hex, " at offset ",
-                                 at, " of the value); YAML text must be UTF-8: save the file "
-                                 "as UTF-8"));
+                                 at, " of the value); YAML text must be UTF-8 (was it saved "
+                                 "as Latin-1?)"));
       }
     }
     record(key, v);
