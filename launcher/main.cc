@@ -23,6 +23,7 @@
 #include "collective/rendezvous.h"
 #include "collective/torch_compat.h"
 #include "launcher/cli.h"
+#include "launcher/device.h"
 #include "launcher/mpi_scope.h"
 #include "launcher/slurm_script.h"
 #include "worker/config.h"
@@ -66,34 +67,6 @@ void installStopHandlers() {
 std::string dirOf(const std::string& path) {
   const auto p = std::filesystem::path(path).parent_path();
   return p.empty() ? "." : p.string();
-}
-
-/// Local rank -> device. CUDA ranks bind to GPU = local rank.
-at::Device pickDevice(const worker::Config& cfg, const MpiScope& mpi) {
-  const std::string& want = cfg.train.device;
-  const bool have_cuda = torch::cuda::is_available();
-  if (want == "cpu" || (want == "auto" && !have_cuda)) return at::kCPU;
-  if (!have_cuda) {
-    throw ConfigError(strCat(cfg.source, ": train.device: cuda, but no CUDA device is visible on ",
-                             mpi.host(),
-#if defined(BATCHDIST_WITH_CUDA)
-                             " (check CUDA_VISIBLE_DEVICES and the driver)"
-#else
-                             " (this batchdist was built against a CPU-only LibTorch)"
-#endif
-                             ));
-  }
-  const int gpus = static_cast<int>(torch::cuda::device_count());
-  if (mpi.localSize() > gpus) {
-    throw ConfigError(strCat(
-        "host ", mpi.host(), " runs ", mpi.localSize(), " ranks but this rank sees only ", gpus,
-        " GPU(s); start at most one rank per GPU (or set train.device: cpu)",
-        std::getenv("SLURM_JOB_ID") != nullptr
-            ? ". Under Slurm, --gpus-per-task binds every task to its own GPU unless the step "
-              "has --gpu-bind=none (the script `batchdist slurm` writes passes it)"
-            : ""));
-  }
-  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(mpi.localRank()));
 }
 
 /// `batchdist slurm`: checks the config for the job's world size, writes the
@@ -321,7 +294,9 @@ int runTrain(const CliOptions& cli, MpiScope& mpi) {
   // exit together without an abort.
   const int code = mpi.agree([&] {
     cfg = worker::loadConfig(cli.config, cli.sets);
-    device = pickDevice(cfg, mpi);
+    device = chooseDevice(cfg, probeGpus(mpi.host()), mpi.host(), mpi.localRank(),
+                          mpi.localSize());
+    collective::resolveBackend(cfg.dist.backend, device);  // refused here, before any rendezvous
     worker::checkPrecision(cfg.train.precision, device);
     data = worker::loadData(cfg.data, cfg.train.seed, dirOf(cli.config));
     has_bn = worker::modelHasBatchNorm(cfg.model, dirOf(cli.config));
@@ -494,7 +469,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (cli.version) {
-    std::cout << "batchdist " << BATCHDIST_VERSION << " (torch " << compat::torchVersion()
+    std::cout << "batchdist " << BATCHDIST_VERSION << " (" << compat::buildDescription()
               << ", backends:";
     for (const auto& b : collective::availableBackends()) std::cout << " " << b;
     std::cout << ")\n";
