@@ -14,10 +14,10 @@
 #    run downloads and installs nothing.
 # 2. CUDA: the toolkit in $CUDA_HOME (default /usr/local/cuda) when it has nvcc and
 #    the CUDA major.minor the wheel was built with. Otherwise the same toolkit from
-#    NVIDIA's pip wheels (nvcc, crt, nvvm, cccl; the runtime and headers come with
-#    torch), laid out as a toolkit directory in the venv: torch's CMake config runs
-#    enable_language(CUDA) and the old FindCUDA, which need bin/nvcc and unversioned
-#    lib*.so names the wheels do not have.
+#    NVIDIA's pip wheels (nvcc, crt, nvvm, cccl of that major.minor; the runtime
+#    and headers come with torch), laid out as a toolkit directory in the venv:
+#    torch's CMake config runs enable_language(CUDA) and the old FindCUDA, which
+#    need bin/nvcc and unversioned lib*.so names the wheels do not have.
 # 3. NCCL: from the nvidia-nccl wheel, the library libtorch_cuda.so loads at run
 #    time, so the header batchdist compiles against is the one it runs with; the
 #    toolkit's only if the wheel has none. -DBATCHDIST_REQUIRE_NCCL=ON: configure
@@ -119,13 +119,21 @@ if [ -z "$cuda" ]; then
   major=${torch_cuda%%.*}
   [ "$major" -ge 13 ] || die "the pip toolkit layout handled here is CUDA >= 13's (nvidia/cu13); torch has CUDA $torch_cuda"
   nv="$site/nvidia/cu$major"
-  if [ ! -x "$nv/bin/nvcc" ]; then
-    pip_install "nvidia-cuda-nvcc==$torch_cuda.*" "nvidia-cuda-cccl==$torch_cuda.*"
+  if [ ! -f "$venv/.batchdist-cuda-wheels-ok" ]; then
+    # All four of the wheel's CUDA major.minor: nvidia-cuda-nvcc leaves nvvm and crt
+    # unpinned, and a newer cicc writes PTX this ptxas rejects ("Unsupported .version").
+    pip_install "nvidia-cuda-nvcc==$torch_cuda.*" "nvidia-cuda-crt==$torch_cuda.*" \
+      "nvidia-nvvm==$torch_cuda.*" "nvidia-cuda-cccl==$torch_cuda.*"
+    touch "$venv/.batchdist-cuda-wheels-ok"
   fi
   cuda="$venv/cuda-toolkit"
   rm -rf "$cuda"
-  mkdir -p "$cuda/lib64"
-  for d in bin include nvvm; do ln -s "$nv/$d" "$cuda/$d"; done
+  mkdir -p "$cuda/bin" "$cuda/lib64"
+  # bin/ holds links to the files, not a link to the directory: nvcc finds the
+  # rest as bin/../{include,nvvm,lib64}, and `..` of a linked directory is the
+  # wheel's, which has no lib64.
+  for f in "$nv"/bin/*; do ln -s "$f" "$cuda/bin/"; done
+  for d in include nvvm; do ln -s "$nv/$d" "$cuda/$d"; done
   for f in "$nv"/lib/*.so.* "$nv"/lib/*.a; do
     name=${f##*/}
     ln -sf "$f" "$cuda/lib64/$name"
@@ -167,8 +175,11 @@ cmake --build "$build" -j"$jobs"
 phase_done build "$t" "-j$jobs"
 
 "$build/launcher/batchdist" --version >&2
-nm -C "$build/launcher/batchdist" | grep -m 3 'c10d::ProcessGroupNCCL::' >&2 ||
+nccl_symbols=$(nm -C "$build/launcher/batchdist" | grep 'c10d::ProcessGroupNCCL::' || true)
+[ -n "$nccl_symbols" ] ||
   die "$build/launcher/batchdist does not reference c10d::ProcessGroupNCCL: the NCCL backend is not linked"
+log "nm -C $build/launcher/batchdist | grep c10d::ProcessGroupNCCL:: ($(wc -l <<<"$nccl_symbols") symbols):"
+head -n 3 <<<"$nccl_symbols" >&2
 
 if [ "$run_tests" = 1 ]; then
   t=$(now)
