@@ -22,7 +22,7 @@
 #    time, so the header batchdist compiles against is the one it runs with; the
 #    toolkit's only if the wheel has none. -DBATCHDIST_REQUIRE_NCCL=ON: configure
 #    fails if the NCCL backend would be left out.
-# 4. Build every target, check that the binary holds c10d::ProcessGroupNCCL, and
+# 4. Build every target, check that the binary constructs c10d::ProcessGroupNCCL, and
 #    run `ctest -L cuda_leg`. Prints the time of each phase.
 #
 # Environment: BATCHDIST_CACHE, BATCHDIST_PYTHON [python3], CUDA_HOME
@@ -158,6 +158,13 @@ t=$(now)
 # CMAKE_CUDA_ARCHITECTURES (set by enable_language(CUDA)) and that kineto is
 # not found (it is linked into libtorch_cpu.so): both harmless.
 mkdir -p "$build"
+# A build directory configured against another torch, toolkit or NCCL (say, before
+# the pin moved) keeps their paths in its cache: start that cache afresh.
+inputs="torch=$torch_cmake cuda=$cuda nccl=$nccl"
+if [ -f "$build/CMakeCache.txt" ] && [ "$(cat "$build/cuda_leg.inputs" 2>/dev/null)" != "$inputs" ]; then
+  log "$build was configured with other inputs; configuring it afresh"
+  rm -rf "$build/CMakeCache.txt" "$build/CMakeFiles"
+fi
 PATH="$cuda/bin:$PATH" CUDACXX="$cuda/bin/nvcc" CUDA_HOME="$cuda" \
   cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_PREFIX_PATH="$torch_cmake" \
@@ -167,6 +174,7 @@ PATH="$cuda/bin:$PATH" CUDACXX="$cuda/bin/nvcc" CUDA_HOME="$cuda" \
   { cat "$build/configure.log" >&2; die "configure failed (log above, $build/configure.log)"; }
 grep -E '^-- batchdist:' "$build/configure.log" >&2
 grep -q 'NCCL backend ON' "$build/configure.log" || die "configure did not report the NCCL backend ON"
+echo "$inputs" >"$build/cuda_leg.inputs"
 phase_done configure "$t"
 
 # --- 4. build, link check, tests ------------------------------------------------
@@ -175,11 +183,13 @@ cmake --build "$build" -j"$jobs"
 phase_done build "$t" "-j$jobs"
 
 "$build/launcher/batchdist" --version >&2
-nccl_symbols=$(nm -C "$build/launcher/batchdist" | grep 'c10d::ProcessGroupNCCL::' || true)
-[ -n "$nccl_symbols" ] ||
-  die "$build/launcher/batchdist does not reference c10d::ProcessGroupNCCL: the NCCL backend is not linked"
-log "nm -C $build/launcher/batchdist | grep c10d::ProcessGroupNCCL:: ($(wc -l <<<"$nccl_symbols") symbols):"
-head -n 3 <<<"$nccl_symbols" >&2
+# The binary must construct c10d::ProcessGroupNCCL (the constructor, resolved from
+# libtorch_cuda.so at load time), not just mention its options.
+nccl_symbols=$(nm -C "$build/launcher/batchdist" | grep 'ProcessGroupNCCL' || true)
+grep -q 'c10d::ProcessGroupNCCL::ProcessGroupNCCL(' <<<"$nccl_symbols" ||
+  die "$build/launcher/batchdist does not call c10d::ProcessGroupNCCL's constructor: the NCCL backend is not linked"
+log "nm -C $build/launcher/batchdist | grep ProcessGroupNCCL: $(wc -l <<<"$nccl_symbols") symbols, among them:"
+grep 'c10d::ProcessGroupNCCL::ProcessGroupNCCL(\|typeinfo for c10d::ProcessGroupNCCL$' <<<"$nccl_symbols" >&2
 
 if [ "$run_tests" = 1 ]; then
   t=$(now)
