@@ -129,6 +129,14 @@ class ProcessGroupCommunicator : public Communicator {
       : backend_(std::move(backend)), name_(std::move(name)), rank_(rank), size_(size),
         device_(device), timeout_(timeout), store_(std::move(store)) {}
 
+  ~ProcessGroupCommunicator() override {
+    try {
+      compat::shutdownBackend(backend_);
+    } catch (const std::exception&) {
+      // Leaving anyway; the backend's destructor cleans up what is left.
+    }
+  }
+
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backendName() const override { return name_; }

@@ -5,30 +5,27 @@
 // objects, and ProcessGroupGloo/ProcessGroupNCCL derive from Backend. Both expose
 // the same collective calls (allreduce/broadcast/allgather/barrier returning
 // c10::intrusive_ptr<c10d::Work>), so everything else talks to `compat::Backend`.
+// This header is the c10d half; collective/device_compat.h (included below) is the
+// device half. CI compiles both against 1.13.1 (Debian) and 2.14.1 (pip, CUDA 13.0,
+// tests/cuda_leg.sh); the guards for the releases in between (2.4: generic autocast
+// setters, NCCL shutdown) are not compiled anywhere.
 
 #include <torch/version.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #if defined(BATCHDIST_WITH_NCCL)
+#include <nccl.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
-#if defined(BATCHDIST_WITH_CUDA)
-#include <ATen/cuda/CUDAContext.h>
-#include <ATen/cuda/CUDAEvent.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <c10/cuda/CUDACachingAllocator.h>
-#include <c10/cuda/CUDAFunctions.h>
-#endif
-
-#include <ATen/autocast_mode.h>
-
 #include <chrono>
 #include <cstdint>
-#include <optional>
 #include <string>
+#include <vector>
+
+// The device half (CUDA memory, streams, autocast, GPU discovery).
+#include "collective/device_compat.h"
 
 namespace batchdist::compat {
 
@@ -56,6 +53,8 @@ inline BackendPtr makeGloo(const StorePtr& store, int rank, int size,
 }
 
 #if defined(BATCHDIST_WITH_NCCL)
+/// An NCCL backend. Its communicators are created lazily, by the first collective,
+/// on the device of that collective's tensors (the current CUDA device).
 inline BackendPtr makeNccl(const StorePtr& store, int rank, int size,
                            std::chrono::milliseconds timeout) {
   auto opts = c10d::ProcessGroupNCCL::Options::create();
@@ -63,6 +62,47 @@ inline BackendPtr makeNccl(const StorePtr& store, int rank, int size,
   return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts);
 }
 #endif
+
+/// Ends a backend's work before it is destroyed. LibTorch >= 2.4's NCCL backend
+/// warns ("process group has NOT been destroyed") and shuts itself down in its
+/// destructor when nobody did; the explicit call is the normal exit. No-op for
+/// Gloo and for older releases.
+inline void shutdownBackend(const BackendPtr& backend) {
+#if defined(BATCHDIST_WITH_NCCL) && \
+    (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4))
+  if (auto* nccl = dynamic_cast<c10d::ProcessGroupNCCL*>(backend.get())) nccl->shutdown();
+#else
+  (void)backend;
+#endif
+}
+
+/// The NCCL library this process loaded, e.g. "2.30.7"; "" without NCCL.
+inline std::string ncclVersion() {
+#if defined(BATCHDIST_WITH_NCCL)
+  int v = 0;
+  if (ncclGetVersion(&v) != ncclSuccess) return "unknown";
+  // NCCL >= 2.9 encodes major*10000 + minor*100 + patch, older major*1000 + minor*100 + patch.
+  const int major = v >= 20900 ? v / 10000 : v / 1000;
+  const int minor = v >= 20900 ? (v % 10000) / 100 : (v % 1000) / 100;
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(v % 100);
+#else
+  return "";
+#endif
+}
+
+/// What this binary was built against, for `batchdist --version`:
+/// "torch 2.14.1, CUDA 13.0, NCCL 2.30.7" or "torch 1.13.1, CPU build".
+inline std::string buildDescription() {
+  std::string out = "torch " + torchVersion();
+  if (!kCudaBuild) return out + ", CPU build";
+  out += ", CUDA " + cudaRuntimeVersion();
+#if defined(BATCHDIST_WITH_NCCL)
+  out += ", NCCL " + ncclVersion();
+#else
+  out += ", no NCCL";
+#endif
+  return out;
+}
 
 /// Opens a TCPStore: the server on rank 0 (port 0 = any free port), a client elsewhere.
 inline c10::intrusive_ptr<c10d::TCPStore> makeTcpStore(const std::string& host, uint16_t port,
@@ -74,106 +114,6 @@ inline c10::intrusive_ptr<c10d::TCPStore> makeTcpStore(const std::string& host, 
   opts.waitWorkers = false;  // the other ranks learn the address only after this returns
   opts.timeout = timeout;
   return c10::make_intrusive<c10d::TCPStore>(host, opts);
-}
-
-/// Makes CUDA device `index` current for this process (no-op in CPU builds).
-inline void setCudaDevice(int index) {
-#if defined(BATCHDIST_WITH_CUDA)
-  c10::cuda::set_device(static_cast<c10::DeviceIndex>(index));
-#else
-  (void)index;
-#endif
-}
-
-// CUDA memory accounting for the batch search (all no-ops / zero in CPU builds).
-
-/// Peak bytes allocated by the caching allocator on `index` since the last reset.
-inline double cudaPeakAllocatedBytes(int index) {
-#if defined(BATCHDIST_WITH_CUDA)
-  // allocated_bytes[0] is StatType::AGGREGATE in 1.13 and 2.x alike (the enum
-  // moved namespaces in 2.x, its first value did not).
-  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
-  return static_cast<double>(stats.allocated_bytes[0].peak);
-#else
-  (void)index;
-  return 0;
-#endif
-}
-
-inline void cudaResetPeak(int index) {
-#if defined(BATCHDIST_WITH_CUDA)
-  c10::cuda::CUDACachingAllocator::resetPeakStats(index);
-#else
-  (void)index;
-#endif
-}
-
-inline double cudaTotalBytes(int index) {
-#if defined(BATCHDIST_WITH_CUDA)
-  return static_cast<double>(at::cuda::getDeviceProperties(index)->totalGlobalMem);
-#else
-  (void)index;
-  return 0;
-#endif
-}
-
-inline std::string cudaDeviceName(int index) {
-#if defined(BATCHDIST_WITH_CUDA)
-  return at::cuda::getDeviceProperties(index)->name;
-#else
-  (void)index;
-  return "";
-#endif
-}
-
-/// Returns cached, unused blocks to the driver (after an out-of-memory candidate).
-inline void cudaEmptyCache() {
-#if defined(BATCHDIST_WITH_CUDA)
-  c10::cuda::CUDACachingAllocator::emptyCache();
-#endif
-}
-
-/// Copies a (pinned) host tensor to `device`. On CUDA the copy is issued with
-/// non_blocking on a side stream, the current stream waits for it through an
-/// event, and the allocator is told the result is used on the current stream.
-inline at::Tensor copyToDeviceAsync(const at::Tensor& host, const at::Device& device) {
-#if defined(BATCHDIST_WITH_CUDA)
-  if (device.is_cuda()) {
-    static thread_local std::optional<c10::cuda::CUDAStream> side;
-    if (!side || side->device_index() != device.index()) {
-      side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
-    }
-    auto compute = c10::cuda::getCurrentCUDAStream(device.index());
-    at::Tensor out;
-    {
-      c10::cuda::CUDAStreamGuard guard(*side);
-      out = host.to(device, /*non_blocking=*/true);
-    }
-    at::cuda::CUDAEvent copied;
-    copied.record(*side);
-    copied.block(compute);
-    c10::cuda::CUDACachingAllocator::recordStream(out.storage().data_ptr(), compute);
-    return out;
-  }
-#endif
-  return host.to(device);
-}
-
-/// Autocast on or off for a device type, with the low-precision dtype.
-/// (LibTorch 2.4 made the per-device setters generic.)
-inline void setAutocast(at::DeviceType type, bool enabled, at::ScalarType dtype) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-  at::autocast::set_autocast_enabled(type, enabled);
-  at::autocast::set_autocast_dtype(type, dtype);
-#else
-  if (type == at::kCUDA) {
-    at::autocast::set_enabled(enabled);
-    at::autocast::set_autocast_gpu_dtype(dtype);
-  } else {
-    at::autocast::set_cpu_enabled(enabled);
-    at::autocast::set_autocast_cpu_dtype(dtype);
-  }
-#endif
 }
 
 }  // namespace batchdist::compat

@@ -213,7 +213,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (cli.version) {
-    std::cout << "batchdist " << BATCHDIST_VERSION << " (torch " << compat::torchVersion()
+    std::cout << "batchdist " << BATCHDIST_VERSION << " (" << compat::buildDescription()
               << ", backends:";
     for (const auto& b : collective::availableBackends()) std::cout << " " << b;
     std::cout << ")\n";

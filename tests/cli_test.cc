@@ -90,6 +90,18 @@ void expectNoTraining(const Result& r) {
   EXPECT_EQ(r.out.find("model: "), std::string::npos) << "trained before failing:\n" << r.out;
 }
 
+// Asking for a GPU where there is none is bad input (exit 2, one message saying
+// what this host has and what to set), in both legs of CI: a CPU-only build says
+// so; a CUDA build on a machine without a GPU, or with CUDA_VISIBLE_DEVICES
+// hiding them (as these runs do, so they pass on GPU machines too), says no GPU
+// is visible.
+#if BATCHDIST_TEST_CUDA_BUILD
+const std::string kNoGpu = "no GPU is visible on host ";
+#else
+const std::string kNoGpu = "this batchdist is a CPU-only build (LibTorch ";
+#endif
+const std::string kHideGpus = "CUDA_VISIBLE_DEVICES= ";
+
 }  // namespace
 
 TEST(Cli, HelpAndVersion) {
@@ -100,7 +112,15 @@ TEST(Cli, HelpAndVersion) {
   EXPECT_NE(r.out.find("batchdist plan"), std::string::npos);
   r = run("--version");
   EXPECT_EQ(r.code, 0);
-  EXPECT_NE(r.out.find("gloo"), std::string::npos);
+  EXPECT_NE(r.out.find("batchdist " BATCHDIST_VERSION " (torch "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("gloo"), std::string::npos) << r.out;
+#if BATCHDIST_TEST_CUDA_BUILD
+  EXPECT_NE(r.out.find(", CUDA "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(", NCCL "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("backends: gloo nccl"), std::string::npos) << r.out;
+#else
+  EXPECT_NE(r.out.find(", CPU build, backends: gloo)"), std::string::npos) << r.out;
+#endif
 }
 
 TEST(Cli, BadCommandLines) {
@@ -131,8 +151,26 @@ TEST(Cli, MissingFiles) {
                    "/no/such.csv: cannot open data file (data.path) (No such file or directory)");
 }
 
-TEST(Cli, UnavailableBackendListsWhatThisBuildHas) {
-  expectCleanError(run(kQuickstart + " -q --set dist.backend=nccl"), "this build has: auto, gloo");
+TEST(Cli, CudaDeviceWithoutAGpuIsACleanError) {
+  const auto r = run(kQuickstart + " -q --set train.device=cuda", kHideGpus);
+  expectCleanError(r, "quickstart.yaml: train.device: cuda, but " + kNoGpu);
+  EXPECT_NE(r.out.find("Set train.device: cpu (or auto) to train on the CPU"), std::string::npos) << r.out;
+}
+
+TEST(Cli, NcclWithoutAGpuListsWhatThisBuildHas) {
+  const auto r = run(kQuickstart + " -q --set dist.backend=nccl", kHideGpus);
+  expectCleanError(r, "quickstart.yaml: dist.backend: nccl, but " + kNoGpu);
+  EXPECT_NE(r.out.find("this build has backends: auto, gloo"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Set dist.backend: gloo (or auto)"), std::string::npos) << r.out;
+}
+
+TEST(Cli, NoGpuUnderMpirunStopsEveryRankWithOneMessage) {
+  // Refused before the rendezvous: every rank exits 2 together, no MPI_Abort.
+  const auto r = run(kQuickstart + " -q --set train.device=cuda --set dist.backend=nccl",
+                     kHideGpus + mpirun(2) + "-x CUDA_VISIBLE_DEVICES ");
+  expectCleanError(r, "train.device: cuda and dist.backend: nccl, but " + kNoGpu);
+  EXPECT_NE(r.out.find("[rank 0/2 host "), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("MPI_ABORT"), std::string::npos) << r.out;
 }
 
 TEST(Cli, PlanPrintsTheArithmetic) {

@@ -20,6 +20,7 @@
 #include "collective/torch_compat.h"
 #include "worker/common/console.h"
 #include "worker/common/files.h"
+#include "worker/device.h"
 #include "worker/model/model.h"
 #include "worker/model/precision.h"
 #include "worker/report/diagnose.h"
@@ -43,35 +44,6 @@ int usableCpus() {
 }
 
 namespace {
-
-/// Local rank -> device. CUDA ranks bind to GPU = local rank.
-at::Device pickDevice(const Config& cfg, const RankPlace& place) {
-  const bool have_cuda = torch::cuda::is_available();
-  if (cfg.train.device == DeviceKind::kCpu || (cfg.train.device == DeviceKind::kAuto && !have_cuda)) {
-    return at::kCPU;
-  }
-  if (!have_cuda) {
-    throw keyError(cfg.source, "train.device",
-                   strCat("cuda, but no CUDA device is visible on ", place.host,
-#if defined(BATCHDIST_WITH_CUDA)
-                          " (check CUDA_VISIBLE_DEVICES and the driver)"
-#else
-                          " (this batchdist was built against a CPU-only LibTorch)"
-#endif
-                          "; set train.device: cpu or auto"));
-  }
-  const int gpus = static_cast<int>(torch::cuda::device_count());
-  if (place.local_size > gpus) {
-    throw ConfigError(strCat(
-        "host ", place.host, " runs ", place.local_size, " ranks but this rank sees only ", gpus,
-        " GPU(s); start at most one rank per GPU (or set train.device: cpu)",
-        std::getenv("SLURM_JOB_ID") != nullptr
-            ? ". Under Slurm, --gpus-per-task binds every task to its own GPU unless the step "
-              "has --gpu-bind=none (the script `batchdist slurm` writes passes it)"
-            : ""));
-  }
-  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(place.local_rank));
-}
 
 /// Every rank must train the same thing: compares each rank's resolved config
 /// with rank 0's, key by key, skipping the keys a rank may set for itself.
@@ -252,7 +224,10 @@ RunSetup prepareRun(const RunRequest& req, const RankPlace& place) {
     if (!req.report.empty()) checkWritableFile(req.report, "the report (--report)");
     if (!s.cfg.search.cache.empty()) checkWritableFile(s.cfg.search.cache, "the search cache (search.cache)");
   }
-  s.device = pickDevice(s.cfg, place);
+  s.device = chooseDevice(s.cfg, probeGpus(place.host), place.host, place.local_rank,
+                          place.local_size);
+  // An unavailable backend is refused here, before any rendezvous.
+  collective::resolveBackend(toString(s.cfg.dist.backend), s.device);
   checkPrecision(s.cfg.train.precision, s.device, s.cfg.source);
   s.data = loadData(s.cfg.data, s.cfg.train.seed, s.cfg.base_dir);
   s.has_bn = modelHasBatchNorm(s.cfg.model, s.cfg.base_dir);

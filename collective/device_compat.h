@@ -1,0 +1,187 @@
+#pragma once
+// Note [torch compat], device half: CUDA devices, memory, streams and autocast
+// across LibTorch 1.13 (Debian, CPU-only) and 2.x (pip wheel, CUDA). Every
+// function compiles in both; in a CPU build the CUDA ones are no-ops, return 0,
+// or say that the build is CPU-only. The c10d half is collective/torch_compat.h.
+
+#include <torch/version.h>
+
+#if defined(BATCHDIST_WITH_CUDA)
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#endif
+
+#include <ATen/autocast_mode.h>
+#include <ATen/core/Tensor.h>
+
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+namespace batchdist::compat {
+
+/// True when this batchdist was built against a LibTorch with CUDA.
+#if defined(BATCHDIST_WITH_CUDA)
+constexpr bool kCudaBuild = true;
+#else
+constexpr bool kCudaBuild = false;
+#endif
+
+/// "major.minor" of a CUDA version number as the runtime reports it (13000 -> "13.0").
+inline std::string cudaVersionText(int v) {
+  return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
+}
+
+/// The CUDA runtime this process loaded, e.g. "13.0"; "" in a CPU build.
+inline std::string cudaRuntimeVersion() {
+#if defined(BATCHDIST_WITH_CUDA)
+  int v = 0;
+  if (cudaRuntimeGetVersion(&v) == cudaSuccess && v > 0) return cudaVersionText(v);
+  return "unknown";
+#else
+  return "";
+#endif
+}
+
+/// CUDA devices this process can use: 0 in a CPU build, without a driver, or
+/// with every device hidden by CUDA_VISIBLE_DEVICES. Never throws, prints nothing.
+inline int visibleGpuCount() {
+#if defined(BATCHDIST_WITH_CUDA)
+  return static_cast<int>(c10::cuda::device_count());
+#else
+  return 0;
+#endif
+}
+
+/// Why visibleGpuCount() is 0, for an error message: names the build, the
+/// driver or CUDA_VISIBLE_DEVICES, whichever hides the GPUs.
+inline std::string whyNoGpu(const std::string& host) {
+#if defined(BATCHDIST_WITH_CUDA)
+  std::string why = "no GPU is visible on host " + host + ": ";
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  int driver = 0;
+  if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0;
+  if (driver == 0) {
+    why += "no NVIDIA driver is installed (libcuda.so.1 not found)";
+  } else if (visible != nullptr) {
+    why += "CUDA_VISIBLE_DEVICES='" + std::string(visible) + "' leaves none of them";
+  } else {
+    why += "the NVIDIA driver (CUDA " + cudaVersionText(driver) + ") reports no CUDA device";
+  }
+  return why + " (this build: LibTorch " + TORCH_VERSION + " with CUDA " + cudaRuntimeVersion() +
+         ")";
+#else
+  (void)host;
+  return std::string("this batchdist is a CPU-only build (LibTorch ") + TORCH_VERSION +
+         " without CUDA)";
+#endif
+}
+
+/// Makes CUDA device `index` current for this process (no-op in CPU builds).
+inline void setCudaDevice(int index) {
+#if defined(BATCHDIST_WITH_CUDA)
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(index));
+#else
+  (void)index;
+#endif
+}
+
+// CUDA memory accounting for the batch search (all no-ops / zero in CPU builds).
+
+/// Peak bytes allocated by the caching allocator on `index` since the last reset.
+inline double cudaPeakAllocatedBytes(int index) {
+#if defined(BATCHDIST_WITH_CUDA)
+  // allocated_bytes[0] is StatType::AGGREGATE in 1.13 and 2.x alike (the enum
+  // moved namespaces in 2.x, its first value did not).
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(
+      static_cast<c10::DeviceIndex>(index));
+  return static_cast<double>(stats.allocated_bytes[0].peak);
+#else
+  (void)index;
+  return 0;
+#endif
+}
+
+inline void cudaResetPeak(int index) {
+#if defined(BATCHDIST_WITH_CUDA)
+  c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(index));
+#else
+  (void)index;
+#endif
+}
+
+inline double cudaTotalBytes(int index) {
+#if defined(BATCHDIST_WITH_CUDA)
+  return static_cast<double>(
+      at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(index))->totalGlobalMem);
+#else
+  (void)index;
+  return 0;
+#endif
+}
+
+inline std::string cudaDeviceName(int index) {
+#if defined(BATCHDIST_WITH_CUDA)
+  return at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(index))->name;
+#else
+  (void)index;
+  return "";
+#endif
+}
+
+/// Returns cached, unused blocks to the driver (after an out-of-memory candidate).
+inline void cudaEmptyCache() {
+#if defined(BATCHDIST_WITH_CUDA)
+  c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+}
+
+/// Copies a (pinned) host tensor to `device`. On CUDA the copy is issued with
+/// non_blocking on a side stream, the current stream waits for it through an
+/// event, and the allocator is told the result is used on the current stream.
+inline at::Tensor copyToDeviceAsync(const at::Tensor& host, const at::Device& device) {
+#if defined(BATCHDIST_WITH_CUDA)
+  if (device.is_cuda()) {
+    static thread_local std::optional<c10::cuda::CUDAStream> side;
+    if (!side || side->device_index() != device.index()) {
+      side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
+    }
+    auto compute = c10::cuda::getCurrentCUDAStream(device.index());
+    at::Tensor out;
+    {
+      c10::cuda::CUDAStreamGuard guard(*side);
+      out = host.to(device, /*non_blocking=*/true);
+    }
+    at::cuda::CUDAEvent copied;
+    copied.record(*side);
+    copied.block(compute);
+    c10::cuda::CUDACachingAllocator::recordStream(out.storage().data_ptr(), compute);
+    return out;
+  }
+#endif
+  return host.to(device);
+}
+
+/// Autocast on or off for a device type, with the low-precision dtype.
+/// (LibTorch 2.4 made the per-device setters generic.)
+inline void setAutocast(at::DeviceType type, bool enabled, at::ScalarType dtype) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  at::autocast::set_autocast_enabled(type, enabled);
+  at::autocast::set_autocast_dtype(type, dtype);
+#else
+  if (type == at::kCUDA) {
+    at::autocast::set_enabled(enabled);
+    at::autocast::set_autocast_gpu_dtype(dtype);
+  } else {
+    at::autocast::set_cpu_enabled(enabled);
+    at::autocast::set_autocast_cpu_dtype(dtype);
+  }
+#endif
+}
+
+}  // namespace batchdist::compat

@@ -1,0 +1,92 @@
+// Which device a rank trains on, and every refusal, without needing a GPU: the
+// GPU inventory is passed in (worker/device.h).
+#include <gtest/gtest.h>
+
+#include "collective/device_compat.h"
+#include "collective/error.h"
+#include "worker/device.h"
+#include "worker/config/config.h"
+
+using batchdist::ConfigError;
+using batchdist::worker::chooseDevice;
+using batchdist::worker::GpuInventory;
+using batchdist::worker::probeGpus;
+
+namespace {
+
+batchdist::worker::Config config(const std::string& device, const std::string& backend) {
+  return batchdist::worker::parseConfig(
+      "train: {device: " + device + "}\ndist: {backend: " + backend + "}\n", "job.yaml");
+}
+
+const GpuInventory kCpuBuild{false, 0, "this batchdist is a CPU-only build (LibTorch 1.13.1 without CUDA)"};
+const GpuInventory kNoGpu{true, 0, "no GPU is visible on host h: no NVIDIA driver is installed"};
+const GpuInventory kTwoGpus{true, 2, ""};
+
+/// The refusal's message; fails the test unless chooseDevice refuses with exit code 2.
+std::string refusal(const std::string& device, const std::string& backend, const GpuInventory& g,
+                    int local_size = 1) {
+  try {
+    const auto d = chooseDevice(config(device, backend), g, "h", 0, local_size);
+    ADD_FAILURE() << "chose " << d.str() << " for device " << device << ", backend " << backend;
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.exitCode(), 2);
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(Device, AutoTakesTheLocalRanksGpuOrTheCpu) {
+  EXPECT_EQ(chooseDevice(config("auto", "auto"), kCpuBuild, "h", 0, 2), at::Device(at::kCPU));
+  EXPECT_EQ(chooseDevice(config("auto", "gloo"), kNoGpu, "h", 1, 2), at::Device(at::kCPU));
+  EXPECT_EQ(chooseDevice(config("auto", "auto"), kTwoGpus, "h", 1, 2), at::Device("cuda:1"));
+  EXPECT_EQ(chooseDevice(config("cuda", "nccl"), kTwoGpus, "h", 0, 2), at::Device("cuda:0"));
+  EXPECT_EQ(chooseDevice(config("cpu", "gloo"), kTwoGpus, "h", 0, 2), at::Device(at::kCPU));
+}
+
+TEST(Device, CudaWithoutAGpuSaysWhatTheHostHasAndWhatToSet) {
+  auto m = refusal("cuda", "auto", kNoGpu);
+  EXPECT_NE(m.find("job.yaml: train.device: cuda, but no GPU is visible on host h"), std::string::npos) << m;
+  EXPECT_NE(m.find("Set train.device: cpu (or auto)"), std::string::npos) << m;
+  EXPECT_NE(m.find("or run on a node with GPUs"), std::string::npos) << m;
+  m = refusal("cuda", "gloo", kCpuBuild);
+  EXPECT_NE(m.find("train.device: cuda, but this batchdist is a CPU-only build"), std::string::npos) << m;
+  EXPECT_NE(m.find("build batchdist against a CUDA LibTorch"), std::string::npos) << m;
+}
+
+TEST(Device, NcclWithoutAGpuNamesTheBackendsAndGloo) {
+  auto m = refusal("auto", "nccl", kNoGpu);
+  EXPECT_NE(m.find("dist.backend: nccl, but no GPU is visible"), std::string::npos) << m;
+  EXPECT_NE(m.find("this build has backends: auto, gloo"), std::string::npos) << m;
+  EXPECT_NE(m.find("Set dist.backend: gloo (or auto)"), std::string::npos) << m;
+  m = refusal("cuda", "nccl", kNoGpu);
+  EXPECT_NE(m.find("train.device: cuda and dist.backend: nccl, but"), std::string::npos) << m;
+  EXPECT_NE(m.find("Set train.device: cpu and dist.backend: gloo"), std::string::npos) << m;
+  m = refusal("cpu", "nccl", kCpuBuild);
+  EXPECT_NE(m.find("dist.backend: nccl, but this batchdist is a CPU-only build"), std::string::npos) << m;
+  m = refusal("cpu", "nccl", kNoGpu);
+  EXPECT_NE(m.find("dist.backend: nccl, but no GPU is visible"), std::string::npos) << m;
+  m = refusal("cpu", "nccl", kTwoGpus);
+  EXPECT_NE(m.find("dist.backend: nccl needs a GPU per rank, but train.device: cpu"), std::string::npos) << m;
+}
+
+TEST(Device, MoreLocalRanksThanGpusIsRefused) {
+  for (const char* device : {"auto", "cuda"}) {
+    const auto m = refusal(device, "auto", kTwoGpus, 3);
+    EXPECT_NE(m.find("host h runs 3 ranks but this rank sees only 2 GPU(s)"), std::string::npos) << m;
+    EXPECT_NE(m.find("start at most one rank per GPU"), std::string::npos) << m;
+  }
+}
+
+TEST(Device, ProbeMatchesTheBuild) {
+  const auto g = probeGpus("thishost");
+  EXPECT_EQ(g.cuda_build, batchdist::compat::kCudaBuild);
+  if (g.count == 0) {
+    EXPECT_NE(g.none_reason.find(g.cuda_build ? "no GPU is visible on host thishost"
+                                              : "CPU-only build"),
+              std::string::npos)
+        << g.none_reason;
+  }
+}

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The parts of bench/gpu_acceptance.sh that need no GPU: the script parses,
+# (shellcheck where installed), argument errors exit 2, a machine without a GPU
+# exits 3 with one message, the GPU count (a fake nvidia-smi, narrowed by
+# CUDA_VISIBLE_DEVICES and --gpus) gives the world sizes of the plan (--dry-run),
+# and the summary (--summarize) of a run's outputs has the figures and failures.
+#   tests/gpu_acceptance_test.sh SCRIPT
+set -uo pipefail
+script=$1
+fails=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+check() {  # check NAME WANT_CODE WANT_TEXT -- command...
+  local name=$1 want=$2 text=$3
+  shift 4
+  local got code=0
+  got=$("$@" 2>&1) || code=$?
+  if [ "$code" != "$want" ] || ! grep -qF -- "$text" <<<"$got"; then
+    echo "FAIL $name: exit $code (want $want), output lacks '$text':"
+    while IFS= read -r line; do echo "    $line"; done <<<"$got"
+    fails=$((fails + 1))
+  else
+    echo "ok   $name"
+  fi
+}
+
+bash -n "$script" || { echo "FAIL: bash -n $script"; exit 1; }
+if command -v shellcheck >/dev/null; then
+  shellcheck "$script" || fails=$((fails + 1))
+else
+  echo "note: shellcheck not installed, only bash -n checked the syntax"
+fi
+
+cat >"$tmp/nvidia-smi" <<'SMI'
+#!/bin/sh
+for i in 0 1 2 3; do echo "GPU $i: NVIDIA Fake 80GB (UUID: GPU-0000000$i)"; done
+SMI
+chmod +x "$tmp/nvidia-smi"
+fake=(env -u CUDA_VISIBLE_DEVICES NVIDIA_SMI="$tmp/nvidia-smi")
+
+check help 0 "--dry-run" -- "$script" --help
+check unknown-arg 2 "unknown argument '--frobnicate'" -- "$script" --frobnicate
+check gpus-not-a-count 2 "--gpus: expected a count >= 1, got 'x'" -- "$script" --gpus x
+check gpus-missing-value 2 "--gpus needs a value" -- "$script" --gpus
+check bad-precision 2 "'fp8' is not fp32, bf16 or fp16" -- "$script" --precisions "bf16 fp8"
+check no-driver 3 "no GPU found: '$tmp/none' is not installed" -- env NVIDIA_SMI="$tmp/none" "$script" --dry-run
+check all-hidden 3 "no GPU found: CUDA_VISIBLE_DEVICES='' hides all 4 GPU(s)" -- \
+  env NVIDIA_SMI="$tmp/nvidia-smi" CUDA_VISIBLE_DEVICES= "$script" --dry-run
+check four-gpus 0 "4 GPU(s) on $(hostname); world sizes: 1 4; precisions: fp32 bf16 fp16" -- \
+  "${fake[@]}" "$script" --dry-run
+check visible-two 0 "world sizes: 1 2" -- \
+  env NVIDIA_SMI="$tmp/nvidia-smi" CUDA_VISIBLE_DEVICES=1,3 "$script" --dry-run
+check gpus-three 0 "world 3: quickstart (nccl); resnet50-bf16 ddp-bf16;" -- \
+  "${fake[@]}" "$script" --dry-run --gpus 3 --precisions bf16
+check too-many 2 "--gpus 5, but only 4 GPU(s) are visible" -- "${fake[@]}" "$script" --dry-run --gpus 5
+# The outputs of a 1-GPU bf16 run as the steps leave them.
+run="$tmp/run"
+mkdir -p "$run/w1/quickstart" "$run/w1/resnet50-bf16" "$run/w1/ddp-bf16"
+echo "batchdist 0.1.0 (torch 2.14.1, CUDA 13.0, NCCL 2.30.7, backends: gloo nccl)" >"$run/version.txt"
+echo 1 >"$run/gpus.txt"
+echo '{"backend": "nccl", "device": "cuda:0", "eval_accuracy": 0.97, "samples_per_s": 9000}' \
+  >"$run/w1/quickstart/report.json"
+cat >"$run/w1/resnet50-bf16/report.json" <<'JSON'
+{"samples_per_s": 2400.0, "memory": {"peak_mb": 38000, "total_mb": 81000},
+ "time_breakdown": {"data_wait_fraction": 0.03}}
+JSON
+cat >"$run/w1/resnet50-bf16/search.json" <<'JSON'
+{"chosen": 256, "why": "smallest within 5 %", "seconds": 80, "timed_steps": 30, "memory_budget_mb": 72900,
+ "candidates": [
+  {"per_gpu_batch": 128, "samples_per_s": 2300, "peak_memory_mb": 20000, "failed": false, "reason": "", "chosen": false},
+  {"per_gpu_batch": 256, "samples_per_s": 2400, "peak_memory_mb": 38000, "failed": false, "reason": "", "chosen": true},
+  {"per_gpu_batch": 384, "samples_per_s": 0, "peak_memory_mb": 75000, "failed": true, "reason": "over memory budget", "chosen": false},
+  {"per_gpu_batch": 512, "samples_per_s": 0, "peak_memory_mb": 0, "failed": true, "reason": "out of memory", "chosen": false}]}
+JSON
+printf 'x\nsamples_per_s 2500.0\n' >"$run/w1/ddp-bf16/log"
+touch "$run/w1/quickstart/log" "$run/w1/resnet50-bf16/log"
+printf 'world\tstep\tcode\tseconds\tdir\n1\tquickstart\t0\t9\t%s\n1\tresnet50-bf16\t0\t99\t%s\n1\tddp-bf16\t0\t40\t%s\n' \
+  "$run/w1/quickstart" "$run/w1/resnet50-bf16" "$run/w1/ddp-bf16" >"$run/steps.tsv"
+check summary 0 "world 1 resnet50-bf16: batch 256/GPU, 2400 img/s (0.96 x DDP), peak 38000 of 72900 MB budget, OOM at 384, data wait 3.0 %" -- \
+  "$script" --summarize "$run"
+check summary-json 0 '"oom_boundary_batch": 384' -- cat "$run/summary.json"
+check summary-ok 0 '"ok": true' -- cat "$run/summary.json"
+printf 'x\nTraceback: CUDA error\n' >"$run/w1/ddp-bf16/log"
+check summary-failed 1 "gpu_acceptance: FAILED: world 1 ddp-bf16" -- "$script" --summarize "$run"
+
+[ "$fails" = 0 ] || { echo "$fails check(s) failed"; exit 1; }
+echo "all checks passed"
