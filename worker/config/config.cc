@@ -314,8 +314,8 @@ class Section {
   std::vector<std::pair<std::string, YAML::Mark>> present_;
 };
 
-const std::vector<std::string> kSections = {"model", "data",  "batch", "optim",
-                                            "train", "dist",  "search"};
+const std::vector<std::string> kSections = {"model", "data", "batch",  "optim",
+                                            "train", "dist", "search", "checkpoint"};
 
 std::string suggestion(const std::string& path, const std::vector<std::string>& candidates) {
   std::string best;
@@ -453,7 +453,7 @@ Config parseConfig(const std::string& yaml_text, const std::string& source,
   }
   if (root.IsDefined() && !root.IsNull() && !root.IsMap()) {
     throw ConfigError(strCat(source, ": expected a mapping of sections (model, data, batch, optim, "
-                             "train, dist, search) at the top level, got ",
+                             "train, dist, search, checkpoint) at the top level, got ",
                              scalarText(root)));
   }
   std::vector<std::pair<std::string, YAML::Mark>> top;
@@ -550,13 +550,22 @@ Config parseConfig(const std::string& yaml_text, const std::string& source,
     cfg.search.tolerance = s.real("tolerance", 0.05, 0.0, 1.0);
     cfg.search.cache = s.text("cache", "");
   }
+  {
+    Section s(ctx, root, "checkpoint");
+    cfg.checkpoint.every_steps = s.integer("every_steps", 0, 0, kMaxInt);
+    cfg.checkpoint.every_minutes = s.real("every_minutes", 30, 0, 1e7);
+    cfg.checkpoint.keep = s.integer("keep", 2, 1, 1 << 20);
+    cfg.checkpoint.dir = s.text("dir", "");
+    cfg.checkpoint.on_signal = s.boolean("on_signal", true);
+    cfg.checkpoint.resume = s.choice("resume", ResumeMode::kOff);
+  }
 
   // Unknown keys: sections first, then keys inside known sections.
   if (root.IsMap()) {
     for (const auto& [key, mark] : mapKeys(ctx, root, "")) {
       if (std::find(kSections.begin(), kSections.end(), key) == kSections.end()) {
         throw ConfigError(strCat(ctx.where(key, mark), ": unknown section '", key,
-                                 "' (sections: model, data, batch, optim, train, dist, search)",
+                                 "' (sections: model, data, batch, optim, train, dist, search, checkpoint)",
                                  suggestion(key, kSections)));
       }
     }
