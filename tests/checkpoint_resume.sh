@@ -26,7 +26,7 @@ run() {
   # shellcheck disable=SC2086
   "$mpirun" $flags -np "$np" "$bin" "$cfg" --output "$out/$name" "$@" >"$out/$name.log" 2>&1
   rc=$?
-  grep -v '^epoch .* step' "$out/$name.log" | grep -E 'resume|checkpoint|error|warning|done|stopped' | head -n 20
+  grep -aoE '(resume: |error: |warning: resume|was not written|done: |stopped early).*' "$out/$name.log" | sort -u | head -n 8
 }
 
 json() { grep -o "\"$2\": [^,]*" "$out/$1/report.json" | head -1 | sed 's/.*: //'; }

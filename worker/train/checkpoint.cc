@@ -143,7 +143,9 @@ at::Tensor gatherRng(collective::Communicator& comm) {
 
 std::string rngBytes(const at::Tensor& all) {
   torch::serialize::OutputArchive archive;
-  for (int64_t r = 0; r < all.size(0); ++r) archive.write(strCat("r", r), all[r].clone(), true);
+  for (int64_t r = 0; r < all.size(0); ++r) {
+    archive.write(strCat("r", r), all[r].to(torch::kByte), /*is_buffer=*/true);
+  }
   return archiveBytes(archive);
 }
 
@@ -231,6 +233,19 @@ int64_t Checkpointer::write(const TrainState& state, const TrainPosition& pos,
   const std::string tmp = (fs::path(dir_) / strCat(".tmp-", name, "-", ::getpid())).string();
   fs::remove_all(tmp);
   if (::mkdir(tmp.c_str(), 0755) != 0) ioError(tmp, "create the directory", errno);
+  try {
+    return writeInto(tmp, state, pos, rng, final_path);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);  // a full disk gets its space back for the next try
+    throw;
+  }
+}
+
+int64_t Checkpointer::writeInto(const std::string& tmp, const TrainState& state,
+                                const TrainPosition& pos, const at::Tensor& rng,
+                                const std::string& final_path) {
+  const std::string name = checkpointName(pos.global_step);
   const std::vector<std::pair<std::string, std::string>> files = {
       {"model.pt", modelBytes(*state.model)},
       {"optimizer.pt", state.optimizer->saveState()},
@@ -384,12 +399,19 @@ std::optional<CheckpointCheck> findLatestCheckpoint(const std::string& dir,
 
 TrainPosition positionOf(const nlohmann::ordered_json& m) {
   TrainPosition p;
-  p.global_step = m["step"];
-  p.samples = m["samples"];
-  p.epoch_samples = m["epoch_samples"];
-  p.epoch_loss_sum = m["epoch_loss_sum"];
+  p.global_step = m["step"].get<int64_t>();
+  p.samples = m["samples"].get<int64_t>();
+  p.epoch_samples = m["epoch_samples"].get<int64_t>();
+  p.epoch_loss_sum = m["epoch_loss_sum"].get<double>();
   for (const auto& h : m["history"]) {
-    p.history.push_back({h[0], h[1], h[2], h[3], h[4], h[5]});
+    EpochStats e;
+    e.epoch = h[0].get<int64_t>();
+    e.train_loss = h[1].get<double>();
+    e.eval_loss = h[2].get<double>();
+    e.eval_accuracy = h[3].get<double>();
+    e.samples_per_s = h[4].get<double>();
+    e.seconds = h[5].get<double>();
+    p.history.push_back(e);
   }
   return p;
 }
@@ -449,7 +471,8 @@ void restoreState(const CheckpointCheck& ckpt, const TrainState& state, int rank
       state.device);
   if (state.scaler && m.contains("loss_scaler")) {
     const auto& s = m["loss_scaler"];
-    state.scaler->restore(s["scale"], s["tracker"], s["skipped"]);
+    state.scaler->restore(s["scale"].get<double>(), s["tracker"].get<int64_t>(),
+                          s["skipped"].get<int64_t>());
   }
   if (m["plan"]["world_size"] == world) restoreRng(ckpt.path, rank);
 }

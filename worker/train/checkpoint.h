@@ -91,8 +91,12 @@ class Checkpointer {
                         Console& console);
 
  private:
+  /// Rank 0: the temporary directory, then writeInto(), removed again on failure.
   int64_t write(const TrainState& state, const TrainPosition& pos, const at::Tensor& rng,
                 const std::string& final_path);
+  /// Every file into `tmp`, fsynced; the rename; `latest`. Returns the bytes written.
+  int64_t writeInto(const std::string& tmp, const TrainState& state, const TrainPosition& pos,
+                    const at::Tensor& rng, const std::string& final_path);
   void prune(int64_t written_step, Console& console) const;
 
   CheckpointConfig cfg_;
