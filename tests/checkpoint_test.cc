@@ -9,6 +9,7 @@
 
 #include "collective/error.h"
 #include "collective/process_group.h"
+#include "collective/torch_compat.h"
 #include "worker/common/console.h"
 #include "worker/config/config.h"
 #include "worker/model/model.h"
