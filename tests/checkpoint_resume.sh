@@ -10,7 +10,8 @@
 #   world_2_3  2 ranks -> 3 ranks (G = 96, no BatchNorm): within 1e-5, steps and samples once
 #   world_4_2  4 ranks -> 2 ranks (G = 64, no BatchNorm): within 1e-5
 #   torn       rank 0 killed between writing files and the rename: the partial one is
-#              ignored; a bit-flipped and a truncated checkpoint are refused by name
+#              ignored; a bit-flipped and a truncated checkpoint are refused by name;
+#              another optim.momentum is refused naming the key (exit 2)
 #   full_disk  checkpoint.dir on a tiny tmpfs: the second write fails with the cause,
 #              training goes on, the first checkpoint still loads (skipped: no mount)
 #   read_only  checkpoint.dir under a regular file: every write fails with the cause,
@@ -126,6 +127,10 @@ case "$scenario" in
     run cut 2 "${args[@]}" --resume "$out/cut/checkpoints/step-00000040"
     [ "$rc" = 2 ] || fail "--resume of a damaged checkpoint: exit $rc, expected 2"
     grep -q 'step-00000040 cannot be loaded: optimizer.pt: checksum mismatch' "$out/cut.log" || fail "the refusal does not name the file and the checksum"
+    # Another optimizer setting: refused, naming the key (exit 2).
+    run cut 2 "${args[@]}" --set optim.momentum=0.5 --resume auto
+    [ "$rc" = 2 ] || fail "resume with another optim.momentum: exit $rc, expected 2"
+    grep -q 'optim.momentum = 0.5 now, 0.9 in the checkpoint' "$out/cut.log" || fail "the refusal does not name optim.momentum"
     run cut 2 "${args[@]}" --resume auto
     [ "$rc" = 0 ] || fail "resume: exit $rc"
     grep -q 'not loading checkpoint .*step-00000050: model.pt: .* (truncated?)' "$out/cut.log" || fail "truncated 50 not named"

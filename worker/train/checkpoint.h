@@ -20,7 +20,9 @@
 // same optimizer step everywhere: the wish rides in the gradient allreduce).
 // Rank 0 writes every file into DIR/.tmp-step-NNNNNNNN-PID, fsyncs each file and
 // the directory, renames it to step-NNNNNNNN, fsyncs DIR, and only then rewrites
-// DIR/latest (itself written atomically). So a directory named step-* is complete
+// DIR/latest (itself written atomically; a pointer for people and tools: resume
+// scans the step-* directories, newest first, and verifies each). So a directory
+// named step-* is complete
 // unless its bytes were damaged later, and verification catches that: a
 // checkpoint whose manifest is missing, unparsable or fails its checksum, or whose
 // file is missing, of another size or fails its checksum, is never loaded; resume
@@ -28,6 +30,11 @@
 // being written is touched before the rename; retention then removes all but
 // the newest `keep`. Checkpoints newer than the one written belong to a timeline
 // that a resume from an older checkpoint abandoned, and are removed too.
+// Position: a resumed run starts epoch e = step / steps_per_epoch at step
+// s = step % steps_per_epoch of the same permutation (G is kept, so both are the
+// same for any world size), and hands the loader the same job indices as an
+// uninterrupted epoch (Loader::start's first_index), so the per-batch transform
+// seeds match on the same world size and accumulation.
 
 #include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
