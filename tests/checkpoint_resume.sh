@@ -6,7 +6,8 @@
 #
 # usage: checkpoint_resume.sh MPIRUN "MPI FLAGS" BATCHDIST MODEL_DIFF CONFIG OUTDIR SCENARIO
 #   kill9      kill -9 of every rank after a checkpoint, --resume auto on 2 ranks: bitwise equal
-#   signal     SIGTERM to one rank: a checkpoint at the agreed step, exit 143; resume: bitwise equal
+#   signal     SIGTERM to one rank: a checkpoint at the agreed step, exit 143; resume: bitwise
+#              equal to a run that checkpointed every 0.12 s (checkpoint.every_minutes)
 #   world_2_3  2 ranks -> 3 ranks (G = 96, no BatchNorm): within 1e-5, steps and samples once
 #   world_4_2  4 ranks -> 2 ranks (G = 64, no BatchNorm): within 1e-5
 #   torn       rank 0 killed between writing files and the rename: the partial one is
@@ -72,7 +73,13 @@ case "$scenario" in
     same_model full resumed 0
     ;;
   signal)
-    run full 2 "${base[@]}"; [ "$rc" = 0 ] || fail "uninterrupted run: exit $rc"
+    # The uninterrupted run checkpoints by time (every ~0.1 s: rank 0's clock, agreed
+    # in the gradient allreduce), which must not change a single bit of the result.
+    run full 2 "${base[@]}" --set checkpoint.every_steps=0 --set checkpoint.every_minutes=0.002
+    [ "$rc" = 0 ] || fail "uninterrupted run: exit $rc"
+    n=$(grep -c '"on_signal": false' "$out/full/report.json")
+    [ "$n" -ge 2 ] || fail "only $n time-driven checkpoints"
+    echo "uninterrupted run: $n time-driven checkpoints"
     start_until cut 2 "checkpoint: step 20 " "${base[@]}" --set checkpoint.every_steps=10
     victim=$(ranks_of cut | tail -1)
     kill -TERM "$victim"
