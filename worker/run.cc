@@ -346,6 +346,29 @@ void planResumedBatch(RunSetup& s, const CheckpointCheck& ckpt, int world) {
   s.cfg.resolved["batch"]["accum"] = nullptr;
 }
 
+/// The checkpoint this run continues (or none), checked against this run's config,
+/// with the batch planned for this world size (s.plan, unless the search must
+/// pick the per-GPU batch for a new world size). Collective. Throws ConfigError.
+std::optional<CheckpointCheck> prepareResume(const RunRequest& req, RunSetup& s,
+                                             collective::Communicator& comm, Console& console,
+                                             std::optional<SearchResult>* searched) {
+  auto resumed = pickCheckpoint(req, s, comm, console);
+  if (!resumed) {
+    if (!s.plan_error.empty()) throw ConfigError(s.plan_error);
+    return resumed;
+  }
+  checkResumable(resumed->manifest, s.cfg, resumed->path);
+  planResumedBatch(s, *resumed, comm.size());
+  if (s.cfg.batch.per_gpu_auto) return resumed;  // searched again for this world size
+  s.plan = makePlan(s.cfg, comm.size(), s.data.train.size(), s.has_bn);
+  if (const int64_t m = resumed->manifest["searched_per_gpu"]; m > 0 && m == s.plan.per_gpu) {
+    searched->emplace();  // the search result the checkpoint's run found for this world size
+    (*searched)->chosen = m;
+    (*searched)->cached = true;
+  }
+  return resumed;
+}
+
 }  // namespace
 
 RunSetup prepareRun(const RunRequest& req, const RankPlace& place) {
@@ -388,22 +411,10 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
   console.line(strCat("data: ", s.data.origin, " -> ", s.data.train.size(), " train / ",
                       s.data.val.size(), " validation samples"));
 
-  const auto resumed = pickCheckpoint(req, s, comm, console);
-  if (resumed) {
-    checkResumable(resumed->manifest, s.cfg, resumed->path);
-    planResumedBatch(s, *resumed, place.size);
-  } else if (!s.plan_error.empty()) {
-    throw ConfigError(s.plan_error);
-  }
   std::optional<SearchResult> searched;
-  if (resumed && !s.cfg.batch.per_gpu_auto) {
-    s.plan = makePlan(s.cfg, place.size, s.data.train.size(), s.has_bn);
-    if (const int64_t m = resumed->manifest["searched_per_gpu"]; m > 0) {
-      searched.emplace();  // the search result the checkpoint's run found for this world size
-      searched->chosen = m;
-      searched->cached = true;
-    }
-  } else if (req.search_only || s.cfg.batch.per_gpu_auto) {
+  const auto resumed = prepareResume(req, s, comm, console, &searched);
+  // A resumed run was planned by prepareResume, unless the search picks m for a new world size.
+  if (req.search_only || s.cfg.batch.per_gpu_auto) {
     try {
       searched = searchBatch(req, s, comm, console);
     } catch (const SearchStopped& e) {
