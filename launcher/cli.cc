@@ -24,7 +24,10 @@ po::options_description describeOptions() {
       ("quiet,q", "no progress output")
       ("world", po::value<int>(), "plan: world size to plan for (default 1)")
       ("json", "plan: print the plan as JSON")
-      ("research", "search: ignore the cached search result and measure again");
+      ("research", "search: ignore the cached search result and measure again")
+      ("resume", po::value<std::string>(),
+       "train: continue from a checkpoint: 'auto' (the newest valid one in checkpoint.dir, "
+       "else start fresh) or PATH (a step-* checkpoint, or a directory of them)");
   return opts;
 }
 
@@ -49,7 +52,10 @@ po::options_description describeSlurmOptions() {
       ("interface", po::value<std::string>(),
        "network interface the nodes share, for the rendezvous and Open MPI (e.g. ib0)")
       ("script", po::value<std::string>(), "where to write the script [DIR/<job name>.sbatch]")
-      ("submit", "submit the script with sbatch and print the job id");
+      ("submit", "submit the script with sbatch and print the job id")
+      ("no-requeue",
+       "do not requeue a job stopped by the signal before the time limit (by default it "
+       "checkpoints, requeues itself and resumes with --resume auto)");
   return opts;
 }
 
@@ -147,6 +153,7 @@ void readSlurmOptions(const po::variables_map& vm, CliOptions& o) {
   if (vm.count("interface")) j.interface = vm["interface"].as<std::string>();
   if (vm.count("script")) j.script = vm["script"].as<std::string>();
   j.submit = vm.count("submit") > 0;
+  j.requeue = vm.count("no-requeue") == 0;
 }
 
 }  // namespace
@@ -176,9 +183,19 @@ CliOptions parseCli(int argc, char** argv) {
   o.research = vm.count("research") > 0;
   if (vm.count("set")) o.sets = vm["set"].as<std::vector<std::string>>();
   if (vm.count("report")) o.report = vm["report"].as<std::string>();
+  if (vm.count("resume")) {
+    o.resume = vm["resume"].as<std::string>();
+    if (o.resume.empty()) {
+      throw ConfigError("command line: --resume needs 'auto' or a checkpoint PATH");
+    }
+  }
   o.output = vm["output"].as<std::string>();
   if (vm.count("world")) o.world = atLeastOne(vm, "world");
   readVerbAndConfig(vm, o);
+  if (!o.resume.empty() && o.verb != Verb::kTrain) {
+    throw ConfigError(strCat("command line: --resume is for 'batchdist train' (not ",
+                             toString(o.verb), ")"));
+  }
   if (o.world > 0 && o.verb != Verb::kPlan) {
     throw ConfigError("command line: --world is for 'batchdist plan'; under mpirun the world "
                       "size is the number of ranks");

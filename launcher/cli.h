@@ -25,6 +25,7 @@ struct CliOptions {
   int world = 0;      ///< plan: --world N
   bool json = false;  ///< plan: --json
   bool research = false;
+  std::string resume;  ///< --resume auto|PATH (train), or empty
   /// slurm: the job options (--nodes, --gpus-per-node, ...); paths are filled in
   /// by the verb itself.
   SlurmJobSpec slurm;

@@ -103,6 +103,12 @@ int runSlurm(const CliOptions& cli) {
               << " rank(s) = world size " << world << "; ranks started by "
               << (job.launcher == "srun" ? "srun --mpi=pmix" : "mpirun") << " ("
               << job.launcher_reason << ")\n";
+    if (job.requeue) {
+      std::cout << "  before the time limit (SIGUSR1 " << job.signal_before_s
+                << " s ahead) the ranks checkpoint; unfinished, the job requeues itself and "
+                   "resumes from "
+                << job.output << "/<job id>/checkpoints (--resume auto; --no-requeue: stop only)\n";
+    }
     if (!job.submit) {
       std::cout << "  submit with: sbatch " << job.script << "\n";
       return 0;
@@ -141,6 +147,7 @@ worker::RunRequest requestFrom(const CliOptions& cli) {
   req.report = cli.report;
   req.quiet = cli.quiet;
   req.research = cli.research;
+  req.resume = cli.resume;
   req.search_only = cli.verb == Verb::kSearch;
   req.stop_signal = [] { return g_stop_signal.load(); };
   return req;

@@ -304,8 +304,16 @@ std::string slurmScript(const SlurmJobSpec& job) {
   }
   s << "# step, rank 0 writes model.pt and report.json (\"completed\": false) and the job exits\n"
     << "# 138 (128 + SIGUSR1). Slurm checks the limit about once a minute, so it may come early.\n"
-    << "#SBATCH --signal=" << (srun ? "" : "B:") << "USR1@" << job.signal_before_s << "\n"
-    << "# stdout and stderr of the whole job (%x job name, %j job id).\n"
+    << "#SBATCH --signal=" << (srun ? "" : "B:") << "USR1@" << job.signal_before_s << "\n";
+  if (job.requeue) {
+    s << "# The stop writes a checkpoint first; with training unfinished (exit 138) the job\n"
+      << "# requeues itself (end of this script) and its next start resumes from the\n"
+      << "# checkpoint (--resume auto), with the same job id and so the same $OUT.\n"
+      << "#SBATCH --requeue\n"
+      << "# One log for all the starts of this job.\n"
+      << "#SBATCH --open-mode=append\n";
+  }
+  s << "# stdout and stderr of the whole job (%x job name, %j job id).\n"
     << "#SBATCH --output=" << job.output << "/%x-%j.out\n"
     << "# Working directory of the job.\n"
     << "#SBATCH --chdir=" << job.workdir << "\n"
@@ -335,6 +343,7 @@ std::string slurmScript(const SlurmJobSpec& job) {
 
   std::ostringstream cmd;
   cmd << shellQuote(job.binary) << " train " << shellQuote(job.config) << " --output \"$OUT\"";
+  if (job.requeue) cmd << " --resume auto";
   for (const auto& set : job.sets) cmd << " \\\n    --set " << shellQuote(set);
   const bool threads_set = std::any_of(job.sets.begin(), job.sets.end(), [](const std::string& x) {
     return x.rfind("train.threads=", 0) == 0;
@@ -353,7 +362,8 @@ std::string slurmScript(const SlurmJobSpec& job) {
     if (gpu) s << " --gpu-bind=none";
     // Slurm 22.05's srun does not inherit --cpus-per-task from sbatch.
     if (job.cpus_per_task > 0) s << " --cpus-per-task=" << job.cpus_per_task;
-    s << " \\\n  " << cmd.str() << "\n";
+    s << " \\\n  " << cmd.str() << "\n"
+      << "rc=$?\n";
   } else {
     s << "# Launcher: mpirun (" << job.launcher_reason << ").\n"
       << "# mpirun finds the allocation itself and starts one Open MPI daemon per node\n"
@@ -371,8 +381,19 @@ std::string slurmScript(const SlurmJobSpec& job) {
       << "trap 'kill -USR1 \"$launcher\" 2>/dev/null' USR1\n"
       << "trap 'kill -TERM \"$launcher\" 2>/dev/null' TERM\n"
       << "while :; do wait \"$launcher\"; kill -0 \"$launcher\" 2>/dev/null || break; done\n"
-      << "wait \"$launcher\"\n";
+      << "wait \"$launcher\"\n"
+      << "rc=$?\n";
   }
+  if (job.requeue) {
+    s << "# 138 = 128 + SIGUSR1: stopped before the time limit after a checkpoint, training\n"
+      << "# not finished. Requeue (same job id, same $OUT): the next start resumes.\n"
+      << "if [ \"$rc\" = 138 ]; then\n"
+      << "  echo \"batchdist: job ${SLURM_JOB_ID} stopped before its time limit with a checkpoint; "
+      << "requeueing it to resume (start $(( ${SLURM_RESTART_COUNT:-0} + 1 )))\"\n"
+      << "  scontrol requeue \"$SLURM_JOB_ID\"\n"
+      << "fi\n";
+  }
+  s << "exit \"$rc\"\n";
   return s.str();
 }
 

@@ -30,6 +30,9 @@ struct SlurmJobSpec {
   std::string interface;           ///< dist.interface for every rank and Open MPI's TCP
   std::string script;              ///< where to write; empty: OUTPUT/<job name>.sbatch
   bool submit = false;
+  /// On the stop signal before the time limit: checkpoint, requeue the job if
+  /// training is not finished (batchdist exits 138), resume with --resume auto.
+  bool requeue = true;
 };
 
 /// Seconds in a Slurm time limit: "M", "M:S", "H:M:S", "D-H", "D-H:M", "D-H:M:S".

@@ -28,6 +28,7 @@
 #include "worker/search/cache.h"
 #include "worker/search/output.h"
 #include "worker/search/search.h"
+#include "worker/train/checkpoint.h"
 #include "worker/train/step_measurer.h"
 #include "worker/train/trainer.h"
 
@@ -168,7 +169,8 @@ void writeSearchArtifacts(const RunRequest& req, const SearchResult& result) {
 /// Rank 0's artifacts and summary lines after training.
 void finishRun(const RunRequest& req, const RankPlace& place, const RunSetup& s,
                collective::Communicator& comm, Trainer& trainer, const TrainResult& result,
-               const std::optional<SearchResult>& searched, int sig, Console& console) {
+               const std::optional<SearchResult>& searched,
+               const std::optional<CheckpointCheck>& resumed, int sig, Console& console) {
   const std::string model_path = (fs::path(req.output) / "model.pt").string();
   writeFileAtomic(model_path, trainer.model().serialize());
   RunInfo info;
@@ -181,6 +183,11 @@ void finishRun(const RunRequest& req, const RankPlace& place, const RunSetup& s,
   info.model_path = model_path;
   if (!result.completed) info.stopped_by = strCat("SIG", sigabbrev_np(sig ? sig : SIGTERM));
   info.search = searched;
+  if (resumed) {
+    info.resumed_path = resumed->path;
+    info.resumed_step = resumed->manifest["step"];
+    info.resumed_world = resumed->manifest["plan"]["world_size"];
+  }
   // Paths from the command line (--output, the config's directory) may hold bytes
   // that are not UTF-8; the report must still be written once the run is done.
   const auto report =
@@ -213,6 +220,133 @@ int agreedSignal(const RunRequest& req, collective::Communicator& comm) {
       comm.allreduce(static_cast<double>(req.stop_signal()), collective::ReduceOp::kMax));
 }
 
+bool resumeRequested(const RunRequest& req, const Config& cfg) {
+  if (req.search_only) return false;
+  return !req.resume.empty() || cfg.checkpoint.resume == ResumeMode::kAuto;
+}
+
+/// Rank 0's choice of checkpoint for --resume / checkpoint.resume (auto: the
+/// newest valid one in the checkpoint dir; PATH: that checkpoint, or the newest
+/// valid one in that directory). Prints what it skipped and why.
+std::optional<CheckpointCheck> findResumeCheckpoint(const RunRequest& req, const RunSetup& s,
+                                                    std::string* problem) {
+  const std::string want = req.resume.empty() ? "auto" : req.resume;
+  std::vector<std::string> rejected;
+  std::optional<CheckpointCheck> found;
+  std::error_code ec;
+  if (want == "auto") {
+    found = findLatestCheckpoint(s.checkpoint_dir, &rejected);
+  } else if (fs::exists(fs::path(want) / "manifest.json", ec)) {
+    auto c = verifyCheckpoint(want);
+    if (c.problem.empty()) found = c;
+    else *problem = strCat(want, " cannot be loaded: ", c.problem);
+  } else if (fs::is_directory(want, ec)) {
+    found = findLatestCheckpoint(want, &rejected);
+    if (!found) *problem = strCat("no valid checkpoint in ", want);
+  } else {
+    *problem = strCat(want, ": no such checkpoint (a step-* directory holding manifest.json, or a "
+                            "directory of them)");
+  }
+  for (const auto& r : rejected) {
+    std::cerr << strCat("batchdist: warning: resume: not loading checkpoint ", r,
+                        found ? strCat("; taking the older ", found->path) : std::string(), "\n")
+              << std::flush;
+  }
+  return found;
+}
+
+/// The checkpoint this run continues, or none (a fresh start): rank 0 decides and
+/// says which in one line; every rank gets the manifest. Collective. Throws
+/// ConfigError for a --resume PATH that cannot be loaded.
+std::optional<CheckpointCheck> pickCheckpoint(const RunRequest& req, const RunSetup& s,
+                                              collective::Communicator& comm, Console& console) {
+  if (!resumeRequested(req, s.cfg)) return std::nullopt;
+  std::string problem, path, manifest;
+  if (comm.rank() == 0) {
+    const auto found = findResumeCheckpoint(req, s, &problem);
+    if (found) {
+      path = found->path;
+      manifest = found->manifest.dump();
+      const auto& p = found->manifest["plan"];
+      console.line(strCat("resume: continuing from ", path, " (step ", found->manifest["step"].get<int64_t>(),
+                          " of ", p["total_steps"].get<int64_t>(), ", written by ",
+                          p["world_size"].get<int64_t>(), " rank(s); now ", comm.size(), ")"));
+    } else if (problem.empty()) {
+      console.line(strCat("resume: no valid checkpoint in ", s.checkpoint_dir, "; starting fresh"));
+    }
+  }
+  problem = comm.broadcast(problem, 0);
+  if (!problem.empty()) throw ConfigError(strCat("--resume: ", problem));
+  manifest = comm.broadcast(manifest, 0);
+  if (manifest.empty()) return std::nullopt;
+  CheckpointCheck c;
+  c.path = comm.broadcast(path, 0);
+  c.manifest = nlohmann::ordered_json::parse(manifest);
+  return c;
+}
+
+/// World sizes over which global batch `g` splits into micro-batches of at least `min_m`.
+std::string worldSizesFor(int64_t g, int64_t min_m) {
+  std::string out;
+  for (int64_t w = 1; w <= std::min<int64_t>(g, 4096); ++w) {
+    if (g % w == 0 && g / w >= min_m) out += strCat(out.empty() ? "" : ", ", w);
+  }
+  return out;
+}
+
+/// Note [checkpoint]: a resumed run keeps the checkpoint's global batch G (and so
+/// the steps per epoch, the sample order and the LR schedule); the per-GPU batch m
+/// and accumulation a are planned again for this world size: the same m as before
+/// on the same world size, the search's choice when per_gpu is auto, else the
+/// largest m <= the checkpoint's (it fitted) that divides G / W. Edits s.cfg.batch.
+void planResumedBatch(RunSetup& s, const CheckpointCheck& ckpt, int world) {
+  const auto& p = ckpt.manifest["plan"];
+  const int64_t g = p["global"], then_world = p["world_size"], then_m = p["per_gpu"];
+  const int64_t min_m = s.has_bn ? s.cfg.batch.min_per_gpu : 1;
+  if (g % world != 0 || g / world < min_m) {
+    throw ConfigError(strCat("cannot resume ", ckpt.path, " on ", world, " rank(s): its global "
+                             "batch ", g, " (kept on resume) does not split into equal "
+                             "micro-batches", min_m > 1 ? strCat(" of at least ", min_m) : "",
+                             " over ", world, " ranks; world sizes that work: ",
+                             worldSizesFor(g, min_m)));
+  }
+  auto& b = s.cfg.batch;
+  b.global = g;
+  b.global_auto = false;
+  b.accum = 0;
+  if (world == then_world || !b.per_gpu_auto) {
+    int64_t m = world == then_world ? then_m : std::min(then_m, g / world);
+    while ((g / world) % m != 0) --m;
+    b.per_gpu = m;
+    b.per_gpu_auto = false;
+  }
+  s.cfg.resolved["batch"]["global"] = g;
+  s.cfg.resolved["batch"]["accum"] = nullptr;
+}
+
+/// The checkpoint this run continues (or none), checked against this run's config,
+/// with the batch planned for this world size (s.plan, unless the search must
+/// pick the per-GPU batch for a new world size). Collective. Throws ConfigError.
+std::optional<CheckpointCheck> prepareResume(const RunRequest& req, RunSetup& s,
+                                             collective::Communicator& comm, Console& console,
+                                             std::optional<SearchResult>* searched) {
+  auto resumed = pickCheckpoint(req, s, comm, console);
+  if (!resumed) {
+    if (!s.plan_error.empty()) throw ConfigError(s.plan_error);
+    return resumed;
+  }
+  checkResumable(resumed->manifest, s.cfg, resumed->path);
+  planResumedBatch(s, *resumed, comm.size());
+  if (s.cfg.batch.per_gpu_auto) return resumed;  // searched again for this world size
+  s.plan = makePlan(s.cfg, comm.size(), s.data.train.size(), s.has_bn);
+  if (const int64_t m = resumed->manifest["searched_per_gpu"]; m > 0 && m == s.plan.per_gpu) {
+    searched->emplace();  // the search result the checkpoint's run found for this world size
+    (*searched)->chosen = m;
+    (*searched)->cached = true;
+  }
+  return resumed;
+}
+
 }  // namespace
 
 RunSetup prepareRun(const RunRequest& req, const RankPlace& place) {
@@ -231,8 +365,16 @@ RunSetup prepareRun(const RunRequest& req, const RankPlace& place) {
   checkPrecision(s.cfg.train.precision, s.device, s.cfg.source);
   s.data = loadData(s.cfg.data, s.cfg.train.seed, s.cfg.base_dir);
   s.has_bn = modelHasBatchNorm(s.cfg.model, s.cfg.base_dir);
+  s.checkpoint_dir = s.cfg.checkpoint.dir.empty()
+                       ? (fs::path(req.output) / "checkpoints").string()
+                       : s.cfg.checkpoint.dir;
   if (!req.search_only && !s.cfg.batch.per_gpu_auto) {
-    s.plan = makePlan(s.cfg, place.size, s.data.train.size(), s.has_bn);
+    try {
+      s.plan = makePlan(s.cfg, place.size, s.data.train.size(), s.has_bn);
+    } catch (const ConfigError& e) {
+      if (!resumeRequested(req, s.cfg)) throw;
+      s.plan_error = e.what();  // a checkpoint's global batch may still split over this world
+    }
   }
   return s;
 }
@@ -251,6 +393,8 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
                       s.data.val.size(), " validation samples"));
 
   std::optional<SearchResult> searched;
+  const auto resumed = prepareResume(req, s, comm, console, &searched);
+  // A resumed run was planned by prepareResume, unless the search picks m for a new world size.
   if (req.search_only || s.cfg.batch.per_gpu_auto) {
     try {
       searched = searchBatch(req, s, comm, console);
@@ -276,6 +420,13 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
   console.line(strCat("model: ", trainer.model().describe(), ", precision ",
                       toString(s.cfg.train.precision),
                       s.cfg.model.sync_batchnorm ? ", synchronised BatchNorm" : ""));
+  Checkpointer checkpointer(s.cfg.checkpoint, s.checkpoint_dir,
+                            {s.plan, searched ? searched->chosen : 0, s.cfg.resolved}, comm);
+  trainer.setCheckpointer(&checkpointer);
+  if (resumed) {
+    restoreState(*resumed, trainer.state(), place.rank, place.size);
+    trainer.resumeAt(positionOf(resumed->manifest));
+  }
   const auto result = trainer.train(console, [&req] { return req.stop_signal() != 0; });
   // The signal may have reached only some ranks; all learn which (once per run).
   const int own_sig = req.stop_signal();
@@ -286,9 +437,13 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
                         "; rank 0 saves the model and the report\n")
               << std::flush;
   }
-  if (lead) finishRun(req, place, s, comm, trainer, result, searched, sig, console);
+  if (lead) finishRun(req, place, s, comm, trainer, result, searched, resumed, sig, console);
   comm.barrier();
-  return result.completed ? 0 : 128 + (sig ? sig : SIGTERM);
+  if (result.completed) return 0;
+  // A stop whose checkpoint failed must not look like a clean, resumable stop.
+  const bool lost = !result.checkpoints.empty() && result.checkpoints.back().on_signal &&
+                    !result.checkpoints.back().error.empty();
+  return lost ? 1 : 128 + (sig ? sig : SIGTERM);
 }
 
 std::string planOutput(const RunRequest& req, int world, bool json) {

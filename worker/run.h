@@ -36,6 +36,7 @@ struct RunRequest {
   bool quiet = false;
   bool research = false;          ///< ignore the search cache
   bool search_only = false;       ///< the `search` verb: search, print the plan, stop
+  std::string resume;             ///< --resume: "auto", a checkpoint PATH, or "" (config decides)
   /// The signal that asked this rank to stop (SIGTERM, SIGUSR1, SIGINT), or 0.
   std::function<int()> stop_signal = [] { return 0; };
 };
@@ -49,6 +50,10 @@ struct RunSetup {
   Plan plan;  ///< empty (global 1) when per_gpu is auto: the search decides
   bool has_bn = false;
   at::Device device = at::kCPU;
+  /// A resume may re-plan for this world size: a plan error waits until we know
+  /// whether there is a checkpoint (Note [checkpoint]).
+  std::string plan_error;
+  std::string checkpoint_dir;  ///< checkpoint.dir, or OUTPUT/checkpoints
 };
 
 /// Loads the config and data, picks the device, plans the batch (unless the

@@ -193,8 +193,10 @@ TEST(SlurmScript, GpuJobWithSrun) {
         "\nexport OMPI_MCA_oob_tcp_if_include=ib0\n", "\nexport OMPI_MCA_btl_tcp_if_include=ib0\n",
         "\nOUT=/scratch/runs/${SLURM_JOB_ID}\n",
         "\nsrun --mpi=pmix --kill-on-bad-exit=1 --gpu-bind=none --cpus-per-task=8 \\\n"
-        "  /opt/batchdist/bin/batchdist train /data/cfg/train.yaml --output \"$OUT\" \\\n"
-        "    --set train.epochs=5 \\\n    --set train.threads=8\n"}) {
+        "  /opt/batchdist/bin/batchdist train /data/cfg/train.yaml --output \"$OUT\" --resume auto \\\n"
+        "    --set train.epochs=5 \\\n    --set train.threads=8\nrc=$?\n",
+        "\n#SBATCH --requeue\n", "\n#SBATCH --open-mode=append\n",
+        "\nif [ \"$rc\" = 138 ]; then\n", "\n  scontrol requeue \"$SLURM_JOB_ID\"\nfi\nexit \"$rc\"\n"}) {
     EXPECT_TRUE(contains(s, line)) << "missing:\n" << line << "\nin:\n" << s;
   }
   EXPECT_FALSE(contains(s, "mpirun -np"));
@@ -216,8 +218,21 @@ TEST(SlurmScript, EveryDirectiveIsExplained) {
       }
       prev = line;
     }
-    EXPECT_EQ(directives, 11);
+    EXPECT_EQ(directives, 13);
   }
+}
+
+// --no-requeue: the stop alone, as before checkpoints existed.
+TEST(SlurmScript, NoRequeueStopsOnly) {
+  auto j = gpuJob();
+  j.requeue = false;
+  const auto s = generate(j, kListWithPmix);
+  EXPECT_FALSE(contains(s, "--requeue"));
+  EXPECT_FALSE(contains(s, "--open-mode"));
+  EXPECT_FALSE(contains(s, "--resume auto"));
+  EXPECT_FALSE(contains(s, "scontrol requeue"));
+  EXPECT_TRUE(contains(s, "\nexit \"$rc\"\n"));
+  expectValidBash(s);
 }
 
 TEST(SlurmScript, GpuJobWithMpirunForwardsTheSignal) {
@@ -227,7 +242,8 @@ TEST(SlurmScript, GpuJobWithMpirunForwardsTheSignal) {
         "\nmpirun -np \"$SLURM_NTASKS\" --map-by ppr:8:node --bind-to none \\\n",
         "--set train.threads=8 &\nlauncher=$!\n",
         "\ntrap 'kill -USR1 \"$launcher\" 2>/dev/null' USR1\n",
-        "\ntrap 'kill -TERM \"$launcher\" 2>/dev/null' TERM\n", "\nwait \"$launcher\"\n"}) {
+        "\ntrap 'kill -TERM \"$launcher\" 2>/dev/null' TERM\n", "\nwait \"$launcher\"\nrc=$?\n",
+        "\n  scontrol requeue \"$SLURM_JOB_ID\"\n"}) {
     EXPECT_TRUE(contains(s, line)) << "missing:\n" << line << "\nin:\n" << s;
   }
   EXPECT_FALSE(contains(s, "\nsrun "));

@@ -9,6 +9,9 @@
 #   no_pmix      `srun --mpi=none|pmi2 -n 2 batchdist`: a clear error, exit 2, no training
 #   stop_srun    SIGUSR1 to the job's steps (what --signal=USR1@T does): clean stop
 #   stop_mpirun  SIGUSR1 to the batch shell (--signal=B:USR1@T): forwarded, clean stop
+#                (both with --no-requeue: the stop alone)
+#   requeue      SIGUSR1 to the job's steps: checkpoint, exit 138, the script requeues the
+#                job, the next start resumes (--resume auto) and completes
 # Exit 77 (ctest SKIP_RETURN_CODE) with the reason when Slurm is not installed;
 # any failure to start the daemons or of a check is a failure.
 set -u
@@ -157,7 +160,7 @@ case "$scenario" in
     ;;
   stop_srun | stop_mpirun)
     launcher=${scenario#stop_}
-    out=$(generate --launcher "$launcher" --set train.epochs=100000 --submit) || fail "batchdist slurm --submit failed: $out"
+    out=$(generate --launcher "$launcher" --set train.epochs=100000 --no-requeue --submit) || fail "batchdist slurm --submit failed: $out"
     id=$(job_id_of "$out")
     [ -n "$id" ] || fail "no job id in: $out"
     if [ "$launcher" = srun ]; then
@@ -175,6 +178,47 @@ case "$scenario" in
     grep -q 'received SIGUSR1: stopped cleanly' "$log" || fail "no clean-stop message in the job log"
     grep -q '"stopped_by": "SIGUSR1"' "$dir/out/$id/report.json" || fail "report does not name SIGUSR1"
     check_report "$id" false
+    ;;
+  requeue)
+    # Long enough to be interrupted (30 epochs), short enough to finish after the resume.
+    out=$(generate --launcher srun --set train.epochs=30 --set checkpoint.every_minutes=0 --submit) ||
+      fail "batchdist slurm --submit failed: $out"
+    echo "$out"
+    grep -q 'requeues itself and resumes' <<<"$out" || fail "the summary does not mention the requeue"
+    id=$(job_id_of "$out")
+    [ -n "$id" ] || fail "no job id in: $out"
+    script="$dir/out/batchdist-quickstart.sbatch"
+    grep -q '^#SBATCH --requeue' "$script" || fail "no --requeue"
+    grep -q '^#SBATCH --open-mode=append' "$script" || fail "no --open-mode=append"
+    grep -q -- '--resume auto' "$script" || fail "no --resume auto"
+    signal_when_training "$id" ""
+    log="$dir/out/batchdist-quickstart-$id.out"
+    # The first start ends with 138 and requeues; the second resumes and completes.
+    # Slurm holds a requeued job back (Reason=BeginTime, about 2 minutes in 22.05);
+    # after 20 s (the first start's step is cleaned up by then) the test lets it
+    # start: that wait is Slurm's, not batchdist's.
+    released="" held=0
+    for _ in $(seq 1 480); do
+      if [ -z "$released" ] && [ "$(job_field "$id" Reason)" = BeginTime ]; then
+        held=$((held + 1))
+        if [ "$held" -ge 40 ]; then
+          echo "job $id requeued, held 20 s (Reason=BeginTime): scontrol update StartTime=now"
+          timeout 10 scontrol update JobId="$id" StartTime=now && released=1
+        fi
+      fi
+      [ -f "$dir/out/$id/report.json" ] && grep -q '"completed": true' "$dir/out/$id/report.json" &&
+        [ "$(job_field "$id" JobState)" = COMPLETED ] && break
+      sleep 0.5
+    done
+    echo "job $id: $(job_field "$id" JobState), ExitCode=$(job_field "$id" ExitCode), Restarts=$(job_field "$id" Restarts)"
+    grep -q 'requeueing it to resume' "$log" || fail "the script did not requeue"
+    grep -q 'checkpoint: step .* (stop signal)' "$log" || fail "no stop-signal checkpoint in the log"
+    grep -q 'resume: continuing from ' "$log" || fail "the second start did not resume"
+    [ "$(job_field "$id" Restarts)" -ge 1 ] || fail "Slurm counts no restart"
+    [ "$(job_field "$id" ExitCode)" = "0:0" ] || fail "job $id exit code $(job_field "$id" ExitCode)"
+    grep -q '"resumed_from"' "$dir/out/$id/report.json" || fail "report has no resumed_from"
+    check_report "$id" true
+    check_accuracy "$id"
     ;;
   *)
     echo "unknown scenario '$scenario'"

@@ -400,8 +400,8 @@ class Section {
   std::vector<std::pair<std::string, YAML::Mark>> present_;
 };
 
-const std::vector<std::string> kSections = {"model", "data",  "batch", "optim",
-                                            "train", "dist",  "search"};
+const std::vector<std::string> kSections = {"model", "data", "batch",  "optim",
+                                            "train", "dist", "search", "checkpoint"};
 
 std::string suggestion(const std::string& path, const std::vector<std::string>& candidates) {
   std::string best;
@@ -651,10 +651,20 @@ YAML::Node loadYaml(const std::string& text, const std::string& source) {
   }
   if (root.IsDefined() && !root.IsNull() && !root.IsMap()) {
     throw ConfigError(strCat(source, ": expected a mapping of sections (model, data, batch, optim, "
-                             "train, dist, search) at the top level, got ",
+                             "train, dist, search, checkpoint) at the top level, got ",
                              scalarText(root)));
   }
   return root;
+}
+
+void readCheckpoint(Context& ctx, const YAML::Node& root, CheckpointConfig& c) {
+  Section s(ctx, root, "checkpoint");
+  c.every_steps = s.integer("every_steps", 0, 0, kMaxInt);
+  c.every_minutes = s.real("every_minutes", 30, 0, 1e7);
+  c.keep = s.integer("keep", 2, 1, 1 << 20);
+  c.dir = s.text("dir", "");
+  c.on_signal = s.boolean("on_signal", true);
+  c.resume = s.choice("resume", ResumeMode::kOff);
 }
 
 /// Unknown keys: sections first, then keys inside known sections.
@@ -663,7 +673,7 @@ void checkUnknownKeys(const Context& ctx, const YAML::Node& root) {
     for (const auto& [key, mark] : mapKeys(ctx, root, "")) {
       if (std::find(kSections.begin(), kSections.end(), key) == kSections.end()) {
         throw ConfigError(strCat(ctx.where(key, mark), ": unknown section '", key,
-                                 "' (sections: model, data, batch, optim, train, dist, search)",
+                                 "' (sections: model, data, batch, optim, train, dist, search, checkpoint)",
                                  suggestion(key, kSections)));
       }
     }
@@ -697,6 +707,7 @@ Config parseConfig(const std::string& yaml_text, const std::string& source,
   readTrain(ctx, root, cfg.train);
   readDist(ctx, root, cfg.dist);
   readSearch(ctx, root, cfg.search);
+  readCheckpoint(ctx, root, cfg.checkpoint);
 
   checkUnknownKeys(ctx, root);
   validate(cfg, ctx);

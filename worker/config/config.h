@@ -27,6 +27,7 @@ enum class DeviceKind { kAuto, kCpu, kCuda };
 enum class Precision { kFp32, kBf16, kFp16 };
 enum class DistBackend { kAuto, kGloo, kNccl };
 enum class Objective { kThroughput, kMaxFit };
+enum class ResumeMode { kOff, kAuto };
 
 /// The names of a closed set, in schema order (the first is not necessarily the default).
 template <typename E>
@@ -61,6 +62,7 @@ BATCHDIST_ENUM_NAMES(DistBackend, {DistBackend::kAuto, "auto"}, {DistBackend::kG
                      {DistBackend::kNccl, "nccl"});
 BATCHDIST_ENUM_NAMES(Objective, {Objective::kThroughput, "throughput"},
                      {Objective::kMaxFit, "max_fit"});
+BATCHDIST_ENUM_NAMES(ResumeMode, {ResumeMode::kOff, "off"}, {ResumeMode::kAuto, "auto"});
 #undef BATCHDIST_ENUM_NAMES
 
 /// The name of `v` ("fp16", "max_fit", ...).
@@ -181,6 +183,17 @@ struct SearchConfig {
   std::string cache;                         ///< cache file ("" -> <output>/search_cache.json)
 };
 
+/// Checkpoints (Note [checkpoint] in worker/train/checkpoint.h). Periodic ones when
+/// every_steps or every_minutes is set (0: off); one when a stop signal ends the run.
+struct CheckpointConfig {
+  int64_t every_steps = 0;                   ///< 0: off
+  double every_minutes = 30;                 ///< 0: off (agreed over the ranks each step)
+  int64_t keep = 2;                          ///< the newest K good checkpoints are kept
+  std::string dir;                           ///< "" -> <output>/checkpoints
+  bool on_signal = true;                     ///< SIGTERM/SIGUSR1/SIGINT stop: checkpoint first
+  ResumeMode resume = ResumeMode::kOff;      ///< auto: newest valid checkpoint in dir, if any
+};
+
 struct Config {
   std::string source;                        ///< file the config came from (for messages)
   std::string base_dir = ".";                ///< its directory: relative paths resolve here
@@ -191,6 +204,7 @@ struct Config {
   TrainConfig train;
   DistConfig dist;
   SearchConfig search;
+  CheckpointConfig checkpoint;
   /// Every key with the value in force (defaults included), by section, in schema
   /// order: {"model": {"name": "mlp", ...}, ...}. The report, the search cache key
   /// and the cross-rank check read it.

@@ -82,12 +82,13 @@ Loader::~Loader() {
   for (auto& t : threads_) t.join();
 }
 
-void Loader::start(std::vector<MicroBatch> jobs, int64_t epoch) {
+void Loader::start(std::vector<MicroBatch> jobs, int64_t epoch, int64_t first_index) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     // A new epoch waits for the workers to finish the last one's jobs.
     jobs_ = std::move(jobs);
     epoch_ = epoch;
+    first_index_ = first_index;
     ++generation_;
     next_job_ = 0;
     consumed_ = 0;
@@ -138,12 +139,13 @@ void Loader::work() {
     const int64_t i = next_job_++;
     const int64_t generation = generation_;
     const int64_t epoch = epoch_;  // read under the lock: start() writes it
+    const int64_t first = first_index_;
     const MicroBatch job = jobs_[i];
     lock.unlock();
     Batch b;
     std::exception_ptr err;
     try {
-      b = make(job, i, epoch);
+      b = make(job, first + i, epoch);
     } catch (...) {
       err = std::current_exception();
     }
@@ -168,7 +170,8 @@ Batch Loader::next() {
     }
     index = consumed_++;
     epoch = epoch_;
-    b = make(jobs_[index], index, epoch);
+    b = make(jobs_[index], first_index_ + index, epoch);
+    index += first_index_;
     max_queued_ = std::max<int64_t>(max_queued_, 1);
   } else {
     std::unique_lock<std::mutex> lock(mu_);
@@ -176,14 +179,15 @@ Batch Loader::next() {
       throw Error("loader: next() past the end of the epoch");
     }
     cv_.wait(lock, [this] { return ready_.count(consumed_) > 0; });
-    index = consumed_;
+    const int64_t local = consumed_;
     epoch = epoch_;
+    index = first_index_ + local;  // the transform seed's index (CUDA path below)
     b = std::move(ready_[consumed_]);
     ready_.erase(consumed_++);
     cv_.notify_all();
     // A job's failure is reported when its turn comes, once: the next job (or the
     // next start()) is unaffected.
-    if (const auto it = errors_.find(index); it != errors_.end()) {
+    if (const auto it = errors_.find(local); it != errors_.end()) {
       const auto err = it->second;
       errors_.erase(it);
       std::rethrow_exception(err);

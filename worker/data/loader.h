@@ -64,7 +64,9 @@ class Loader {
   Loader& operator=(const Loader&) = delete;
 
   /// Queues the micro-batches of an epoch, in the order next() returns them.
-  void start(std::vector<MicroBatch> jobs, int64_t epoch);
+  /// `first_index` is the first job's index in the whole epoch (a run resumed
+  /// mid-epoch starts there): the transform seeds follow (seed, epoch, index).
+  void start(std::vector<MicroBatch> jobs, int64_t epoch, int64_t first_index = 0);
   /// The next batch, in order; blocks until it is ready.
   Batch next();
   /// Seconds next() spent waiting for a batch since the last call.
@@ -81,6 +83,7 @@ class Loader {
   LoaderOptions opts_;
   std::vector<MicroBatch> jobs_;
   int64_t epoch_ = 0;
+  int64_t first_index_ = 0;  // index of jobs_[0] in the epoch
   int64_t generation_ = 0;   // bumped by start(): a batch of an older one is dropped
   int64_t next_job_ = 0;     // next job a worker takes
   int64_t consumed_ = 0;     // next job the consumer returns

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <sstream>
+
 #include "collective/error.h"
 
 namespace batchdist::worker {
@@ -12,6 +14,18 @@ double larsTrustRatio(double weight_norm, double grad_norm, double weight_decay,
 }
 
 namespace {
+
+std::string archiveBytes(torch::serialize::OutputArchive& archive) {
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+void loadArchive(torch::serialize::InputArchive& archive, const std::string& bytes,
+                 const at::Device& device) {
+  std::istringstream in(bytes);
+  archive.load_from(in, device);
+}
 
 template <typename TorchOpt, typename Options>
 class TorchOptimizer : public Optimizer {
@@ -27,6 +41,16 @@ class TorchOptimizer : public Optimizer {
         if (p.grad().defined()) p.mutable_grad().zero_();
       }
     }
+  }
+  std::string saveState() override {
+    torch::serialize::OutputArchive archive;
+    opt_.save(archive);
+    return archiveBytes(archive);
+  }
+  void loadState(const std::string& bytes, const at::Device& device) override {
+    torch::serialize::InputArchive archive;
+    loadArchive(archive, bytes, device);
+    opt_.load(archive);  // creates the per-parameter state for these parameters
   }
 
  private:
@@ -61,6 +85,23 @@ class Lars : public Optimizer {
   void zeroGrad() override {
     for (auto& p : params_) {
       if (p.grad().defined()) p.mutable_grad().zero_();
+    }
+  }
+  std::string saveState() override {
+    torch::serialize::OutputArchive archive;
+    for (std::size_t i = 0; i < momentum_.size(); ++i) archive.write(strCat("m", i), momentum_[i]);
+    return archiveBytes(archive);
+  }
+  void loadState(const std::string& bytes, const at::Device& device) override {
+    torch::serialize::InputArchive archive;
+    loadArchive(archive, bytes, device);
+    torch::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < momentum_.size(); ++i) {
+      torch::Tensor m;
+      if (!archive.try_read(strCat("m", i), m) || !m.sizes().equals(momentum_[i].sizes())) {
+        throw Error(strCat("lars state: momentum ", i, " is missing or has another shape"));
+      }
+      momentum_[i].copy_(m);  // in place: the tensor step() updates
     }
   }
 

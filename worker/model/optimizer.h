@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "worker/config/config.h"
@@ -17,6 +18,12 @@ class Optimizer {
   virtual ~Optimizer() = default;
   virtual void step(double lr) = 0;
   virtual void zeroGrad() = 0;
+  /// Everything the next step depends on (SGD momentum, Adam moments and step
+  /// counts, LARS momentum) as a torch::serialize archive, in memory.
+  virtual std::string saveState() = 0;
+  /// Restores saveState()'s bytes into the tensors this optimizer updates (not
+  /// copies of them). Throws Error when they do not fit (another optimizer or model).
+  virtual void loadState(const std::string& bytes, const at::Device& device) = 0;
 };
 
 /// sgd (momentum, nesterov, weight decay), adamw, or lars, over `params`.

@@ -42,6 +42,12 @@ class LossScaler {
   bool update(bool found_inf);
   int64_t skippedSteps() const { return skipped_; }
   int64_t growthTracker() const { return tracker_; }
+  /// Restores a checkpoint's state (scale, growth tracker, skipped steps).
+  void restore(double scale, int64_t tracker, int64_t skipped) {
+    scale_ = scale;
+    tracker_ = tracker;
+    skipped_ = skipped;
+  }
 
  private:
   double scale_;

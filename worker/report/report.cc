@@ -75,6 +75,21 @@ nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const Trai
                    {"timed_steps", info.search->timed_steps},
                    {"seconds", info.search->seconds}};
   }
+  if (!info.resumed_path.empty()) {
+    o["resumed_from"] = {{"path", info.resumed_path},
+                         {"step", info.resumed_step},
+                         {"world_size_then", info.resumed_world},
+                         {"world_size_now", info.world_size}};
+  }
+  auto checkpoints = nlohmann::ordered_json::array();
+  for (const auto& c : r.checkpoints) {
+    nlohmann::ordered_json j{{"step", c.step}, {"path", c.path}, {"seconds", c.seconds},
+                             {"bytes", c.bytes}, {"on_signal", c.on_signal}};
+    if (!c.error.empty()) j["error"] = c.error;
+    checkpoints.push_back(j);
+  }
+  o["checkpoints"] = checkpoints;
+  o["checkpoint_seconds"] = r.checkpoint_s;
   o["config"] = cfg.resolved;
   return o;
 }

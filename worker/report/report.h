@@ -25,6 +25,9 @@ struct RunInfo {
   std::string model_path;             ///< where rank 0 saved the model
   std::string stopped_by;             ///< "SIGTERM" when a signal ended the run early
   std::optional<SearchResult> search; ///< when the batch was searched (or cached)
+  std::string resumed_path;           ///< the checkpoint this run continued, or empty
+  int64_t resumed_step = 0;
+  int64_t resumed_world = 0;          ///< world size when it was written
 };
 
 nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const TrainResult& result,

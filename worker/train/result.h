@@ -3,6 +3,7 @@
 // Pure data (no torch), so the report does not depend on the trainer.
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace batchdist::worker {
@@ -31,6 +32,27 @@ struct EpochStats {
   double seconds = 0;
 };
 
+/// One checkpoint write (rank 0's view): a failed one has `error` set.
+struct CheckpointRecord {
+  int64_t step = 0;
+  std::string path;
+  double seconds = 0;
+  int64_t bytes = 0;
+  bool on_signal = false;  ///< written because a stop signal ended the run
+  std::string error;       ///< empty when it was written
+};
+
+/// Where training stands after a global step: what a checkpoint records and a
+/// resumed run starts from. The epoch and the step in it follow from the global
+/// step and the plan (steps per epoch depend on G and N only).
+struct TrainPosition {
+  int64_t global_step = 0;      ///< optimizer steps done; the next one is this
+  int64_t samples = 0;          ///< real samples trained on before this epoch, all ranks
+  int64_t epoch_samples = 0;    ///< real samples of the current epoch so far
+  double epoch_loss_sum = 0;    ///< their weighted loss sum, all ranks
+  std::vector<EpochStats> history;  ///< completed epochs
+};
+
 struct TrainResult {
   int64_t steps = 0;
   int64_t epochs = 0;
@@ -48,6 +70,8 @@ struct TrainResult {
   int64_t skipped_steps = 0; ///< fp16: steps skipped for inf/NaN gradients
   double loss_scale = 0;     ///< fp16: final loss scale
   std::vector<EpochStats> history;
+  std::vector<CheckpointRecord> checkpoints;  ///< every write tried, failed ones included
+  double checkpoint_s = 0;   ///< time spent writing checkpoints (not in samples_per_s)
 };
 
 }  // namespace batchdist::worker

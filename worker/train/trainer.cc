@@ -11,6 +11,7 @@
 #include "worker/common/util.h"
 #include "collective/torch_compat.h"
 #include "worker/common/console.h"
+#include "worker/train/checkpoint.h"
 #include "worker/train/gpu_monitor.h"
 
 namespace batchdist::worker {
@@ -73,9 +74,24 @@ std::vector<MicroBatch> Trainer::jobs(const Sharder& sharder, int64_t first, int
   return out;
 }
 
-double Trainer::trainStep(int64_t real, double lr, bool* stop) {
-  const double loss = computeGradients(real, stop && *stop ? 1.0 : 0.0);
-  syncGradients(stop);
+// One summed number of the side channel carries both per-step wishes: stops
+// count 0..W, checkpoint wishes add W + 1 each, so the sum over W ranks is at
+// most W (W + 2): exact in the fp32 bucket for W up to ~4000 ranks.
+double Trainer::encodeWishes(const bool* stop, const bool* checkpoint) const {
+  const double unit = comm_.size() + 1.0;
+  return (stop && *stop ? 1.0 : 0.0) + (checkpoint && *checkpoint ? unit : 0.0);
+}
+
+void Trainer::decodeWishes(double sum, bool* stop, bool* checkpoint) const {
+  const double unit = comm_.size() + 1.0;
+  const double wishes = std::floor((sum + 0.5) / unit);
+  if (stop) *stop = sum - wishes * unit > 0.5;
+  if (checkpoint) *checkpoint = wishes > 0.5;
+}
+
+double Trainer::trainStep(int64_t real, double lr, bool* stop, bool* checkpoint) {
+  const double loss = computeGradients(real, encodeWishes(stop, checkpoint));
+  syncGradients(stop, checkpoint);
   applyUpdate(lr);
   return loss;
 }
@@ -128,14 +144,13 @@ void Trainer::clearGradients() {
   for (auto& p : model_->trainableParameters()) p.mutable_grad() = torch::Tensor();
 }
 
-void Trainer::syncGradients(bool* stop) {
+void Trainer::syncGradients(bool* stop, bool* checkpoint) {
   // Timed with device synchronisation around it: what remains is the exposed
   // communication (with the reducer, what backward did not hide).
   synchronize();
   const double t0 = monotonicSeconds();
   if (reducer_) {
-    const double side = reducer_->finish();
-    if (stop) *stop = side > 0.5;
+    decodeWishes(reducer_->finish(), stop, checkpoint);
     synchronize();
     // Part of the wait was for a slower rank to finish its backward, not for the
     // network: report that apart.
@@ -144,12 +159,13 @@ void Trainer::syncGradients(bool* stop) {
     time_.skew += skew;
     time_.comm += waited - skew;
     return;
-  } else if (!stop) {
+  }
+  if (!stop && !checkpoint) {
     sync_->sumGradients();
   } else {
-    double flag = *stop ? 1.0 : 0.0;
+    double flag = encodeWishes(stop, checkpoint);
     sync_->sumGradients(&flag);
-    *stop = flag > 0.5;
+    decodeWishes(flag, stop, checkpoint);
   }
   synchronize();
   time_.comm += monotonicSeconds() - t0;
@@ -247,6 +263,9 @@ struct Trainer::EpochRun {
   int64_t samples = 0;      ///< real samples over all ranks
   TimeBreakdown time;
   bool stop = false;        ///< a stop was agreed at the last step
+  int64_t first = 0;        ///< first step run (> 0 when resumed mid-epoch)
+  bool checkpoint_due = false;  ///< at the epoch's last step: written after the evaluation
+  double checkpoint_s = 0;  ///< spent writing checkpoints during the steps
 };
 
 void Trainer::progress(Console& console, const EpochRun& e, int64_t step, int64_t global_step,
@@ -273,16 +292,53 @@ void Trainer::progress(Console& console, const EpochRun& e, int64_t step, int64_
 
 void Trainer::runSteps(EpochRun& e, const Sharder& sharder, int64_t* global_step,
                        const std::function<bool()>& stop_requested, Console& console,
-                       double run_started, UtilizationSampler& gpu) {
-  for (int64_t s = 0; s < e.steps && !e.stop; ++s) {
+                       double run_started, UtilizationSampler& gpu, TrainResult& result) {
+  for (int64_t s = e.first; s < e.steps && !e.stop; ++s) {
     e.stop = stop_requested && stop_requested();
-    e.loss_sum += trainStep(sharder.realSamples(s), plan_.lrAt(*global_step), &e.stop);
+    bool due = checkpointer_ && checkpointer_->dueByTime();  // rank 0's clock decides
+    e.loss_sum += trainStep(sharder.realSamples(s), plan_.lrAt(*global_step), &e.stop,
+                            checkpointer_ ? &due : nullptr);
     e.samples += sharder.realSamples(s);
     ++*global_step;
     e.time.add(takeTime());
     gpu.sample(*global_step);
     progress(console, e, s, *global_step, run_started);
+    if (!checkpointer_) continue;
+    // Every rank reaches the same verdict: the wishes were agreed in the allreduce.
+    due = due || checkpointer_->dueBySteps(*global_step) || (e.stop && checkpointer_->onSignal());
+    if (due && s + 1 < e.steps) {
+      const double t0 = monotonicSeconds();
+      checkpoint(e, *global_step, /*mid_epoch=*/true, console, result);
+      e.checkpoint_s += monotonicSeconds() - t0;
+    } else if (due) {
+      e.checkpoint_due = true;  // the epoch's end: after its evaluation (history complete)
+    }
   }
+}
+
+void Trainer::checkpoint(const EpochRun& e, int64_t global_step, bool mid_epoch,
+                         Console& console, TrainResult& result) {
+  TrainPosition pos;
+  pos.global_step = global_step;
+  pos.history = result.history;
+  pos.samples = result.samples;
+  if (mid_epoch) {
+    // The epoch so far, summed over the ranks once, so a resumed epoch counts it once.
+    pos.epoch_samples = e.samples;
+    pos.epoch_loss_sum = comm_.allreduce(e.loss_sum, collective::ReduceOp::kSum);
+  }
+  auto rec = checkpointer_->save(state(), pos, e.stop, console);
+  result.checkpoint_s += rec.seconds;
+  result.checkpoints.push_back(std::move(rec));
+}
+
+TrainState Trainer::state() {
+  TrainState st;
+  st.model = model_.get();
+  st.optimizer = optimizer_.get();
+  st.scaler = scaler_.get();
+  st.device = device_;
+  return st;
 }
 
 EpochStats Trainer::finishEpoch(const EpochRun& e, Console& console) {
@@ -320,20 +376,35 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
   }
   takeTime();
   const double t0 = monotonicSeconds();
-  int64_t global_step = 0;
+  // A resumed run continues at resume_.global_step: epoch and step in it follow
+  // from the plan (steps per epoch depend on G and N only: Note [equal shards]).
+  int64_t global_step = resume_.global_step;
+  result.history = resume_.history;
+  result.samples = resume_.samples;
+  const int64_t spe = std::max<int64_t>(1, plan_.steps_per_epoch);
   double train_time = 0;
-  for (int64_t epoch = 0; epoch < plan_.epochs && global_step < plan_.total_steps; ++epoch) {
+  for (int64_t epoch = global_step / spe; epoch < plan_.epochs && global_step < plan_.total_steps;
+       ++epoch) {
     EpochRun e;
     e.epoch = epoch;
-    e.steps = std::min(plan_.steps_per_epoch, plan_.total_steps - global_step);
+    e.first = global_step - epoch * spe;
+    e.steps = std::min(plan_.steps_per_epoch, plan_.total_steps - epoch * spe);
+    if (e.first > 0) {
+      e.samples = resume_.epoch_samples;
+      if (comm_.rank() == 0) e.loss_sum = resume_.epoch_loss_sum;
+    }
     sharder.setEpoch(epoch);
-    loader_->start(jobs(sharder, 0, e.steps), epoch);
+    // Job indices as in an uninterrupted epoch: the loader's transform seeds follow them.
+    loader_->start(jobs(sharder, e.first, e.steps - e.first), epoch, e.first * plan_.accum);
     e.started = monotonicSeconds();
-    runSteps(e, sharder, &global_step, stop_requested, console, t0, gpu);
-    train_time += monotonicSeconds() - e.started;
+    runSteps(e, sharder, &global_step, stop_requested, console, t0, gpu, result);
+    train_time += monotonicSeconds() - e.started - e.checkpoint_s;
     result.time.add(e.time);
     result.history.push_back(finishEpoch(e, console));
     result.samples += e.samples;
+    if (e.checkpoint_due && (e.stop || global_step < plan_.total_steps)) {
+      checkpoint(e, global_step, /*mid_epoch=*/false, console, result);
+    }
     if (e.stop) {
       result.completed = false;
       console.line(strCat("stop requested: every rank stopped after step ", global_step, " of ",

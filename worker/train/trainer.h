@@ -26,6 +26,8 @@
 namespace batchdist::worker {
 
 class Console;
+class Checkpointer;
+struct TrainState;
 
 struct EvalResult {
   double loss = 0;
@@ -56,7 +58,7 @@ class Trainer {
   /// is the step's number of real samples over all ranks (Sharder::realSamples).
   /// Returns this rank's loss sum. `stop`, if given, is this rank's stop request
   /// in and "any rank asked" out (agreed in the gradient allreduce).
-  double trainStep(int64_t real, double lr, bool* stop = nullptr);
+  double trainStep(int64_t real, double lr, bool* stop = nullptr, bool* checkpoint = nullptr);
 
   // trainStep() in its three parts. A rank whose computeGradients() failed (out
   // of memory) still calls syncGradients(), which sends what it has (zeros), so
@@ -70,8 +72,10 @@ class Trainer {
   double computeGradients(int64_t real, double side = 0.0);
   /// Drops all gradients (after a failed computeGradients()).
   void clearGradients();
-  /// Sums gradients over the ranks (zeros where this rank has none).
-  void syncGradients(bool* stop = nullptr);
+  /// Sums gradients over the ranks (zeros where this rank has none). `stop` and
+  /// `checkpoint`, if given, are this rank's wishes in and "any rank wished" out,
+  /// agreed in the same allreduce.
+  void syncGradients(bool* stop = nullptr, bool* checkpoint = nullptr);
   /// Optimizer update at `lr` (fp16: unscales, or skips a step with inf/NaN gradients).
   void applyUpdate(double lr);
 
@@ -89,6 +93,13 @@ class Trainer {
   /// finishes the same step and the run ends with `completed = false`.
   TrainResult train(Console& console, const std::function<bool()>& stop_requested = {});
 
+  /// Checkpoints during train() (Note [checkpoint]); null: none. Not owned.
+  void setCheckpointer(Checkpointer* checkpointer) { checkpointer_ = checkpointer; }
+  /// Makes train() continue from `pos` (state restored with restoreState first).
+  void resumeAt(const TrainPosition& pos) { resume_ = pos; }
+  /// The model, optimizer and loss scaler, for checkpoints.
+  TrainState state();
+
   /// Time spent since the last call (this rank).
   TimeBreakdown takeTime();
 
@@ -103,10 +114,14 @@ class Trainer {
   };
   void runSteps(EpochRun& e, const Sharder& sharder, int64_t* global_step,
                 const std::function<bool()>& stop_requested, Console& console, double run_started,
-                UtilizationSampler& gpu);
+                UtilizationSampler& gpu, TrainResult& result);
+  void checkpoint(const EpochRun& e, int64_t global_step, bool mid_epoch, Console& console,
+                  TrainResult& result);
   void progress(Console& console, const EpochRun& e, int64_t step, int64_t global_step,
                 double run_started);
   EpochStats finishEpoch(const EpochRun& e, Console& console);
+  double encodeWishes(const bool* stop, const bool* checkpoint) const;
+  void decodeWishes(double sum, bool* stop, bool* checkpoint) const;
   void synchronize() const;
 
   const Config& cfg_;
@@ -122,6 +137,8 @@ class Trainer {
   std::unique_ptr<LossScaler> scaler_;  // fp16 only
   Transform eval_transform_;
   TimeBreakdown time_;
+  Checkpointer* checkpointer_ = nullptr;
+  TrainPosition resume_;
 };
 
 }  // namespace batchdist::worker

@@ -1,0 +1,180 @@
+// Checkpoints (Note [checkpoint]): format, verification, round trip of model and
+// optimizer state, and the config section. Ranks as threads over a HashStore + Gloo.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "collective/error.h"
+#include "collective/process_group.h"
+#include "collective/torch_compat.h"
+#include "worker/common/console.h"
+#include "worker/config/config.h"
+#include "worker/model/model.h"
+#include "worker/model/optimizer.h"
+#include "worker/train/checkpoint.h"
+
+using namespace batchdist;
+using namespace batchdist::worker;
+namespace fs = std::filesystem;
+
+namespace {
+
+template <typename F>
+void runRanks(int world, F fn) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(world);
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        collective::BackendOptions o;
+        o.backend = "gloo";
+        o.address = "127.0.0.1";
+        o.timeout = std::chrono::seconds(30);
+        auto comm = collective::createCommunicator(store, r, world, o);
+        fn(*comm);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+fs::path freshDir(const std::string& name) {
+  const auto d = fs::temp_directory_path() / ("batchdist_ckpt_test_" + name);
+  fs::remove_all(d);
+  return d;
+}
+
+/// One SGD-with-momentum step of an mlp on random data.
+void step(Model& model, Optimizer& opt) {
+  auto x = torch::randn({8, 4});
+  auto y = torch::randint(0, 3, {8});
+  opt.zeroGrad();
+  torch::nn::functional::cross_entropy(model.forward(x), y).backward();
+  opt.step(0.1);
+}
+
+}  // namespace
+
+TEST(Checkpoint, Fnv1a64KnownValues) {
+  EXPECT_EQ(fnv1a64("", 0), 0xcbf29ce484222325ull);
+  EXPECT_EQ(fnv1a64("a", 1), 0xaf63dc4c8601ec8cull);
+  EXPECT_EQ(fnv1a64("foobar", 6), 0x85944171f73967e8ull);
+  EXPECT_EQ(checkpointName(40), "step-00000040");
+}
+
+TEST(Checkpoint, ConfigSectionDefaultsAndValues) {
+  const auto d = parseConfig("{}", "t.yaml");
+  EXPECT_EQ(d.checkpoint.every_steps, 0);
+  EXPECT_EQ(d.checkpoint.every_minutes, 30);
+  EXPECT_EQ(d.checkpoint.keep, 2);
+  EXPECT_EQ(d.checkpoint.resume, ResumeMode::kOff);
+  const auto c = parseConfig("checkpoint: {every_steps: 50, keep: 3, dir: /x, resume: auto}", "t.yaml");
+  EXPECT_EQ(c.checkpoint.every_steps, 50);
+  EXPECT_EQ(c.checkpoint.keep, 3);
+  EXPECT_EQ(c.checkpoint.dir, "/x");
+  EXPECT_EQ(c.checkpoint.resume, ResumeMode::kAuto);
+  EXPECT_THROW(parseConfig("checkpoint: {resume: yes please}", "t.yaml"), ConfigError);
+  EXPECT_THROW(parseConfig("checkpoint: {keep: 0}", "t.yaml"), ConfigError);
+}
+
+// Save after some steps, load into a fresh model and optimizer, take two more steps
+// on both: bitwise the same (the state went into the optimizer's own tensors).
+class CheckpointRoundTrip : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CheckpointRoundTrip, ContinuesBitwiseAndDamageIsRefused) {
+  const auto dir = freshDir(std::string("roundtrip_") + GetParam());
+  Config cfg = parseConfig(std::string("model: {hidden: [16], batchnorm: false}\noptim: {name: ") +
+                               GetParam() + ", momentum: 0.9, weight_decay: 0.01}",
+                           "t.yaml");
+  cfg.checkpoint.keep = 1;
+  runRanks(2, [&](collective::Communicator& comm) {
+    torch::manual_seed(3);
+    auto a = buildModel(cfg.model, {4}, 3);
+    auto opt_a = makeOptimizer(cfg.optim, a->trainableParameters());
+    for (int i = 0; i < 3; ++i) step(*a, *opt_a);
+    Console console(false, false);
+    CheckpointIdentity id;
+    id.plan.global = 16;
+    id.plan.world_size = 2;
+    id.plan.steps_per_epoch = 10;
+    id.config = cfg.resolved;
+    Checkpointer ck(cfg.checkpoint, dir.string(), id, comm);
+    TrainState st{a.get(), opt_a.get(), nullptr, at::kCPU};
+    TrainPosition pos;
+    pos.global_step = 3;
+    for (int64_t s : {1, 3}) {
+      pos.global_step = s;
+      const auto rec = ck.save(st, pos, false, console);
+      ASSERT_TRUE(rec.error.empty()) << rec.error;
+    }
+    if (comm.rank() != 0) return;
+    EXPECT_FALSE(fs::exists(dir / "step-00000001")) << "keep: 1";
+    std::vector<std::string> rejected;
+    const auto found = findLatestCheckpoint(dir.string(), &rejected);
+    ASSERT_TRUE(found.has_value());
+    EXPECT_EQ(positionOf(found->manifest).global_step, 3);
+
+    torch::manual_seed(99);  // other initial weights, no optimizer state
+    auto b = buildModel(cfg.model, {4}, 3);
+    auto opt_b = makeOptimizer(cfg.optim, b->trainableParameters());
+    restoreState(*found, {b.get(), opt_b.get(), nullptr, at::kCPU}, 0, 2);
+    for (int i = 0; i < 2; ++i) {
+      torch::manual_seed(5 + i);
+      step(*a, *opt_a);
+      torch::manual_seed(5 + i);
+      step(*b, *opt_b);
+    }
+    for (std::size_t i = 0; i < a->parameters().size(); ++i) {
+      EXPECT_TRUE(torch::equal(a->parameters()[i], b->parameters()[i])) << "parameter " << i;
+    }
+
+    // One flipped byte in the optimizer state: refused, named.
+    const auto f = dir / "step-00000003" / "optimizer.pt";
+    std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekg(64);
+    char ch = 0;
+    io.read(&ch, 1);
+    ch ^= 1;
+    io.seekp(64);
+    io.write(&ch, 1);
+    io.close();
+    const auto bad = verifyCheckpoint((dir / "step-00000003").string());
+    EXPECT_NE(bad.problem.find("optimizer.pt: checksum mismatch"), std::string::npos) << bad.problem;
+    EXPECT_FALSE(findLatestCheckpoint(dir.string(), &rejected).has_value());
+    ASSERT_EQ(rejected.size(), 1u);
+    fs::remove(dir / "step-00000003" / "manifest.json");
+    EXPECT_NE(verifyCheckpoint((dir / "step-00000003").string()).problem.find("no manifest.json"),
+              std::string::npos);
+  });
+}
+
+// SGD momentum, Adam moments and step counts, LARS momentum.
+INSTANTIATE_TEST_SUITE_P(Optimizers, CheckpointRoundTrip, ::testing::Values("sgd", "adamw", "lars"));
+
+TEST(Checkpoint, ResumeRefusesAnotherModelNamingTheKey) {
+  const auto then = parseConfig("model: {hidden: [16]}\nbatch: {global: 64}", "t.yaml");
+  nlohmann::ordered_json m{{"config", then.resolved}, {"plan", {{"global", 64}}}};
+  const auto same_but_more_ranks = parseConfig("model: {hidden: [16]}\nbatch: {global: 64, per_gpu: 8}\ntrain: {epochs: 3}", "t.yaml");
+  EXPECT_NO_THROW(checkResumable(m, same_but_more_ranks, "ck"));
+  try {
+    checkResumable(m, parseConfig("model: {hidden: [32]}\nbatch: {global: 64}", "t.yaml"), "ck");
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.hidden = [32] now, [16] in the checkpoint"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(checkResumable(m, parseConfig("model: {hidden: [16]}\nbatch: {global: 128}", "t.yaml"), "ck"),
+               ConfigError);
+  EXPECT_THROW(checkResumable(m, parseConfig("model: {hidden: [16]}\noptim: {name: adamw}\nbatch: {global: 64}", "t.yaml"), "ck"),
+               ConfigError);
+}

@@ -1,0 +1,514 @@
+#include "worker/train/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <iostream>
+#include <mutex>
+#include <sstream>
+
+#include "collective/error.h"
+#include "collective/torch_compat.h"
+#include "worker/common/console.h"
+#include "worker/common/files.h"
+#include "worker/common/util.h"
+#include "worker/model/model.h"
+#include "worker/model/optimizer.h"
+#include "worker/model/precision.h"
+
+namespace batchdist::worker {
+namespace fs = std::filesystem;
+
+uint64_t fnv1a64(const void* data, std::size_t n, uint64_t hash) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < n; ++i) {
+    hash ^= p[i];
+    hash *= 0x100000001b3ull;
+  }
+  return hash;
+}
+
+std::string checkpointName(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+namespace {
+
+constexpr int kFormat = 1;
+constexpr std::uintmax_t kMaxCheckpointFile = std::uintmax_t{1} << 40;
+
+std::string hex(uint64_t v) {
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string hashOf(const std::string& bytes) { return hex(fnv1a64(bytes.data(), bytes.size())); }
+
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+[[noreturn]] void ioError(const std::string& path, const char* what, int err) {
+  throw Error(strCat(path, ": cannot ", what, " (", std::strerror(err), ")"));
+}
+
+/// Writes `bytes` to a new file and fsyncs it (the caller renames the directory).
+void writeSynced(const std::string& path, const std::string& bytes) {
+  Fd f;
+  f.fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (f.fd < 0) ioError(path, "create", errno);
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(f.fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) ioError(path, "write", n < 0 ? errno : ENOSPC);
+    done += static_cast<std::size_t>(n);
+  }
+  if (::fsync(f.fd) != 0) ioError(path, "fsync", errno);
+  if (::close(f.fd) != 0) {
+    f.fd = -1;
+    ioError(path, "close", errno);
+  }
+  f.fd = -1;
+}
+
+void fsyncDir(const std::string& dir) {
+  Fd f;
+  f.fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (f.fd < 0) ioError(dir, "open", errno);
+  if (::fsync(f.fd) != 0) ioError(dir, "fsync", errno);
+}
+
+/// Fault injection for the tests: BATCHDIST_FAULT_CHECKPOINT=POINT kills this
+/// process (SIGKILL, as kill -9 would) when the write reaches POINT, at the first
+/// checkpoint or at step BATCHDIST_FAULT_CHECKPOINT_STEP.
+void faultPoint(const char* point, int64_t step) {
+  const char* want = std::getenv("BATCHDIST_FAULT_CHECKPOINT");
+  const char* at_step = std::getenv("BATCHDIST_FAULT_CHECKPOINT_STEP");
+  if (at_step != nullptr && std::atoll(at_step) != step) return;
+  if (want != nullptr && std::strcmp(want, point) == 0) {
+    std::cerr << strCat("batchdist: BATCHDIST_FAULT_CHECKPOINT=", point, ": killing rank 0\n")
+              << std::flush;
+    ::raise(SIGKILL);
+  }
+}
+
+std::string archiveBytes(torch::serialize::OutputArchive& archive) {
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+/// Parameters "p<i>" and buffers "b<i>", in the model's fixed order (names in the manifest).
+std::string modelBytes(const Model& model) {
+  torch::serialize::OutputArchive archive;
+  const auto params = model.namedParameters();
+  const auto buffers = model.namedBuffers();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    archive.write(strCat("p", i), params[i].second.detach(), /*is_buffer=*/true);
+  }
+  for (std::size_t i = 0; i < buffers.size(); ++i) {
+    archive.write(strCat("b", i), buffers[i].second.detach(), /*is_buffer=*/true);
+  }
+  return archiveBytes(archive);
+}
+
+/// Every rank's CPU generator state, [world, bytes] as int64 (one allgather).
+at::Tensor gatherRng(collective::Communicator& comm) {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  at::Tensor state;
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    state = gen.get_state();
+  }
+  return comm.allgather(state.to(torch::kLong).to(comm.device())).to(torch::kCPU);
+}
+
+std::string rngBytes(const at::Tensor& all) {
+  torch::serialize::OutputArchive archive;
+  for (int64_t r = 0; r < all.size(0); ++r) {
+    archive.write(strCat("r", r), all[r].to(torch::kByte), /*is_buffer=*/true);
+  }
+  return archiveBytes(archive);
+}
+
+nlohmann::ordered_json historyJson(const std::vector<EpochStats>& history) {
+  auto out = nlohmann::ordered_json::array();
+  for (const auto& h : history) {
+    out.push_back({h.epoch, h.train_loss, h.eval_loss, h.eval_accuracy, h.samples_per_s, h.seconds});
+  }
+  return out;
+}
+
+/// The manifest's own checksum: FNV-1a 64 over its dump without the "checksum" key.
+std::string manifestChecksum(nlohmann::ordered_json m) {
+  m.erase("checksum");
+  return hashOf(m.dump());
+}
+
+nlohmann::ordered_json namesOf(const std::vector<std::pair<std::string, at::Tensor>>& named) {
+  auto out = nlohmann::ordered_json::array();
+  for (const auto& [name, t] : named) out.push_back(name);
+  return out;
+}
+
+}  // namespace
+
+Checkpointer::Checkpointer(const CheckpointConfig& cfg, std::string dir, CheckpointIdentity id,
+                           collective::Communicator& comm)
+    : cfg_(cfg), dir_(std::move(dir)), id_(std::move(id)), comm_(comm),
+      last_write_(monotonicSeconds()) {}
+
+bool Checkpointer::dueBySteps(int64_t global_step) const {
+  return cfg_.every_steps > 0 && global_step % cfg_.every_steps == 0;
+}
+
+bool Checkpointer::dueByTime() const {
+  return comm_.rank() == 0 && cfg_.every_minutes > 0 &&
+         monotonicSeconds() - last_write_ >= cfg_.every_minutes * 60;
+}
+
+CheckpointRecord Checkpointer::save(const TrainState& state, const TrainPosition& pos,
+                                    bool on_signal, Console& console) {
+  const double t0 = monotonicSeconds();
+  CheckpointRecord rec;
+  rec.step = pos.global_step;
+  rec.on_signal = on_signal;
+  rec.path = (fs::path(dir_) / checkpointName(pos.global_step)).string();
+  const auto rng = gatherRng(comm_);  // collective: every rank's generator
+  std::string error;
+  if (comm_.rank() == 0) {
+    try {
+      rec.bytes = write(state, pos, rng, rec.path);
+    } catch (const std::exception& e) {  // Error, or std::filesystem's
+      error = e.what();
+    }
+  }
+  rec.error = comm_.broadcast(error, 0);  // every rank learns the outcome
+  rec.seconds = monotonicSeconds() - t0;
+  last_write_ = monotonicSeconds();
+  if (comm_.rank() != 0) return rec;
+  if (rec.error.empty()) {
+    console.line(strCat("checkpoint: step ", rec.step, on_signal ? " (stop signal)" : "", " -> ",
+                        rec.path, " (", byteSize(rec.bytes), ", ", formatFixed(rec.seconds, 2),
+                        " s)"));
+    try {
+      prune(rec.step, console);
+    } catch (const std::exception& e) {
+      std::cerr << strCat("batchdist: warning: checkpoint retention in ", dir_, ": ", e.what(),
+                          "\n");
+    }
+  } else {
+    std::cerr << strCat("batchdist: error: checkpoint at step ", rec.step, " was not written: ",
+                        rec.error,
+                        on_signal ? "; the run stops without it"
+                                  : "; training goes on and tries again at the next interval",
+                        ". Earlier checkpoints in ", dir_, " are untouched\n")
+              << std::flush;
+  }
+  return rec;
+}
+
+int64_t Checkpointer::write(const TrainState& state, const TrainPosition& pos,
+                            const at::Tensor& rng, const std::string& final_path) {
+  const std::string name = checkpointName(pos.global_step);
+  fs::create_directories(dir_);
+  const std::string tmp = (fs::path(dir_) / strCat(".tmp-", name, "-", ::getpid())).string();
+  fs::remove_all(tmp);
+  if (::mkdir(tmp.c_str(), 0755) != 0) ioError(tmp, "create the directory", errno);
+  try {
+    return writeInto(tmp, state, pos, rng, final_path);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);  // a full disk gets its space back for the next try
+    throw;
+  }
+}
+
+int64_t Checkpointer::writeInto(const std::string& tmp, const TrainState& state,
+                                const TrainPosition& pos, const at::Tensor& rng,
+                                const std::string& final_path) {
+  const std::string name = checkpointName(pos.global_step);
+  const std::vector<std::pair<std::string, std::string>> files = {
+      {"model.pt", modelBytes(*state.model)},
+      {"optimizer.pt", state.optimizer->saveState()},
+      {"rng.pt", rngBytes(rng)}};
+  const Plan& p = id_.plan;
+  nlohmann::ordered_json m{
+      {"format", kFormat},
+      {"batchdist_version", BATCHDIST_VERSION},
+      {"torch_version", compat::torchVersion()},
+      {"created_unix", static_cast<int64_t>(std::time(nullptr))},
+      {"step", pos.global_step},
+      {"epoch", p.steps_per_epoch > 0 ? pos.global_step / p.steps_per_epoch : 0},
+      {"step_in_epoch", p.steps_per_epoch > 0 ? pos.global_step % p.steps_per_epoch : 0},
+      {"lr_next", p.lrAt(pos.global_step)},
+      {"samples", pos.samples},
+      {"epoch_samples", pos.epoch_samples},
+      {"epoch_loss_sum", pos.epoch_loss_sum},
+      {"history", historyJson(pos.history)},
+      {"plan",
+       {{"global", p.global}, {"per_gpu", p.per_gpu}, {"accum", p.accum},
+        {"world_size", p.world_size}, {"steps_per_epoch", p.steps_per_epoch},
+        {"total_steps", p.total_steps}, {"dataset_size", p.dataset_size}}},
+      {"searched_per_gpu", id_.searched_per_gpu},
+      {"config_hash", hashOf(id_.config.dump())},
+      {"config", id_.config},
+      {"parameters", namesOf(state.model->namedParameters())},
+      {"buffers", namesOf(state.model->namedBuffers())}};
+  if (state.scaler) {
+    m["loss_scaler"] = {{"scale", state.scaler->scale()},
+                        {"tracker", state.scaler->growthTracker()},
+                        {"skipped", state.scaler->skippedSteps()}};
+  }
+  int64_t bytes = 0;
+  auto list = nlohmann::ordered_json::array();
+  for (const auto& [file, data] : files) {
+    writeSynced((fs::path(tmp) / file).string(), data);
+    list.push_back({{"name", file}, {"bytes", data.size()}, {"fnv1a64", hashOf(data)}});
+    bytes += static_cast<int64_t>(data.size());
+  }
+  faultPoint("after_files", pos.global_step);
+  m["files"] = list;
+  m["checksum"] = manifestChecksum(m);
+  const std::string manifest = m.dump(1) + "\n";
+  writeSynced((fs::path(tmp) / "manifest.json").string(), manifest);  // last: it names the rest
+  fsyncDir(tmp);
+  // A directory of the same name (an abandoned timeline, or a damaged copy) is
+  // moved aside first: rename(2) does not replace a non-empty directory.
+  const std::string aside = tmp + ".old";
+  if (fs::exists(final_path)) fs::rename(final_path, aside);
+  if (::rename(tmp.c_str(), final_path.c_str()) != 0) ioError(final_path, "rename into place", errno);
+  fsyncDir(dir_);
+  faultPoint("after_rename", pos.global_step);
+  fs::remove_all(aside);
+  writeFileAtomic((fs::path(dir_) / "latest").string(), name + "\n");
+  return bytes + static_cast<int64_t>(manifest.size());
+}
+
+namespace {
+
+/// step-* directories under `dir`, newest first (by step).
+std::vector<std::pair<int64_t, fs::path>> listCheckpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string n = entry.path().filename().string();
+    if (n.rfind("step-", 0) != 0 || n.size() <= 5) continue;
+    if (n.find_first_not_of("0123456789", 5) != std::string::npos) continue;
+    out.emplace_back(std::stoll(n.substr(5)), entry.path());
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return out;
+}
+
+}  // namespace
+
+void Checkpointer::prune(int64_t written_step, Console& console) const {
+  int64_t kept = 0;
+  for (const auto& [step, path] : listCheckpoints(dir_)) {
+    if (step > written_step) {
+      console.line(strCat("checkpoint: removing ", path.string(),
+                          " (newer than this run's step ", written_step,
+                          ": left behind by a resume from an older checkpoint)"));
+      fs::remove_all(path);
+    } else if (++kept > cfg_.keep) {
+      fs::remove_all(path);
+    }
+  }
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
+    const std::string n = entry.path().filename().string();
+    // Temporaries of writes that died (kill -9, full disk), not this process's.
+    if (n.rfind(".tmp-", 0) == 0) fs::remove_all(entry.path(), ec);
+  }
+}
+
+CheckpointCheck verifyCheckpoint(const std::string& path) {
+  CheckpointCheck c;
+  c.path = path;
+  const auto manifest_path = (fs::path(path) / "manifest.json").string();
+  std::error_code ec;
+  if (!fs::exists(manifest_path, ec)) {
+    c.problem = "no manifest.json (an incomplete write?)";
+    return c;
+  }
+  try {
+    c.manifest = nlohmann::ordered_json::parse(readFileBounded(manifest_path, 64 << 20, "manifest"));
+  } catch (const std::exception& e) {
+    c.problem = strCat("manifest.json is not valid JSON (", e.what(), ")");
+    return c;
+  }
+  const auto& m = c.manifest;
+  if (!m.is_object() || !m.contains("checksum") || m["checksum"] != manifestChecksum(m)) {
+    c.problem = "manifest.json fails its checksum (damaged)";
+    return c;
+  }
+  if (m.value("format", 0) != kFormat) {
+    c.problem = strCat("format ", m.value("format", 0), ", this batchdist reads format ", kFormat);
+    return c;
+  }
+  for (const auto& f : m["files"]) {
+    const std::string name = f["name"];
+    const auto file = (fs::path(path) / name).string();
+    if (!fs::exists(file, ec)) {
+      c.problem = strCat(name, ": missing");
+      return c;
+    }
+    const auto size = fs::file_size(file, ec);
+    if (ec || size != f["bytes"].get<std::uintmax_t>()) {
+      c.problem = strCat(name, ": ", ec ? ec.message() : strCat(size, " bytes, the manifest says ",
+                                                                f["bytes"].get<std::uintmax_t>()),
+                         " (truncated?)");
+      return c;
+    }
+    if (hashOf(readFileBounded(file, kMaxCheckpointFile, "checkpoint file")) != f["fnv1a64"]) {
+      c.problem = strCat(name, ": checksum mismatch (the file was damaged after it was written)");
+      return c;
+    }
+  }
+  return c;
+}
+
+std::optional<CheckpointCheck> findLatestCheckpoint(const std::string& dir,
+                                                    std::vector<std::string>* rejected) {
+  for (const auto& [step, path] : listCheckpoints(dir)) {
+    auto c = verifyCheckpoint(path.string());
+    if (c.problem.empty()) return c;
+    if (rejected) rejected->push_back(strCat(path.string(), ": ", c.problem));
+  }
+  return std::nullopt;
+}
+
+TrainPosition positionOf(const nlohmann::ordered_json& m) {
+  TrainPosition p;
+  p.global_step = m["step"].get<int64_t>();
+  p.samples = m["samples"].get<int64_t>();
+  p.epoch_samples = m["epoch_samples"].get<int64_t>();
+  p.epoch_loss_sum = m["epoch_loss_sum"].get<double>();
+  for (const auto& h : m["history"]) {
+    EpochStats e;
+    e.epoch = h[0].get<int64_t>();
+    e.train_loss = h[1].get<double>();
+    e.eval_loss = h[2].get<double>();
+    e.eval_accuracy = h[3].get<double>();
+    e.samples_per_s = h[4].get<double>();
+    e.seconds = h[5].get<double>();
+    p.history.push_back(e);
+  }
+  return p;
+}
+
+namespace {
+
+void loadArchive(torch::serialize::InputArchive& archive, const std::string& file,
+                 const at::Device& device) {
+  std::istringstream in(readFileBounded(file, kMaxCheckpointFile, "checkpoint file"));
+  archive.load_from(in, device);
+}
+
+/// Copies the saved tensors into the model's own, in place (shapes checked).
+void restoreModel(const std::string& dir, const nlohmann::ordered_json& m, Model& model,
+                  const at::Device& device) {
+  torch::serialize::InputArchive archive;
+  loadArchive(archive, (fs::path(dir) / "model.pt").string(), device);
+  torch::NoGradGuard no_grad;
+  const auto restore = [&](const char* prefix, const auto& named, const char* what) {
+    if (m[what].size() != named.size()) {
+      throw Error(strCat(dir, ": the checkpoint has ", m[what].size(), " ", what,
+                         ", this model ", named.size()));
+    }
+    for (std::size_t i = 0; i < named.size(); ++i) {
+      torch::Tensor t;
+      archive.read(strCat(prefix, i), t, /*is_buffer=*/true);
+      if (!t.sizes().equals(named[i].second.sizes())) {
+        throw Error(strCat(dir, ": ", named[i].first, " has shape ", shapeText(t.sizes().vec()),
+                           " in the checkpoint, ", shapeText(named[i].second.sizes().vec()),
+                           " in this model"));
+      }
+      named[i].second.copy_(t);
+    }
+  };
+  restore("p", model.namedParameters(), "parameters");
+  restore("b", model.namedBuffers(), "buffers");
+}
+
+void restoreRng(const std::string& dir, int rank) {
+  torch::serialize::InputArchive archive;
+  loadArchive(archive, (fs::path(dir) / "rng.pt").string(), at::kCPU);
+  torch::Tensor t;
+  archive.read(strCat("r", rank), t, /*is_buffer=*/true);
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(t.to(torch::kByte));
+}
+
+}  // namespace
+
+void restoreState(const CheckpointCheck& ckpt, const TrainState& state, int rank, int world) {
+  const auto& m = ckpt.manifest;
+  restoreModel(ckpt.path, m, *state.model, state.device);
+  state.optimizer->loadState(
+      readFileBounded((fs::path(ckpt.path) / "optimizer.pt").string(), kMaxCheckpointFile,
+                      "checkpoint file"),
+      state.device);
+  if (state.scaler && m.contains("loss_scaler")) {
+    const auto& s = m["loss_scaler"];
+    state.scaler->restore(s["scale"].get<double>(), s["tracker"].get<int64_t>(),
+                          s["skipped"].get<int64_t>());
+  }
+  if (m["plan"]["world_size"] == world) restoreRng(ckpt.path, rank);
+}
+
+void checkResumable(const nlohmann::ordered_json& m, const Config& cfg, const std::string& path) {
+  const auto& then = m["config"];
+  // Loader threads and staging change how batches are made, not which.
+  const std::vector<std::string> free_keys = {"data.workers", "data.prefetch", "data.pin_memory"};
+  std::string diff;
+  for (const char* section : {"model", "data", "optim"}) {
+    for (const auto& [key, value] : cfg.resolved[section].items()) {
+      const std::string full = strCat(section, ".", key);
+      if (std::find(free_keys.begin(), free_keys.end(), full) != free_keys.end()) continue;
+      const auto old = then.value(section, nlohmann::ordered_json::object()).value(key, nlohmann::ordered_json());
+      if (old != value) diff += strCat(diff.empty() ? "" : "; ", full, " = ", value.dump(), " now, ", old.dump(), " in the checkpoint");
+    }
+  }
+  for (const char* key : {"seed"}) {
+    const auto now = cfg.resolved["train"][key], old = then["train"].value(key, nlohmann::ordered_json());
+    if (now != old) diff += strCat(diff.empty() ? "" : "; ", "train.", key, " = ", now.dump(), " now, ", old.dump(), " in the checkpoint");
+  }
+  if (cfg.resolved["batch"]["last_batch"] != then["batch"].value("last_batch", nlohmann::ordered_json())) {
+    diff += strCat(diff.empty() ? "" : "; ", "batch.last_batch differs from the checkpoint's");
+  }
+  const int64_t g = m["plan"]["global"];
+  if (cfg.batch.global > 0 && cfg.batch.global != g) {
+    diff += strCat(diff.empty() ? "" : "; ", "batch.global = ", cfg.batch.global, " now, ", g,
+                   " in the checkpoint");
+  }
+  if (!diff.empty()) {
+    throw ConfigError(strCat(cfg.source, ": cannot resume ", path, ": ", diff,
+                          ". A resumed run must train the same model with the same optimizer on "
+                          "the same data with the same global batch (world size, per-GPU batch "
+                          "and accumulation may change); start fresh in another --output or "
+                          "checkpoint.dir, or restore those keys"));
+  }
+}
+
+}  // namespace batchdist::worker

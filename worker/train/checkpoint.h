@@ -1,0 +1,147 @@
+#pragma once
+// Checkpoints: format, write, verify, load, retention. The resume decision (which
+// checkpoint, whether this run may continue it, the plan for the new world size)
+// lives in worker/run.cc.
+//
+// Note [checkpoint]: a checkpoint is a directory DIR/step-NNNNNNNN holding
+//   model.pt      every parameter and buffer (rank 0's: after a step they are the
+//                 same on every rank, except BatchNorm running statistics, which
+//                 evaluation takes from rank 0 anyway)
+//   optimizer.pt  the optimizer's state (SGD momentum, Adam moments and step
+//                 counts, LARS momentum), restored into the optimizer's own tensors
+//   rng.pt        every rank's CPU generator (dropout); restored only when the
+//                 world size is the same, since rank r's stream belongs to rank r
+//   manifest.json the position (global step; epoch and step in it follow from the
+//                 plan), the plan (G, m, a, W), the searched per-GPU batch, the
+//                 fp16 loss scaler, the resolved config and its hash, batchdist and
+//                 torch versions, and the size and FNV-1a 64 of every other file;
+//                 its own FNV-1a 64 over the rest of it.
+// Atomicity: all ranks agree on the step first (a checkpoint is taken after the
+// same optimizer step everywhere: the wish rides in the gradient allreduce).
+// Rank 0 writes every file into DIR/.tmp-step-NNNNNNNN-PID, fsyncs each file and
+// the directory, renames it to step-NNNNNNNN, fsyncs DIR, and only then rewrites
+// DIR/latest (itself written atomically; a pointer for people and tools: resume
+// scans the step-* directories, newest first, and verifies each). So a directory
+// named step-* is complete
+// unless its bytes were damaged later, and verification catches that: a
+// checkpoint whose manifest is missing, unparsable or fails its checksum, or whose
+// file is missing, of another size or fails its checksum, is never loaded; resume
+// names it, says why, and takes the next older one. Nothing older than the one
+// being written is touched before the rename; retention then removes all but
+// the newest `keep`. Checkpoints newer than the one written belong to a timeline
+// that a resume from an older checkpoint abandoned, and are removed too.
+// Position: a resumed run starts epoch e = step / steps_per_epoch at step
+// s = step % steps_per_epoch of the same permutation (G is kept, so both are the
+// same for any world size), and hands the loader the same job indices as an
+// uninterrupted epoch (Loader::start's first_index), so the per-batch transform
+// seeds match on the same world size and accumulation.
+
+#include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "collective/communicator.h"
+#include "worker/config/config.h"
+#include "worker/plan/plan.h"
+#include "worker/train/result.h"
+
+namespace batchdist::worker {
+
+class Console;
+class Model;
+class Optimizer;
+class LossScaler;
+
+/// FNV-1a 64 of `n` bytes, continuing from `hash`.
+uint64_t fnv1a64(const void* data, std::size_t n, uint64_t hash = 0xcbf29ce484222325ull);
+
+/// "step-00000040" for step 40.
+std::string checkpointName(int64_t step);
+
+/// The live state a checkpoint saves and restores (the trainer's).
+struct TrainState {
+  Model* model = nullptr;
+  Optimizer* optimizer = nullptr;
+  LossScaler* scaler = nullptr;  ///< fp16 only
+  at::Device device = at::kCPU;
+};
+
+/// What a run's checkpoints record about the run itself.
+struct CheckpointIdentity {
+  Plan plan;
+  int64_t searched_per_gpu = 0;      ///< the batch search's choice, 0 when not searched
+  nlohmann::ordered_json config;     ///< the resolved config
+};
+
+/// Writes this run's checkpoints (rank 0 writes; every call is collective).
+class Checkpointer {
+ public:
+  Checkpointer(const CheckpointConfig& cfg, std::string dir, CheckpointIdentity id,
+               collective::Communicator& comm);
+
+  const std::string& dir() const { return dir_; }
+  /// Whether the step just done (`global_step` steps in all) is due by every_steps.
+  bool dueBySteps(int64_t global_step) const;
+  /// Rank 0's wish by every_minutes (local; the trainer agrees it over the ranks).
+  bool dueByTime() const;
+  bool onSignal() const { return cfg_.on_signal; }
+
+  /// Writes a checkpoint of `state` after `pos.global_step` steps. Collective.
+  /// I/O failures do not throw: the record carries the cause (every rank learns
+  /// it), rank 0 prints it, and earlier checkpoints are untouched.
+  CheckpointRecord save(const TrainState& state, const TrainPosition& pos, bool on_signal,
+                        Console& console);
+
+ private:
+  /// Rank 0: the temporary directory, then writeInto(), removed again on failure.
+  int64_t write(const TrainState& state, const TrainPosition& pos, const at::Tensor& rng,
+                const std::string& final_path);
+  /// Every file into `tmp`, fsynced; the rename; `latest`. Returns the bytes written.
+  int64_t writeInto(const std::string& tmp, const TrainState& state, const TrainPosition& pos,
+                    const at::Tensor& rng, const std::string& final_path);
+  void prune(int64_t written_step, Console& console) const;
+
+  CheckpointConfig cfg_;
+  std::string dir_;
+  CheckpointIdentity id_;
+  collective::Communicator& comm_;
+  double last_write_ = 0;  ///< monotonic seconds of the last write (or the start)
+};
+
+/// A checkpoint directory checked against its manifest.
+struct CheckpointCheck {
+  std::string path;
+  nlohmann::ordered_json manifest;  ///< valid only when problem is empty
+  std::string problem;              ///< why it must not be loaded, or empty
+};
+
+/// Checks `path` (a step-* directory): manifest present, parsable and intact,
+/// every file present with its size and checksum. Never throws.
+CheckpointCheck verifyCheckpoint(const std::string& path);
+
+/// The newest valid checkpoint under `dir`, if any; each newer one rejected is
+/// appended to `rejected` as "PATH: why".
+std::optional<CheckpointCheck> findLatestCheckpoint(const std::string& dir,
+                                                    std::vector<std::string>* rejected);
+
+/// The position a manifest records.
+TrainPosition positionOf(const nlohmann::ordered_json& manifest);
+
+/// Restores the model, the optimizer, the fp16 loss scaler and, when the world
+/// size is the one the checkpoint was written with, this rank's CPU generator.
+/// Every rank reads the files (the directory must be visible to all ranks).
+/// Throws Error when a file does not fit this model or optimizer.
+void restoreState(const CheckpointCheck& ckpt, const TrainState& state, int rank, int world);
+
+/// Refuses (ConfigError naming the key, exit 2) to continue a checkpoint whose
+/// model, optimizer, data, seed or global batch differ from this run's; world
+/// size, per-GPU batch, accumulation, epochs and the rest may differ.
+void checkResumable(const nlohmann::ordered_json& manifest, const Config& cfg,
+                    const std::string& path);
+
+}  // namespace batchdist::worker
