@@ -41,7 +41,8 @@ Reducer::Reducer(Communicator& comm, std::vector<at::Tensor> params, std::size_t
           onGradReady(i);
           return outputs;
         }));
-    hooks_.push_back(std::static_pointer_cast<void>(acc));
+    // shared_ptr (1.13) or intrusive_ptr (2.x): held the same way, whatever it is.
+    hooks_.push_back(std::make_shared<decltype(acc)>(acc));
   }
 }
 

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <thread>
 
+#include "tests/thread_ranks.h"
 #include "collective/error.h"
 #include "collective/process_group.h"
 #include "collective/torch_compat.h"
@@ -22,30 +23,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-template <typename F>
-void runRanks(int world, F fn) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(world);
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        collective::BackendOptions o;
-        o.backend = "gloo";
-        o.address = "127.0.0.1";
-        o.timeout = std::chrono::seconds(30);
-        auto comm = collective::createCommunicator(store, r, world, o);
-        fn(*comm);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
-}
+using testsupport::runRanks;
 
 fs::path freshDir(const std::string& name) {
   const auto d = fs::temp_directory_path() / ("batchdist_ckpt_test_" + name);

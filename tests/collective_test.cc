@@ -5,6 +5,7 @@
 #include <chrono>
 #include <thread>
 
+#include "tests/thread_ranks.h"
 #include "collective/error.h"
 #include "collective/grad_sync.h"
 #include "collective/reducer.h"
@@ -17,31 +18,7 @@ using namespace batchdist::collective;
 
 namespace {
 
-/// Runs fn(comm) on `world` threads, each its own rank; rethrows the first failure.
-template <typename F>
-void runRanks(int world, F fn, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(world);
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        BackendOptions o;
-        o.backend = "gloo";
-        o.address = "127.0.0.1";
-        o.timeout = timeout;
-        auto comm = createCommunicator(store, r, world, o);
-        fn(*comm);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
-}
+using testsupport::runRanks;
 
 class Collectives : public ::testing::TestWithParam<int> {};
 
