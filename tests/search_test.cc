@@ -12,6 +12,7 @@
 #include "collective/process_group.h"
 #include "collective/torch_compat.h"
 #include "simulated_measurer.h"
+#include "tests/thread_ranks.h"
 #include "worker/search/cache.h"
 #include "worker/search/output.h"
 #include "worker/search/search.h"
@@ -44,30 +45,11 @@ Candidate bad(int64_t m, const std::string& reason, double peak) {
 std::vector<SearchResult> searchOnThreads(const Config& cfg,
                                           std::vector<SimulatedMeasurer>& measurers,
                                           int64_t train_size) {
-  const int world = static_cast<int>(measurers.size());
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<SearchResult> results(world);
-  std::vector<std::exception_ptr> errors(world);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        collective::BackendOptions o;
-        o.backend = "gloo";
-        o.address = "127.0.0.1";
-        o.timeout = std::chrono::seconds(30);
-        auto comm = collective::createCommunicator(store, r, world, o);
-        BatchSearch search(cfg, *comm, measurers[r], train_size, false);
-        results[r] = search.run(nullptr);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
+  std::vector<SearchResult> results(measurers.size());
+  batchdist::testsupport::runRanks(static_cast<int>(measurers.size()), [&](collective::Communicator& comm) {
+    BatchSearch search(cfg, comm, measurers[comm.rank()], train_size, false);
+    results[comm.rank()] = search.run(nullptr);
+  });
   return results;
 }
 

@@ -111,8 +111,8 @@ Connection connect(const RunSetup& s, const RankPlace& place) {
 
 /// The cached search result, if rank 0 has one for this setup (collective: rank
 /// 0 reads, every rank learns the answer).
-std::optional<SearchResult> lookupCache(const RunRequest& req, const Config& cfg,
-                                        collective::Communicator& comm, const std::string& path,
+std::optional<SearchResult> lookupCache(const RunRequest& req, collective::Communicator& comm,
+                                        const std::string& path,
                                         const std::string& key, Console& console) {
   std::optional<SearchResult> cached;
   if (comm.rank() == 0 && !req.research) {
@@ -152,7 +152,7 @@ SearchResult searchBatch(const RunRequest& req, const RunSetup& s, collective::C
   const std::string cache_path = s.cfg.search.cache.empty()
                                      ? (fs::path(req.output) / "search_cache.json").string()
                                      : s.cfg.search.cache;
-  if (auto cached = lookupCache(req, s.cfg, comm, cache_path, key, console)) return *cached;
+  if (auto cached = lookupCache(req, comm, cache_path, key, console)) return *cached;
   BatchSearch search(s.cfg, comm, *measurer, s.data.train.size(), s.has_bn,
                      [&req] { return req.stop_signal() != 0; });
   auto result = search.run(&console);
