@@ -236,7 +236,8 @@ TEST(Cli, SearchCacheHitMissAndResearch) {
   std::filesystem::remove_all(out);
   const std::string base = "search " + std::string(BATCHDIST_SOURCE_DIR) +
                            "/configs/search-cpu.yaml --output " + out.string() +
-                           " --set search.max=32 --set search.timed_steps=1 --set search.warmup_steps=1";
+                           " --set search.max=32 --set search.timed_steps=1 --set search.warmup_steps=1"
+                           " --set search.min_time_s=0 --set search.max_time_s=0.2";
   auto cachedFlag = [&] {
     const auto path = out / "search.json";
     if (!std::filesystem::exists(path)) {
@@ -483,6 +484,7 @@ TEST(Cli, DamagedSearchCacheIsNamedAndSearchedAgain) {
   const auto cache = (dir / "cache.json").string();
   const std::string cfg = std::string(BATCHDIST_SOURCE_DIR) + "/configs/search-cpu.yaml";
   const std::string search = " --set search.max=16 --set search.timed_steps=1 --set search.warmup_steps=1"
+                             " --set search.min_time_s=0 --set search.max_time_s=0.2"
                              " --set search.cache=" + cache + " --output " + (dir / "out").string();
   auto r = run("search " + cfg + search);
   ASSERT_EQ(r.code, 0) << r.out;

@@ -5,7 +5,8 @@
 # unlimited run on this machine, halfway between the smallest and largest peaks.
 file(REMOVE_RECURSE ${OUT})
 set(common search ${CFG} --quiet --set search.objective=max_fit --set search.max=256
-    --set search.warmup_steps=1 --set search.timed_steps=1)
+    --set search.warmup_steps=1 --set search.timed_steps=1 --set search.min_time_s=0
+    --set search.max_time_s=0.2)
 execute_process(COMMAND ${MPIRUN} ${MPI_FLAGS} -np 2 ${BIN} ${common} --output ${OUT}/calibrate
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT rc EQUAL 0)

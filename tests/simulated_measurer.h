@@ -26,8 +26,10 @@ class SimulatedMeasurer : public worker::Measurer {
     return *this;
   }
 
-  worker::Measurement measure(int64_t per_gpu, int64_t accum, int64_t extra_warmup) override {
+  worker::Measurement measure(int64_t per_gpu, int64_t accum, const worker::TimingRule& rule,
+                              int64_t extra_warmup) override {
     (void)extra_warmup;
+    (void)rule;
     ++calls;
     worker::Measurement m;
     m.peak_mb = base_ + per_sample_ * static_cast<double>(per_gpu);
@@ -43,6 +45,8 @@ class SimulatedMeasurer : public worker::Measurer {
     // Deterministic "noise": a fixed wiggle per size.
     const double wiggle = 1.0 + noise_ * std::sin(static_cast<double>(per_gpu) * 12.9898);
     m.samples_per_s = peak_ * per_gpu / (per_gpu + half_) * wiggle;
+    m.sps_low = 0.99 * m.samples_per_s;
+    m.sps_high = 1.01 * m.samples_per_s;
     m.timed_steps = 3;
     if (budget_ > 0 && m.peak_mb > budget_) m.fail = worker::FailKind::kOverBudget;
     (void)accum;

@@ -472,6 +472,15 @@ void validate(const Config& cfg, const Context& ctx) {
                              " values but data.std has ", cfg.data.std.size(),
                              "; give one per channel for both"));
   }
+  if (cfg.search.max_steps < cfg.search.timed_steps) {
+    throw ConfigError(strCat(source, ": search.max_steps (", cfg.search.max_steps,
+                             ") is below search.timed_steps (", cfg.search.timed_steps,
+                             "), the minimum number of timed steps per candidate"));
+  }
+  if (cfg.search.max_time_s < cfg.search.min_time_s) {
+    throw ConfigError(strCat(source, ": search.max_time_s (", cfg.search.max_time_s,
+                             ") is below search.min_time_s (", cfg.search.min_time_s, ")"));
+  }
   if (cfg.search.max != 0 && cfg.search.max < cfg.search.min) {
     throw ConfigError(strCat(source, ": search.max (", cfg.search.max, ") is below search.min (",
                              cfg.search.min, ")"));
@@ -627,7 +636,11 @@ void readSearch(Context& ctx, const YAML::Node& root, SearchConfig& c) {
   c.memory_fraction = s.real("memory_fraction", 0.9, 0.05, 1.0);
   c.memory_limit_mb = s.integer("memory_limit_mb", 0, 0, int64_t{1} << 30);
   c.warmup_steps = s.integer("warmup_steps", 2, 0, 1000);
-  c.timed_steps = s.integer("timed_steps", 3, 1, 1000);
+  c.timed_steps = s.integer("timed_steps", 5, 1, 100000);
+  c.max_steps = s.integer("max_steps", 1000, 1, 1000000);
+  c.min_time_s = s.real("min_time_s", 0.3, 0.0, 3600.0);
+  c.max_time_s = s.real("max_time_s", 1.0, 0.0, 3600.0);
+  c.rounds = s.integer("rounds", 3, 0, 100);
   c.objective = s.choice("objective", Objective::kThroughput);
   c.tolerance = s.real("tolerance", 0.05, 0.0, 1.0);
   c.cache = s.text("cache", "");

@@ -177,7 +177,12 @@ struct SearchConfig {
   double memory_fraction = 0.9;
   int64_t memory_limit_mb = 0;               ///< CPU: resident-memory budget (0: none)
   int64_t warmup_steps = 2;
-  int64_t timed_steps = 3;
+  // Note [adaptive timing] in worker/search/search.h.
+  int64_t timed_steps = 5;                   ///< at least this many timed steps per candidate
+  int64_t max_steps = 1000;                  ///< at most this many
+  double min_time_s = 0.3;                   ///< timed for at least this long
+  double max_time_s = 1.0;                   ///< and at most this long, precise or not
+  int64_t rounds = 3;                        ///< interleaved re-measuring rounds (0: none)
   Objective objective = Objective::kThroughput;
   double tolerance = 0.05;
   std::string cache;                         ///< cache file ("" -> <output>/search_cache.json)

@@ -69,11 +69,20 @@ nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const Trai
     o["loss_scaler"] = {{"scale", r.loss_scale}, {"skipped_steps", r.skipped_steps}};
   }
   if (info.search) {
-    o["search"] = {{"chosen", info.search->chosen},
-                   {"cached", info.search->cached},
-                   {"candidates", info.search->candidates.size()},
-                   {"timed_steps", info.search->timed_steps},
-                   {"seconds", info.search->seconds}};
+    const auto& s = *info.search;
+    o["search"] = {{"chosen", s.chosen},
+                   {"cached", s.cached},
+                   {"candidates", s.candidates.size()},
+                   {"timed_steps", s.timed_steps},
+                   {"seconds", s.seconds},
+                   {"rounds", s.rounds},
+                   {"rule", s.rule}};
+    for (const auto& c : s.candidates) {
+      if (c.per_gpu != s.chosen || c.failed) continue;
+      o["search"]["chosen_samples_per_s"] = c.global_sps;
+      o["search"]["chosen_ci_low"] = c.sps_low;
+      o["search"]["chosen_ci_high"] = c.sps_high;
+    }
   }
   if (!info.resumed_path.empty()) {
     o["resumed_from"] = {{"path", info.resumed_path},

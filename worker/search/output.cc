@@ -39,14 +39,22 @@ nlohmann::ordered_json searchJson(const SearchResult& r) {
                      {"samples_per_s", c.global_sps},
                      {"rank_samples_per_s_min", c.min_rank_sps},
                      {"rank_samples_per_s_max", c.max_rank_sps},
+                     {"ci_low", c.sps_low},
+                     {"ci_high", c.sps_high},
+                     {"relative_to_best", c.relative},
+                     {"round_samples_per_s", c.round_sps},
                      {"peak_memory_mb", c.peak_mb},
                      {"rank_peak_memory_mb", c.rank_peak_mb},
                      {"measurements", c.measurements},
+                     {"timed_steps", c.timed_steps},
+                     {"step_seconds", c.step_seconds},
                      {"chosen", c.per_gpu == r.chosen}});
   }
   return {{"chosen", r.chosen},
           {"chosen_accum", r.chosen_accum},
           {"why", r.why},
+          {"rule", r.rule},
+          {"rounds", r.rounds},
           {"cached", r.cached},
           {"objective", toString(r.objective)},
           {"tolerance", r.tolerance},
@@ -63,6 +71,8 @@ SearchResult searchFromJson(const nlohmann::json& j) {
   r.chosen = j.at("chosen").get<int64_t>();
   r.chosen_accum = j.at("chosen_accum").get<int64_t>();
   r.why = j.at("why").get<std::string>();
+  r.rule = j.value("rule", std::string());
+  r.rounds = j.value("rounds", int64_t{0});
   const auto objective = parseEnum<Objective>(j.at("objective").get<std::string>());
   if (!objective) throw std::invalid_argument("unknown objective");
   r.objective = *objective;
@@ -82,6 +92,12 @@ SearchResult searchFromJson(const nlohmann::json& j) {
     k.max_rank_sps = c.at("rank_samples_per_s_max").get<double>();
     k.peak_mb = c.at("peak_memory_mb").get<double>();
     k.measurements = c.value("measurements", int64_t{1});
+    k.sps_low = c.value("ci_low", 0.0);
+    k.sps_high = c.value("ci_high", 0.0);
+    k.relative = c.value("relative_to_best", 0.0);
+    k.round_sps = c.value("round_samples_per_s", std::vector<double>{});
+    k.timed_steps = c.value("timed_steps", int64_t{0});
+    k.step_seconds = c.value("step_seconds", std::vector<double>{});
     k.rank_peak_mb = c.value("rank_peak_memory_mb", std::vector<double>{});
     r.candidates.push_back(std::move(k));
   }
@@ -90,18 +106,21 @@ SearchResult searchFromJson(const nlohmann::json& j) {
 
 std::string searchTable(const SearchResult& r) {
   std::ostringstream os;
-  os << "  per-GPU  accum  global   samples/s   rank min..max samples/s   peak MB  result\n";
+  os << "  per-GPU  accum  global   samples/s   95 % interval          vs best  steps   peak MB  "
+        "result\n";
   for (const auto& c : r.candidates) {
-    char line[256];
-    std::snprintf(line, sizeof line, "  %7lld  %5lld  %6lld  %10.0f   %10.0f..%-10.0f  %8.0f  %s%s\n",
+    char line[320];
+    std::snprintf(line, sizeof line,
+                  "  %7lld  %5lld  %6lld  %10.0f   %10.0f..%-10.0f %6.1f %%  %5lld  %8.0f  %s%s\n",
                   static_cast<long long>(c.per_gpu), static_cast<long long>(c.accum),
-                  static_cast<long long>(c.global), c.global_sps, c.min_rank_sps, c.max_rank_sps,
-                  c.peak_mb, c.failed ? c.reason.c_str() : "ok",
-                  c.per_gpu == r.chosen ? "  <- chosen" : "");
+                  static_cast<long long>(c.global), c.global_sps, c.sps_low, c.sps_high,
+                  100 * c.relative, static_cast<long long>(c.timed_steps), c.peak_mb,
+                  c.failed ? c.reason.c_str() : "ok", c.per_gpu == r.chosen ? "  <- chosen" : "");
     os << line;
   }
   os << "  chosen per-GPU batch " << r.chosen << " x accum " << r.chosen_accum << ": " << r.why
      << (r.cached ? " [cached]" : "") << "\n";
+  if (!r.rule.empty()) os << "  rule: " << r.rule << "\n";
   return os.str();
 }
 
@@ -111,6 +130,7 @@ std::string searchSvg(const SearchResult& r) {
   for (const auto& c : r.candidates) {
     xmin = std::min(xmin, std::log2(static_cast<double>(c.per_gpu)));
     xmax = std::max(xmax, std::log2(static_cast<double>(c.per_gpu)));
+    smax = std::max(smax, std::min(c.sps_high, 1.5 * c.global_sps));
     smax = std::max(smax, c.global_sps);
     mmax = std::max(mmax, c.peak_mb);
   }
@@ -167,6 +187,11 @@ std::string searchSvg(const SearchResult& r) {
     if (c.peak_mb > 0) mem_pts += strCat(X(c.per_gpu), ",", Ym(c.peak_mb), " ");
     os << "<circle cx=\"" << X(c.per_gpu) << "\" cy=\"" << Ys(c.global_sps)
        << "\" r=\"3\" fill=\"#1f77b4\"/>\n";
+    if (c.sps_high > c.sps_low && c.sps_low > 0) {  // the 95 % interval of the estimate
+      os << "<line x1=\"" << X(c.per_gpu) << "\" y1=\"" << Ys(c.sps_low) << "\" x2=\""
+         << X(c.per_gpu) << "\" y2=\"" << Ys(std::min(c.sps_high, 1.5 * c.global_sps))
+         << "\" stroke=\"#1f77b4\" stroke-width=\"1\"/>\n";
+    }
     if (c.peak_mb > 0) {
       os << "<rect x=\"" << X(c.per_gpu) - 3 << "\" y=\"" << Ym(c.peak_mb) - 3
          << "\" width=\"6\" height=\"6\" fill=\"#d62728\"/>\n";

@@ -11,8 +11,10 @@
 namespace batchdist::worker {
 namespace {
 
-/// Timed steps per rank the re-measuring phase may bring the search up to.
-constexpr int64_t kStepBudget = 40;
+/// At most this many contenders are re-measured in interleaved rounds.
+constexpr std::size_t kMaxContenders = 4;
+/// How far a first measurement may have been off and still be re-measured.
+constexpr double kLuckMargin = 0.15;
 
 std::string mb(double v) { return formatFixed(v, 0) + " MB"; }
 
@@ -43,7 +45,53 @@ const char* toString(FailKind kind) {
 }
 
 // ---------------------------------------------------------------------------
+// Timing (Note [adaptive timing]).
+
+TimingRule TimingRule::fromConfig(const SearchConfig& s) {
+  TimingRule t;
+  t.min_steps = s.timed_steps;
+  t.max_steps = s.max_steps;
+  t.min_time_s = s.min_time_s;
+  t.max_time_s = s.max_time_s;
+  t.target = s.tolerance / 3;
+  return t;
+}
+
+bool TimingRule::wantsMore(int64_t n, double elapsed, const MedianEstimate& e) const {
+  if (n >= max_steps) return false;
+  if (n < min_steps || elapsed < min_time_s) return true;
+  return elapsed < max_time_s && e.relative() > target;
+}
+
+int64_t TimingRule::nextCheck(int64_t n) const {
+  const int64_t next = n < min_steps ? min_steps : n + std::max<int64_t>(1, n / 2);
+  return std::min(next, max_steps);
+}
+
+// ---------------------------------------------------------------------------
 // Selection.
+
+double relativeThroughput(const Candidate& c, const Candidate& best) {
+  if (&c == &best) return 1.0;
+  if (!c.round_sps.empty() && c.round_sps.size() == best.round_sps.size()) {
+    std::vector<double> ratios;
+    for (std::size_t i = 0; i < c.round_sps.size(); ++i) {
+      ratios.push_back(best.round_sps[i] > 0 ? c.round_sps[i] / best.round_sps[i] : 0.0);
+    }
+    return median(std::move(ratios));
+  }
+  return best.global_sps > 0 ? c.global_sps / best.global_sps : 0.0;
+}
+
+static std::string ruleText(Objective objective, double tolerance, int64_t rounds) {
+  if (objective == Objective::kMaxFit) return "max_fit: the largest per-GPU batch that fits";
+  return strCat("throughput: the smallest per-GPU batch whose samples/s is at least ",
+                formatFixed(100 * (1 - tolerance), 0), " % of the best's",
+                rounds > 0 ? strCat(" (median of the per-round ratios over ", rounds,
+                                    " interleaved rounds for the contenders)")
+                           : std::string());
+}
+
 
 const Candidate& chooseCandidate(const std::vector<Candidate>& candidates,
                                  Objective objective, double tolerance,
@@ -73,7 +121,7 @@ const Candidate& chooseCandidate(const std::vector<Candidate>& candidates,
   }
   const Candidate* pick = best;
   for (const auto& c : candidates) {
-    if (!c.failed && c.global_sps >= (1.0 - tolerance) * best->global_sps &&
+    if (!c.failed && relativeThroughput(c, *best) >= 1.0 - tolerance &&
         c.per_gpu < pick->per_gpu) {
       pick = &c;
     }
@@ -85,7 +133,8 @@ const Candidate& chooseCandidate(const std::vector<Candidate>& candidates,
                : strCat("the smallest within ", formatFixed(100 * tolerance, 0),
                         " % of the best throughput (", formatFixed(best->global_sps, 0),
                         " samples/s at per-GPU ", best->per_gpu, "): ",
-                        formatFixed(pick->global_sps, 0), " samples/s");
+                        formatFixed(pick->global_sps, 0), " samples/s, ",
+                        formatFixed(100 * relativeThroughput(*pick, *best), 1), " % of it");
   }
   return *pick;
 }
@@ -168,10 +217,13 @@ Candidate BatchSearch::agree(int64_t per_gpu, int64_t accum, const Measurement& 
   const int64_t W = comm_.size();
   const bool failed = m.fail != FailKind::kNone;
   const bool stop = stop_requested_ && stop_requested_();
-  // One fixed collective per candidate: MAX of [failure, peak, sps, -sps, stop].
+  // One fixed collective per candidate: MAX of [failure, peak, sps, -sps, stop,
+  // -low, -high] (the interval's ends: the lowest over the ranks).
+  constexpr double kNone = -std::numeric_limits<double>::max() / 4;
   const auto v = comm_.allreduce(
       {failureCode(m.fail, comm_.rank()), m.peak_mb, failed ? 0.0 : m.samples_per_s,
-       failed ? -std::numeric_limits<double>::max() / 4 : -m.samples_per_s, stop ? 1.0 : 0.0},
+       failed ? kNone : -m.samples_per_s, stop ? 1.0 : 0.0, failed ? kNone : -m.sps_low,
+       failed ? kNone : -m.sps_high},
       collective::ReduceOp::kMax);
   Candidate c;
   c.rank_peak_mb = comm_.allgather(m.peak_mb);
@@ -195,6 +247,10 @@ Candidate BatchSearch::agree(int64_t per_gpu, int64_t accum, const Measurement& 
     c.max_rank_sps = v[2];
     c.min_rank_sps = -v[3];
     c.global_sps = c.min_rank_sps * W;  // the slowest rank sets the pace
+    c.sps_low = -v[5] * W;
+    c.sps_high = -v[6] * W;
+    c.timed_steps = m.timed_steps;
+    if (comm_.rank() == 0) c.step_seconds = m.step_seconds;  // rank 0 writes search.json
   }
   return c;
 }
@@ -203,16 +259,18 @@ const Candidate& BatchSearch::measureOne(SearchResult& r, const Space& sp, int64
                                          Console* console) {
   const int64_t a = sp.accumFor(m);
   // The first candidate also pays for a cold process (allocator, thread pools).
-  const auto local =
-      measurer_.measure(m, a, r.candidates.empty() ? cfg_.search.warmup_steps + 2 : 0);
+  const auto local = measurer_.measure(m, a, TimingRule::fromConfig(cfg_.search),
+                                       r.candidates.empty() ? cfg_.search.warmup_steps + 2 : 0);
   r.timed_steps += local.timed_steps;
   r.candidates.push_back(agree(m, a, local));
   const auto& c = r.candidates.back();
   if (console) {
     console->line(strCat("  per-GPU ", m, " x accum ", a, ": ",
                          c.failed ? "FAILED " + c.reason
-                                  : formatFixed(c.global_sps, 0) + " samples/s, peak " +
-                                        mb(c.peak_mb)));
+                                  : strCat(formatFixed(c.global_sps, 0), " samples/s (",
+                                           formatFixed(c.sps_low, 0), "..",
+                                           formatFixed(c.sps_high, 0), ", ", c.timed_steps,
+                                           " steps), peak ", mb(c.peak_mb))));
   }
   return c;
 }
@@ -261,47 +319,96 @@ void BatchSearch::boundaryPhase(SearchResult& r, const Space& sp, Console* conso
 }
 
 // Phase 3 (throughput): the best of several noisy measurements is biased
-// upwards, so the contenders near the top are measured once more and their
-// two measurements averaged before the rule picks. Bounded by the step budget.
-void BatchSearch::remeasurePhase(SearchResult& r, Console* console, double best) {
+// upwards and the machine drifts, so the contenders near the top are measured
+// again in interleaved rounds and compared in pairs (Note [interleaved comparison]).
+void BatchSearch::interleavePhase(SearchResult& r, Console* console) {
   const auto& s = cfg_.search;
+  if (s.rounds <= 0) return;
+  const Candidate* best = nullptr;
+  for (const auto& c : r.candidates) {
+    if (!c.failed && (!best || c.global_sps > best->global_sps)) best = &c;
+  }
+  if (!best) return;
+  // Contenders: within reach of the best even if the best's one measurement was
+  // lucky by a large margin (a burst of speed, a slow peer at the wrong time).
   std::vector<std::size_t> contenders;
   for (std::size_t i = 0; i < r.candidates.size(); ++i) {
     const auto& c = r.candidates[i];
-    if (!c.failed && c.global_sps >= (1.0 - 2 * s.tolerance - 0.1) * best) contenders.push_back(i);
+    const double reach = 1.0 - 2 * s.tolerance - kLuckMargin;
+    if (!c.failed && std::max(c.sps_high, c.global_sps) >= reach * best->global_sps) {
+      contenders.push_back(i);
+    }
   }
   std::sort(contenders.begin(), contenders.end(), [&](std::size_t a, std::size_t b) {
     return r.candidates[a].global_sps > r.candidates[b].global_sps;
   });
-  const int64_t room = (kStepBudget - r.timed_steps) / std::max<int64_t>(1, s.timed_steps);
-  contenders.resize(std::min<std::size_t>(
-      contenders.size(), std::max<int64_t>(0, std::min<int64_t>(room, 4))));
+  contenders.resize(std::min<std::size_t>(contenders.size(), kMaxContenders));
   if (contenders.size() < 2) return;
-  for (auto i : contenders) {
-    const int64_t m = r.candidates[i].per_gpu;
-    const auto local = measurer_.measure(m, r.candidates[i].accum, 0);
-    r.timed_steps += local.timed_steps;
-    const auto again = agree(m, r.candidates[i].accum, local);
-    auto& c = r.candidates[i];
-    if (again.failed) {
-      c = again;  // failed now: it does not fit reliably
-    } else {
-      c.global_sps = 0.5 * (c.global_sps + again.global_sps);
-      c.min_rank_sps = std::min(c.min_rank_sps, again.min_rank_sps);
-      c.max_rank_sps = std::max(c.max_rank_sps, again.max_rank_sps);
-      c.peak_mb = std::max(c.peak_mb, again.peak_mb);
-      for (std::size_t k = 0; k < c.rank_peak_mb.size() && k < again.rank_peak_mb.size(); ++k) {
-        c.rank_peak_mb[k] = std::max(c.rank_peak_mb[k], again.rank_peak_mb[k]);
-      }
-      c.measurements = 2;
-    }
-    if (console) {
-      console->line(strCat("  per-GPU ", m, " re-measured: ",
-                           c.failed ? "FAILED " + c.reason
-                                    : formatFixed(again.global_sps, 0) + " samples/s (mean " +
-                                          formatFixed(c.global_sps, 0) + ")"));
-    }
+  std::sort(contenders.begin(), contenders.end(), [&](std::size_t a, std::size_t b) {
+    return r.candidates[a].per_gpu < r.candidates[b].per_gpu;
+  });
+  if (console) {
+    std::string list;
+    for (auto i : contenders) list += strCat(list.empty() ? "" : ", ", r.candidates[i].per_gpu);
+    console->line(strCat("  interleaved re-measuring of per-GPU ", list, ": ", s.rounds,
+                         " rounds"));
   }
+  // Each round needs less precision than a first measurement: the rounds' median
+  // and the pairing do the rest. Half the time keeps the search's cost bounded.
+  auto rule = TimingRule::fromConfig(s);
+  rule.min_time_s /= 2;
+  rule.max_time_s /= 2;
+  std::vector<std::size_t> alive = contenders;
+  for (int64_t round = 0; round < s.rounds && alive.size() >= 2; ++round) {
+    // Rotate the order each round: A B C, B C A, C A B.
+    std::vector<std::size_t> order;
+    for (std::size_t k = 0; k < alive.size(); ++k) {
+      order.push_back(alive[(k + static_cast<std::size_t>(round)) % alive.size()]);
+    }
+    std::vector<std::size_t> failed_now;
+    std::string line;
+    for (auto i : order) {
+      auto& c = r.candidates[i];
+      const auto local = measurer_.measure(c.per_gpu, c.accum, rule, 0);
+      r.timed_steps += local.timed_steps;
+      auto again = agree(c.per_gpu, c.accum, local);
+      if (again.failed) {
+        c.failed = true;  // it does not fit reliably
+        c.reason = again.reason + " (when measured again)";
+        c.peak_mb = std::max(c.peak_mb, again.peak_mb);
+        failed_now.push_back(i);
+      } else {
+        addMeasurement(c, again);
+        c.round_sps.push_back(again.global_sps);
+      }
+      line += strCat(line.empty() ? "" : ", ", c.per_gpu, ": ",
+                     again.failed ? "FAILED" : formatFixed(again.global_sps, 0));
+    }
+    for (auto i : failed_now) alive.erase(std::find(alive.begin(), alive.end(), i));
+    if (console) console->line(strCat("    round ", round + 1, ": ", line));
+    ++r.rounds;
+  }
+  // A contender's estimate is now the median of its rounds: the walk's first
+  // measurement was taken at another time and is not paired with the others'.
+  for (auto i : alive) {
+    auto& c = r.candidates[i];
+    if (c.round_sps.size() == static_cast<std::size_t>(r.rounds)) c.global_sps = median(c.round_sps);
+    else c.round_sps.clear();  // measured in fewer rounds than the others: not paired
+  }
+}
+
+void BatchSearch::addMeasurement(Candidate& c, const Candidate& again) const {
+  c.min_rank_sps = std::min(c.min_rank_sps, again.min_rank_sps);
+  c.max_rank_sps = std::max(c.max_rank_sps, again.max_rank_sps);
+  c.peak_mb = std::max(c.peak_mb, again.peak_mb);
+  for (std::size_t k = 0; k < c.rank_peak_mb.size() && k < again.rank_peak_mb.size(); ++k) {
+    c.rank_peak_mb[k] = std::max(c.rank_peak_mb[k], again.rank_peak_mb[k]);
+  }
+  c.sps_low = std::min(c.sps_low, again.sps_low);
+  c.sps_high = std::max(c.sps_high, again.sps_high);
+  c.timed_steps += again.timed_steps;
+  c.step_seconds.insert(c.step_seconds.end(), again.step_seconds.begin(), again.step_seconds.end());
+  ++c.measurements;
 }
 
 SearchResult BatchSearch::run(Console* console) {
@@ -330,9 +437,17 @@ SearchResult BatchSearch::run(Console* console) {
   double best = 0;
   doublingPhase(r, sp, console, &last_ok, &first_fail, &best);
   boundaryPhase(r, sp, console, last_ok, first_fail, best);
-  if (s.objective == Objective::kThroughput) remeasurePhase(r, console, best);
+  if (s.objective == Objective::kThroughput) interleavePhase(r, console);
 
   const auto& pick = chooseCandidate(r.candidates, s.objective, s.tolerance, &r.why);
+  r.rule = ruleText(s.objective, s.tolerance, r.rounds);
+  const Candidate* top = nullptr;
+  for (const auto& c : r.candidates) {
+    if (!c.failed && (!top || c.global_sps > top->global_sps)) top = &c;
+  }
+  for (auto& c : r.candidates) {
+    if (!c.failed && top) c.relative = relativeThroughput(c, *top);
+  }
   r.chosen = pick.per_gpu;
   r.chosen_accum = pick.accum;
   r.seconds = monotonicSeconds() - t0;

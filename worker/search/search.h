@@ -15,6 +15,21 @@
 //    walks the same sequence and stops at the same point.
 // A candidate fails if any rank ran out of memory (a cuDNN "not supported" at a
 // large batch counts as out of memory) or its peak memory exceeded the budget.
+//
+// Note [adaptive timing]: a candidate is timed step by step until its estimate is
+// good enough, not for a fixed count: at least search.timed_steps steps and
+// search.min_time_s seconds, then until the relative 95 % half-width of the median
+// step time is below search.tolerance / 3, within search.max_steps and
+// search.max_time_s. Each rank decides for itself, but the ranks only stop together:
+// after the timed-step counts of TimingRule::nextCheck (the same on every rank)
+// one allreduce(MAX) of [wants more, failed] says whether any rank wants more (or
+// any failed: then all stop). The check runs outside the timed interval.
+//
+// Note [interleaved comparison]: the machine drifts (other jobs, clocks, caches),
+// so the contenders near the top are measured again in rounds, A B C, B C A,
+// C A B, and compared in pairs within a round: a contender's throughput relative
+// to the best is the median over rounds of (its samples/s / the best's samples/s)
+// in the same round. Drift that hits a whole round cancels out of the ratio.
 
 #include <cstdint>
 #include <functional>
@@ -23,6 +38,7 @@
 
 #include "collective/communicator.h"
 #include "worker/config/config.h"
+#include "worker/search/stats.h"
 
 namespace batchdist::worker {
 
@@ -31,13 +47,33 @@ class Console;
 enum class FailKind : int { kNone = 0, kOverBudget = 1, kOutOfMemory = 2, kError = 3 };
 const char* toString(FailKind kind);
 
+/// How long one candidate is timed (Note [adaptive timing]).
+struct TimingRule {
+  int64_t min_steps = 3;
+  int64_t max_steps = 1000;
+  double min_time_s = 0.3;
+  double max_time_s = 1.0;
+  double target = 0.05 / 3;  ///< relative 95 % half-width of the median step time
+
+  static TimingRule fromConfig(const SearchConfig& s);
+  /// Whether this rank wants more timed steps after `n` of them, `elapsed`
+  /// seconds since the first, with median estimate `e`.
+  bool wantsMore(int64_t n, double elapsed, const MedianEstimate& e) const;
+  /// The next timed-step count after `n` at which the ranks agree whether to go
+  /// on: min_steps, then about x1.5 each time, never beyond max_steps.
+  int64_t nextCheck(int64_t n) const;
+};
+
 /// One rank's measurement of one candidate.
 struct Measurement {
   FailKind fail = FailKind::kNone;
   std::string detail;        ///< what failed, for kError
-  double samples_per_s = 0;  ///< this rank's samples/s over the timed steps
+  double samples_per_s = 0;  ///< this rank's samples/s: per-rank batch / median step time
+  double sps_low = 0;        ///< samples/s at the 95 % interval's ends of the median
+  double sps_high = 0;
   double peak_mb = 0;        ///< this rank's peak memory during the candidate
   int64_t timed_steps = 0;
+  std::vector<double> step_seconds;  ///< every timed step, in order
 };
 
 /// Measures a candidate per-GPU batch on this rank. Implementations must make the
@@ -45,8 +81,10 @@ struct Measurement {
 class Measurer {
  public:
   virtual ~Measurer() = default;
-  /// `extra_warmup` steps are added to the configured warmup (a cold process).
-  virtual Measurement measure(int64_t per_gpu, int64_t accum, int64_t extra_warmup = 0) = 0;
+  /// Times per-GPU batch `per_gpu` x `accum` under `rule`; `extra_warmup` steps
+  /// are added to the configured warmup (a cold process). Collective.
+  virtual Measurement measure(int64_t per_gpu, int64_t accum, const TimingRule& rule,
+                              int64_t extra_warmup = 0) = 0;
   /// Peak memory (MB) a candidate must stay under; 0 = no budget.
   virtual double memoryBudgetMb() const = 0;
   /// e.g. "NVIDIA H100 80GB HBM3" or "cpu".
@@ -63,7 +101,13 @@ struct Candidate {
   double min_rank_sps = 0;       ///< slowest rank's samples/s
   double max_rank_sps = 0;       ///< fastest rank's samples/s
   double global_sps = 0;         ///< world x slowest rank: the job's throughput
-  int64_t measurements = 1;      ///< times measured (re-measured contenders: mean)
+  double sps_low = 0;            ///< its 95 % interval (world x the ranks' lowest ends)
+  double sps_high = 0;
+  int64_t measurements = 1;      ///< times measured (interleaved contenders: 1 + rounds)
+  std::vector<double> round_sps; ///< global samples/s per interleaved round (contenders only)
+  double relative = 0;           ///< vs the best (Note [interleaved comparison]); 0: not compared
+  int64_t timed_steps = 0;       ///< over all its measurements, per rank
+  std::vector<double> step_seconds;  ///< rank 0's timed steps, every measurement
   double peak_mb = 0;            ///< max over ranks
   std::vector<double> rank_peak_mb;  ///< each rank's own peak (ranks may have different budgets)
 };
@@ -81,10 +125,18 @@ struct SearchResult {
   double seconds = 0;
   std::vector<Candidate> candidates;
   std::string why;  ///< one sentence: why this candidate
+  std::string rule; ///< the selection rule that decided, in words
+  int64_t rounds = 0;  ///< interleaved rounds over the contenders
 };
 
+/// `c`'s throughput relative to `best`: the median of the per-round ratios when
+/// both were measured in the same interleaved rounds, else the ratio of their
+/// estimates (Note [interleaved comparison]).
+double relativeThroughput(const Candidate& c, const Candidate& best);
+
 /// The selection rule. throughput: the smallest candidate whose global samples/s
-/// is within `tolerance` of the best measured; max_fit: the largest that fits.
+/// is within `tolerance` of the best measured (relativeThroughput >= 1 - tolerance);
+/// max_fit: the largest that fits.
 /// Throws Error naming the smallest size tried and the memory seen when none fits.
 const Candidate& chooseCandidate(const std::vector<Candidate>& candidates,
                                  Objective objective, double tolerance,
@@ -116,7 +168,8 @@ class BatchSearch {
                      int64_t* first_fail, double* best);
   void boundaryPhase(SearchResult& r, const Space& sp, Console* console, int64_t last_ok,
                      int64_t first_fail, double best);
-  void remeasurePhase(SearchResult& r, Console* console, double best);
+  void interleavePhase(SearchResult& r, Console* console);
+  void addMeasurement(Candidate& c, const Candidate& again) const;
 
   const Config& cfg_;
   collective::Communicator& comm_;

@@ -3,12 +3,14 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "collective/torch_compat.h"
 #include "worker/common/util.h"
 #include "worker/model/model.h"
 #include "worker/plan/plan.h"
+#include "worker/search/stats.h"
 #include "worker/train/memory.h"
 #include "worker/train/trainer.h"
 
@@ -38,7 +40,8 @@ class TrainStepMeasurer : public Measurer {
   double memoryBudgetMb() const override { return budget_mb_; }
   std::string deviceName() const override { return name_; }
 
-  Measurement measure(int64_t per_gpu, int64_t accum, int64_t extra_warmup) override {
+  Measurement measure(int64_t per_gpu, int64_t accum, const TimingRule& rule,
+                      int64_t extra_warmup) override {
     Measurement out;
     Config cfg = cfg_;
     cfg.batch.global = 0;
@@ -48,52 +51,42 @@ class TrainStepMeasurer : public Measurer {
     trainer_->setPlan(plan);
     Sharder sharder(plan, static_cast<uint64_t>(cfg.train.seed));
     const int64_t warm = cfg.search.warmup_steps + extra_warmup;
-    const int64_t total = warm + cfg.search.timed_steps;
-    std::vector<MicroBatch> jobs;
-    for (int64_t i = 0; i < total; ++i) {
-      for (auto& j : trainer_->jobs(sharder, i % plan.steps_per_epoch, 1)) jobs.push_back(std::move(j));
-    }
-    trainer_->loader().start(std::move(jobs), 0);
+    // Every step the rule allows is queued (index lists only; the loader makes at
+    // most `prefetch` batches ahead), so no check point drains the pipeline.
+    queueSteps(sharder, warm + rule.max_steps);
     // Note [sync batchnorm]: measured without it, so that a rank running out of
     // memory mid-forward cannot strand the others in a BatchNorm allreduce.
     setSyncBatchNormEnabled(false);
     resetPeak();
-    // Each timed step is timed alone and the median taken: one step delayed by
-    // the scheduler (or a peer's) does not move the estimate.
-    std::vector<double> step_secs;
-    for (int64_t i = 0; i < total; ++i) {
-      if (i >= warm) synchronize();
+    for (int64_t i = 0; i < warm; ++i) step(sharder, i, out);
+    // Note [adaptive timing]: each timed step is timed alone and the median taken
+    // (a step delayed by the scheduler, or a peer's, does not move it); the ranks
+    // agree at the check points whether to go on.
+    const double started = monotonicSeconds();
+    for (int64_t n = 0, check = rule.nextCheck(0);;) {
+      synchronize();
       const double t = monotonicSeconds();
-      const int64_t step = i % plan.steps_per_epoch;
-      if (out.fail == FailKind::kNone) {
-        try {
-          trainer_->computeGradients(sharder.realSamples(step));
-        } catch (const std::exception& e) {
-          out.fail = isOutOfMemory(e) ? FailKind::kOutOfMemory : FailKind::kError;
-          if (out.fail == FailKind::kError) {
-            const std::string what = e.what();
-            out.detail = what.substr(0, what.find('\n'));
-          }
-          trainer_->clearGradients();
-          if (device_.is_cuda()) compat::cudaEmptyCache();
-        }
-      }
-      // Always: the gradient allreduce keeps every rank in step (Note [search agreement]).
-      trainer_->syncGradients();
-      if (out.fail == FailKind::kNone) trainer_->applyUpdate(plan.lr);
-      if (i >= warm) {
-        synchronize();
-        step_secs.push_back(monotonicSeconds() - t);
-      }
+      step(sharder, warm + n, out);
+      synchronize();
+      out.step_seconds.push_back(monotonicSeconds() - t);
+      if (++n < check) continue;
+      const bool failed = out.fail != FailKind::kNone;
+      const bool more =
+          !failed && rule.wantsMore(n, monotonicSeconds() - started, medianEstimate(out.step_seconds));
+      const auto v = comm_.allreduce({more ? 1.0 : 0.0, failed ? 1.0 : 0.0}, collective::ReduceOp::kMax);
+      if (v[0] == 0 || v[1] > 0 || n >= rule.max_steps) break;
+      check = rule.nextCheck(n);
     }
     out.peak_mb = peakMb();
-    if (out.fail == FailKind::kNone && !step_secs.empty()) {
-      std::sort(step_secs.begin(), step_secs.end());
-      const std::size_t n = step_secs.size();
-      const double median =
-          n % 2 ? step_secs[n / 2] : 0.5 * (step_secs[n / 2 - 1] + step_secs[n / 2]);
-      out.timed_steps = static_cast<int64_t>(n);
-      out.samples_per_s = static_cast<double>(per_gpu * accum) / std::max(median, 1e-9);
+    if (out.fail == FailKind::kNone) {
+      const auto e = medianEstimate(out.step_seconds);
+      const double samples = static_cast<double>(per_gpu * accum);
+      out.timed_steps = e.n;
+      out.samples_per_s = samples / std::max(e.median, 1e-9);
+      out.sps_low = std::isfinite(e.half_width) ? samples / (e.median + e.half_width) : 0.0;
+      out.sps_high = std::isfinite(e.half_width) && e.median > e.half_width
+                         ? samples / (e.median - e.half_width)
+                         : out.samples_per_s * 2;
       if (budget_mb_ > 0 && out.peak_mb > budget_mb_) out.fail = FailKind::kOverBudget;
     }
     trainer_->clearGradients();
@@ -104,6 +97,37 @@ class TrainStepMeasurer : public Measurer {
   }
 
  private:
+  /// Queues the first `count` steps of the sharder's epoch (cycling) on the loader.
+  void queueSteps(const Sharder& sharder, int64_t count) {
+    std::vector<MicroBatch> jobs;
+    const int64_t per_epoch = trainer_->plan().steps_per_epoch;
+    for (int64_t i = 0; i < count; ++i) {
+      for (auto& j : trainer_->jobs(sharder, i % per_epoch, 1)) jobs.push_back(std::move(j));
+    }
+    trainer_->loader().start(std::move(jobs), 0);
+  }
+
+  /// One training step; a rank that fails still joins the gradient allreduce
+  /// (Note [search agreement]) and records the failure in `out`.
+  void step(const Sharder& sharder, int64_t i, Measurement& out) {
+    const int64_t s = i % trainer_->plan().steps_per_epoch;
+    if (out.fail == FailKind::kNone) {
+      try {
+        trainer_->computeGradients(sharder.realSamples(s));
+      } catch (const std::exception& e) {
+        out.fail = isOutOfMemory(e) ? FailKind::kOutOfMemory : FailKind::kError;
+        if (out.fail == FailKind::kError) {
+          const std::string what = e.what();
+          out.detail = what.substr(0, what.find('\n'));
+        }
+        trainer_->clearGradients();
+        if (device_.is_cuda()) compat::cudaEmptyCache();
+      }
+    }
+    trainer_->syncGradients();
+    if (out.fail == FailKind::kNone) trainer_->applyUpdate(trainer_->plan().lr);
+  }
+
   void resetPeak() {
     if (device_.is_cuda()) {
       compat::cudaResetPeak(device_.index());
