@@ -13,6 +13,7 @@
 # swept samples/s divided by the best swept samples/s (target >= 0.95), and the
 # search's cost (timed steps per rank, seconds; target < 20 s); then how many runs
 # reached the target.
+cmake_policy(SET CMP0057 NEW)  # if(IN_LIST)
 if(NOT BIN OR NOT CONFIG)
   message(FATAL_ERROR "usage: cmake -DBIN=... -DCONFIG=... [-DNP=2] [-DRUNS=10] -P bench/search_vs_sweep.cmake")
 endif()
