@@ -69,6 +69,8 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=8192)
     ap.add_argument("--dim", type=int, default=256)
     ap.add_argument("--hidden", type=int, nargs="+", default=[512, 512])
+    ap.add_argument("--batchnorm", action="store_true", help="mlp: Linear-BatchNorm1d-ReLU blocks")
+    ap.add_argument("--weight-decay", type=float, default=0.0)
     ap.add_argument("--classes", type=int, default=10)
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--global-batch", type=int, default=256)
@@ -100,10 +102,10 @@ def main() -> None:
         x, y = x.to(device), y.to(device)
         layers, width = [], args.dim
         for h in args.hidden:
-            layers += [nn.Linear(width, h), nn.ReLU()]
+            layers += [nn.Linear(width, h)] + ([nn.BatchNorm1d(h)] if args.batchnorm else []) + [nn.ReLU()]
             width = h
         net = nn.Sequential(*layers, nn.Linear(width, args.classes))
-        opt_args = dict(lr=0.05, momentum=0.9)
+        opt_args = dict(lr=0.05, momentum=0.9, weight_decay=args.weight_decay)
     else:
         g = torch.Generator(device=device).manual_seed(rank)
         x = torch.randint(0, 256, (per_rank, 3, 32, 32), dtype=torch.uint8, device=device, generator=g)
