@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "collective/error.h"
+#include "collective/mpi_comm.h"
 #include "collective/torch_compat.h"
 
 namespace batchdist::collective {
@@ -46,52 +47,6 @@ std::string thisHost() {
 
 std::string text(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 std::vector<uint8_t> bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
-
-/// Note [stall report]: when a collective times out, the ranks that are still
-/// alive find out who is missing, as c10d's monitored barrier and Horovod's
-/// stall inspector do: each writes "arrived at collective #seq" to the
-/// rendezvous store, waits a few seconds for the others' keys, and names the
-/// ranks (and hosts) whose key never came: they are stopped (SIGSTOP, a debugger),
-/// hung elsewhere, or dead. Every rank counts its collectives in the same order,
-/// so #seq is the same collective on every rank. The store lives on rank 0: if
-/// it does not answer, rank 0 itself is the one missing.
-std::string stallReport(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                        uint64_t seq) {
-  if (!store) return "";
-  const std::string prefix = strCat("batchdist/stall/", seq, "/");
-  try {
-    store->setTimeout(std::chrono::seconds(5));
-    store->set(prefix + std::to_string(rank), bytes(thisHost()));
-    std::vector<int> missing;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    for (;;) {
-      missing.clear();
-      for (int r = 0; r < size; ++r) {
-        if (!store->check({prefix + std::to_string(r)})) missing.push_back(r);
-      }
-      if (missing.empty() || std::chrono::steady_clock::now() > deadline) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    }
-    if (missing.empty()) {
-      return " Every rank reached this collective, so the network between them is the likely "
-             "cause (or dist.timeout_s is too short for this step).";
-    }
-    std::string who;
-    for (int r : missing) {
-      std::string host = "?";
-      try {
-        if (store->check({strCat("batchdist/host/", r)})) host = text(store->get(strCat("batchdist/host/", r)));
-      } catch (const std::exception&) {
-      }
-      who += strCat(who.empty() ? "" : ", ", "rank ", r, " (host ", host, ")");
-    }
-    return strCat(" Did not reach it: ", who,
-                  "; stopped (SIGSTOP, a debugger), hung in something else, or dead.");
-  } catch (const std::exception&) {
-    return " The rendezvous store on rank 0 does not answer either: rank 0 is stopped, hung or "
-           "dead.";
-  }
-}
 
 class C10dWork : public PendingWork {
  public:
@@ -208,11 +163,57 @@ class ProcessGroupCommunicator : public Communicator {
 
 }  // namespace
 
+/// Note [stall report]: when a collective times out, the ranks that are still
+/// alive find out who is missing, as c10d's monitored barrier and Horovod's
+/// stall inspector do: each writes "arrived at collective #seq" to the
+/// rendezvous store, waits a few seconds for the others' keys, and names the
+/// ranks (and hosts) whose key never came: they are stopped (SIGSTOP, a debugger),
+/// hung elsewhere, or dead. Every rank counts its collectives in the same order,
+/// so #seq is the same collective on every rank. The store lives on rank 0: if
+/// it does not answer, rank 0 itself is the one missing.
+std::string stallReport(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                        uint64_t seq) {
+  if (!store) return "";
+  const std::string prefix = strCat("batchdist/stall/", seq, "/");
+  try {
+    store->setTimeout(std::chrono::seconds(5));
+    store->set(prefix + std::to_string(rank), bytes(thisHost()));
+    std::vector<int> missing;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    for (;;) {
+      missing.clear();
+      for (int r = 0; r < size; ++r) {
+        if (!store->check({prefix + std::to_string(r)})) missing.push_back(r);
+      }
+      if (missing.empty() || std::chrono::steady_clock::now() > deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    if (missing.empty()) {
+      return " Every rank reached this collective, so the network between them is the likely "
+             "cause (or dist.timeout_s is too short for this step).";
+    }
+    std::string who;
+    for (int r : missing) {
+      std::string host = "?";
+      try {
+        if (store->check({strCat("batchdist/host/", r)})) host = text(store->get(strCat("batchdist/host/", r)));
+      } catch (const std::exception&) {
+      }
+      who += strCat(who.empty() ? "" : ", ", "rank ", r, " (host ", host, ")");
+    }
+    return strCat(" Did not reach it: ", who,
+                  "; stopped (SIGSTOP, a debugger), hung in something else, or dead.");
+  } catch (const std::exception&) {
+    return " The rendezvous store on rank 0 does not answer either: rank 0 is stopped, hung or "
+           "dead.";
+  }
+}
+
 std::vector<std::string> availableBackends() {
 #if defined(BATCHDIST_WITH_NCCL)
-  return {"gloo", "nccl"};
+  return {"gloo", "mpi", "nccl"};
 #else
-  return {"gloo"};
+  return {"gloo", "mpi"};
 #endif
 }
 
@@ -224,7 +225,7 @@ std::string resolveBackend(const std::string& requested, const at::Device& devic
                ? "nccl"
                : "gloo";
   }
-  if (requested != "gloo" && requested != "nccl") {
+  if (requested != "gloo" && requested != "nccl" && requested != "mpi") {
     throw ConfigError(strCat("dist.backend: unknown backend '", requested,
                              "'; this build has: auto, ", joined(have)));
   }
@@ -233,6 +234,10 @@ std::string resolveBackend(const std::string& requested, const at::Device& devic
                              "' is not compiled into this build (Torch without CUDA); this "
                              "build has: auto, ",
                              joined(have)));
+  }
+  if (requested == "mpi" && !device.is_cpu()) {
+    throw ConfigError(strCat("dist.backend: 'mpi' takes host tensors only, but this rank trains "
+                             "on ", device.str(), "; use nccl or auto on GPUs"));
   }
   if (requested == "nccl" && !device.is_cuda()) {
     throw ConfigError(
@@ -245,6 +250,14 @@ std::string resolveBackend(const std::string& requested, const at::Device& devic
 std::unique_ptr<Communicator> createCommunicator(const c10::intrusive_ptr<c10d::Store>& store,
                                                  int rank, int size, const BackendOptions& opts) {
   const std::string name = resolveBackend(opts.backend, opts.device);
+  if (name == "mpi") {
+    auto comm = createMpiCommunicator(store, opts.device, opts.timeout);
+    try {
+      store->set(strCat("batchdist/host/", rank), bytes(thisHost()));  // for the stall report
+    } catch (const std::exception&) {
+    }
+    return comm;
+  }
   compat::BackendPtr backend;
   try {
     if (name == "gloo") {

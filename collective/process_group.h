@@ -13,14 +13,19 @@ namespace batchdist::collective {
 
 /// How to build a Communicator.
 struct BackendOptions {
-  std::string backend = "auto";  ///< auto | gloo | nccl (dist.backend)
+  std::string backend = "auto";  ///< auto | gloo | mpi | nccl (dist.backend)
   at::Device device = at::kCPU;  ///< where this rank computes
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   std::string interface;  ///< network interface for Gloo (empty: use `address`)
   std::string address;    ///< this rank's IPv4 address for Gloo when no interface is named
 };
 
-/// Backends compiled into this build, e.g. {"gloo"} or {"gloo", "nccl"}.
+/// Names the ranks that did not reach collective #seq, from their keys in the
+/// rendezvous store (Note [stall report]); "" without a store.
+std::string stallReport(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                        uint64_t seq);
+
+/// Backends compiled into this build, e.g. {"gloo", "mpi"} or {"gloo", "mpi", "nccl"}.
 std::vector<std::string> availableBackends();
 
 /// Maps dist.backend to a concrete backend for `device`: auto -> nccl on CUDA

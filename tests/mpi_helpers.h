@@ -6,7 +6,9 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 
+#include "collective/mpi_comm.h"
 #include "collective/process_group.h"
 #include "collective/rendezvous.h"
 #include "collective/torch_compat.h"
@@ -25,8 +27,10 @@ inline int worldSize() {
 }
 
 /// Runs fn(comm) on ranks 0..group-1 of MPI_COMM_WORLD, which form their own
-/// process group; the other ranks skip it. Collective over MPI_COMM_WORLD.
-inline void inGroup(int group, const std::function<void(collective::Communicator&)>& fn) {
+/// process group over `backend` (gloo or mpi); the other ranks skip it.
+/// Collective over MPI_COMM_WORLD.
+inline void inGroup(int group, const std::function<void(collective::Communicator&)>& fn,
+                    const std::string& backend = "gloo") {
   const int rank = worldRank();
   MPI_Comm sub;
   MPI_Comm_split(MPI_COMM_WORLD, rank < group ? 0 : MPI_UNDEFINED, rank, &sub);
@@ -40,7 +44,9 @@ inline void inGroup(int group, const std::function<void(collective::Communicator
     bo.timeout = ro.timeout;
     int sub_rank = 0;
     MPI_Comm_rank(sub, &sub_rank);
-    auto comm = collective::createCommunicator(rv.store, sub_rank, group, bo);
+    auto comm = backend == "mpi"
+                    ? collective::createMpiCommunicator(rv.store, at::kCPU, ro.timeout, sub)
+                    : collective::createCommunicator(rv.store, sub_rank, group, bo);
     fn(*comm);
     comm->barrier();
     MPI_Comm_free(&sub);

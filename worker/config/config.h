@@ -25,7 +25,7 @@ enum class DataName { kDigits, kCsv, kSynthetic, kSyntheticImages, kCifar10, kCi
 enum class OptimName { kSgd, kAdamw, kLars };
 enum class DeviceKind { kAuto, kCpu, kCuda };
 enum class Precision { kFp32, kBf16, kFp16 };
-enum class DistBackend { kAuto, kGloo, kNccl };
+enum class DistBackend { kAuto, kGloo, kMpi, kNccl };
 enum class Objective { kThroughput, kMaxFit };
 enum class ResumeMode { kOff, kAuto };
 
@@ -59,7 +59,7 @@ BATCHDIST_ENUM_NAMES(DeviceKind, {DeviceKind::kAuto, "auto"}, {DeviceKind::kCpu,
 BATCHDIST_ENUM_NAMES(Precision, {Precision::kFp32, "fp32"}, {Precision::kBf16, "bf16"},
                      {Precision::kFp16, "fp16"});
 BATCHDIST_ENUM_NAMES(DistBackend, {DistBackend::kAuto, "auto"}, {DistBackend::kGloo, "gloo"},
-                     {DistBackend::kNccl, "nccl"});
+                     {DistBackend::kMpi, "mpi"}, {DistBackend::kNccl, "nccl"});
 BATCHDIST_ENUM_NAMES(Objective, {Objective::kThroughput, "throughput"},
                      {Objective::kMaxFit, "max_fit"});
 BATCHDIST_ENUM_NAMES(ResumeMode, {ResumeMode::kOff, "off"}, {ResumeMode::kAuto, "auto"});

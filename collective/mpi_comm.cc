@@ -1,0 +1,242 @@
+#include "collective/mpi_comm.h"
+
+#include <ATen/ATen.h>
+#include <mpi.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <thread>
+
+#include "collective/error.h"
+#include "collective/process_group.h"
+
+namespace batchdist::collective {
+namespace {
+
+MPI_Op toMpi(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return MPI_SUM;
+    case ReduceOp::kMin: return MPI_MIN;
+    case ReduceOp::kMax: return MPI_MAX;
+  }
+  return MPI_SUM;
+}
+
+/// MPI's type for a dtype it can reduce natively; MPI_DATATYPE_NULL otherwise
+/// (half, bfloat16: reduced in float).
+MPI_Datatype toMpi(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return MPI_FLOAT;
+    case at::kDouble: return MPI_DOUBLE;
+    case at::kLong: return MPI_INT64_T;
+    case at::kInt: return MPI_INT32_T;
+    case at::kByte: return MPI_UINT8_T;
+    case at::kChar: return MPI_INT8_T;
+    default: return MPI_DATATYPE_NULL;
+  }
+}
+
+std::string mpiError(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(code, text, &len);
+  return std::string(text, static_cast<std::size_t>(len));
+}
+
+/// One non-blocking MPI collective. `buffer` is what MPI reads and writes; when
+/// it is a stand-in for the caller's tensor (another dtype, not contiguous),
+/// wait() copies the result back into `target`.
+class MpiWork : public PendingWork {
+ public:
+  MpiWork(MPI_Request request, at::Tensor buffer, at::Tensor target, std::string what, int rank,
+          int size, std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Store> store,
+          uint64_t seq)
+      : request_(request), buffer_(std::move(buffer)), target_(std::move(target)),
+        what_(std::move(what)), rank_(rank), size_(size), timeout_(timeout),
+        store_(std::move(store)), seq_(seq) {}
+
+  ~MpiWork() override {
+    // Never leave MPI writing into a freed buffer: a work dropped without wait()
+    // (an exception between start and wait) is completed here.
+    if (request_ != MPI_REQUEST_NULL) {
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (!finalized) MPI_Wait(&request_, MPI_STATUS_IGNORE);
+    }
+  }
+
+  void wait() override {
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    for (int done = 0, spins = 0;; ++spins) {
+      const int rc = MPI_Test(&request_, &done, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS) {
+        throw CollectiveError(strCat("mpi ", what_, " #", seq_, " failed: ", mpiError(rc)));
+      }
+      if (done) break;
+      // Check the clock now and then; yield so a peer on the same core can run.
+      if ((spins & 1023) == 1023) {
+        if (std::chrono::steady_clock::now() > deadline) {
+          throw CollectiveError(strCat("mpi ", what_, " #", seq_, " failed (timeout ",
+                                       timeout_.count() / 1000.0, " s, dist.timeout_s).",
+                                       stallReport(store_, rank_, size_, seq_)));
+        }
+        std::this_thread::yield();
+      }
+    }
+    if (target_.defined()) target_.copy_(buffer_);
+  }
+
+ private:
+  MPI_Request request_;
+  at::Tensor buffer_;
+  at::Tensor target_;
+  std::string what_;
+  int rank_;
+  int size_;
+  std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  uint64_t seq_;
+};
+
+class MpiCommunicator : public Communicator {
+ public:
+  MpiCommunicator(c10::intrusive_ptr<c10d::Store> store, at::Device device,
+                  std::chrono::milliseconds timeout, MPI_Comm parent)
+      : device_(device), timeout_(timeout), store_(std::move(store)),
+        owner_(std::this_thread::get_id()) {
+    // Our own communicator: nothing else that uses the parent (the rendezvous)
+    // can match our messages.
+    MPI_Comm_dup(parent, &comm_);
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backendName() const override { return "mpi"; }
+  at::Device device() const override { return device_; }
+  std::chrono::milliseconds timeout() const override { return timeout_; }
+
+  void allreduce(at::Tensor& t, ReduceOp op) override { allreduceAsync(t, op)->wait(); }
+
+  std::unique_ptr<PendingWork> allreduceAsync(at::Tensor& t, ReduceOp op) override {
+    check("allreduce", t);
+    auto [buffer, target] = staged(t);
+    MPI_Request req = MPI_REQUEST_NULL;
+    const int rc = MPI_Iallreduce(MPI_IN_PLACE, buffer.data_ptr(), count(buffer),
+                                  toMpi(buffer.scalar_type()), toMpi(op), comm_, &req);
+    return started(rc, req, std::move(buffer), std::move(target), "allreduce");
+  }
+
+  void broadcast(at::Tensor& t, int root) override {
+    check("broadcast", t);
+    auto [buffer, target] = staged(t);
+    MPI_Request req = MPI_REQUEST_NULL;
+    const int rc = MPI_Ibcast(buffer.data_ptr(), count(buffer), toMpi(buffer.scalar_type()), root,
+                              comm_, &req);
+    started(rc, req, std::move(buffer), std::move(target), "broadcast")->wait();
+  }
+
+  at::Tensor allgather(const at::Tensor& t) override {
+    auto in = t;
+    check("allgather", in);
+    auto [buffer, unused] = staged(in);
+    (void)unused;
+    std::vector<int64_t> shape{size_};
+    for (auto d : buffer.sizes()) shape.push_back(d);
+    auto out = at::empty(shape, buffer.options());
+    MPI_Request req = MPI_REQUEST_NULL;
+    const auto type = toMpi(buffer.scalar_type());
+    const int rc = MPI_Iallgather(buffer.data_ptr(), count(buffer), type, out.data_ptr(),
+                                  count(buffer), type, comm_, &req);
+    started(rc, req, buffer, at::Tensor(), "allgather")->wait();
+    return out.to(t.scalar_type());
+  }
+
+  void barrier() override {
+    auto t = at::zeros({1}, at::kFloat);
+    allreduce(t, ReduceOp::kSum);
+  }
+
+ private:
+  void check(const char* what, const at::Tensor& t) const {
+    if (std::this_thread::get_id() != owner_) {
+      throw CollectiveError(strCat("mpi ", what, " called from another thread than the one that "
+                                   "joined the group (MPI_THREAD_FUNNELED; Note [mpi backend])"));
+    }
+    if (!t.device().is_cpu()) {
+      throw CollectiveError(strCat("mpi ", what, ": tensor on ", t.device().str(),
+                                   "; dist.backend: mpi takes host tensors only"));
+    }
+  }
+
+  static int count(const at::Tensor& t) {
+    if (t.numel() > std::numeric_limits<int>::max()) {
+      throw CollectiveError(strCat("mpi: a tensor of ", t.numel(),
+                                   " elements is over MPI's int count; use smaller "
+                                   "dist.bucket_mb"));
+    }
+    return static_cast<int>(t.numel());
+  }
+
+  /// What MPI works on: `t` itself when contiguous in a dtype MPI reduces, else a
+  /// contiguous copy (float for half/bfloat16) and `t` as the target to copy back.
+  static std::pair<at::Tensor, at::Tensor> staged(at::Tensor& t) {
+    const bool native = toMpi(t.scalar_type()) != MPI_DATATYPE_NULL;
+    if (native && t.is_contiguous()) return {t, at::Tensor()};
+    auto buffer = t.to(native ? t.scalar_type() : at::kFloat).contiguous().clone();
+    return {buffer, t};
+  }
+
+  std::unique_ptr<PendingWork> started(int rc, MPI_Request req, at::Tensor buffer,
+                                       at::Tensor target, const char* what) {
+    ++seq_;
+    if (rc != MPI_SUCCESS) {
+      throw CollectiveError(strCat("mpi ", what, " #", seq_, " could not start: ", mpiError(rc)));
+    }
+    return std::make_unique<MpiWork>(req, std::move(buffer), std::move(target), what, rank_,
+                                     size_, timeout_, store_, seq_);
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  at::Device device_;
+  std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10d::Store> store_;  // for the stall report only
+  std::thread::id owner_;
+  uint64_t seq_ = 0;  // collectives started (Note [stall report])
+};
+
+}  // namespace
+
+bool mpiAvailable() {
+  int initialized = 0;
+  int finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  return initialized && !finalized;
+}
+
+std::unique_ptr<Communicator> createMpiCommunicator(const c10::intrusive_ptr<c10d::Store>& store,
+                                                    at::Device device,
+                                                    std::chrono::milliseconds timeout,
+                                                    MPI_Comm parent) {
+  if (!mpiAvailable()) {
+    throw ConfigError("dist.backend: 'mpi' needs the job started by mpirun (MPI is not "
+                      "initialised in this process); use gloo or auto");
+  }
+  if (!device.is_cpu()) {
+    throw ConfigError("dist.backend: 'mpi' takes host tensors only, but this rank trains on " +
+                      device.str() + "; use nccl or auto on GPUs");
+  }
+  return std::make_unique<MpiCommunicator>(store, device, timeout, parent);
+}
+
+}  // namespace batchdist::collective

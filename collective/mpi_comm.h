@@ -1,0 +1,39 @@
+#pragma once
+// Communicator over MPI for host tensors (dist.backend: mpi).
+//
+// Note [mpi backend]: the job already runs under mpirun, so Open MPI's own
+// transports are there for the taking: shared memory between the ranks of a host
+// (no TCP loopback, no progress thread, no context switch per message) and the
+// fabric between hosts. Collectives are MPI's non-blocking ones, polled with
+// MPI_Test until done or the communicator's timeout (then CollectiveError with the
+// stall report, as for c10d: Note [stall report]). MPI was initialised with
+// MPI_THREAD_FUNNELED, so every call must come from the thread that made the
+// communicator; on the CPU the autograd engine runs the reducer's hooks on the
+// thread that called backward(), which is that thread. A call from another thread
+// is refused with a CollectiveError instead of corrupting MPI's state.
+
+#include <c10/util/intrusive_ptr.h>
+#include <mpi.h>
+
+#include <memory>
+
+#include "collective/communicator.h"
+
+namespace c10d {
+class Store;
+}
+
+namespace batchdist::collective {
+
+/// Whether MPI is initialised in this process (the job was started by mpirun).
+bool mpiAvailable();
+
+/// A communicator over a duplicate of `parent` (collective over it); `store` (may
+/// be null) is used for the stall report only. Throws ConfigError if MPI is not
+/// initialised or `device` is not the CPU.
+std::unique_ptr<Communicator> createMpiCommunicator(const c10::intrusive_ptr<c10d::Store>& store,
+                                                    at::Device device,
+                                                    std::chrono::milliseconds timeout,
+                                                    MPI_Comm parent = MPI_COMM_WORLD);
+
+}  // namespace batchdist::collective
