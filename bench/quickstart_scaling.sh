@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Benchmark, not a test: the quickstart workload (MLP 64-128-64-10 with BatchNorm,
 # digits-sized data, global batch 64, SGD with momentum, 1 thread per rank) on one
-# host's CPU, three legs run interleaved A B C, A B C, ...:
-#   A  batchdist, 2 ranks (configs/quickstart.yaml)
-#   B  batchdist, 1 rank at the same per-rank batch (32)
-#   C  PyTorch DDP over Gloo, 2 ranks, the same model, batch and optimizer
+# host's CPU, four legs run interleaved A B C D, A B C D, ...:
+#   A  batchdist, 2 ranks (configs/quickstart.yaml), dist.backend: gloo
+#   B  batchdist, 2 ranks, dist.backend: mpi
+#   C  batchdist, 1 rank at the same per-rank batch (32)
+#   D  PyTorch DDP over Gloo, 2 ranks, the same model, batch and optimizer
 #      (bench/ddp_baseline.py with Debian's python3-torch, same mpirun)
-# Prints per round the samples/s of each and the ratios A/C (vs DDP) and A/B
-# (2-rank scaling: 2.0 is linear), then the medians.
+# Prints per round the samples/s of each and the ratios vs DDP (A/D, B/D) and the
+# 2-rank scaling (A/C, B/C: 2.0 is linear), then the medians.
 #   bench/quickstart_scaling.sh [BATCHDIST_BIN] [ROUNDS]
 set -euo pipefail
 bin=${1:-build/launcher/batchdist}
@@ -22,9 +23,10 @@ py=/usr/bin/python3  # Debian's python3-torch (1.13), as the batchdist build
 "$py" -c 'import torch.distributed' 2>/dev/null ||
   { echo "needs python3 with torch (Debian: apt-get install python3-torch)"; exit 1; }
 
-batchdist() {  # NP GLOBAL -> samples/s of the training steps
+batchdist() {  # NP GLOBAL BACKEND -> samples/s of the training steps
   mpirun "${flags[@]}" -np "$1" "$bin" "$cfg" -q --output "$out/run" --report "$out/r.json" \
-    --set batch.global="$2" --set train.epochs=10 --set train.check_finite=false >/dev/null
+    --set batch.global="$2" --set dist.backend="$3" --set train.epochs=10 \
+    --set train.check_finite=false >/dev/null
   "$py" -c 'import json, sys; print("%.0f" % json.load(open(sys.argv[1]))["samples_per_s"])' "$out/r.json"
 }
 ddp() {
@@ -33,17 +35,18 @@ ddp() {
     --weight-decay 1e-4 --global-batch 64 --steps 220 --warmup 20 | awk '/samples_per_s/ { printf "%.0f\n", $2 }'
 }
 
-printf "round  A: batchdist np2  B: batchdist np1  C: DDP np2   A/C    A/B\n"
-vs_ddp=() scaling=()
+printf "round  A: gloo np2  B: mpi np2  C: np1   D: DDP np2   A/D    B/D    A/C    B/C\n"
+ad=() bd=() ac=() bc=()
+ratio() { awk -v x="$1" -v y="$2" 'BEGIN { printf "%.3f", x / y }'; }
 for r in $(seq 1 "$rounds"); do
-  a=$(batchdist 2 64)
-  b=$(batchdist 1 32)
-  c=$(ddp)
-  x=$(awk -v a="$a" -v c="$c" 'BEGIN { printf "%.3f", a / c }')
-  y=$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.3f", a / b }')
-  vs_ddp+=("$x") scaling+=("$y")
-  printf "%5d  %16s  %16s  %10s  %5s  %5s\n" "$r" "$a" "$b" "$c" "$x" "$y"
+  a=$(batchdist 2 64 gloo)
+  b=$(batchdist 2 64 mpi)
+  c=$(batchdist 1 32 gloo)
+  d=$(ddp)
+  ad+=("$(ratio "$a" "$d")") bd+=("$(ratio "$b" "$d")") ac+=("$(ratio "$a" "$c")") bc+=("$(ratio "$b" "$c")")
+  printf "%5d  %10s  %9s  %7s  %11s  %5s  %5s  %5s  %5s\n" "$r" "$a" "$b" "$c" "$d" \
+    "${ad[-1]}" "${bd[-1]}" "${ac[-1]}" "${bc[-1]}"
 done
 median() { printf "%s\n" "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-echo "median A/C (batchdist 2 ranks vs DDP 2 ranks): $(median "${vs_ddp[@]}")  (target >= 2.0)"
-echo "median A/B (2 ranks vs 1 rank, same per-rank batch): $(median "${scaling[@]}")  (target >= 1.7)"
+echo "median vs DDP (target >= 2.0):               gloo $(median "${ad[@]}")  mpi $(median "${bd[@]}")"
+echo "median 2 ranks / 1 rank (target >= 1.7):     gloo $(median "${ac[@]}")  mpi $(median "${bc[@]}")"
