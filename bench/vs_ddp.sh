@@ -8,8 +8,9 @@
 # Each pair runs batchdist then DDP back to back, pairs interleaved
 # (1.13 A B, 2.x A B, 1.13 A B, ...); the ratio is per pair, the median over pairs.
 #
-#   bench/vs_ddp.sh [BATCHDIST_BIN] [PAIRS] [BATCHDIST_BIN_2X]
-#     defaults: build/launcher/batchdist 5 build-cuda/launcher/batchdist
+#   [BACKEND=gloo|mpi] bench/vs_ddp.sh [BATCHDIST_BIN] [PAIRS] [BATCHDIST_BIN_2X]
+#     defaults: build/launcher/batchdist 5 build-cuda/launcher/batchdist; BACKEND
+#     is batchdist's dist.backend [auto] (DDP always uses gloo)
 # A leg whose binary or torch is missing is reported as skipped.
 set -euo pipefail
 bin=${1:-build/launcher/batchdist}
@@ -51,7 +52,8 @@ declare -A ratios
 port=29500
 for i in $(seq 1 "$pairs"); do
   for k in "${!names[@]}"; do
-    mpirun "${flags[@]}" -np 2 "${bins[$k]}" "$out/bench.yaml" -q --output "$out/run" --report "$out/r.json"
+    mpirun "${flags[@]}" -np 2 "${bins[$k]}" "$out/bench.yaml" -q --output "$out/run" --report "$out/r.json" \
+      --set dist.backend="${BACKEND:-auto}"
     a=$(grep -o '"samples_per_s": [0-9.e+]*' "$out/r.json" | head -1 | awk '{print $2}')
     port=$((port + 1))
     b=$(mpirun "${flags[@]}" -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$port \
