@@ -225,11 +225,13 @@ TEST(Collective, MissingPeerTimesOutWithACollectiveError) {
 TEST(Collective, BackendChoiceListsWhatThisBuildHas) {
   EXPECT_EQ(resolveBackend("auto", at::kCPU), "gloo");
   EXPECT_EQ(resolveBackend("gloo", at::kCPU), "gloo");
+  EXPECT_EQ(resolveBackend("mpi", at::kCPU), "mpi");
   try {
-    resolveBackend("mpi", at::kCPU);
+    resolveBackend("tcp", at::kCPU);
     FAIL();
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("this build has: auto, gloo"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("unknown backend 'tcp'; this build has: auto, gloo, mpi"),
+              std::string::npos) << e.what();
   }
   EXPECT_THROW(resolveBackend("nccl", at::kCPU), ConfigError);
 }

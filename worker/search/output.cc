@@ -121,6 +121,10 @@ std::string searchTable(const SearchResult& r) {
   os << "  chosen per-GPU batch " << r.chosen << " x accum " << r.chosen_accum << ": " << r.why
      << (r.cached ? " [cached]" : "") << "\n";
   if (!r.rule.empty()) os << "  rule: " << r.rule << "\n";
+  if (!r.cached) {
+    os << "  cost: " << r.timed_steps << " timed steps per rank, " << formatFixed(r.seconds, 1)
+       << " s\n";
+  }
   return os.str();
 }
 
