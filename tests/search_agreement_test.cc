@@ -100,3 +100,37 @@ TEST(SearchAgreement, RealMeasurerOverBudgetOnOneRankDoesNotHang) {
     if (comm.rank() == 0) std::printf("%s", searchTable(res).c_str());
   });
 }
+
+TEST(SearchAgreement, RanksStopEveryCandidateAtTheSameStep) {
+  // Note [adaptive timing]: rank 1 wants every candidate timed for 0.3 s, rank 0
+  // would stop at once; both time the same steps, as many as rank 1 needs.
+  const int P = mpitest::worldSize();
+  auto cfg = parseConfig(
+      "model: {name: mlp, hidden: [32], batchnorm: false}\n"
+      "data: {name: synthetic, samples: 2000, shape: [16], classes: 4, val_fraction: 0}\n"
+      "batch: {per_gpu: auto}\n"
+      "search: {min: 8, max: 32, warmup_steps: 1, timed_steps: 5, min_time_s: 0,\n"
+      "         max_time_s: 0, rounds: 1}\n",
+      "agree.yaml");
+  mpitest::inGroup(P, [&](collective::Communicator& comm) {
+    Config mine = cfg;
+    if (comm.rank() == 1) {
+      mine.search.min_time_s = 0.3;
+      mine.search.max_time_s = 0.5;
+    }
+    const auto data = loadData(mine.data, mine.train.seed, "");
+    auto measurer = makeTrainStepMeasurer(mine, comm, data, at::kCPU);
+    BatchSearch search(mine, comm, *measurer, data.train.size(), false);
+    const auto res = search.run(nullptr);
+    for (const auto& c : res.candidates) {
+      const auto steps = comm.allgather(static_cast<double>(c.timed_steps));
+      for (double s : steps) EXPECT_EQ(s, steps[0]) << "per-GPU " << c.per_gpu;
+      if (comm.rank() == 0 && P > 1) {
+        double secs = 0;
+        for (double t : c.step_seconds) secs += t;
+        EXPECT_GE(secs, 0.25) << "per-GPU " << c.per_gpu << ": rank 0 stopped before rank 1";
+        EXPECT_EQ(static_cast<int64_t>(c.step_seconds.size()), c.timed_steps);
+      }
+    }
+  });
+}
