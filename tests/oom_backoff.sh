@@ -10,6 +10,8 @@
 #                 the message names rank, batch and memory, report completed=false
 #   memory_limit  no injection: search.memory_limit_mb between the peaks of per-GPU batch
 #                 128 and 256 (calibrated by a search on this machine) makes 256 back off to 128
+#   cache         a back-off marks the search cache entry; the next run takes a smaller
+#                 cached candidate and says why
 set -u
 mpirun=$1 flags=$2 bin=$3 diff=$4 quickstart=$5 searchcfg=$6 out=$7 scenario=$8
 rm -rf "$out"; mkdir -p "$out"
@@ -90,6 +92,23 @@ case "$scenario" in
     has lim '"per_gpu_batch": 128'
     has lim '"from": "256x1"'
     [ "$(grep -c '"from": ' "$out/lim/report.json")" = 1 ] || fail "expected exactly one back-off"
+    ;;
+  cache)
+    # per_gpu: auto picks 256 (max_fit); rank 1 fails step 2 there; the cache entry is
+    # marked, and the next run takes the largest cached candidate below 256.
+    search=(--set search.objective=max_fit --set search.min=64 --set search.max=256
+            --set search.warmup_steps=1 --set search.timed_steps=1 --set train.max_steps=3)
+    run c "$searchcfg" 1:2 "${search[@]}"
+    [ "$rc" = 0 ] || fail "first run: exit $rc"
+    has c '"per_gpu_batch": 128'
+    has c '"from": "256x1"'
+    grep -q '"oom_in_training"' "$out/c/search_cache.json" || fail "the cache entry is not marked"
+    run c "$searchcfg" "" "${search[@]}"
+    [ "$rc" = 0 ] || fail "second run: exit $rc"
+    grep -q 'is marked: per-GPU batch 256 ran out of memory in training at step 2 on rank 1 (peak [0-9]* MB); taking 128 instead of 256' "$out/c.log" ||
+      fail "the second run does not say that it avoids the marked batch"
+    has c '"chosen": 128'
+    has c '"oom_backoffs": []'
     ;;
   *) fail "unknown scenario $scenario" ;;
 esac
