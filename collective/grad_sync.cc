@@ -9,7 +9,6 @@ namespace batchdist::collective {
 namespace {
 
 constexpr int64_t kSideSlots = static_cast<int64_t>(std::tuple_size_v<SideChannel>);
-constexpr SideChannel kNoSide{};
 
 }  // namespace
 
@@ -52,9 +51,7 @@ GradientSynchronizer::GradientSynchronizer(Communicator& comm, std::vector<at::T
 void GradientSynchronizer::sumGradients(SideChannel* side) {
   if (!buckets_.empty()) {
     auto tail = buckets_.front().flat.narrow(0, buckets_.front().flat.numel() - kSideSlots, kSideSlots);
-    tail.copy_(at::tensor(std::vector<double>(side ? side->begin() : kNoSide.begin(),
-                                              side ? side->end() : kNoSide.end()),
-                          at::kDouble));
+    for (int64_t i = 0; i < kSideSlots; ++i) tail.narrow(0, i, 1).fill_(side ? (*side)[i] : 0.0);
   }
   std::vector<std::unique_ptr<PendingWork>> pending;
   pending.reserve(buckets_.size());

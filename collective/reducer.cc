@@ -170,7 +170,8 @@ int64_t Reducer::paramElements(const Bucket& bucket) const {
 
 void Reducer::stampArrival(Bucket& bucket) {
   if (&bucket != &buckets_.back()) return;
-  sideSlot().copy_(at::tensor(std::vector<double>(side_.begin(), side_.end()), at::kDouble));
+  auto side = sideSlot();
+  for (int64_t i = 0; i < kSideSlots; ++i) side.narrow(0, i, 1).fill_(side_[i]);  // no host sync
   auto slots = arrivalSlots();
   slots.zero_();
   slots.narrow(0, comm_.rank(), 1).fill_(steadySeconds() - step_started_);

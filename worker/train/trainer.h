@@ -153,7 +153,12 @@ class Trainer {
     int64_t recover_after = 0;      ///< current wait before a retry (0: never)
     bool retrying = false;          ///< the current split is a retry of a larger one
     double limit_mb = 0;            ///< CPU: search.memory_limit_mb (0: none)
-    std::vector<at::Tensor> buffers;  ///< BatchNorm buffers before the step
+    /// The model's buffers (BatchNorm statistics) before the step, per dtype.
+    struct SavedBuffers {
+      std::vector<at::Tensor> live;
+      at::Tensor saved;
+    };
+    std::vector<SavedBuffers> buffers;
   };
   /// The figures of a failed step, agreed over the ranks (one allreduce).
   struct OomFigures {
