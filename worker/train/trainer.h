@@ -29,7 +29,8 @@
 //    nothing left: every rank stops after the failed step, and the run ends with
 //    completed = false, the reason in the report and exit code 1.
 //  - train.oom_recover_after_steps = N > 0: after N good steps at the smaller
-//    split the larger one is tried again; a retry that fails again doubles N.
+//    split the larger one is tried again (one level up); a back-off from a split
+//    that was such a retry doubles N. A resumed run does not retry.
 //    Off by default: a spike that came from the data or from fragmentation tends
 //    to come back, each failed retry costs a wasted step and churns the
 //    allocator, and a run that changes its split back and forth is harder to
