@@ -5,6 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -14,6 +15,13 @@
 namespace batchdist::collective {
 
 enum class ReduceOp { kSum, kMin, kMax };
+
+/// Per-step values summed over the ranks inside the gradient allreduce, at no
+/// extra collective: a few tail elements of one bucket. The trainer packs its
+/// stop/checkpoint wishes into [0] and its out-of-memory count into [1]
+/// (Note [oom back-off] in worker/train/trainer.h). Sums of small integers are
+/// exact in the fp32 bucket up to 2^24.
+using SideChannel = std::array<double, 2>;
 
 /// An asynchronous collective in flight. wait() blocks until it completes or the
 /// communicator's timeout expires (then it throws CollectiveError). On NCCL,

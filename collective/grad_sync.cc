@@ -6,6 +6,11 @@
 #include <memory>
 
 namespace batchdist::collective {
+namespace {
+
+constexpr int64_t kSideSlots = static_cast<int64_t>(std::tuple_size_v<SideChannel>);
+
+}  // namespace
 
 GradientSynchronizer::GradientSynchronizer(Communicator& comm, std::vector<at::Tensor> params,
                                            std::size_t bucket_bytes)
@@ -31,22 +36,22 @@ GradientSynchronizer::GradientSynchronizer(Communicator& comm, std::vector<at::T
     // No trainable parameter: one bucket holding only the side channel, so the
     // per-step agreement (stop requests) still travels.
     buckets_.push_back({});
-    buckets_.back().flat = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(comm_.device()));
+    buckets_.back().flat = at::zeros({kSideSlots}, at::TensorOptions().dtype(at::kFloat).device(comm_.device()));
     return;
   }
   for (std::size_t i = 0; i < buckets_.size(); ++i) {
     auto& b = buckets_[i];
     int64_t n = 0;
     for (auto k : b.params) n += params_[k].numel();
-    // Bucket 0 carries one extra element: the side channel of sumGradients().
-    b.flat = at::zeros({n + (i == 0 ? 1 : 0)}, params_[b.params.front()].options());
+    // Bucket 0 carries a few extra elements: the side channel of sumGradients().
+    b.flat = at::zeros({n + (i == 0 ? kSideSlots : 0)}, params_[b.params.front()].options());
   }
 }
 
-void GradientSynchronizer::sumGradients(double* side) {
+void GradientSynchronizer::sumGradients(SideChannel* side) {
   if (!buckets_.empty()) {
-    auto& first = buckets_.front().flat;
-    first.narrow(0, first.numel() - 1, 1).fill_(side ? *side : 0.0);
+    auto tail = buckets_.front().flat.narrow(0, buckets_.front().flat.numel() - kSideSlots, kSideSlots);
+    for (int64_t i = 0; i < kSideSlots; ++i) tail.narrow(0, i, 1).fill_(side ? (*side)[i] : 0.0);
   }
   std::vector<std::unique_ptr<PendingWork>> pending;
   pending.reserve(buckets_.size());
@@ -81,7 +86,8 @@ void GradientSynchronizer::sumGradients(double* side) {
   }
   if (side && !buckets_.empty()) {
     const auto& first = buckets_.front().flat;
-    *side = first.narrow(0, first.numel() - 1, 1).item<double>();
+    const auto sum = first.narrow(0, first.numel() - kSideSlots, kSideSlots).to(at::kDouble).cpu();
+    for (int64_t i = 0; i < kSideSlots; ++i) (*side)[i] = sum.data_ptr<double>()[i];
   }
 }
 

@@ -28,10 +28,10 @@ class GradientSynchronizer {
   /// Replaces every parameter's gradient by its sum over the ranks. A parameter
   /// without a gradient on this rank contributes zeros (and receives the sum).
   /// Divide in the loss, not here: see Note [loss normalisation] in the trainer.
-  /// `side`, if given, is summed over the ranks in the same allreduce (one extra
-  /// element of the first bucket): a free channel for per-step agreement, e.g. a
-  /// stop request that every rank must honour at the same step.
-  void sumGradients(double* side = nullptr);
+  /// `side`, if given, is summed over the ranks in the same allreduce (extra
+  /// elements of the first bucket): a free channel for per-step agreement, e.g. a
+  /// stop request, or an out-of-memory, that every rank must honour at the same step.
+  void sumGradients(SideChannel* side = nullptr);
 
   std::size_t bucketCount() const { return buckets_.size(); }
 

@@ -16,6 +16,8 @@
 namespace batchdist::collective {
 namespace {
 
+constexpr int64_t kSideSlots = static_cast<int64_t>(std::tuple_size_v<SideChannel>);
+
 double steadySeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -74,7 +76,7 @@ void Reducer::build(const std::vector<std::size_t>& order) {
   if (buckets_.empty()) {
     // No parameter: a bucket of the tail alone, so agreement still travels.
     buckets_.emplace_back();
-    buckets_.back().flat = at::zeros({1 + comm_.size()},
+    buckets_.back().flat = at::zeros({kSideSlots + comm_.size()},
                                      at::TensorOptions().dtype(at::kFloat).device(comm_.device()));
     return;
   }
@@ -82,8 +84,8 @@ void Reducer::build(const std::vector<std::size_t>& order) {
     auto& bucket = buckets_[b];
     int64_t n = 0;
     for (auto k : bucket.params) n += params_[k].numel();
-    // Tail: the side channel in bucket 0, then the arrival slots in the last.
-    const int64_t tail = (b == 0 ? 1 : 0) + (b + 1 == buckets_.size() ? comm_.size() : 0);
+    // Tail of the last bucket: the side channel, then the arrival slots.
+    const int64_t tail = b + 1 == buckets_.size() ? kSideSlots + comm_.size() : 0;
     bucket.flat = at::zeros({n + tail}, params_[bucket.params.front()].options());
   }
   attachViews();
@@ -131,7 +133,7 @@ void Reducer::rebuildInReadyOrder() {
   build(order);
 }
 
-void Reducer::prepare(bool final_micro, double side) {
+void Reducer::prepare(bool final_micro, const SideChannel& side) {
   std::lock_guard<std::mutex> lock(mu_);
   final_ = final_micro;
   if (!final_micro) return;
@@ -143,19 +145,21 @@ void Reducer::prepare(bool final_micro, double side) {
     bucket.ready = false;
     bucket.work.reset();
   }
-  sideSlot().fill_(side_);
+}
+
+void Reducer::setSide(const SideChannel& side) {
+  std::lock_guard<std::mutex> lock(mu_);
+  side_ = side;  // written into the last bucket when finish() starts it
 }
 
 at::Tensor Reducer::sideSlot() const {
-  const auto& first = buckets_.front();
-  const int64_t at = paramElements(first);
-  return first.flat.narrow(0, at, 1);
+  const auto& last = buckets_.back();
+  return last.flat.narrow(0, paramElements(last), kSideSlots);
 }
 
 at::Tensor Reducer::arrivalSlots() const {
   const auto& last = buckets_.back();
-  const int64_t at = paramElements(last) + (buckets_.size() == 1 ? 1 : 0);
-  return last.flat.narrow(0, at, comm_.size());
+  return last.flat.narrow(0, paramElements(last) + kSideSlots, comm_.size());
 }
 
 int64_t Reducer::paramElements(const Bucket& bucket) const {
@@ -166,6 +170,8 @@ int64_t Reducer::paramElements(const Bucket& bucket) const {
 
 void Reducer::stampArrival(Bucket& bucket) {
   if (&bucket != &buckets_.back()) return;
+  auto side = sideSlot();
+  for (int64_t i = 0; i < kSideSlots; ++i) side.narrow(0, i, 1).fill_(side_[i]);  // no host sync
   auto slots = arrivalSlots();
   slots.zero_();
   slots.narrow(0, comm_.rank(), 1).fill_(steadySeconds() - step_started_);
@@ -186,8 +192,10 @@ void Reducer::onGradReady(std::size_t param) {
 }
 
 void Reducer::startReadyBuckets(bool from_hook) {
-  // In index order only: a ready bucket waits for the ones before it.
-  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].ready) {
+  // In index order only: a ready bucket waits for the ones before it. The last
+  // (the side channel's) waits for finish().
+  const std::size_t end = from_hook ? buckets_.size() - 1 : buckets_.size();
+  while (next_bucket_ < end && buckets_[next_bucket_].ready) {
     auto& bucket = buckets_[next_bucket_++];
     stampArrival(bucket);
     ++started_total_;
@@ -196,11 +204,12 @@ void Reducer::startReadyBuckets(bool from_hook) {
   }
 }
 
-double Reducer::finish() {
+SideChannel Reducer::finish() {
   if (!in_step_) {
-    // No backward on this rank (it failed before, e.g. out of memory in the
-    // batch search): it still sends its zeroed buckets, so no rank waits forever.
-    prepare(/*final_micro=*/true, 0.0);
+    // No final backward on this rank (it failed before, e.g. out of memory): it
+    // still sends its buckets and its side channel, so no rank waits forever.
+    const SideChannel side = side_;
+    prepare(/*final_micro=*/true, side);
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -214,7 +223,10 @@ double Reducer::finish() {
     if (bucket.work) bucket.work->wait();
     bucket.work.reset();
   }
-  const double side = sideSlot().item<double>();
+  SideChannel side{};
+  const auto sum = sideSlot().to(at::kDouble).cpu();
+  for (int64_t i = 0; i < kSideSlots; ++i) side[i] = sum.data_ptr<double>()[i];
+  side_ = SideChannel{};
   const auto arrivals = arrivalSlots().to(at::kDouble).cpu();
   const double* t = arrivals.data_ptr<double>();
   double latest = 0;

@@ -17,12 +17,18 @@
 //    waits for all buckets.
 //  - After the first step, buckets are rebuilt in the order gradients really
 //    became ready (rank 0's order, broadcast, so all ranks agree).
-//  - Bucket 0 carries one extra element: the side channel of prepare()/finish()
-//    (e.g. a stop request that every rank must honour at the same step).
-//  - The last bucket carries W more: each rank writes, into its own slot, how
-//    long its step took until that bucket started (the end of its backward); the
-//    sum gives every rank's time, so a rank knows how long it waited in finish()
-//    for a slower peer (skew) rather than for the network.
+//  - The last bucket carries a tail: the side channel (SideChannel, e.g. a stop
+//    request or an out-of-memory that every rank must honour at the same step),
+//    then W slots: each rank writes, into its own slot, how long its step took
+//    until that bucket started (the end of its backward); the sum gives every
+//    rank's time, so a rank knows how long it waited in finish() for a slower
+//    peer (skew) rather than for the network.
+//  - The last bucket starts only from finish(), never from a hook, so the side
+//    channel can still say what happened during the whole step: a rank whose
+//    backward failed halfway (out of memory) sets it after the failure and it
+//    still travels (Note [oom back-off] in worker/train/trainer.h). It costs
+//    little overlap: with buckets in ready order the last one's gradients are
+//    the last of backward.
 // On CUDA, c10d's NCCL backend runs the collectives on its own stream after an
 // event on the stream that produced the gradients, and wait() makes the current
 // stream wait for them: the optimizer sees summed gradients without a host sync.
@@ -55,14 +61,19 @@ class Reducer {
   /// Before a micro-batch's backward. `final_micro`: the last of the accumulation
   /// window (only then do hooks start allreduces). `side`: this rank's value of
   /// the side channel, summed over the ranks (read it from finish()).
-  void prepare(bool final_micro, double side = 0.0);
+  void prepare(bool final_micro, const SideChannel& side = {});
+
+  /// Replaces this rank's side channel value for the current step (given to
+  /// prepare()); any time before finish(), also after a backward that failed.
+  void setSide(const SideChannel& side);
 
   /// After the final micro-batch's backward: starts the buckets no hook started,
   /// waits for all of them. Every gradient then holds its sum over the ranks.
   /// Returns the side channel summed over the ranks. Every rank must call it at
-  /// every step, also one whose backward failed (it sends zeros); after the first
-  /// step it rebuilds the buckets in ready order (a collective).
-  double finish();
+  /// every step, also one whose backward failed (it sends what it has: zeros, or
+  /// partial sums that every rank then discards); after the first step it
+  /// rebuilds the buckets in ready order (a collective).
+  SideChannel finish();
 
   std::size_t bucketCount() const { return buckets_.size(); }
   /// Bucket allreduces started so far (from hooks or finish()).
@@ -79,7 +90,7 @@ class Reducer {
  private:
   struct Bucket {
     std::vector<std::size_t> params;  // indices into params_
-    at::Tensor flat;                  // + 1 side-channel element in bucket 0
+    at::Tensor flat;                  // + the tail (side channel, arrivals) in the last
     std::size_t pending = 0;          // gradients still to come this step
     bool ready = false;
     std::unique_ptr<PendingWork> work;
@@ -107,7 +118,7 @@ class Reducer {
   bool final_ = false;
   bool in_step_ = false;
   std::size_t next_bucket_ = 0;
-  double side_ = 0;
+  SideChannel side_{};
   bool rebuilt_ = false;
   int64_t steps_ = 0;
   int64_t started_total_ = 0;

@@ -77,9 +77,11 @@ TEST_P(Collectives, GradientSumUsesFewBucketsAndMatchesTheSum) {
     GradientSynchronizer sync(c, params, 1024);
     EXPECT_GE(sync.bucketCount(), 2u);
     EXPECT_LE(sync.bucketCount(), 5u);
-    double side = c.rank() == 1 ? 1.0 : 0.0;  // e.g. one rank asking to stop
+    // e.g. one rank asking to stop, every rank reporting an out-of-memory
+    SideChannel side{c.rank() == 1 ? 1.0 : 0.0, 1.0};
     sync.sumGradients(&side);
-    EXPECT_DOUBLE_EQ(side, 1.0);
+    EXPECT_DOUBLE_EQ(side[0], 1.0);
+    EXPECT_DOUBLE_EQ(side[1], world);
     const float rank_sum = world * (world - 1) / 2.0f;
     for (std::size_t i = 0; i + 1 < params.size(); ++i) {
       EXPECT_TRUE(torch::allclose(params[i].grad(),
@@ -111,7 +113,7 @@ TEST_P(Collectives, ReducerOverlapsSendsOnlyOnTheLastMicroBatchAndSumsExactly) {
       const int64_t before = reducer.collectivesStarted();
       const int64_t hooks_before = reducer.startedFromHooks();
       for (int k = 0; k < accum; ++k) {
-        reducer.prepare(k == accum - 1, c.rank() == world - 1 && step == 1 ? 1.0 : 0.0);
+        reducer.prepare(k == accum - 1, {c.rank() == world - 1 && step == 1 ? 1.0 : 0.0, 0.0});
         auto x = torch::full({4, 16}, 1.0 + k + c.rank());
         for (auto& layer : w) x = torch::mm(x, layer);
         auto loss = x.sum();
@@ -122,8 +124,9 @@ TEST_P(Collectives, ReducerOverlapsSendsOnlyOnTheLastMicroBatchAndSumsExactly) {
         }
       }
       const int64_t during_backward = reducer.startedFromHooks() - hooks_before;
-      const double side = reducer.finish();
-      EXPECT_DOUBLE_EQ(side, step == 1 ? 1.0 : 0.0);
+      const SideChannel side = reducer.finish();
+      EXPECT_DOUBLE_EQ(side[0], step == 1 ? 1.0 : 0.0);
+      EXPECT_DOUBLE_EQ(side[1], 0.0);
       EXPECT_EQ(reducer.collectivesStarted() - before, static_cast<int64_t>(reducer.bucketCount()));
       // Reference: the same gradients computed locally for every rank, summed.
       std::vector<torch::Tensor> ref(w.size());
@@ -177,6 +180,57 @@ TEST(Reducer, WaitingForASlowerRankIsReportedAsSkew) {
         EXPECT_LT(reducer.lastSkewSeconds(), 0.1) << "step " << step;
       }
       EXPECT_TRUE(torch::allclose(w.grad(), torch::full({64, 64}, 4.0f)));
+    }
+  });
+}
+
+// Note [oom back-off]: a rank whose backward fails halfway (after some buckets
+// left from hooks), or fails before its final micro-batch, still makes every
+// bucket's allreduce, in the same order, and its side channel, set after the
+// failure, reaches every rank in that step.
+TEST_P(Collectives, ReducerCarriesASideValueSetAfterABackwardThatFailedHalfway) {
+  const int world = GetParam();
+  runRanks(world, [world](Communicator& c) {
+    std::vector<torch::Tensor> w;
+    for (int i = 0; i < 6; ++i) w.push_back(torch::full({16, 16}, 0.01 * (i + 1), torch::requires_grad()));
+    Reducer reducer(c, w, /*bucket_bytes=*/1024);  // one layer a bucket
+    for (int step = 0; step < 4; ++step) {
+      const bool fail = step == 1 && c.rank() == world - 1;
+      reducer.zeroGrad();
+      if (step == 2 && c.rank() == 0) {
+        // Failed in an earlier micro-batch of the window: no final backward at all.
+        reducer.prepare(false);
+        reducer.setSide({1.0, 1.0});
+        const SideChannel side = reducer.finish();
+        EXPECT_DOUBLE_EQ(side[0], world);
+        EXPECT_DOUBLE_EQ(side[1], 1.0);
+        continue;
+      }
+      reducer.prepare(true, {1.0, 0.0});
+      const int64_t hooks_before = reducer.startedFromHooks();
+      auto x = torch::full({4, 16}, 1.0 + c.rank());
+      for (auto& layer : w) x = torch::mm(x, layer);
+      // The first layer's gradient comes last: the hook throws once the later
+      // layers' buckets have started.
+      const auto hook = w[0].register_hook([fail](const torch::Tensor& g) {
+        if (fail) throw c10::OutOfMemoryError({__func__, __FILE__, __LINE__}, "injected");
+        return g;
+      });
+      bool failed = false;
+      try {
+        x.sum().backward();
+      } catch (const c10::OutOfMemoryError&) {
+        failed = true;
+      }
+      w[0].remove_hook(hook);
+      EXPECT_EQ(failed, fail);
+      if (failed) {
+        EXPECT_GE(reducer.startedFromHooks() - hooks_before, 1) << "no bucket left before the failure";
+        reducer.setSide({1.0, 1.0});
+      }
+      const SideChannel side = reducer.finish();
+      EXPECT_DOUBLE_EQ(side[0], world) << "step " << step;
+      EXPECT_DOUBLE_EQ(side[1], step == 1 || step == 2 ? 1.0 : 0.0) << "step " << step;
     }
   });
 }

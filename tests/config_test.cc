@@ -281,3 +281,20 @@ TEST(Config, UnknownSectionFromSetIsBlamedOnTheSet) {
   EXPECT_EQ(msg.rfind("--set foo: unknown section 'foo'", 0), 0u) << msg;
   EXPECT_EQ(msg.find("test.yaml"), std::string::npos) << msg;
 }
+
+// Note [oom back-off]: retrying the larger batch is off by default.
+TEST(Config, OomRecoverAfterStepsIsOffByDefaultAndValidated) {
+  EXPECT_EQ(parseConfig("", "t.yaml").train.oom_recover_after_steps, 0);
+  EXPECT_EQ(parseConfig("train: {oom_recover_after_steps: 200}", "t.yaml").train.oom_recover_after_steps,
+            200);
+  EXPECT_NE(errorOf("train: {oom_recover_after_steps: -1}")
+                .find("train.oom_recover_after_steps: must be >= 0, got -1"),
+            std::string::npos)
+      << errorOf("train: {oom_recover_after_steps: -1}");
+  EXPECT_NE(errorOf("train: {oom_recover_after_steps: soon}")
+                .find("train.oom_recover_after_steps: expected an integer"),
+            std::string::npos);
+  EXPECT_NE(errorOf("train: {oom_recover_after: 5}").find("unknown key; did you mean 'train.oom_recover_after_steps'"),
+            std::string::npos)
+      << errorOf("train: {oom_recover_after: 5}");
+}

@@ -258,3 +258,58 @@ TEST(Plan, JsonHasTheDocumentedKeys) {
   ASSERT_EQ(node["ranks"].size(), 3u);
   EXPECT_EQ(node["ranks"][2]["samples_per_epoch"].as<int>(), 15 * 32);
 }
+
+// Note [oom back-off]: the step is redone with the largest proper divisor of m,
+// never below the BatchNorm minimum.
+TEST(Plan, BackOffTakesTheLargestProperDivisorDownToTheMinimum) {
+  EXPECT_EQ(backedOffPerGpu(32, 2), 16);
+  EXPECT_EQ(backedOffPerGpu(12, 2), 6);
+  EXPECT_EQ(backedOffPerGpu(9, 2), 3);
+  EXPECT_EQ(backedOffPerGpu(7, 1), 1);   // prime, no BatchNorm
+  EXPECT_EQ(backedOffPerGpu(7, 2), 0);   // prime, BatchNorm: nothing left
+  EXPECT_EQ(backedOffPerGpu(4, 2), 2);
+  EXPECT_EQ(backedOffPerGpu(2, 2), 0);   // the BatchNorm minimum reached
+  EXPECT_EQ(backedOffPerGpu(8, 8), 0);   // batch.min_per_gpu 8
+  EXPECT_EQ(backedOffPerGpu(1, 1), 0);
+}
+
+// Note [oom back-off] relies on Note [equal shards]: for a fixed G, rank r's
+// samples in step s (and their weights) are the same whatever the split m x a;
+// only how they are cut into micro-batches changes.
+TEST(Plan, ARanksSamplesOfAStepDoNotDependOnTheSplit) {
+  for (auto policy : {LastBatch::kDrop, LastBatch::kPad}) {
+    for (int64_t W : {1, 2, 3}) {
+      const int64_t n = 301;
+      const auto base = makePlan(batchConfig(24 * W, 24, 0, policy), W, n, true);
+      Sharder a(base, 7);
+      a.setEpoch(1);
+      for (int64_t m = backedOffPerGpu(24, 2); m > 0; m = backedOffPerGpu(m, 2)) {
+        const auto split = withPerGpu(base, m);
+        ASSERT_EQ(split.global, base.global);
+        ASSERT_EQ(split.per_gpu * split.accum, 24);
+        ASSERT_EQ(split.steps_per_epoch, base.steps_per_epoch);
+        Sharder b(split, 7);
+        b.setEpoch(1);
+        for (int64_t s = 0; s < base.steps_per_epoch; ++s) {
+          ASSERT_EQ(a.realSamples(s), b.realSamples(s));
+          for (int64_t r = 0; r < W; ++r) {
+            std::vector<int64_t> ia, ib;
+            std::vector<float> wa, wb;
+            for (int64_t k = 0; k < base.accum; ++k) {
+              const auto mb = a.micro(s, k, r);
+              ia.insert(ia.end(), mb.indices.begin(), mb.indices.end());
+              wa.insert(wa.end(), mb.weights.begin(), mb.weights.end());
+            }
+            for (int64_t k = 0; k < split.accum; ++k) {
+              const auto mb = b.micro(s, k, r);
+              ib.insert(ib.end(), mb.indices.begin(), mb.indices.end());
+              wb.insert(wb.end(), mb.weights.begin(), mb.weights.end());
+            }
+            ASSERT_EQ(ia, ib) << "W=" << W << " m=" << m << " step " << s << " rank " << r;
+            ASSERT_EQ(wa, wb);
+          }
+        }
+      }
+    }
+  }
+}

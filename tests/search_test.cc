@@ -543,4 +543,29 @@ TEST(SearchInterleaved, RelativeThroughputPairsRoundsOnlyWhenBothHaveThem) {
   EXPECT_NEAR(relativeThroughput(a, b), 0.96, 1e-12);  // median of 0.9615, 0.88, 0.96
   b.round_sps.pop_back();
   EXPECT_NEAR(relativeThroughput(a, b), 0.9, 1e-12);
+// Note [oom back-off]: a back-off in training marks the cache entry; the next
+// run does not take the same batch blindly but chooses again among the cached
+// candidates below it, and searches again when none is left.
+TEST(Search, TrainingOutOfMemoryMarksTheCacheEntry) {
+  SearchResult r;
+  r.candidates = {ok(8, 100, 120), ok(16, 190, 140), ok(32, 200, 200)};
+  r.chosen = 32;
+  r.objective = Objective::kMaxFit;
+  const auto path = ::testing::TempDir() + "/search_cache_oom_test.json";
+  writeSearchCache(path, "k", r);
+  markSearchCacheOom(path, "other key", {{32, 1, 5, 1, 210}});  // another entry: untouched
+  EXPECT_EQ(readSearchCache(path, "k").result->chosen, 32);
+  EXPECT_TRUE(readSearchCache(path, "k").note.empty());
+  markSearchCacheOom(path, "k", {{32, 1, 5, 1, 210}});
+  auto found = readSearchCache(path, "k");
+  ASSERT_TRUE(found.result.has_value());
+  EXPECT_EQ(found.result->chosen, 16);
+  EXPECT_NE(found.note.find("per-GPU batch 32 ran out of memory in training at step 5 on rank 1"),
+            std::string::npos)
+      << found.note;
+  EXPECT_NE(found.note.find("taking 16 instead of 32"), std::string::npos) << found.note;
+  markSearchCacheOom(path, "k", {{8, 1, 9, 0, 130}});  // nothing fits any more: search again
+  found = readSearchCache(path, "k");
+  EXPECT_FALSE(found.result.has_value());
+  EXPECT_NE(found.note.find("searching again"), std::string::npos) << found.note;
 }

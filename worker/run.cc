@@ -122,6 +122,9 @@ std::optional<SearchResult> lookupCache(const RunRequest& req, collective::Commu
                           "; searching again\n")
                 << std::flush;
     }
+    if (!found.note.empty()) {
+      console.line(strCat("batch search: ", path, " is marked: ", found.note));
+    }
     cached = found.result;
   }
   const auto hit = comm.broadcast(
@@ -137,9 +140,15 @@ std::optional<SearchResult> lookupCache(const RunRequest& req, collective::Commu
   return cached;
 }
 
+/// Where the search result of this run is cached.
+struct CacheEntry {
+  std::string path;
+  std::string key;
+};
+
 /// Runs (or reads from the cache) the coordinated batch search. Collective.
 SearchResult searchBatch(const RunRequest& req, const RunSetup& s, collective::Communicator& comm,
-                         Console& console) {
+                         Console& console, CacheEntry* entry) {
   auto measurer = makeTrainStepMeasurer(s.cfg, comm, s.data, s.device);
   SearchCacheInputs in;
   in.train_size = s.data.train.size();
@@ -152,6 +161,7 @@ SearchResult searchBatch(const RunRequest& req, const RunSetup& s, collective::C
   const std::string cache_path = s.cfg.search.cache.empty()
                                      ? (fs::path(req.output) / "search_cache.json").string()
                                      : s.cfg.search.cache;
+  *entry = {cache_path, key};
   if (auto cached = lookupCache(req, comm, cache_path, key, console)) return *cached;
   BatchSearch search(s.cfg, comm, *measurer, s.data.train.size(), s.has_bn,
                      [&req] { return req.stop_signal() != 0; });
@@ -181,7 +191,10 @@ void finishRun(const RunRequest& req, const RankPlace& place, const RunSetup& s,
   info.torch_version = compat::torchVersion();
   info.data_origin = s.data.origin;
   info.model_path = model_path;
-  if (!result.completed) info.stopped_by = strCat("SIG", sigabbrev_np(sig ? sig : SIGTERM));
+  if (!result.completed) {
+    info.stopped_by = result.failure.empty() ? strCat("SIG", sigabbrev_np(sig ? sig : SIGTERM))
+                                             : std::string("out of memory");
+  }
   info.search = searched;
   if (resumed) {
     info.resumed_path = resumed->path;
@@ -191,7 +204,8 @@ void finishRun(const RunRequest& req, const RankPlace& place, const RunSetup& s,
   // Paths from the command line (--output, the config's directory) may hold bytes
   // that are not UTF-8; the report must still be written once the run is done.
   const auto report =
-      runReport(s.cfg, s.plan, result, info)
+      // The split training ended with (Note [oom back-off]: it may have backed off).
+      runReport(s.cfg, trainer.plan(), result, info)
           .dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) +
       "\n";
   writeFileAtomic((fs::path(req.output) / "report.json").string(), report);
@@ -212,6 +226,23 @@ void finishRun(const RunRequest& req, const RankPlace& place, const RunSetup& s,
                       static_cast<int64_t>(result.samples_per_s), " samples/s, ",
                       formatDuration(result.wall_s), "; wrote ", req.output,
                       "/report.json and model.pt"));
+}
+
+/// Note [oom back-off]: the search cache entry this run used learns of every
+/// back-off, so the next run does not take the same batch blindly. Rank 0.
+void markCache(const CacheEntry& cache, const TrainResult& result) {
+  if (cache.path.empty() || result.oom_backoffs.empty()) return;
+  std::vector<TrainingOom> ooms;
+  for (const auto& b : result.oom_backoffs) {
+    ooms.push_back({b.from_per_gpu, b.from_accum, b.step, b.ranks.empty() ? 0 : b.ranks.front(),
+                    b.peak_mb});
+  }
+  try {
+    markSearchCacheOom(cache.path, cache.key, ooms);
+  } catch (const Error& e) {
+    std::cerr << strCat("batchdist: warning: could not mark the search cache: ", e.what(), "\n")
+              << std::flush;
+  }
 }
 
 /// The signal any rank received (all learn it; collective).
@@ -393,11 +424,12 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
                       s.data.val.size(), " validation samples"));
 
   std::optional<SearchResult> searched;
+  CacheEntry cache;
   const auto resumed = prepareResume(req, s, comm, console, &searched);
   // A resumed run was planned by prepareResume, unless the search picks m for a new world size.
   if (req.search_only || s.cfg.batch.per_gpu_auto) {
     try {
-      searched = searchBatch(req, s, comm, console);
+      searched = searchBatch(req, s, comm, console, &cache);
     } catch (const SearchStopped& e) {
       const int sig = agreedSignal(req, comm);
       console.line(strCat("stop requested during the batch search: every rank stopped ", e.what(),
@@ -437,9 +469,16 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
                         "; rank 0 saves the model and the report\n")
               << std::flush;
   }
-  if (lead) finishRun(req, place, s, comm, trainer, result, searched, resumed, sig, console);
+  if (lead) {
+    finishRun(req, place, s, comm, trainer, result, searched, resumed, sig, console);
+    markCache(cache, result);
+  }
   comm.barrier();
   if (result.completed) return 0;
+  if (!result.failure.empty()) {
+    if (lead) std::cerr << strCat(place.tag(), " error: ", result.failure, "\n") << std::flush;
+    return 1;
+  }
   // A stop whose checkpoint failed must not look like a clean, resumable stop.
   const bool lost = !result.checkpoints.empty() && result.checkpoints.back().on_signal &&
                     !result.checkpoints.back().error.empty();

@@ -617,6 +617,7 @@ void readTrain(Context& ctx, const YAML::Node& root, TrainConfig& c) {
   c.precision = s.choice("precision", Precision::kFp32);
   c.loss_scale = s.real("loss_scale", 65536.0, 1.0, 1e12);
   c.scale_growth_interval = s.integer("scale_growth_interval", 2000, 1, int64_t{1} << 40);
+  c.oom_recover_after_steps = s.integer("oom_recover_after_steps", 0, 0, int64_t{1} << 40);
 }
 
 void readDist(Context& ctx, const YAML::Node& root, DistConfig& c) {

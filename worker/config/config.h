@@ -160,6 +160,9 @@ struct TrainConfig {
   Precision precision = Precision::kFp32;    ///< autocast; fp16 also scales the loss
   double loss_scale = 65536.0;               ///< fp16: initial loss scale
   int64_t scale_growth_interval = 2000;      ///< fp16: finite steps before the scale doubles
+  /// Note [oom back-off]: after a back-off, the larger per-GPU batch is tried
+  /// again after this many steps (doubling after each retry that fails); 0: never.
+  int64_t oom_recover_after_steps = 0;
 };
 
 struct DistConfig {

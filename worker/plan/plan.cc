@@ -206,6 +206,26 @@ Plan makePlan(const Config& cfg, int64_t world, int64_t n, bool has_bn, int64_t 
   return p;
 }
 
+int64_t backedOffPerGpu(int64_t per_gpu, int64_t min_per_gpu) {
+  for (int64_t f = 2; f * f <= per_gpu; ++f) {
+    if (per_gpu % f == 0) return per_gpu / f >= min_per_gpu ? per_gpu / f : 0;
+  }
+  return per_gpu > 1 && 1 >= min_per_gpu ? 1 : 0;  // a prime: one sample a micro-batch
+}
+
+Plan withPerGpu(const Plan& plan, int64_t per_gpu) {
+  const int64_t rank_batch = plan.per_gpu * plan.accum;
+  if (per_gpu <= 0 || rank_batch % per_gpu != 0) {
+    throw Error(strCat("per-GPU batch ", per_gpu, " does not divide the ", rank_batch,
+                       " samples per rank and step (global batch ", plan.global, " over ",
+                       plan.world_size, " ranks)"));
+  }
+  Plan p = plan;
+  p.per_gpu = per_gpu;
+  p.accum = rank_batch / per_gpu;
+  return p;
+}
+
 double Plan::lrAt(int64_t step) const {
   if (step < warmup_steps) {
     // Linear rise to the scaled rate (gradual warmup, Goyal et al. 2017).

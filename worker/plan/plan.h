@@ -62,6 +62,17 @@ struct Plan {
 Plan makePlan(const Config& cfg, int64_t world_size, int64_t dataset_size, bool has_batchnorm,
               int64_t per_gpu_override = 0);
 
+/// Note [oom back-off] (worker/train/trainer.h): the per-GPU batch a step is
+/// redone with after an out-of-memory: the largest proper divisor of m (m / 2
+/// when m is even); 0 when that is below `min_per_gpu` (the BatchNorm minimum,
+/// 1 without BatchNorm) or m is 1.
+int64_t backedOffPerGpu(int64_t per_gpu, int64_t min_per_gpu);
+
+/// `plan` split as per-GPU batch `per_gpu` (which must divide G / W): the
+/// accumulation follows; G, the shards of every step (Note [equal shards]), the
+/// steps and the learning rate stay.
+Plan withPerGpu(const Plan& plan, int64_t per_gpu);
+
 /// The scaled peak learning rate for global batch G.
 double scaledLr(double base_lr, int64_t base_batch, int64_t global, LrScaling rule);
 

@@ -1,5 +1,7 @@
 #include "worker/report/report.h"
 
+#include "collective/error.h"
+
 namespace batchdist::worker {
 namespace {
 
@@ -28,6 +30,28 @@ nlohmann::ordered_json timeJson(const TimeBreakdown& t) {
           {"compute_fraction", share(t.compute, total)},
           {"comm_fraction", share(t.comm, total)},
           {"skew_fraction", share(t.skew, total)}};
+}
+
+/// Note [oom back-off]: one entry per back-off; `to` is null when nothing was left.
+nlohmann::ordered_json oomJson(const TrainResult& r) {
+  auto out = nlohmann::ordered_json::array();
+  for (const auto& b : r.oom_backoffs) {
+    nlohmann::ordered_json j{{"step", b.step},
+                             {"rank", b.ranks.empty() ? -1 : b.ranks.front()},
+                             {"ranks", b.ranks},
+                             {"from", strCat(b.from_per_gpu, "x", b.from_accum)},
+                             {"to", nullptr},
+                             {"from_per_gpu", b.from_per_gpu},
+                             {"from_accum", b.from_accum},
+                             {"to_per_gpu", b.to_per_gpu},
+                             {"to_accum", b.to_accum},
+                             {"peak_mb", b.peak_mb},
+                             {"capacity_mb", b.capacity_mb},
+                             {"retry", b.retry}};
+    if (b.to_per_gpu > 0) j["to"] = strCat(b.to_per_gpu, "x", b.to_accum);
+    out.push_back(j);
+  }
+  return out;
 }
 
 }  // namespace
@@ -59,6 +83,9 @@ nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const Trai
                            {"completed", r.completed},
                            {"model_path", info.model_path}};
   if (!r.completed) o["stopped_by"] = info.stopped_by;
+  if (!r.failure.empty()) o["error"] = r.failure;
+  o["oom_backoffs"] = oomJson(r);
+  o["oom_retries"] = r.oom_retries;
   o["plan"] = planJson(plan);
   o["history"] = historyJson(r);
   o["time_breakdown"] = timeJson(r.time);

@@ -29,6 +29,35 @@ std::string implausible(const SearchResult& r) {
                 " is not among the measured candidates that fit");
 }
 
+/// The candidates at or above the smallest batch that ran out of memory in
+/// training count as failed; the choice is made again. Returns the note, or
+/// throws Error when nothing is left.
+std::string applyTrainingOoms(const nlohmann::json& marks, SearchResult& r) {
+  const nlohmann::json* worst = nullptr;  // the smallest per-GPU batch that failed
+  for (const auto& m : marks) {
+    if (!worst || m.at("per_gpu").get<int64_t>() < worst->at("per_gpu").get<int64_t>()) worst = &m;
+  }
+  if (!worst) return "";
+  const int64_t limit = worst->at("per_gpu");
+  const std::string reason =
+      strCat("out of memory in training at step ", worst->at("step").get<int64_t>(), " on rank ",
+             worst->at("rank").get<int64_t>(), " (peak ", formatFixed(worst->at("peak_mb").get<double>(), 0),
+             " MB)");
+  for (auto& c : r.candidates) {
+    if (c.per_gpu >= limit && !c.failed) {
+      c.failed = true;
+      c.reason = reason;
+    }
+  }
+  const int64_t before = r.chosen;
+  const auto& c = chooseCandidate(r.candidates, r.objective, r.tolerance, &r.why);
+  r.chosen = c.per_gpu;
+  r.chosen_accum = c.accum;
+  return strCat("per-GPU batch ", limit, " ran ", reason, "; taking ", r.chosen,
+                r.chosen != before ? strCat(" instead of ", before) : std::string(),
+                " from the cached measurements");
+}
+
 }  // namespace
 
 std::string searchCacheKey(const Config& cfg, const SearchCacheInputs& in) {
@@ -68,6 +97,15 @@ CacheLookup readSearchCache(const std::string& path, const std::string& key) {
       out.problem = strCat(path, ": damaged entry: ", why);
       return out;
     }
+    if (root.contains("oom_in_training")) {
+      try {
+        out.note = applyTrainingOoms(root["oom_in_training"], r);
+      } catch (const Error& e) {
+        out.note = strCat("every cached candidate that fits ran out of memory in training (",
+                          e.what(), "); searching again");
+        return out;
+      }
+    }
     r.cached = true;
     r.timed_steps = 0;  // none this run
     r.seconds = 0;
@@ -78,6 +116,26 @@ CacheLookup readSearchCache(const std::string& path, const std::string& key) {
     out.problem = strCat(path, ": damaged: ", e.what());
   }
   return out;
+}
+
+void markSearchCacheOom(const std::string& path, const std::string& key,
+                        const std::vector<TrainingOom>& ooms) {
+  std::error_code ec;
+  if (ooms.empty() || !std::filesystem::exists(path, ec)) return;
+  nlohmann::ordered_json root;
+  try {
+    root = nlohmann::ordered_json::parse(readFileBounded(path, kMaxCacheBytes, "search cache"));
+  } catch (const std::exception&) {
+    return;  // damaged: the next run ignores it and searches anyway
+  }
+  if (!root.is_object() || !root.contains("key") || root["key"] != key) return;
+  auto& marks = root["oom_in_training"];
+  if (!marks.is_array()) marks = nlohmann::ordered_json::array();
+  for (const auto& o : ooms) {
+    marks.push_back({{"per_gpu", o.per_gpu}, {"accum", o.accum}, {"step", o.step},
+                     {"rank", o.rank}, {"peak_mb", o.peak_mb}});
+  }
+  writeFileAtomic(path, root.dump(2) + "\n");
 }
 
 void writeSearchCache(const std::string& path, const std::string& key, const SearchResult& r) {

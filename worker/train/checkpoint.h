@@ -85,6 +85,9 @@ class Checkpointer {
                collective::Communicator& comm);
 
   const std::string& dir() const { return dir_; }
+  /// The split training uses from now on (Note [oom back-off]): later checkpoints
+  /// record it, so a resume continues with it.
+  void setPlan(const Plan& plan) { id_.plan = plan; }
   /// Whether the step just done (`global_step` steps in all) is due by every_steps.
   bool dueBySteps(int64_t global_step) const;
   /// Rank 0's wish by every_minutes (local; the trainer agrees it over the ranks).

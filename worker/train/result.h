@@ -53,6 +53,17 @@ struct TrainPosition {
   std::vector<EpochStats> history;  ///< completed epochs
 };
 
+/// One back-off after an out-of-memory (Note [oom back-off] in trainer.h).
+struct OomBackoff {
+  int64_t step = 0;            ///< the global step redone (1-based, as on the console)
+  std::vector<int64_t> ranks;  ///< the ranks that ran out of memory
+  int64_t from_per_gpu = 0, from_accum = 0;
+  int64_t to_per_gpu = 0, to_accum = 0;  ///< 0 when nothing was left: the run stopped
+  double peak_mb = 0;          ///< the highest peak among those ranks in the failed step
+  double capacity_mb = 0;      ///< its limit (CPU: search.memory_limit_mb) or GPU total
+  bool retry = false;          ///< the step was a retry of the larger batch
+};
+
 struct TrainResult {
   int64_t steps = 0;
   int64_t epochs = 0;
@@ -72,6 +83,9 @@ struct TrainResult {
   std::vector<EpochStats> history;
   std::vector<CheckpointRecord> checkpoints;  ///< every write tried, failed ones included
   double checkpoint_s = 0;   ///< time spent writing checkpoints (not in samples_per_s)
+  std::vector<OomBackoff> oom_backoffs;  ///< every back-off, in order
+  int64_t oom_retries = 0;   ///< times the larger per-GPU batch was tried again
+  std::string failure;       ///< why training stopped early without a signal (completed false)
 };
 
 }  // namespace batchdist::worker

@@ -2,10 +2,15 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
+#include <map>
+#include <optional>
+#include <sstream>
 
 #include "collective/error.h"
 #include "worker/common/util.h"
@@ -13,8 +18,71 @@
 #include "worker/common/console.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/gpu_monitor.h"
+#include "worker/train/memory.h"
 
 namespace batchdist::worker {
+namespace {
+
+/// BATCHDIST_FAULT_OOM="R:S[:N],...": the (step, rank) tries that fail on `rank`
+/// (Note [oom back-off]), one entry per try.
+std::vector<std::pair<int64_t, int64_t>> parseOomFaults(const char* env, int rank) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  if (env == nullptr) return out;
+  std::stringstream list(env);
+  std::string item;
+  while (std::getline(list, item, ',')) {
+    if (item.empty()) continue;
+    std::vector<int64_t> v;
+    std::stringstream parts(item);
+    std::string part;
+    bool ok = true;
+    while (std::getline(parts, part, ':')) {
+      std::size_t used = 0;
+      try {
+        v.push_back(std::stoll(part, &used));
+      } catch (const std::exception&) {
+        ok = false;
+      }
+      ok = ok && used == part.size();
+    }
+    const int64_t r = v.size() > 0 ? v[0] : -1, step = v.size() > 1 ? v[1] : 0;
+    const int64_t tries = v.size() > 2 ? v[2] : 1;
+    if (!ok || v.size() < 2 || v.size() > 3 || r < 0 || step < 1 || tries < 1) {
+      throw Error(strCat("BATCHDIST_FAULT_OOM: '", item, "' is not RANK:STEP or RANK:STEP:TRIES "
+                         "(STEP 1-based; e.g. 1:5 makes rank 1 fail its first try of step 5)"));
+    }
+    for (int64_t i = 0; i < tries && r == rank; ++i) out.emplace_back(step, r);
+  }
+  return out;
+}
+
+/// BATCHDIST_FAULT_OOM: while it lives, the gradient of `param` (the first
+/// parameter: its gradient comes last in backward) throws the allocator's
+/// out-of-memory type, halfway through backward.
+class InjectedOom {
+ public:
+  explicit InjectedOom(at::Tensor param) : param_(std::move(param)) {
+    hook_ = param_.register_hook([](const at::Tensor&) -> at::Tensor {
+      throw c10::OutOfMemoryError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                                  "out of memory (injected by BATCHDIST_FAULT_OOM)");
+    });
+  }
+  ~InjectedOom() { param_.remove_hook(hook_); }
+  InjectedOom(const InjectedOom&) = delete;
+  InjectedOom& operator=(const InjectedOom&) = delete;
+
+ private:
+  at::Tensor param_;
+  unsigned hook_ = 0;
+};
+
+std::string ranksText(const std::vector<int64_t>& ranks) {
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < ranks.size(); ++i) out += strCat(i ? ", " : "", ranks[i]);
+  return out;
+}
+
+}  // namespace
 Trainer::Trainer(const Config& cfg, collective::Communicator& comm, const DataSplit& data,
                  at::Device device, const Plan& plan)
     : cfg_(cfg), comm_(comm), data_(data), device_(device), plan_(plan) {
@@ -51,6 +119,9 @@ Trainer::Trainer(const Config& cfg, collective::Communicator& comm, const DataSp
   if (cfg.train.precision == Precision::kFp16) {
     scaler_ = std::make_unique<LossScaler>(cfg.train.loss_scale, cfg.train.scale_growth_interval);
   }
+  oom_.faults = parseOomFaults(std::getenv("BATCHDIST_FAULT_OOM"), comm_.rank());
+  oom_.recover_after = cfg.train.oom_recover_after_steps;
+  if (!device_.is_cuda()) oom_.limit_mb = static_cast<double>(cfg.search.memory_limit_mb);
 }
 
 Trainer::~Trainer() = default;
@@ -90,7 +161,7 @@ void Trainer::decodeWishes(double sum, bool* stop, bool* checkpoint) const {
 }
 
 double Trainer::trainStep(int64_t real, double lr, bool* stop, bool* checkpoint) {
-  const double loss = computeGradients(real, encodeWishes(stop, checkpoint));
+  const double loss = computeGradients(real);
   syncGradients(stop, checkpoint);
   applyUpdate(lr);
   return loss;
@@ -101,7 +172,7 @@ double Trainer::trainStep(int64_t real, double lr, bool* stop, bool* checkpoint)
 // known on every rank from the plan. Autograd sums over micro-batches, the
 // gradient synchroniser sums over ranks, so the update is the mean gradient over
 // the R samples, whatever the split G = m x a x W; padded samples (w = 0) add nothing.
-double Trainer::computeGradients(int64_t real, double side) {
+double Trainer::computeGradients(int64_t real) {
   model_->train(true);
   if (reducer_) {
     reducer_->zeroGrad();
@@ -118,8 +189,15 @@ double Trainer::computeGradients(int64_t real, double side) {
     const double t1 = monotonicSeconds();
     time_.data_wait += t1 - t0;
     // Note [overlapped reducer]: only the last micro-batch's backward sends.
-    if (reducer_) reducer_->prepare(k == plan_.accum - 1, side);
+    // The side channel is set in syncGradients(): the reducer sends it last.
+    const bool final_micro = k == plan_.accum - 1;
+    if (reducer_) reducer_->prepare(final_micro);
     if (batch.x.size(0) == 0) continue;  // only under last_batch: keep
+    std::optional<InjectedOom> fault;
+    if (oom_.inject && final_micro) {
+      const auto params = model_->trainableParameters();
+      if (!params.empty()) fault.emplace(params.front());
+    }
     torch::Tensor out;
     {
       AutocastScope autocast(device_, cfg_.train.precision);
@@ -144,13 +222,21 @@ void Trainer::clearGradients() {
   for (auto& p : model_->trainableParameters()) p.mutable_grad() = torch::Tensor();
 }
 
-void Trainer::syncGradients(bool* stop, bool* checkpoint) {
+void Trainer::syncGradients(bool* stop, bool* checkpoint, bool* oom) {
   // Timed with device synchronisation around it: what remains is the exposed
   // communication (with the reducer, what backward did not hide).
   synchronize();
   const double t0 = monotonicSeconds();
+  // Note [oom back-off]: slot 1 counts the ranks whose step failed.
+  collective::SideChannel side{encodeWishes(stop, checkpoint), oom && *oom ? 1.0 : 0.0};
+  const auto decode = [&] {
+    decodeWishes(side[0], stop, checkpoint);
+    if (oom) *oom = side[1] > 0.5;
+  };
   if (reducer_) {
-    decodeWishes(reducer_->finish(), stop, checkpoint);
+    reducer_->setSide(side);
+    side = reducer_->finish();
+    decode();
     synchronize();
     // Part of the wait was for a slower rank to finish its backward, not for the
     // network: report that apart.
@@ -160,13 +246,8 @@ void Trainer::syncGradients(bool* stop, bool* checkpoint) {
     time_.comm += waited - skew;
     return;
   }
-  if (!stop && !checkpoint) {
-    sync_->sumGradients();
-  } else {
-    double flag = encodeWishes(stop, checkpoint);
-    sync_->sumGradients(&flag);
-    decodeWishes(flag, stop, checkpoint);
-  }
+  sync_->sumGradients(&side);
+  decode();
   synchronize();
   time_.comm += monotonicSeconds() - t0;
 }
@@ -266,6 +347,7 @@ struct Trainer::EpochRun {
   int64_t first = 0;        ///< first step run (> 0 when resumed mid-epoch)
   bool checkpoint_due = false;  ///< at the epoch's last step: written after the evaluation
   double checkpoint_s = 0;  ///< spent writing checkpoints during the steps
+  bool failed = false;      ///< out of memory with nothing left to back off to
 };
 
 void Trainer::progress(Console& console, const EpochRun& e, int64_t step, int64_t global_step,
@@ -278,9 +360,8 @@ void Trainer::progress(Console& console, const EpochRun& e, int64_t step, int64_
   std::string extra = strCat("  data ", formatFixed(pct(e.time.data_wait, e.time.total()), 0),
                              "% comm ", formatFixed(pct(e.time.comm, e.time.total()), 0), "%");
   if (device_.is_cuda()) {
-    extra += strCat("  mem ",
-                    formatFixed(compat::cudaPeakAllocatedBytes(device_.index()) / (1 << 30), 1),
-                    " GiB");
+    // The run's peak so far (each step resets the allocator's: Note [oom back-off]).
+    extra += strCat("  mem ", formatFixed(std::max(run_peak_mb_, stepPeakMb()) / 1024, 1), " GiB");
   }
   console.status(strCat("epoch ", e.epoch + 1, "/", plan_.epochs, " step ", step + 1, "/",
                         plan_.steps_per_epoch, "  loss ",
@@ -290,14 +371,20 @@ void Trainer::progress(Console& console, const EpochRun& e, int64_t step, int64_
                         formatDuration(per_step * (plan_.total_steps - global_step))));
 }
 
-void Trainer::runSteps(EpochRun& e, const Sharder& sharder, int64_t* global_step,
+void Trainer::runSteps(EpochRun& e, Sharder& sharder, int64_t* global_step,
                        const std::function<bool()>& stop_requested, Console& console,
                        double run_started, UtilizationSampler& gpu, TrainResult& result) {
   for (int64_t s = e.first; s < e.steps && !e.stop; ++s) {
     e.stop = stop_requested && stop_requested();
     bool due = checkpointer_ && checkpointer_->dueByTime();  // rank 0's clock decides
-    e.loss_sum += trainStep(sharder.realSamples(s), plan_.lrAt(*global_step), &e.stop,
-                            checkpointer_ ? &due : nullptr);
+    maybeRecover(e, sharder, s, *global_step, result);
+    double loss = 0;
+    if (!runStep(e, sharder, s, *global_step, &e.stop, checkpointer_ ? &due : nullptr, result,
+                 &loss)) {
+      e.failed = true;
+      return;
+    }
+    e.loss_sum += loss;
     e.samples += sharder.realSamples(s);
     ++*global_step;
     e.time.add(takeTime());
@@ -314,6 +401,222 @@ void Trainer::runSteps(EpochRun& e, const Sharder& sharder, int64_t* global_step
       e.checkpoint_due = true;  // the epoch's end: after its evaluation (history complete)
     }
   }
+}
+
+// Note [oom back-off]: the wishes of the step are sent again with every try, so
+// every try agrees on the same stop and checkpoint.
+bool Trainer::runStep(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_step, bool* stop,
+                      bool* due, TrainResult& result, double* loss) {
+  const bool stop_wish = *stop;
+  const bool due_wish = due && *due;
+  for (;;) {
+    *stop = stop_wish;
+    if (due) *due = due_wish;
+    auto& faults = oom_.faults;
+    const auto it = std::find_if(faults.begin(), faults.end(),
+                                 [&](const auto& f) { return f.first == global_step + 1; });
+    oom_.inject = it != faults.end();
+    if (oom_.inject) faults.erase(it);
+    if (tryStep(sharder.realSamples(s), plan_.lrAt(global_step), stop, due, loss)) {
+      ++oom_.good_steps;
+      return true;
+    }
+    if (!backOff(e, sharder, s, global_step, agreeOomFigures(oom_.failed_here), result)) {
+      return false;
+    }
+  }
+}
+
+bool Trainer::tryStep(int64_t real, double lr, bool* stop, bool* checkpoint, double* loss) {
+  saveBuffers();
+  resetStepPeak();
+  oom_.failed_here = computeOrFail(real, loss);
+  // Always: every rank makes every bucket's allreduce (Note [search agreement]).
+  bool any = oom_.failed_here;
+  syncGradients(stop, checkpoint, &any);
+  if (any) {
+    restoreBuffers();  // the failed forward passes updated BatchNorm's running statistics
+    return false;
+  }
+  applyUpdate(lr);
+  return true;
+}
+
+bool Trainer::computeOrFail(int64_t real, double* loss) {
+  try {
+    *loss = computeGradients(real);
+  } catch (const std::exception& e) {
+    oom_.inject = false;
+    if (!isOutOfMemory(e)) throw;
+    // The failed graph was freed as the exception unwound. With the reducer the
+    // gradients are views of buckets that may be in flight: finish() first, and
+    // the next step zeroes them anyway.
+    if (!reducer_) clearGradients();
+    if (device_.is_cuda()) compat::cudaEmptyCache();
+    return true;
+  }
+  oom_.inject = false;
+  // CPU: over search.memory_limit_mb counts as out of memory, as in the search.
+  return oom_.limit_mb > 0 && stepPeakMb() > oom_.limit_mb;
+}
+
+Trainer::OomFigures Trainer::agreeOomFigures(bool failed) {
+  // Every rank knows the step failed somewhere, so every rank is here: one
+  // allreduce of (failed, peak, capacity) per rank.
+  const int w = comm_.size();
+  std::vector<double> v(3 * w, 0.0);
+  if (failed) {
+    v[3 * comm_.rank()] = 1;
+    v[3 * comm_.rank() + 1] = stepPeakMb();
+    v[3 * comm_.rank() + 2] = capacityMb();
+  }
+  v = comm_.allreduce(v, collective::ReduceOp::kSum);
+  OomFigures f;
+  for (int r = 0; r < w; ++r) {
+    if (v[3 * r] < 0.5) continue;
+    if (f.ranks.empty() || v[3 * r + 1] > f.peak_mb) {
+      f.peak_mb = v[3 * r + 1];
+      f.capacity_mb = v[3 * r + 2];
+    }
+    f.ranks.push_back(r);
+  }
+  return f;
+}
+
+namespace {
+
+std::string memoryText(const OomBackoff& b, bool cuda) {
+  if (cuda) {
+    return strCat("peak ", formatFixed(b.peak_mb, 0), " MB allocated of ",
+                  formatFixed(b.capacity_mb, 0), " MB on the GPU");
+  }
+  return strCat("peak resident ", formatFixed(b.peak_mb, 0), " MB",
+                b.capacity_mb > 0 ? strCat(", limit ", formatFixed(b.capacity_mb, 0),
+                                           " MB (search.memory_limit_mb)")
+                                  : std::string());
+}
+
+}  // namespace
+
+bool Trainer::backOff(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_step,
+                      const OomFigures& f, TrainResult& result) {
+  OomBackoff b;
+  b.step = global_step + 1;
+  b.ranks = f.ranks;
+  b.from_per_gpu = plan_.per_gpu;
+  b.from_accum = plan_.accum;
+  b.peak_mb = f.peak_mb;
+  b.capacity_mb = f.capacity_mb;
+  b.retry = oom_.retrying;
+  const int64_t floor = model_->hasBatchNorm() ? std::max<int64_t>(2, cfg_.batch.min_per_gpu) : 1;
+  const int64_t next = backedOffPerGpu(plan_.per_gpu, floor);
+  if (next > 0) {
+    b.to_per_gpu = next;
+    b.to_accum = plan_.per_gpu * plan_.accum / next;
+  }
+  result.oom_backoffs.push_back(b);
+  const std::string what = strCat("out of memory at step ", b.step, " on ", ranksText(b.ranks),
+                                  " with per-GPU batch ", b.from_per_gpu, " x accumulation ",
+                                  b.from_accum, " (", memoryText(b, device_.is_cuda()), ")");
+  if (next == 0) {
+    result.failure = strCat(
+        what, ", and no smaller split is left: ",
+        floor > 1 ? strCat("the model has BatchNorm, which needs at least ", floor,
+                           " samples per micro-batch (batch.min_per_gpu)")
+                  : std::string("one sample per micro-batch is the least"),
+        "; every rank stopped after step ", global_step,
+        ". Lower the memory a sample needs (a smaller model or data.resize, train.precision: "
+        "bf16) or give each rank more memory");
+    return false;
+  }
+  if (oom_.retrying) oom_.recover_after *= 2;  // the larger batch still does not fit: wait longer
+  oom_.retrying = false;
+  oom_.larger.push_back(plan_.per_gpu);
+  switchSplit(e, sharder, s, next);
+  if (console_) {
+    console_->line(strCat("oom back-off: ", what, "; every rank redoes the step as per-GPU batch ",
+                          plan_.per_gpu, " x accumulation ", plan_.accum,
+                          ": global batch ", plan_.global, ", its samples and lr unchanged"));
+  }
+  return true;
+}
+
+void Trainer::switchSplit(EpochRun& e, Sharder& sharder, int64_t s, int64_t per_gpu) {
+  plan_ = withPerGpu(plan_, per_gpu);
+  sharder = Sharder(plan_, static_cast<uint64_t>(cfg_.train.seed));
+  sharder.setEpoch(e.epoch);
+  // The rest of the epoch, cut the new way; job indices as in an uninterrupted
+  // epoch with this split.
+  loader_->start(jobs(sharder, s, e.steps - s), e.epoch, s * plan_.accum);
+  if (checkpointer_) checkpointer_->setPlan(plan_);
+  oom_.good_steps = 0;
+}
+
+void Trainer::maybeRecover(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_step,
+                           TrainResult& result) {
+  if (oom_.recover_after <= 0 || oom_.larger.empty() || oom_.good_steps < oom_.recover_after) {
+    return;
+  }
+  const int64_t from_m = plan_.per_gpu, from_a = plan_.accum;
+  const int64_t m = oom_.larger.back();
+  oom_.larger.pop_back();
+  switchSplit(e, sharder, s, m);
+  oom_.retrying = true;
+  ++result.oom_retries;
+  if (console_) {
+    console_->line(strCat("oom recover: step ", global_step + 1, ": trying per-GPU batch ",
+                          plan_.per_gpu, " x accumulation ", plan_.accum, " again after ",
+                          oom_.recover_after, " good steps at ", from_m, " x ", from_a,
+                          " (train.oom_recover_after_steps)"));
+  }
+}
+
+// Every step, so kept cheap: one concatenation per dtype (ResNet-50's 160
+// buffers: two kernels), into storage kept from step to step. The buffers are
+// looked up each time: a checkpoint restore may have replaced them.
+void Trainer::saveBuffers() {
+  torch::NoGradGuard no_grad;
+  std::map<int, std::vector<at::Tensor>> by_dtype;
+  for (const auto& b : model_->buffers()) by_dtype[static_cast<int>(b.scalar_type())].push_back(b);
+  oom_.buffers.resize(by_dtype.size());
+  std::size_t i = 0;
+  for (auto& [dtype, group] : by_dtype) {
+    auto& copy = oom_.buffers[i++];
+    std::vector<at::Tensor> flat;
+    for (const auto& b : group) flat.push_back(b.detach().reshape({-1}));
+    if (!copy.saved.defined()) copy.saved = at::empty({0}, group.front().options());
+    at::cat_out(copy.saved, flat, 0);  // resizes once, then reuses the storage
+    copy.live = std::move(group);
+  }
+}
+
+void Trainer::restoreBuffers() {
+  torch::NoGradGuard no_grad;
+  for (auto& copy : oom_.buffers) {
+    int64_t offset = 0;
+    for (auto& b : copy.live) {
+      b.detach().copy_(copy.saved.narrow(0, offset, b.numel()).view(b.sizes()));
+      offset += b.numel();
+    }
+  }
+}
+
+void Trainer::resetStepPeak() {
+  if (device_.is_cuda()) {
+    run_peak_mb_ = std::max(run_peak_mb_, stepPeakMb());
+    compat::cudaResetPeak(device_.index());
+  } else if (oom_.limit_mb > 0) {
+    resetPeakRss();  // CPU: only when a limit is checked (it trims the heap)
+  }
+}
+
+double Trainer::stepPeakMb() const {
+  return device_.is_cuda() ? compat::cudaPeakAllocatedBytes(device_.index()) / (1 << 20)
+                           : peakRssMb();
+}
+
+double Trainer::capacityMb() const {
+  return device_.is_cuda() ? compat::cudaTotalBytes(device_.index()) / (1 << 20) : oom_.limit_mb;
 }
 
 void Trainer::checkpoint(const EpochRun& e, int64_t global_step, bool mid_epoch,
@@ -368,6 +671,7 @@ void Trainer::UtilizationSampler::sample(int64_t global_step) {
 
 TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_requested) {
   TrainResult result;
+  console_ = &console;
   Sharder sharder(plan_, static_cast<uint64_t>(cfg_.train.seed));
   UtilizationSampler gpu;
   if (device_.is_cuda()) {
@@ -393,6 +697,7 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
       e.samples = resume_.epoch_samples;
       if (comm_.rank() == 0) e.loss_sum = resume_.epoch_loss_sum;
     }
+    sharder = Sharder(plan_, static_cast<uint64_t>(cfg_.train.seed));  // the split may have changed
     sharder.setEpoch(epoch);
     // Job indices as in an uninterrupted epoch: the loader's transform seeds follow them.
     loader_->start(jobs(sharder, e.first, e.steps - e.first), epoch, e.first * plan_.accum);
@@ -400,6 +705,13 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
     runSteps(e, sharder, &global_step, stop_requested, console, t0, gpu, result);
     train_time += monotonicSeconds() - e.started - e.checkpoint_s;
     result.time.add(e.time);
+    if (e.failed) {
+      // Note [oom back-off]: nothing left to back off to; no evaluation (it could
+      // run out of memory too). The run ends with the last good weights.
+      result.completed = false;
+      result.samples += e.samples;
+      break;
+    }
     result.history.push_back(finishEpoch(e, console));
     result.samples += e.samples;
     if (e.checkpoint_due && (e.stop || global_step < plan_.total_steps)) {
@@ -423,8 +735,9 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
   }
   // Training throughput: real samples over the time spent in training steps.
   result.samples_per_s = result.samples / std::max(train_time, 1e-9);
+  console_ = nullptr;
   if (device_.is_cuda()) {
-    result.peak_memory_mb = compat::cudaPeakAllocatedBytes(device_.index()) / (1 << 20);
+    result.peak_memory_mb = std::max(run_peak_mb_, stepPeakMb());
     result.memory_total_mb = compat::cudaTotalBytes(device_.index()) / (1 << 20);
   }
   if (gpu.count > 0) result.gpu_utilization = gpu.sum / gpu.count;

@@ -2,6 +2,47 @@
 // The training loop: plan -> micro-batches -> forward/backward -> gradient sum ->
 // optimizer, with distributed evaluation, per-epoch health checks and a
 // breakdown of where the time goes.
+//
+// Note [oom back-off]: an out-of-memory in a training step does not end the run.
+//  - Detection, per rank: the allocator's exception (c10::OutOfMemoryError and
+//    the other forms isOutOfMemory() knows), or on CPU a step whose peak resident
+//    memory exceeds search.memory_limit_mb (as in the search). The exception is
+//    caught in computeGradients()'s caller; the failed forward/backward's graph is
+//    freed as it unwinds (and the CUDA cache emptied).
+//  - Agreement, no extra collective: the failing rank still calls
+//    syncGradients(), which sends every bucket in the same order (Note
+//    [overlapped reducer]: the reducer's last bucket, the side channel's, starts
+//    only in finish(), so a flag set after a failure halfway through backward
+//    still travels) with its out-of-memory flag in slot 1 of the side channel.
+//    Every rank reads the same sum after the same step, so every rank discards
+//    that step (no optimizer update; BatchNorm buffers restored from the copy
+//    taken before the step) and only then do they meet in one small allreduce for
+//    the figures (which ranks, their peak and capacity) that the message needs.
+//  - Redo: the same step, same samples, same LR, split as m' x a' with m' the
+//    largest proper divisor of m (m / 2 for even m) and a' = a m / m', so
+//    G = m' a' W: by Note [equal shards] rank r gets exactly the same samples,
+//    and by Note [loss normalisation] the update is the same mean gradient (to
+//    float rounding; BatchNorm statistics follow the micro-batch, as always).
+//    The loader is restarted at that step with the new jobs; the checkpointer
+//    records the new split, so a resume continues with it.
+//  - Below the BatchNorm minimum (batch.min_per_gpu, 2) or at m = 1 there is
+//    nothing left: every rank stops after the failed step, and the run ends with
+//    completed = false, the reason in the report and exit code 1.
+//  - train.oom_recover_after_steps = N > 0: after N good steps at the smaller
+//    split the larger one is tried again (one level up); a back-off from a split
+//    that was such a retry doubles N. A resumed run does not retry.
+//    Off by default: a spike that came from the data or from fragmentation tends
+//    to come back, each failed retry costs a wasted step and churns the
+//    allocator, and a run that changes its split back and forth is harder to
+//    reproduce (BatchNorm statistics follow the per-GPU batch).
+//  - Fault injection for tests: BATCHDIST_FAULT_OOM="R:S[:N],..." makes rank R
+//    throw c10::OutOfMemoryError (the type the real path catches) from a hook on
+//    the first parameter's gradient, i.e. halfway through the final
+//    micro-batch's backward, in the first N (default 1) tries of global step S
+//    (1-based).
+//  - Not covered: with model.sync_batchnorm an out-of-memory inside forward
+//    leaves the other ranks in a BatchNorm allreduce; dist.timeout_s then ends
+//    the job with the stall report.
 
 #include <ATen/core/Tensor.h>
 
@@ -67,15 +108,13 @@ class Trainer {
   // backward and this rank's in syncGradients(), in the same order.
 
   /// Forward and backward over the next plan().accum batches; returns the loss sum.
-  /// `side`: this rank's value for the gradient allreduce's side channel (the
-  /// stop flag), summed over the ranks by syncGradients().
-  double computeGradients(int64_t real, double side = 0.0);
+  double computeGradients(int64_t real);
   /// Drops all gradients (after a failed computeGradients()).
   void clearGradients();
-  /// Sums gradients over the ranks (zeros where this rank has none). `stop` and
-  /// `checkpoint`, if given, are this rank's wishes in and "any rank wished" out,
-  /// agreed in the same allreduce.
-  void syncGradients(bool* stop = nullptr, bool* checkpoint = nullptr);
+  /// Sums gradients over the ranks (zeros where this rank has none). `stop`,
+  /// `checkpoint` and `oom`, if given, are this rank's wishes (oom: its step
+  /// failed) in and "any rank" out, agreed in the same allreduce.
+  void syncGradients(bool* stop = nullptr, bool* checkpoint = nullptr, bool* oom = nullptr);
   /// Optimizer update at `lr` (fp16: unscales, or skips a step with inf/NaN gradients).
   void applyUpdate(double lr);
 
@@ -105,6 +144,29 @@ class Trainer {
 
  private:
   struct EpochRun;
+  /// Where the out-of-memory back-off stands (Note [oom back-off]).
+  struct OomState {
+    std::vector<std::pair<int64_t, int64_t>> faults;  ///< BATCHDIST_FAULT_OOM: (step, rank) tries
+    bool inject = false;            ///< fail the current try (this rank)
+    bool failed_here = false;       ///< the last try failed on this rank
+    std::vector<int64_t> larger;    ///< per-GPU batches backed off from, newest last
+    int64_t good_steps = 0;         ///< since the last switch of split
+    int64_t recover_after = 0;      ///< current wait before a retry (0: never)
+    bool retrying = false;          ///< the current split is a retry of a larger one
+    double limit_mb = 0;            ///< CPU: search.memory_limit_mb (0: none)
+    /// The model's buffers (BatchNorm statistics) before the step, per dtype.
+    struct SavedBuffers {
+      std::vector<at::Tensor> live;
+      at::Tensor saved;
+    };
+    std::vector<SavedBuffers> buffers;
+  };
+  /// The figures of a failed step, agreed over the ranks (one allreduce).
+  struct OomFigures {
+    std::vector<int64_t> ranks;
+    double peak_mb = 0;
+    double capacity_mb = 0;
+  };
   /// NVML utilization, sampled every 10 steps on CUDA.
   struct UtilizationSampler {
     std::unique_ptr<GpuMonitor> monitor;
@@ -112,7 +174,29 @@ class Trainer {
     int64_t count = 0;
     void sample(int64_t global_step);
   };
-  void runSteps(EpochRun& e, const Sharder& sharder, int64_t* global_step,
+  /// One step with Note [oom back-off]: tries it, backs off and redoes it until
+  /// it fits. Returns false when nothing is left (result.failure says why).
+  bool runStep(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_step, bool* stop,
+               bool* due, TrainResult& result, double* loss);
+  /// One try of a step; false (nothing applied) if any rank ran out of memory.
+  bool tryStep(int64_t real, double lr, bool* stop, bool* checkpoint, double* loss);
+  /// Forward and backward, an out-of-memory caught; true if this rank failed.
+  bool computeOrFail(int64_t real, double* loss);
+  OomFigures agreeOomFigures(bool failed);
+  /// Switches every rank to per-GPU batch `per_gpu` from step `s` of this epoch.
+  void switchSplit(EpochRun& e, Sharder& sharder, int64_t s, int64_t per_gpu);
+  /// After a failed try: the smaller split, or false at the minimum.
+  bool backOff(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_step,
+               const OomFigures& f, TrainResult& result);
+  /// Before a step: the larger split again when train.oom_recover_after_steps says so.
+  void maybeRecover(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_step,
+                    TrainResult& result);
+  void saveBuffers();
+  void restoreBuffers();
+  void resetStepPeak();
+  double stepPeakMb() const;
+  double capacityMb() const;
+  void runSteps(EpochRun& e, Sharder& sharder, int64_t* global_step,
                 const std::function<bool()>& stop_requested, Console& console, double run_started,
                 UtilizationSampler& gpu, TrainResult& result);
   void checkpoint(const EpochRun& e, int64_t global_step, bool mid_epoch, Console& console,
@@ -139,6 +223,9 @@ class Trainer {
   TimeBreakdown time_;
   Checkpointer* checkpointer_ = nullptr;
   TrainPosition resume_;
+  OomState oom_;
+  Console* console_ = nullptr;  ///< during train(): for the back-off lines
+  double run_peak_mb_ = 0;      ///< CUDA: the run's peak (the step's is reset each step)
 };
 
 }  // namespace batchdist::worker

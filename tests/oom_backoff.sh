@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Note [oom back-off] (worker/train/trainer.h) end to end: the real binary under
+# mpirun, real ranks, the report and the console checked.
+#
+# usage: oom_backoff.sh MPIRUN "MPI FLAGS" BATCHDIST MODEL_DIFF QUICKSTART SEARCH_CPU OUTDIR SCENARIO
+#   resume        rank 1 fails step 5 (BATCHDIST_FAULT_OOM=1:5): one line on rank 0, the report's
+#                 oom_backoffs, the run completes at 16 x 2; a checkpoint written after the
+#                 back-off resumes at 16 x 2, bitwise equal to the uninterrupted run
+#   minimum       rank 1 fails step 5 at every split down to BatchNorm's 2: exit 1 (no hang),
+#                 the message names rank, batch and memory, report completed=false
+#   memory_limit  no injection: search.memory_limit_mb between the peaks of per-GPU batch
+#                 128 and 256 (calibrated by a search on this machine) makes 256 back off to 128
+#   cache         a back-off marks the search cache entry; the next run takes a smaller
+#                 cached candidate and says why
+set -u
+mpirun=$1 flags=$2 bin=$3 diff=$4 quickstart=$5 searchcfg=$6 out=$7 scenario=$8
+rm -rf "$out"; mkdir -p "$out"
+fail() { echo "FAIL: $*"; exit 1; }
+
+# run NAME CONFIG ENV ARGS...: one bounded batchdist run into $out/NAME; sets rc.
+run() {
+  local name=$1 cfg=$2 env=$3; shift 3
+  # shellcheck disable=SC2086
+  timeout 240 "$mpirun" $flags -np 2 -x BATCHDIST_FAULT_OOM="$env" "$bin" "$cfg" \
+    --output "$out/$name" "$@" >"$out/$name.log" 2>&1
+  rc=$?
+  grep -aoE '(oom back-off|oom recover|resume: |error: |done: |stopped early).*' "$out/$name.log" | sort -u | head -n 8
+}
+
+has() {  # has NAME TEXT: the report of NAME contains TEXT
+  grep -qF -- "$2" "$out/$1/report.json" || fail "report of $1 lacks '$2'"
+}
+
+case "$scenario" in
+  resume)
+    # A constant schedule after warmup: the lr of a step does not depend on max_steps.
+    base=(--set optim.schedule=constant --set checkpoint.every_steps=10)
+    run full "$quickstart" 1:5 "${base[@]}" --set train.max_steps=30
+    [ "$rc" = 0 ] || fail "run with a back-off: exit $rc"
+    n=$(grep -c 'oom back-off: out of memory at step 5 on rank 1 with per-GPU batch 32 x accumulation 1 (peak resident [0-9]* MB); every rank redoes the step as per-GPU batch 16 x accumulation 2' "$out/full.log")
+    [ "$n" = 1 ] || fail "expected one back-off line on rank 0, found $n"
+    has full '"completed": true'
+    has full '"per_gpu_batch": 16'
+    has full '"accum_steps": 2'
+    has full '"step": 5,'
+    has full '"from": "32x1"'
+    has full '"to": "16x2"'
+    has full '"ranks": ['
+    # The checkpoint at step 10 records 16 x 2; the resumed run (no injection) keeps it.
+    run cut "$quickstart" 1:5 "${base[@]}" --set train.max_steps=12
+    [ "$rc" = 0 ] || fail "short run: exit $rc"
+    grep -q '"per_gpu": 16' "$out/cut/checkpoints/step-00000010/manifest.json" ||
+      fail "the checkpoint after the back-off does not record per-GPU batch 16"
+    rm -rf "$out/cut/checkpoints/step-00000012"  # resume from step 10
+    run cut "$quickstart" "" "${base[@]}" --set train.max_steps=30 --resume auto
+    [ "$rc" = 0 ] || fail "resumed run: exit $rc"
+    has cut '"resumed_from"'
+    has cut '"per_gpu_batch": 16'
+    has cut '"accum_steps": 2'
+    "$diff" "$out/full/model.pt" "$out/cut/model.pt" 0 || fail "resumed model differs from the uninterrupted run's"
+    ;;
+  minimum)
+    start=$(date +%s)
+    run min "$quickstart" 1:5:10 --set train.max_steps=30
+    secs=$(( $(date +%s) - start ))
+    [ "$rc" = 1 ] || fail "expected exit 1 at the BatchNorm minimum, got $rc"
+    [ "$secs" -lt 60 ] || fail "took $secs s: something waited"
+    grep -q 'error: out of memory at step 5 on rank 1 with per-GPU batch 2 x accumulation 16 (peak resident [0-9]* MB), and no smaller split is left: the model has BatchNorm' "$out/min.log" ||
+      fail "no clear message naming rank, batch and memory"
+    [ "$(grep -c 'oom back-off' "$out/min.log")" = 4 ] || fail "expected 4 back-offs (32 -> 16 -> 8 -> 4 -> 2)"
+    has min '"completed": false'
+    has min '"stopped_by": "out of memory"'
+    has min '"steps": 4,'
+    has min '"to": null'
+    ;;
+  memory_limit)
+    "$mpirun" $flags -np 2 "$bin" search "$searchcfg" --quiet --output "$out/calibrate" \
+      --set search.objective=max_fit --set search.min=64 --set search.max=256 \
+      --set search.warmup_steps=1 --set search.timed_steps=1 >"$out/calibrate.log" 2>&1 ||
+      fail "calibration search failed: $(tail -5 "$out/calibrate.log")"
+    peaks=$(grep -oE '"peak_memory_mb": [0-9.]+' "$out/calibrate/search.json" | sed 's/.*: //')
+    p128=$(echo "$peaks" | sed -n 2p); p256=$(echo "$peaks" | sed -n 3p)
+    limit=$(awk -v a="$p128" -v b="$p256" 'BEGIN { printf "%d", (a + b) / 2 }')
+    echo "calibration: peak $p128 MB at 128, $p256 MB at 256; limit $limit MB"
+    awk -v a="$p128" -v b="$p256" 'BEGIN { exit !(b - a > 20) }' || fail "peaks too close to separate"
+    run lim "$searchcfg" "" --set batch.per_gpu=256 --set search.memory_limit_mb="$limit" \
+      --set train.max_steps=5
+    [ "$rc" = 0 ] || fail "exit $rc"
+    grep -q "oom back-off: out of memory at step 1 on ranks\? [0-9, ]* with per-GPU batch 256 x accumulation 1 (peak resident [0-9]* MB, limit $limit MB (search.memory_limit_mb))" "$out/lim.log" ||
+      fail "no back-off line for the memory limit"
+    has lim '"completed": true'
+    has lim '"per_gpu_batch": 128'
+    has lim '"from": "256x1"'
+    [ "$(grep -c '"from": ' "$out/lim/report.json")" = 1 ] || fail "expected exactly one back-off"
+    ;;
+  cache)
+    # per_gpu: auto picks 256 (max_fit); rank 1 fails step 2 there; the cache entry is
+    # marked, and the next run takes the largest cached candidate below 256.
+    search=(--set search.objective=max_fit --set search.min=64 --set search.max=256
+            --set search.warmup_steps=1 --set search.timed_steps=1 --set train.max_steps=3)
+    run c "$searchcfg" 1:2 "${search[@]}"
+    [ "$rc" = 0 ] || fail "first run: exit $rc"
+    has c '"per_gpu_batch": 128'
+    has c '"from": "256x1"'
+    grep -q '"oom_in_training"' "$out/c/search_cache.json" || fail "the cache entry is not marked"
+    run c "$searchcfg" "" "${search[@]}"
+    [ "$rc" = 0 ] || fail "second run: exit $rc"
+    grep -q 'is marked: per-GPU batch 256 ran out of memory in training at step 2 on rank 1 (peak [0-9]* MB); taking 128 instead of 256' "$out/c.log" ||
+      fail "the second run does not say that it avoids the marked batch"
+    has c '"chosen": 128'
+    has c '"oom_backoffs": []'
+    ;;
+  *) fail "unknown scenario $scenario" ;;
+esac
+echo "ok: $scenario"
