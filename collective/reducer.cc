@@ -74,7 +74,7 @@ void Reducer::build(const std::vector<std::size_t>& order) {
   if (buckets_.empty()) {
     // No parameter: a bucket of the tail alone, so agreement still travels.
     buckets_.emplace_back();
-    buckets_.back().flat = at::zeros({1 + comm_.size()},
+    buckets_.back().flat = at::zeros({2 + comm_.size()},
                                      at::TensorOptions().dtype(at::kFloat).device(comm_.device()));
     return;
   }
@@ -82,8 +82,9 @@ void Reducer::build(const std::vector<std::size_t>& order) {
     auto& bucket = buckets_[b];
     int64_t n = 0;
     for (auto k : bucket.params) n += params_[k].numel();
-    // Tail: the side channel in bucket 0, then the arrival slots in the last.
-    const int64_t tail = (b == 0 ? 1 : 0) + (b + 1 == buckets_.size() ? comm_.size() : 0);
+    // Tail: the side channel in bucket 0, then the norm slot and the arrival
+    // slots in the last.
+    const int64_t tail = (b == 0 ? 1 : 0) + (b + 1 == buckets_.size() ? 1 + comm_.size() : 0);
     bucket.flat = at::zeros({n + tail}, params_[bucket.params.front()].options());
   }
   attachViews();
@@ -144,6 +145,8 @@ void Reducer::prepare(bool final_micro, double side) {
     bucket.work.reset();
   }
   sideSlot().fill_(side_);
+  normSlot().zero_();
+  local_sq_ = at::Tensor();
 }
 
 at::Tensor Reducer::sideSlot() const {
@@ -152,9 +155,15 @@ at::Tensor Reducer::sideSlot() const {
   return first.flat.narrow(0, at, 1);
 }
 
-at::Tensor Reducer::arrivalSlots() const {
+at::Tensor Reducer::normSlot() const {
   const auto& last = buckets_.back();
   const int64_t at = paramElements(last) + (buckets_.size() == 1 ? 1 : 0);
+  return last.flat.narrow(0, at, 1);
+}
+
+at::Tensor Reducer::arrivalSlots() const {
+  const auto& last = buckets_.back();
+  const int64_t at = paramElements(last) + (buckets_.size() == 1 ? 1 : 0) + 1;
   return last.flat.narrow(0, at, comm_.size());
 }
 
@@ -189,6 +198,18 @@ void Reducer::startReadyBuckets(bool from_hook) {
   // In index order only: a ready bucket waits for the ones before it.
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].ready) {
     auto& bucket = buckets_[next_bucket_++];
+    if (measure_) {
+      // Final and not yet summed: this rank's own gradient (Note [gradient norms]).
+      const int64_t n = paramElements(bucket);
+      if (n > 0) {
+        auto g = bucket.flat.narrow(0, 0, n);
+        auto sq = at::dot(g, g).to(at::kDouble);
+        local_sq_ = local_sq_.defined() ? local_sq_ + sq : sq;
+      }
+      if (&bucket == &buckets_.back() && local_sq_.defined()) {
+        normSlot().copy_(local_sq_.reshape({1}));
+      }
+    }
     stampArrival(bucket);
     ++started_total_;
     if (from_hook) ++started_from_hooks_;
@@ -220,6 +241,18 @@ double Reducer::finish() {
   double latest = 0;
   for (int r = 0; r < comm_.size(); ++r) latest = std::max(latest, t[r]);
   last_skew_s_ = std::max(0.0, latest - t[comm_.rank()]);
+  norms_ = GradSqNorms{};
+  if (measure_) {
+    at::Tensor summed = at::zeros({}, normSlot().options().dtype(at::kDouble));
+    for (const auto& bucket : buckets_) {
+      const int64_t n = paramElements(bucket);
+      if (n == 0) continue;
+      auto g = bucket.flat.narrow(0, 0, n);
+      summed = summed + at::dot(g, g).to(at::kDouble);
+    }
+    const auto both = at::stack({normSlot().to(at::kDouble).reshape({}), summed}).cpu();
+    norms_ = {both[0].item<double>(), both[1].item<double>(), true};
+  }
   if (++steps_ == 1 && !rebuilt_) rebuildInReadyOrder();
   return side;
 }

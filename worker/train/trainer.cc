@@ -39,6 +39,8 @@ Trainer::Trainer(const Config& cfg, collective::Communicator& comm, const DataSp
   } else {
     sync_ = std::make_unique<collective::GradientSynchronizer>(comm_, trainable, bucket_bytes);
   }
+  if (reducer_) reducer_->setMeasureNorms(cfg.train.noise_scale);
+  if (sync_) sync_->setMeasureNorms(cfg.train.noise_scale);
   LoaderOptions lo;
   lo.workers = cfg.data.workers;
   lo.prefetch = cfg.data.prefetch;
@@ -110,6 +112,8 @@ double Trainer::computeGradients(int64_t real, double side) {
   }
   const double denom = static_cast<double>(std::max<int64_t>(1, real));
   const double scale = scaler_ ? scaler_->scale() : 1.0;
+  grad_scale_ = scale;
+  step_real_ = real;
   // Summed on the device, read once per step: no host sync per micro-batch.
   torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device_));
   for (int64_t k = 0; k < plan_.accum; ++k) {
@@ -158,6 +162,7 @@ void Trainer::syncGradients(bool* stop, bool* checkpoint) {
     const double skew = std::min(waited, reducer_->lastSkewSeconds());
     time_.skew += skew;
     time_.comm += waited - skew;
+    recordNoise();
     return;
   }
   if (!stop && !checkpoint) {
@@ -169,6 +174,38 @@ void Trainer::syncGradients(bool* stop, bool* checkpoint) {
   }
   synchronize();
   time_.comm += monotonicSeconds() - t0;
+  recordNoise();
+}
+
+void Trainer::recordNoise() {
+  const auto& n = reducer_ ? reducer_->lastNorms() : sync_->lastNorms();
+  // A padded (or uneven, last_batch: keep) step has ranks of different real
+  // batch sizes: Note [gradient noise scale] assumes equal ones, so it is left out.
+  if (!n.valid || step_real_ != plan_.global) return;
+  const auto x = noiseSample(n.local_sum, n.summed, grad_scale_, comm_.size(),
+                             plan_.per_gpu * plan_.accum);
+  noise_.add(x.small_sq, x.b_small, x.big_sq, x.b_big);  // skips an fp16 overflow
+}
+
+NoiseScaleResult Trainer::noiseResult() const {
+  NoiseScaleResult r;
+  r.b_small = plan_.per_gpu * plan_.accum;
+  r.b_big = plan_.global;
+  r.steps = noise_.steps();
+  r.measured = noise_.steps() > 0;
+  if (!cfg_.train.noise_scale) {
+    r.why_not = "train.noise_scale is off";
+  } else if (comm_.size() < 2) {
+    r.why_not = "it needs at least 2 ranks (two batch sizes: per rank and global)";
+  } else if (!r.measured) {
+    r.why_not = "no step with every sample real was measured";
+  }
+  if (r.measured) {
+    r.b_simple = noise_.bSimple();
+    r.grad_sq = noise_.gradSq();
+    r.trace = noise_.trace();
+  }
+  return r;
 }
 
 void Trainer::applyUpdate(double lr) {
@@ -266,6 +303,11 @@ struct Trainer::EpochRun {
   int64_t first = 0;        ///< first step run (> 0 when resumed mid-epoch)
   bool checkpoint_due = false;  ///< at the epoch's last step: written after the evaluation
   double checkpoint_s = 0;  ///< spent writing checkpoints during the steps
+  // At the last metrics line (metrics.jsonl): its interval starts there.
+  double logged_at = 0;
+  double logged_loss = 0;
+  int64_t logged_samples = 0;
+  TimeBreakdown logged_time;
 };
 
 void Trainer::progress(Console& console, const EpochRun& e, int64_t step, int64_t global_step,
@@ -290,6 +332,36 @@ void Trainer::progress(Console& console, const EpochRun& e, int64_t step, int64_
                         formatDuration(per_step * (plan_.total_steps - global_step))));
 }
 
+// metrics.jsonl: about ten lines per epoch (every steps_per_epoch / 10 steps and
+// at the epoch's last step), from rank 0's own numbers: no collective.
+void Trainer::logMetrics(EpochRun& e, int64_t step, int64_t global_step, double run_started,
+                         TrainResult& result) {
+  if (comm_.rank() != 0) return;
+  const int64_t every = std::max<int64_t>(1, plan_.steps_per_epoch / 10);
+  if ((step + 1) % every != 0 && step + 1 != e.steps && !e.stop) return;
+  const double now = monotonicSeconds();
+  if (e.logged_at == 0) e.logged_at = e.started;
+  MetricPoint m;
+  m.step = global_step;
+  m.epoch = e.epoch + 1;
+  m.seconds = now - run_started;
+  const int64_t samples = e.samples - e.logged_samples;
+  m.train_loss = (e.loss_sum - e.logged_loss) * comm_.size() / std::max<int64_t>(1, samples);
+  m.lr = plan_.lrAt(global_step - 1);
+  m.samples_per_s = samples / std::max(now - e.logged_at, 1e-9);
+  m.time = e.time;
+  m.time.data_wait -= e.logged_time.data_wait;
+  m.time.compute -= e.logged_time.compute;
+  m.time.comm -= e.logged_time.comm;
+  m.time.skew -= e.logged_time.skew;
+  m.noise_scale = noise_.bSimple();
+  result.metrics.push_back(m);
+  e.logged_at = now;
+  e.logged_loss = e.loss_sum;
+  e.logged_samples = e.samples;
+  e.logged_time = e.time;
+}
+
 void Trainer::runSteps(EpochRun& e, const Sharder& sharder, int64_t* global_step,
                        const std::function<bool()>& stop_requested, Console& console,
                        double run_started, UtilizationSampler& gpu, TrainResult& result) {
@@ -303,6 +375,7 @@ void Trainer::runSteps(EpochRun& e, const Sharder& sharder, int64_t* global_step
     e.time.add(takeTime());
     gpu.sample(*global_step);
     progress(console, e, s, *global_step, run_started);
+    logMetrics(e, s, *global_step, run_started, result);
     if (!checkpointer_) continue;
     // Every rank reaches the same verdict: the wishes were agreed in the allreduce.
     due = due || checkpointer_->dueBySteps(*global_step) || (e.stop && checkpointer_->onSignal());
@@ -348,12 +421,16 @@ EpochStats Trainer::finishEpoch(const EpochRun& e, Console& console) {
   if (cfg_.train.check_finite) checkHealth(e.epoch);
   const auto ev = evaluate();
   EpochStats st{e.epoch, train_loss, ev.loss, ev.accuracy, e.samples / std::max(train_secs, 1e-9),
-                monotonicSeconds() - e.started};
+                monotonicSeconds() - e.started, noise_.windowBSimple()};
+  noise_.resetWindow();
   console.line(strCat("epoch ", e.epoch + 1, "/", plan_.epochs, "  train_loss ",
                       formatFixed(train_loss, 4), "  eval_loss ", formatFixed(ev.loss, 4),
                       "  eval_acc ", formatFixed(100.0 * ev.accuracy, 2), " %  ",
                       static_cast<int64_t>(st.samples_per_s), " samples/s  (",
-                      formatDuration(st.seconds), ")"));
+                      formatDuration(st.seconds), ")",
+                      st.noise_scale > 0
+                          ? strCat("  B_simple ", static_cast<int64_t>(std::lround(st.noise_scale)))
+                          : std::string()));
   return st;
 }
 
@@ -401,6 +478,22 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
     train_time += monotonicSeconds() - e.started - e.checkpoint_s;
     result.time.add(e.time);
     result.history.push_back(finishEpoch(e, console));
+    if (comm_.rank() == 0) {
+      const auto& h = result.history.back();
+      MetricPoint m;
+      m.epoch_end = true;
+      m.step = global_step;
+      m.epoch = epoch + 1;
+      m.seconds = monotonicSeconds() - t0;
+      m.train_loss = h.train_loss;
+      m.lr = plan_.lrAt(global_step - 1);
+      m.samples_per_s = h.samples_per_s;
+      m.time = e.time;
+      m.noise_scale = h.noise_scale;
+      m.eval_loss = h.eval_loss;
+      m.eval_accuracy = h.eval_accuracy;
+      result.metrics.push_back(m);
+    }
     result.samples += e.samples;
     if (e.checkpoint_due && (e.stop || global_step < plan_.total_steps)) {
       checkpoint(e, global_step, /*mid_epoch=*/false, console, result);
@@ -428,6 +521,7 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
     result.memory_total_mb = compat::cudaTotalBytes(device_.index()) / (1 << 20);
   }
   if (gpu.count > 0) result.gpu_utilization = gpu.sum / gpu.count;
+  result.noise = noiseResult();
   if (scaler_) {
     result.skipped_steps = scaler_->skippedSteps();
     result.loss_scale = scaler_->scale();

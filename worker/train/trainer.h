@@ -21,6 +21,7 @@
 #include "worker/model/optimizer.h"
 #include "worker/model/precision.h"
 #include "worker/train/gpu_monitor.h"
+#include "worker/train/noise_scale.h"
 #include "worker/train/result.h"
 
 namespace batchdist::worker {
@@ -103,6 +104,11 @@ class Trainer {
   /// Time spent since the last call (this rank).
   TimeBreakdown takeTime();
 
+  /// The gradient noise scale measured so far (train.noise_scale; Note [gradient
+  /// noise scale] in noise_scale.h): fed by every syncGradients() of a step whose
+  /// samples are all real, with more than one rank.
+  const NoiseScaleEstimator& noiseScale() const { return noise_; }
+
  private:
   struct EpochRun;
   /// NVML utilization, sampled every 10 steps on CUDA.
@@ -119,6 +125,10 @@ class Trainer {
                   TrainResult& result);
   void progress(Console& console, const EpochRun& e, int64_t step, int64_t global_step,
                 double run_started);
+  void logMetrics(EpochRun& e, int64_t step, int64_t global_step, double run_started,
+                  TrainResult& result);
+  void recordNoise();
+  NoiseScaleResult noiseResult() const;
   EpochStats finishEpoch(const EpochRun& e, Console& console);
   double encodeWishes(const bool* stop, const bool* checkpoint) const;
   void decodeWishes(double sum, bool* stop, bool* checkpoint) const;
@@ -139,6 +149,9 @@ class Trainer {
   TimeBreakdown time_;
   Checkpointer* checkpointer_ = nullptr;
   TrainPosition resume_;
+  NoiseScaleEstimator noise_;
+  double grad_scale_ = 1;  // fp16 loss scale the current gradients carry
+  int64_t step_real_ = 0;  // real samples of the current step, all ranks
 };
 
 }  // namespace batchdist::worker
