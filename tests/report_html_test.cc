@@ -148,4 +148,13 @@ TEST(Diagnose, GlobalBatchFarAboveTheNoiseScaleIsReportedWithItsNumbers) {
   found = diagnose(cfg, r, false, "cpu");
   ASSERT_FALSE(found.empty());
   EXPECT_NE(found.back().find("well below"), std::string::npos) << found.back();
+  // |G|^2 came out <= 0: B_simple is beyond what this batch resolves.
+  r.history.back().noise_scale = -1;
+  r.noise.b_simple = -1;
+  r.noise.grad_sq = -1e-4;
+  r.noise.trace = 3;
+  found = diagnose(cfg, r, false, "cpu");
+  ASSERT_FALSE(found.empty());
+  EXPECT_NE(found.back().find("too large to measure at global batch 512"), std::string::npos)
+      << found.back();
 }

@@ -24,6 +24,13 @@ std::optional<std::string> noiseFinding(const TrainResult& r) {
     b = r.noise.b_simple;
     when = "smoothed";
   }
+  if (b <= 0 && r.noise.measured && r.noise.grad_sq <= 0 && r.noise.trace > 0) {
+    return strCat("noise scale: too large to measure at global batch ", r.noise.b_big,
+                  " (the smoothed |G|^2 estimate is not positive: the gradient is small next to "
+                  "its noise), so B_simple is far above it; a larger global batch (more ranks, a "
+                  "larger per-GPU batch or batch.accum) would take fewer steps for nearly the "
+                  "same number of samples");
+  }
   if (b <= 0 || r.noise.b_big <= 0) return std::nullopt;
   const double g = static_cast<double>(r.noise.b_big);
   const std::string bs = formatFixed(b, 0);

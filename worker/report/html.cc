@@ -445,7 +445,8 @@ std::string reportHtml(const nlohmann::ordered_json& report, const nlohmann::ord
        << "global batch " << num(G) << " is " << formatFixed(G / bs, G / bs < 1 ? 2 : 1) << "x it";
     if (G >= 4 * bs) os << " <span class=\"warn\">(samples are being wasted)</span>";
   } else {
-    os << "<div class=\"big\">?</div>not measured: " << xmlEscape(jtext(noise, "why_not"));
+    os << "<div class=\"big\">?</div>" << (jbool(noise, "measured") ? "unknown: " : "not measured: ")
+       << xmlEscape(jtext(noise, "why_not"));
   }
   os << "</div>\n</div>\n";
 
@@ -551,7 +552,9 @@ std::string reportHtml(const nlohmann::ordered_json& report, const nlohmann::ord
        << " steps. Smoothed at the end: |G|&sup2; " << num(jnum(noise, "grad_sq")) << ", tr(&Sigma;) "
        << num(jnum(noise, "trace")) << ". A global batch well above B_simple wastes samples (about "
           "1 + B/B_simple times the minimal number); well below it, a larger batch would take "
-          "fewer steps for nearly the same samples.</p>\n";
+          "fewer steps for nearly the same samples.";
+    if (bs <= 0) os << " <b>Unknown at the end</b>: " << xmlEscape(jtext(noise, "why_not")) << ".";
+    os << "</p>\n";
   } else {
     os << "<p id=\"noise-missing\">Not measured: " << xmlEscape(jtext(noise, "why_not")) << ".</p>\n";
   }

@@ -204,6 +204,13 @@ NoiseScaleResult Trainer::noiseResult() const {
     r.b_simple = noise_.bSimple();
     r.grad_sq = noise_.gradSq();
     r.trace = noise_.trace();
+    // |G|^2 is estimated without bias but with a spread of about tr(S) / B_big per
+    // step: far below B_simple its average can come out <= 0.
+    if (r.b_simple <= 0) {
+      r.why_not = strCat("the smoothed |G|^2 estimate is not positive: the gradient's signal is "
+                         "below what the global batch of ", plan_.global,
+                         " resolves, so B_simple is far above it");
+    }
   }
   return r;
 }
