@@ -369,6 +369,24 @@ void Trainer::logMetrics(EpochRun& e, int64_t step, int64_t global_step, double 
   e.logged_time = e.time;
 }
 
+void Trainer::logEpochMetrics(const EpochRun& e, const EpochStats& h, int64_t global_step,
+                              double run_started, TrainResult& result) {
+  if (comm_.rank() != 0) return;
+  MetricPoint m;
+  m.epoch_end = true;
+  m.step = global_step;
+  m.epoch = h.epoch + 1;
+  m.seconds = monotonicSeconds() - run_started;
+  m.train_loss = h.train_loss;
+  m.lr = plan_.lrAt(global_step - 1);
+  m.samples_per_s = h.samples_per_s;
+  m.time = e.time;
+  m.noise_scale = h.noise_scale;
+  m.eval_loss = h.eval_loss;
+  m.eval_accuracy = h.eval_accuracy;
+  result.metrics.push_back(m);
+}
+
 void Trainer::runSteps(EpochRun& e, const Sharder& sharder, int64_t* global_step,
                        const std::function<bool()>& stop_requested, Console& console,
                        double run_started, UtilizationSampler& gpu, TrainResult& result) {
@@ -485,22 +503,7 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
     train_time += monotonicSeconds() - e.started - e.checkpoint_s;
     result.time.add(e.time);
     result.history.push_back(finishEpoch(e, console));
-    if (comm_.rank() == 0) {
-      const auto& h = result.history.back();
-      MetricPoint m;
-      m.epoch_end = true;
-      m.step = global_step;
-      m.epoch = epoch + 1;
-      m.seconds = monotonicSeconds() - t0;
-      m.train_loss = h.train_loss;
-      m.lr = plan_.lrAt(global_step - 1);
-      m.samples_per_s = h.samples_per_s;
-      m.time = e.time;
-      m.noise_scale = h.noise_scale;
-      m.eval_loss = h.eval_loss;
-      m.eval_accuracy = h.eval_accuracy;
-      result.metrics.push_back(m);
-    }
+    logEpochMetrics(e, result.history.back(), global_step, t0, result);
     result.samples += e.samples;
     if (e.checkpoint_due && (e.stop || global_step < plan_.total_steps)) {
       checkpoint(e, global_step, /*mid_epoch=*/false, console, result);

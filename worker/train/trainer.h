@@ -127,6 +127,8 @@ class Trainer {
                 double run_started);
   void logMetrics(EpochRun& e, int64_t step, int64_t global_step, double run_started,
                   TrainResult& result);
+  void logEpochMetrics(const EpochRun& e, const EpochStats& h, int64_t global_step,
+                       double run_started, TrainResult& result);
   void recordNoise();
   NoiseScaleResult noiseResult() const;
   EpochStats finishEpoch(const EpochRun& e, Console& console);
