@@ -197,11 +197,11 @@ TEST(NoiseScale, LogisticRegressionMatchesExactCovariance) {
 // weights stay where the exact value is computed; per-sample gradients by
 // autograd over the whole training set. Batches are drawn without replacement
 // within an epoch (a finite-population effect under 2 % at N = 2048, B = 64).
-void trainerMatchesExact(bool overlap) {
+void trainerMatchesExact(bool overlap, int world, int64_t per_gpu) {
   const auto cfg = worker::parseConfig(
       "model: {name: mlp, hidden: [16], batchnorm: false}\n"
       "data: {name: synthetic, samples: 2048, shape: [8], classes: 3, noise: 1.5, val_fraction: 0}\n"
-      "batch: {global: 64, per_gpu: 32}\n"
+      "batch: {global: 64, per_gpu: " + std::to_string(per_gpu) + "}\n"
       "optim: {name: sgd, lr: 1.0e-12, base_batch: 64, momentum: 0, weight_decay: 0}\n"
       "train: {epochs: 10, seed: 4}\n"
       "dist: {overlap: " + std::string(overlap ? "true" : "false") + "}\n",
@@ -210,7 +210,7 @@ void trainerMatchesExact(bool overlap) {
   double exact = 0, estimate = 0;
   int64_t steps = 0;
   std::mutex mu;
-  testsupport::runRanks(2, [&](Communicator& c) {
+  testsupport::runRanks(world, [&](Communicator& c) {
     const auto plan = worker::makePlan(cfg, c.size(), data.train.size(), false);
     worker::Trainer trainer(cfg, c, data, at::kCPU, plan);
     worker::Sharder sharder(plan, static_cast<uint64_t>(cfg.train.seed));
@@ -242,9 +242,13 @@ void trainerMatchesExact(bool overlap) {
     steps = trainer.noiseScale().steps();
   });
   EXPECT_EQ(steps, 320);
-  expectNear(overlap ? "trainer, mlp, W=2 b=32, reducer" : "trainer, mlp, W=2 b=32, copy path",
-             estimate, exact, 0.2);
+  const std::string what = "trainer, mlp, W=" + std::to_string(world) + " m=" +
+                           std::to_string(per_gpu) + " G=64, " +
+                           (overlap ? "reducer" : "copy path");
+  expectNear(what.c_str(), estimate, exact, 0.2);
 }
 
-TEST(NoiseScale, TrainerMatchesExactCovarianceReducer) { trainerMatchesExact(true); }
-TEST(NoiseScale, TrainerMatchesExactCovarianceCopyPath) { trainerMatchesExact(false); }
+TEST(NoiseScale, TrainerMatchesExactCovarianceReducer) { trainerMatchesExact(true, 2, 32); }
+TEST(NoiseScale, TrainerMatchesExactCovarianceCopyPath) { trainerMatchesExact(false, 2, 32); }
+// One rank, accumulation 4: the micro-batches (16) and the step (64) are the two sizes.
+TEST(NoiseScale, TrainerOneRankUsesMicroBatches) { trainerMatchesExact(true, 1, 16); }

@@ -41,6 +41,7 @@ Trainer::Trainer(const Config& cfg, collective::Communicator& comm, const DataSp
   }
   if (reducer_) reducer_->setMeasureNorms(cfg.train.noise_scale);
   if (sync_) sync_->setMeasureNorms(cfg.train.noise_scale);
+  micro_noise_ = cfg.train.noise_scale && comm_.size() == 1 && plan.accum > 1;
   LoaderOptions lo;
   lo.workers = cfg.data.workers;
   lo.prefetch = cfg.data.prefetch;
@@ -114,6 +115,7 @@ double Trainer::computeGradients(int64_t real, double side) {
   const double scale = scaler_ ? scaler_->scale() : 1.0;
   grad_scale_ = scale;
   step_real_ = real;
+  micro_sq_ = micro_total_sq_ = torch::Tensor();
   // Summed on the device, read once per step: no host sync per micro-batch.
   torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device_));
   for (int64_t k = 0; k < plan_.accum; ++k) {
@@ -134,6 +136,7 @@ double Trainer::computeGradients(int64_t real, double side) {
         torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
     auto weighted = (per_sample * batch.w).sum();
     (weighted * (scale / denom)).backward();
+    if (micro_noise_) trackMicroBatch(k);
     loss_sum += weighted.detach().to(torch::kDouble);
     time_.compute += monotonicSeconds() - t1;
   }
@@ -177,7 +180,42 @@ void Trainer::syncGradients(bool* stop, bool* checkpoint) {
   recordNoise();
 }
 
+// One rank, a micro-batches: d_k, micro-batch k's share of the gradient, is the
+// running gradient minus the previous one (a copy of the gradients kept for it);
+// sum_k |d_k|^2 plays sum_r |g_r|^2 with a micro-batches in place of W ranks.
+void Trainer::trackMicroBatch(int64_t k) {
+  torch::NoGradGuard no_grad;
+  const auto params = model_->trainableParameters();
+  if (micro_prev_.size() != params.size()) micro_prev_.assign(params.size(), torch::Tensor());
+  auto sq = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device_));
+  auto total = sq.clone();
+  const bool first = !micro_sq_.defined();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const auto& g = params[i].grad();
+    if (!g.defined()) continue;
+    const auto flat = g.reshape({-1});
+    if (first || !micro_prev_[i].defined()) {
+      sq += torch::dot(flat, flat).to(torch::kDouble);
+      micro_prev_[i] = flat.clone();
+    } else {
+      const auto d = flat - micro_prev_[i];
+      sq += torch::dot(d, d).to(torch::kDouble);
+      micro_prev_[i].copy_(flat);
+    }
+    if (k == plan_.accum - 1) total += torch::dot(flat, flat).to(torch::kDouble);
+  }
+  micro_sq_ = first ? sq : micro_sq_ + sq;
+  if (k == plan_.accum - 1) micro_total_sq_ = total;
+}
+
 void Trainer::recordNoise() {
+  if (micro_noise_) {
+    if (!micro_total_sq_.defined() || step_real_ != plan_.global) return;
+    const auto x = noiseSample(micro_sq_.item<double>(), micro_total_sq_.item<double>(),
+                               grad_scale_, plan_.accum, plan_.per_gpu);
+    noise_.add(x.small_sq, x.b_small, x.big_sq, x.b_big);
+    return;
+  }
   const auto& n = reducer_ ? reducer_->lastNorms() : sync_->lastNorms();
   // A padded (or uneven, last_batch: keep) step has ranks of different real
   // batch sizes: Note [gradient noise scale] assumes equal ones, so it is left out.
@@ -189,14 +227,15 @@ void Trainer::recordNoise() {
 
 NoiseScaleResult Trainer::noiseResult() const {
   NoiseScaleResult r;
-  r.b_small = plan_.per_gpu * plan_.accum;
+  r.b_small = micro_noise_ ? plan_.per_gpu : plan_.per_gpu * plan_.accum;
   r.b_big = plan_.global;
   r.steps = noise_.steps();
   r.measured = noise_.steps() > 0;
   if (!cfg_.train.noise_scale) {
     r.why_not = "train.noise_scale is off";
-  } else if (comm_.size() < 2) {
-    r.why_not = "it needs at least 2 ranks (two batch sizes: per rank and global)";
+  } else if (comm_.size() < 2 && plan_.accum < 2) {
+    r.why_not = "it needs two batch sizes: at least 2 ranks (per rank and global), or "
+                "batch.accum > 1 on one rank (micro-batch and step)";
   } else if (!r.measured) {
     r.why_not = "no step with every sample real was measured";
   }

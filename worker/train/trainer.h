@@ -130,6 +130,7 @@ class Trainer {
   void logEpochMetrics(const EpochRun& e, const EpochStats& h, int64_t global_step,
                        double run_started, TrainResult& result);
   void recordNoise();
+  void trackMicroBatch(int64_t k);
   NoiseScaleResult noiseResult() const;
   EpochStats finishEpoch(const EpochRun& e, Console& console);
   double encodeWishes(const bool* stop, const bool* checkpoint) const;
@@ -154,6 +155,11 @@ class Trainer {
   NoiseScaleEstimator noise_;
   double grad_scale_ = 1;  // fp16 loss scale the current gradients carry
   int64_t step_real_ = 0;  // real samples of the current step, all ranks
+  // One rank with accumulation: the micro-batches give B_small (Note [gradient
+  // noise scale]); the previous micro-batch's running gradient, sum of |d_k|^2.
+  bool micro_noise_ = false;
+  std::vector<at::Tensor> micro_prev_;
+  at::Tensor micro_sq_, micro_total_sq_;
 };
 
 }  // namespace batchdist::worker
