@@ -203,7 +203,7 @@ void trainerMatchesExact(bool overlap, int world, int64_t per_gpu) {
       "data: {name: synthetic, samples: 2048, shape: [8], classes: 3, noise: 1.5, val_fraction: 0}\n"
       "batch: {global: 64, per_gpu: " + std::to_string(per_gpu) + "}\n"
       "optim: {name: sgd, lr: 1.0e-12, base_batch: 64, momentum: 0, weight_decay: 0}\n"
-      "train: {epochs: 10, seed: 4}\n"
+      "train: {epochs: 16, seed: 4}\n"
       "dist: {overlap: " + std::string(overlap ? "true" : "false") + "}\n",
       "noise.yaml");
   const auto data = worker::loadData(cfg.data, cfg.train.seed, "");
@@ -241,7 +241,7 @@ void trainerMatchesExact(bool overlap, int world, int64_t per_gpu) {
     estimate = trainer.noiseScale().windowBSimple();
     steps = trainer.noiseScale().steps();
   });
-  EXPECT_EQ(steps, 320);
+  EXPECT_EQ(steps, 512);
   const std::string what = "trainer, mlp, W=" + std::to_string(world) + " m=" +
                            std::to_string(per_gpu) + " G=64, " +
                            (overlap ? "reducer" : "copy path");

@@ -41,7 +41,6 @@ Trainer::Trainer(const Config& cfg, collective::Communicator& comm, const DataSp
   }
   if (reducer_) reducer_->setMeasureNorms(cfg.train.noise_scale);
   if (sync_) sync_->setMeasureNorms(cfg.train.noise_scale);
-  micro_noise_ = cfg.train.noise_scale && comm_.size() == 1 && plan.accum > 1;
   LoaderOptions lo;
   lo.workers = cfg.data.workers;
   lo.prefetch = cfg.data.prefetch;
@@ -136,7 +135,7 @@ double Trainer::computeGradients(int64_t real, double side) {
         torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
     auto weighted = (per_sample * batch.w).sum();
     (weighted * (scale / denom)).backward();
-    if (micro_noise_) trackMicroBatch(k);
+    if (microNoise()) trackMicroBatch(k);
     loss_sum += weighted.detach().to(torch::kDouble);
     time_.compute += monotonicSeconds() - t1;
   }
@@ -209,7 +208,7 @@ void Trainer::trackMicroBatch(int64_t k) {
 }
 
 void Trainer::recordNoise() {
-  if (micro_noise_) {
+  if (microNoise()) {
     if (!micro_total_sq_.defined() || step_real_ != plan_.global) return;
     const auto x = noiseSample(micro_sq_.item<double>(), micro_total_sq_.item<double>(),
                                grad_scale_, plan_.accum, plan_.per_gpu);
@@ -227,7 +226,7 @@ void Trainer::recordNoise() {
 
 NoiseScaleResult Trainer::noiseResult() const {
   NoiseScaleResult r;
-  r.b_small = micro_noise_ ? plan_.per_gpu : plan_.per_gpu * plan_.accum;
+  r.b_small = microNoise() ? plan_.per_gpu : plan_.per_gpu * plan_.accum;
   r.b_big = plan_.global;
   r.steps = noise_.steps();
   r.measured = noise_.steps() > 0;

@@ -157,7 +157,9 @@ class Trainer {
   int64_t step_real_ = 0;  // real samples of the current step, all ranks
   // One rank with accumulation: the micro-batches give B_small (Note [gradient
   // noise scale]); the previous micro-batch's running gradient, sum of |d_k|^2.
-  bool micro_noise_ = false;
+  bool microNoise() const {
+    return cfg_.train.noise_scale && comm_.size() == 1 && plan_.accum > 1;
+  }
   std::vector<at::Tensor> micro_prev_;
   at::Tensor micro_sq_, micro_total_sq_;
 };
