@@ -532,6 +532,8 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
     if (e.first > 0) {
       e.samples = resume_.epoch_samples;
       if (comm_.rank() == 0) e.loss_sum = resume_.epoch_loss_sum;
+      e.logged_loss = e.loss_sum;  // metrics.jsonl: intervals start at the resume
+      e.logged_samples = e.samples;
     }
     sharder.setEpoch(epoch);
     // Job indices as in an uninterrupted epoch: the loader's transform seeds follow them.
