@@ -33,7 +33,7 @@ flags=(--headless --disable-gpu --no-sandbox --user-data-dir="$OUT/profile" --di
        --virtual-time-budget=2000)
 timeout 120 "$CHROMIUM" "${flags[@]}" --dump-dom "file://$PAGE" > "$OUT/dom.html" 2> "$OUT/console.log" \
   || { cat "$OUT/console.log"; fail "chromium --dump-dom failed"; }
-timeout 120 "$CHROMIUM" "${flags[@]}" --window-size=1100,2600 --screenshot="$OUT/report.png" \
+timeout 120 "$CHROMIUM" "${flags[@]}" --window-size=1100,3000 --screenshot="$OUT/report.png" \
   "file://$PAGE" >> "$OUT/console.log" 2>&1 \
   || { cat "$OUT/console.log"; fail "chromium --screenshot failed"; }
 

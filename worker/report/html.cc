@@ -545,10 +545,10 @@ std::string reportHtml(const nlohmann::ordered_json& report, const nlohmann::ord
     o.height = 300;
     os << svgLineChart(o, {{"smoothed (EMA)", "#1f77b4", ns, true, false},
                            {"per epoch", "#ff7f0e", ns_epoch, false, true}});
-    os << "<p>B_simple = tr(&Sigma;)/|G|&sup2; (McCandlish et al. 2018), from each rank's gradient "
-          "norm (batch "
-       << jtext(noise, "per_rank_batch") << ") and the summed gradient's (batch "
-       << jtext(noise, "global_batch") << "), " << jtext(noise, "steps")
+    os << "<p>B_simple = tr(&Sigma;)/|G|&sup2; (McCandlish et al. 2018), from the squared gradient "
+          "norms at batch "
+       << jtext(noise, "per_rank_batch") << " (each rank's, or each micro-batch's on one rank) and "
+       << jtext(noise, "global_batch") << " (the step's), " << jtext(noise, "steps")
        << " steps. Smoothed at the end: |G|&sup2; " << num(jnum(noise, "grad_sq")) << ", tr(&Sigma;) "
        << num(jnum(noise, "trace")) << ". A global batch well above B_simple wastes samples (about "
           "1 + B/B_simple times the minimal number); well below it, a larger batch would take "
