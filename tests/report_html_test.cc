@@ -103,6 +103,10 @@ TEST(ReportHtml, SearchIntervalsUnderEitherName) {
   auto s = searchDoc(false);
   for (auto& c : s["candidates"]) c["samples_per_s_ci"] = {1.0, 2.0};
   EXPECT_EQ(count(reportHtml(report, s, r.metrics), "class=\"ci\""), 4);  // not on the failed one
+  // Ends of 0: the search had no interval for it.
+  s = searchDoc(false);
+  for (auto& c : s["candidates"]) c["ci_low"] = c["ci_high"] = 0.0;
+  EXPECT_EQ(count(reportHtml(report, s, r.metrics), "class=\"ci\""), 0);
   // Not searched, not measured: the page still renders and says so.
   Json bare{{"noise_scale", {{"measured", false}, {"why_not", "it needs at least 2 ranks"}}}};
   const auto page = reportHtml(bare, Json(), {});

@@ -78,8 +78,14 @@ bool jbool(const nlohmann::ordered_json& j, const char* key) {
 }
 
 /// The interval on a candidate's samples/s, under whichever name search.json
-/// gives it (the search's statistics are still settling).
+/// gives it (the search's statistics are still settling); ends of 0 (or an
+/// empty interval) mean "none".
+bool findIntervalAnyName(const nlohmann::ordered_json& c, double* lo, double* hi);
 bool findInterval(const nlohmann::ordered_json& c, double* lo, double* hi) {
+  return findIntervalAnyName(c, lo, hi) && *hi > *lo && *lo > 0;
+}
+
+bool findIntervalAnyName(const nlohmann::ordered_json& c, double* lo, double* hi) {
   static const std::pair<const char*, const char*> kPairs[] = {
       {"ci_low", "ci_high"},
       {"samples_per_s_ci_low", "samples_per_s_ci_high"},
