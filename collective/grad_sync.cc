@@ -36,23 +36,48 @@ GradientSynchronizer::GradientSynchronizer(Communicator& comm, std::vector<at::T
     // No trainable parameter: one bucket holding only the side channel, so the
     // per-step agreement (stop requests) still travels.
     buckets_.push_back({});
-    buckets_.back().flat = at::zeros({kSideSlots}, at::TensorOptions().dtype(at::kFloat).device(comm_.device()));
+    buckets_.back().flat =
+        at::zeros({kSideSlots + 1}, at::TensorOptions().dtype(at::kFloat).device(comm_.device()));
     return;
   }
   for (std::size_t i = 0; i < buckets_.size(); ++i) {
     auto& b = buckets_[i];
     int64_t n = 0;
     for (auto k : b.params) n += params_[k].numel();
-    // Bucket 0 carries a few extra elements: the side channel of sumGradients().
-    b.flat = at::zeros({n + (i == 0 ? kSideSlots : 0)}, params_[b.params.front()].options());
+    // Bucket 0 carries a few extra elements, the side channel of sumGradients();
+    // the last one more, the local squared norm (Note [gradient norms]).
+    const int64_t tail = (i == 0 ? kSideSlots : 0) + (i + 1 == buckets_.size() ? 1 : 0);
+    b.flat = at::zeros({n + tail}, params_[b.params.front()].options());
   }
 }
 
+namespace {
+
+/// Squared norm of a bucket's gradient elements, accumulated in double on the
+/// device (no host sync).
+at::Tensor squaredNorm(const at::Tensor& flat, int64_t elements) {
+  auto g = flat.narrow(0, 0, elements);
+  return at::dot(g, g).to(at::kDouble);
+}
+
+}  // namespace
+
+int64_t GradientSynchronizer::paramElements(const Bucket& b) const {
+  int64_t n = 0;
+  for (auto k : b.params) n += params_[k].numel();
+  return n;
+}
+
 void GradientSynchronizer::sumGradients(SideChannel* side) {
-  if (!buckets_.empty()) {
-    auto tail = buckets_.front().flat.narrow(0, buckets_.front().flat.numel() - kSideSlots, kSideSlots);
-    for (int64_t i = 0; i < kSideSlots; ++i) tail.narrow(0, i, 1).fill_(side ? (*side)[i] : 0.0);
-  }
+  // Tail layout: [params][side (bucket 0)][local norm (last bucket)].
+  auto& first = buckets_.front().flat;
+  auto side_slots = first.narrow(0, paramElements(buckets_.front()), kSideSlots);
+  for (int64_t i = 0; i < kSideSlots; ++i) side_slots.narrow(0, i, 1).fill_(side ? (*side)[i] : 0.0);
+  auto& last = buckets_.back();
+  auto norm_slot = last.flat.narrow(0, last.flat.numel() - 1, 1);
+  norm_slot.zero_();
+  at::Tensor local;
+  norms_ = GradSqNorms{};
   std::vector<std::unique_ptr<PendingWork>> pending;
   pending.reserve(buckets_.size());
   for (auto& b : buckets_) {
@@ -67,6 +92,12 @@ void GradientSynchronizer::sumGradients(SideChannel* side) {
       }
       offset += p.numel();
     }
+    if (measure_ && offset > 0) {
+      // This rank's own gradient, before it is summed (Note [gradient norms]).
+      auto sq = squaredNorm(b.flat, offset);
+      local = local.defined() ? local + sq : sq;
+    }
+    if (measure_ && &b == &last && local.defined()) norm_slot.copy_(local.reshape({1}));
     if (comm_.size() > 1) pending.push_back(comm_.allreduceAsync(b.flat, ReduceOp::kSum));
   }
   for (std::size_t i = 0; i < buckets_.size(); ++i) {
@@ -84,10 +115,18 @@ void GradientSynchronizer::sumGradients(SideChannel* side) {
       offset += p.numel();
     }
   }
-  if (side && !buckets_.empty()) {
-    const auto& first = buckets_.front().flat;
-    const auto sum = first.narrow(0, first.numel() - kSideSlots, kSideSlots).to(at::kDouble).cpu();
+  if (side) {
+    const auto sum = side_slots.to(at::kDouble).cpu();
     for (int64_t i = 0; i < kSideSlots; ++i) (*side)[i] = sum.data_ptr<double>()[i];
+  }
+  if (measure_) {
+    at::Tensor summed = at::zeros({}, norm_slot.options().dtype(at::kDouble));
+    for (const auto& b : buckets_) {
+      const int64_t n = paramElements(b);
+      if (n > 0) summed = summed + squaredNorm(b.flat, n);
+    }
+    const auto both = at::stack({norm_slot.to(at::kDouble).reshape({}), summed}).cpu();
+    norms_ = {both[0].item<double>(), both[1].item<double>(), true};
   }
 }
 

@@ -18,6 +18,21 @@
 
 namespace batchdist::collective {
 
+/// Note [gradient norms]: the two squared norms the gradient noise scale needs
+/// (worker/train/noise_scale.h), measured by the gradient sum at the cost of one
+/// pass over the gradients before it (per bucket, just before the bucket is sent)
+/// and one after it, and one more element in a bucket: no extra collective.
+///  - `local_sum`: sum over the ranks of each rank's own |g_r|^2, taken before the
+///    allreduce (it rides in a slot of the bucket sent last);
+///  - `summed`: |sum_r g_r|^2, the squared norm of the summed gradient.
+/// Both are in the units of the gradients as given (loss scale and the loss
+/// normalisation included); the caller rescales.
+struct GradSqNorms {
+  double local_sum = 0;
+  double summed = 0;
+  bool valid = false;  ///< measured at the last sum (measuring on, world size > 1)
+};
+
 class GradientSynchronizer {
  public:
   /// `params` must outlive this object and be the same, in the same order, on
@@ -35,14 +50,23 @@ class GradientSynchronizer {
 
   std::size_t bucketCount() const { return buckets_.size(); }
 
+  /// Measure the norms of Note [gradient norms] at every sumGradients() (off by
+  /// default; only with more than one rank).
+  void setMeasureNorms(bool on) { measure_ = on && comm_.size() > 1; }
+  /// The norms of the last sumGradients() (valid = false when not measured).
+  const GradSqNorms& lastNorms() const { return norms_; }
+
  private:
   struct Bucket {
     std::vector<std::size_t> params;  // indices into params_
     at::Tensor flat;
   };
+  int64_t paramElements(const Bucket& b) const;
   Communicator& comm_;
   std::vector<at::Tensor> params_;
   std::vector<Bucket> buckets_;
+  bool measure_ = false;
+  GradSqNorms norms_;
 };
 
 /// Overwrites `tensors` on every rank with root's values, coalesced by dtype.

@@ -76,7 +76,7 @@ void Reducer::build(const std::vector<std::size_t>& order) {
   if (buckets_.empty()) {
     // No parameter: a bucket of the tail alone, so agreement still travels.
     buckets_.emplace_back();
-    buckets_.back().flat = at::zeros({kSideSlots + comm_.size()},
+    buckets_.back().flat = at::zeros({kSideSlots + 1 + comm_.size()},
                                      at::TensorOptions().dtype(at::kFloat).device(comm_.device()));
     return;
   }
@@ -84,8 +84,8 @@ void Reducer::build(const std::vector<std::size_t>& order) {
     auto& bucket = buckets_[b];
     int64_t n = 0;
     for (auto k : bucket.params) n += params_[k].numel();
-    // Tail of the last bucket: the side channel, then the arrival slots.
-    const int64_t tail = b + 1 == buckets_.size() ? kSideSlots + comm_.size() : 0;
+    // Tail of the last bucket: the side channel, the norm slot, the arrival slots.
+    const int64_t tail = b + 1 == buckets_.size() ? kSideSlots + 1 + comm_.size() : 0;
     bucket.flat = at::zeros({n + tail}, params_[bucket.params.front()].options());
   }
   attachViews();
@@ -140,6 +140,7 @@ void Reducer::prepare(bool final_micro, const SideChannel& side) {
   in_step_ = true;
   side_ = side;
   next_bucket_ = 0;
+  local_sq_ = at::Tensor();
   for (auto& bucket : buckets_) {
     bucket.pending = bucket.params.size();
     bucket.ready = false;
@@ -157,9 +158,14 @@ at::Tensor Reducer::sideSlot() const {
   return last.flat.narrow(0, paramElements(last), kSideSlots);
 }
 
+at::Tensor Reducer::normSlot() const {
+  const auto& last = buckets_.back();
+  return last.flat.narrow(0, paramElements(last) + kSideSlots, 1);
+}
+
 at::Tensor Reducer::arrivalSlots() const {
   const auto& last = buckets_.back();
-  return last.flat.narrow(0, paramElements(last) + kSideSlots, comm_.size());
+  return last.flat.narrow(0, paramElements(last) + kSideSlots + 1, comm_.size());
 }
 
 int64_t Reducer::paramElements(const Bucket& bucket) const {
@@ -197,6 +203,20 @@ void Reducer::startReadyBuckets(bool from_hook) {
   const std::size_t end = from_hook ? buckets_.size() - 1 : buckets_.size();
   while (next_bucket_ < end && buckets_[next_bucket_].ready) {
     auto& bucket = buckets_[next_bucket_++];
+    if (measure_) {
+      // Final and not yet summed: this rank's own gradient (Note [gradient norms]).
+      const int64_t n = paramElements(bucket);
+      if (n > 0) {
+        auto g = bucket.flat.narrow(0, 0, n);
+        auto sq = at::dot(g, g).to(at::kDouble);
+        local_sq_ = local_sq_.defined() ? local_sq_ + sq : sq;
+      }
+      if (&bucket == &buckets_.back()) {
+        auto slot = normSlot();
+        if (local_sq_.defined()) slot.copy_(local_sq_.reshape({1}));
+        else slot.zero_();
+      }
+    }
     stampArrival(bucket);
     ++started_total_;
     if (from_hook) ++started_from_hooks_;
@@ -232,6 +252,18 @@ SideChannel Reducer::finish() {
   double latest = 0;
   for (int r = 0; r < comm_.size(); ++r) latest = std::max(latest, t[r]);
   last_skew_s_ = std::max(0.0, latest - t[comm_.rank()]);
+  norms_ = GradSqNorms{};
+  if (measure_) {
+    at::Tensor summed = at::zeros({}, normSlot().options().dtype(at::kDouble));
+    for (const auto& bucket : buckets_) {
+      const int64_t n = paramElements(bucket);
+      if (n == 0) continue;
+      auto g = bucket.flat.narrow(0, 0, n);
+      summed = summed + at::dot(g, g).to(at::kDouble);
+    }
+    const auto both = at::stack({normSlot().to(at::kDouble).reshape({}), summed}).cpu();
+    norms_ = {both[0].item<double>(), both[1].item<double>(), true};
+  }
   if (++steps_ == 1 && !rebuilt_) rebuildInReadyOrder();
   return side;
 }

@@ -19,7 +19,10 @@
 //    became ready (rank 0's order, broadcast, so all ranks agree).
 //  - The last bucket carries a tail: the side channel (SideChannel, e.g. a stop
 //    request or an out-of-memory that every rank must honour at the same step),
-//    then W slots: each rank writes, into its own slot, how long its step took
+//    then one slot for this rank's squared gradient norm (with norms measured,
+//    each bucket's squared norm is taken just before it is sent: the rank's own
+//    gradient, final, not yet summed; the running total goes here; Note
+//    [gradient norms] in collective/grad_sync.h), then W slots: each rank writes, into its own slot, how long its step took
 //    until that bucket started (the end of its backward); the sum gives every
 //    rank's time, so a rank knows how long it waited in finish() for a slower
 //    peer (skew) rather than for the network.
@@ -42,6 +45,7 @@
 #include <vector>
 
 #include "collective/communicator.h"
+#include "collective/grad_sync.h"
 
 namespace batchdist::collective {
 
@@ -87,6 +91,13 @@ class Reducer {
   /// skew, not communication.
   double lastSkewSeconds() const { return last_skew_s_; }
 
+  /// Measure the norms of Note [gradient norms] at every step (off by default;
+  /// only with more than one rank): one pass over each bucket before it is sent,
+  /// one after finish() has summed it.
+  void setMeasureNorms(bool on) { measure_ = on && comm_.size() > 1; }
+  /// The norms of the last finish() (valid = false when not measured).
+  const GradSqNorms& lastNorms() const { return norms_; }
+
  private:
   struct Bucket {
     std::vector<std::size_t> params;  // indices into params_
@@ -104,6 +115,7 @@ class Reducer {
   void stampArrival(Bucket& bucket);  // the last bucket: this rank's step time
   at::Tensor sideSlot() const;
   at::Tensor arrivalSlots() const;
+  at::Tensor normSlot() const;
   int64_t paramElements(const Bucket& bucket) const;
 
   Communicator& comm_;
@@ -125,6 +137,9 @@ class Reducer {
   int64_t started_from_hooks_ = 0;
   double step_started_ = 0;     // monotonic seconds at zeroGrad()
   double last_skew_s_ = 0;
+  bool measure_ = false;
+  at::Tensor local_sq_;  // this step's own squared norm so far (device, double)
+  GradSqNorms norms_;
 };
 
 }  // namespace batchdist::collective

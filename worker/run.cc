@@ -24,6 +24,7 @@
 #include "worker/model/model.h"
 #include "worker/model/precision.h"
 #include "worker/report/diagnose.h"
+#include "worker/report/html.h"
 #include "worker/report/report.h"
 #include "worker/search/cache.h"
 #include "worker/search/output.h"
@@ -201,15 +202,26 @@ void finishRun(const RunRequest& req, const RankPlace& place, const RunSetup& s,
     info.resumed_step = resumed->manifest["step"];
     info.resumed_world = resumed->manifest["plan"]["world_size"];
   }
+  const auto name = s.device.is_cuda() ? compat::cudaDeviceName(s.device.index()) : "cpu";
+  info.diagnosis = diagnose(s.cfg, result, s.device.is_cuda(), name);
   // Paths from the command line (--output, the config's directory) may hold bytes
   // that are not UTF-8; the report must still be written once the run is done.
+  // The split training ended with (Note [oom back-off]: it may have backed off).
+  const auto report_json = runReport(s.cfg, trainer.plan(), result, info);
   const auto report =
-      // The split training ended with (Note [oom back-off]: it may have backed off).
-      runReport(s.cfg, trainer.plan(), result, info)
-          .dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) +
-      "\n";
+      report_json.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
   writeFileAtomic((fs::path(req.output) / "report.json").string(), report);
   if (!req.report.empty()) writeFileAtomic(req.report, report);
+  writeFileAtomic((fs::path(req.output) / "metrics.jsonl").string(), metricsJsonl(result));
+  // The page reads the documents (the search's as search.json has it), so what it
+  // shows is what the files hold; invalid UTF-8 is replaced as in the report.
+  const auto page_report = nlohmann::ordered_json::parse(report);
+  const auto page_search =
+      searched ? nlohmann::ordered_json::parse(searchJson(*searched).dump(
+                     -1, ' ', false, nlohmann::ordered_json::error_handler_t::replace))
+               : nlohmann::ordered_json();
+  writeFileAtomic((fs::path(req.output) / "report.html").string(),
+                  reportHtml(page_report, page_search, result.metrics));
 
   const auto& t = result.time;
   const double tt = std::max(1e-9, t.total());
@@ -217,15 +229,16 @@ void finishRun(const RunRequest& req, const RankPlace& place, const RunSetup& s,
                       formatFixed(100 * t.compute / tt, 1), " %, communication ",
                       formatFixed(100 * t.comm / tt, 1), " %, waiting for slower ranks ",
                       formatFixed(100 * t.skew / tt, 1), " % of step time (rank 0)"));
-  const auto name = s.device.is_cuda() ? compat::cudaDeviceName(s.device.index()) : "cpu";
-  for (const auto& f : diagnose(s.cfg, result, s.device.is_cuda(), name)) {
-    console.line("diagnosis: " + f);
+  for (const auto& f : info.diagnosis) console.line("diagnosis: " + f);
+  if (result.noise.b_simple > 0) {
+    console.line(strCat("gradient noise scale: B_simple ~ ", formatFixed(result.noise.b_simple, 0),
+                        " samples (smoothed), global batch ", s.plan.global));
   }
   console.line(strCat(result.completed ? "done: " : "stopped early: ", result.steps,
                       " steps, eval accuracy ", formatFixed(100.0 * result.eval_accuracy, 2), " %, ",
                       static_cast<int64_t>(result.samples_per_s), " samples/s, ",
                       formatDuration(result.wall_s), "; wrote ", req.output,
-                      "/report.json and model.pt"));
+                      "/report.json, report.html, metrics.jsonl and model.pt"));
 }
 
 /// Note [oom back-off]: the search cache entry this run used learns of every

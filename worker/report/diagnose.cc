@@ -1,5 +1,7 @@
 #include "worker/report/diagnose.h"
 
+#include <optional>
+
 #include "collective/error.h"
 #include "worker/common/console.h"
 
@@ -7,6 +9,49 @@ namespace batchdist::worker {
 namespace {
 
 double pct(double part, double whole) { return whole > 0 ? 100.0 * part / whole : 0.0; }
+
+/// Note [gradient noise scale] (worker/train/noise_scale.h): a global batch B
+/// needs about (1 + B / B_noise) times the minimal number of samples, so at B = 4
+/// B_simple samples cost 2.5x what they cost at B_simple (5 vs 2).
+constexpr double kFarAbove = 4.0;
+
+std::optional<std::string> noiseFinding(const TrainResult& r) {
+  double b = -1;
+  std::string when = "last epoch";
+  if (!r.history.empty() && r.history.back().noise_scale > 0) {
+    b = r.history.back().noise_scale;
+  } else if (r.noise.b_simple > 0) {
+    b = r.noise.b_simple;
+    when = "smoothed";
+  }
+  if (b <= 0 && r.noise.measured && r.noise.grad_sq <= 0 && r.noise.trace > 0) {
+    return strCat("noise scale: too large to measure at global batch ", r.noise.b_big,
+                  " (the smoothed |G|^2 estimate is not positive: the gradient is small next to "
+                  "its noise), so B_simple is far above it; a larger global batch (more ranks, a "
+                  "larger per-GPU batch or batch.accum) would take fewer steps for nearly the "
+                  "same number of samples");
+  }
+  if (b <= 0 || r.noise.b_big <= 0) return std::nullopt;
+  const double g = static_cast<double>(r.noise.b_big);
+  const std::string bs = formatFixed(b, 0);
+  if (g >= kFarAbove * b) {
+    return strCat("noise scale: the global batch ", r.noise.b_big, " is ", formatFixed(g / b, 1),
+                  "x the gradient noise scale B_simple ~ ", bs, " (", when,
+                  "); samples are being wasted: far above it a step gains little from more "
+                  "samples, so reaching the same loss takes about (1 + ", r.noise.b_big, "/", bs,
+                  ") / 2 = ", formatFixed((1 + g / b) / 2, 1),
+                  "x the epochs of a global batch near ", bs,
+                  " (McCandlish et al. 2018); lower batch.global toward ", bs,
+                  " (fewer ranks or a smaller per-GPU batch), or train more epochs");
+  }
+  if (g * kFarAbove <= b) {
+    return strCat("noise scale: the global batch ", r.noise.b_big,
+                  " is well below the gradient noise scale B_simple ~ ", bs, " (", when,
+                  "); a larger global batch (more ranks, a larger per-GPU batch or batch.accum) "
+                  "would take fewer steps for nearly the same number of samples");
+  }
+  return std::nullopt;
+}
 
 }  // namespace
 
@@ -47,6 +92,7 @@ std::vector<std::string> diagnose(const Config& cfg, const TrainResult& r, bool 
                          ", whose tensor cores run bf16/fp16 far faster; try train.precision: bf16 "
                          "(or fp16), which also halves activation memory"));
   }
+  if (auto noise = noiseFinding(r)) out.push_back(*noise);
   if (r.gpu_utilization >= 0 && r.gpu_utilization < 70) {
     out.push_back(strCat("utilization: the GPU was busy ", formatFixed(r.gpu_utilization, 0),
                          " % of the time (NVML); see the data and communication shares above"));

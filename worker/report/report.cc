@@ -7,6 +7,26 @@ namespace {
 
 double share(double part, double whole) { return whole > 0 ? part / whole : 0.0; }
 
+/// Unknown (negative) estimates as null.
+nlohmann::ordered_json positiveOrNull(double v) {
+  return v > 0 ? nlohmann::ordered_json(v) : nlohmann::ordered_json();
+}
+
+nlohmann::ordered_json noiseJson(const NoiseScaleResult& n) {
+  nlohmann::ordered_json o{{"measured", n.measured},
+                           {"b_simple", positiveOrNull(n.b_simple)},
+                           {"global_batch", n.b_big},
+                           {"per_rank_batch", n.b_small},
+                           {"global_over_b_simple",
+                            n.b_simple > 0 ? nlohmann::ordered_json(n.b_big / n.b_simple)
+                                           : nlohmann::ordered_json()},
+                           {"grad_sq", n.grad_sq},
+                           {"trace", n.trace},
+                           {"steps", n.steps}};
+  if (!n.why_not.empty()) o["why_not"] = n.why_not;
+  return o;
+}
+
 nlohmann::ordered_json historyJson(const TrainResult& r) {
   auto out = nlohmann::ordered_json::array();
   for (const auto& h : r.history) {
@@ -15,7 +35,8 @@ nlohmann::ordered_json historyJson(const TrainResult& r) {
                    {"eval_loss", h.eval_loss},
                    {"eval_accuracy", h.eval_accuracy},
                    {"samples_per_s", h.samples_per_s},
-                   {"seconds", h.seconds}});
+                   {"seconds", h.seconds},
+                   {"noise_scale", positiveOrNull(h.noise_scale)}});
   }
   return out;
 }
@@ -89,6 +110,8 @@ nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const Trai
   o["plan"] = planJson(plan);
   o["history"] = historyJson(r);
   o["time_breakdown"] = timeJson(r.time);
+  o["noise_scale"] = noiseJson(r.noise);
+  o["diagnosis"] = info.diagnosis;
   o["memory"] = {{"peak_mb", r.peak_memory_mb},
                  {"total_mb", r.memory_total_mb},
                  {"gpu_utilization", r.gpu_utilization}};
@@ -128,6 +151,31 @@ nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const Trai
   o["checkpoint_seconds"] = r.checkpoint_s;
   o["config"] = cfg.resolved;
   return o;
+}
+
+std::string metricsJsonl(const TrainResult& r) {
+  std::string out;
+  for (const auto& m : r.metrics) {
+    const double total = m.time.total();
+    nlohmann::ordered_json j{{"kind", m.epoch_end ? "epoch" : "step"},
+                             {"step", m.step},
+                             {"epoch", m.epoch},
+                             {"seconds", m.seconds},
+                             {"train_loss", m.train_loss},
+                             {"lr", m.lr},
+                             {"samples_per_s", m.samples_per_s},
+                             {"data_wait_fraction", share(m.time.data_wait, total)},
+                             {"compute_fraction", share(m.time.compute, total)},
+                             {"comm_fraction", share(m.time.comm, total)},
+                             {"skew_fraction", share(m.time.skew, total)},
+                             {"noise_scale", positiveOrNull(m.noise_scale)}};
+    if (m.epoch_end) {
+      j["eval_loss"] = m.eval_loss;
+      j["eval_accuracy"] = m.eval_accuracy;
+    }
+    out += j.dump() + "\n";
+  }
+  return out;
 }
 
 }  // namespace batchdist::worker

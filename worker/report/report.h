@@ -6,6 +6,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "worker/config/config.h"
 #include "worker/plan/plan.h"
@@ -28,9 +29,14 @@ struct RunInfo {
   std::string resumed_path;           ///< the checkpoint this run continued, or empty
   int64_t resumed_step = 0;
   int64_t resumed_world = 0;          ///< world size when it was written
+  std::vector<std::string> diagnosis; ///< the end-of-run findings (diagnose())
 };
 
 nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const TrainResult& result,
                                  const RunInfo& info);
+
+/// metrics.jsonl: one JSON object per line, per logging interval ("kind": "step")
+/// and per epoch ("kind": "epoch", with the evaluation), for other plotting tools.
+std::string metricsJsonl(const TrainResult& result);
 
 }  // namespace batchdist::worker

@@ -30,6 +30,36 @@ struct EpochStats {
   double eval_accuracy = 0;
   double samples_per_s = 0;
   double seconds = 0;
+  double noise_scale = -1;  ///< B_simple over the epoch's steps (< 0: not measured)
+};
+
+/// One line of metrics.jsonl: a logging interval of training (rank 0's view), or
+/// an epoch's end with its evaluation.
+struct MetricPoint {
+  bool epoch_end = false;
+  int64_t step = 0;         ///< global steps done
+  int64_t epoch = 0;        ///< 1-based
+  double seconds = 0;       ///< since train() started
+  double train_loss = 0;    ///< interval: rank 0's shard; epoch end: all ranks
+  double lr = 0;
+  double samples_per_s = 0; ///< over the interval (epoch end: the epoch)
+  TimeBreakdown time;       ///< over the interval, rank 0
+  double noise_scale = -1;  ///< smoothed B_simple (< 0: unknown)
+  double eval_loss = 0;     ///< epoch end only
+  double eval_accuracy = 0; ///< epoch end only
+};
+
+/// The gradient noise scale over the run (Note [gradient noise scale] in
+/// worker/train/noise_scale.h).
+struct NoiseScaleResult {
+  bool measured = false;
+  std::string why_not;      ///< when not measured
+  double b_simple = -1;     ///< smoothed at the end of training (< 0: unknown)
+  double grad_sq = 0;       ///< smoothed |G|^2
+  double trace = 0;         ///< smoothed tr(S)
+  int64_t steps = 0;        ///< steps measured
+  int64_t b_small = 0;      ///< per-rank batch (samples)
+  int64_t b_big = 0;        ///< global batch
 };
 
 /// One checkpoint write (rank 0's view): a failed one has `error` set.
@@ -81,6 +111,8 @@ struct TrainResult {
   int64_t skipped_steps = 0; ///< fp16: steps skipped for inf/NaN gradients
   double loss_scale = 0;     ///< fp16: final loss scale
   std::vector<EpochStats> history;
+  std::vector<MetricPoint> metrics;  ///< metrics.jsonl, one per logging interval and epoch
+  NoiseScaleResult noise;
   std::vector<CheckpointRecord> checkpoints;  ///< every write tried, failed ones included
   double checkpoint_s = 0;   ///< time spent writing checkpoints (not in samples_per_s)
   std::vector<OomBackoff> oom_backoffs;  ///< every back-off, in order

@@ -107,6 +107,8 @@ Trainer::Trainer(const Config& cfg, collective::Communicator& comm, const DataSp
   } else {
     sync_ = std::make_unique<collective::GradientSynchronizer>(comm_, trainable, bucket_bytes);
   }
+  if (reducer_) reducer_->setMeasureNorms(cfg.train.noise_scale);
+  if (sync_) sync_->setMeasureNorms(cfg.train.noise_scale);
   LoaderOptions lo;
   lo.workers = cfg.data.workers;
   lo.prefetch = cfg.data.prefetch;
@@ -181,6 +183,9 @@ double Trainer::computeGradients(int64_t real) {
   }
   const double denom = static_cast<double>(std::max<int64_t>(1, real));
   const double scale = scaler_ ? scaler_->scale() : 1.0;
+  grad_scale_ = scale;
+  step_real_ = real;
+  micro_sq_ = micro_total_sq_ = torch::Tensor();
   // Summed on the device, read once per step: no host sync per micro-batch.
   torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device_));
   for (int64_t k = 0; k < plan_.accum; ++k) {
@@ -208,6 +213,7 @@ double Trainer::computeGradients(int64_t real) {
         torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
     auto weighted = (per_sample * batch.w).sum();
     (weighted * (scale / denom)).backward();
+    if (microNoise()) trackMicroBatch(k);
     loss_sum += weighted.detach().to(torch::kDouble);
     time_.compute += monotonicSeconds() - t1;
   }
@@ -244,12 +250,88 @@ void Trainer::syncGradients(bool* stop, bool* checkpoint, bool* oom) {
     const double skew = std::min(waited, reducer_->lastSkewSeconds());
     time_.skew += skew;
     time_.comm += waited - skew;
+    if (!oom || !*oom) recordNoise();  // a failed step is redone (Note [oom back-off])
     return;
   }
   sync_->sumGradients(&side);
   decode();
   synchronize();
   time_.comm += monotonicSeconds() - t0;
+  if (!oom || !*oom) recordNoise();  // a failed step is redone (Note [oom back-off])
+}
+
+// One rank, a micro-batches: d_k, micro-batch k's share of the gradient, is the
+// running gradient minus the previous one (a copy of the gradients kept for it);
+// sum_k |d_k|^2 plays sum_r |g_r|^2 with a micro-batches in place of W ranks.
+void Trainer::trackMicroBatch(int64_t k) {
+  torch::NoGradGuard no_grad;
+  const auto params = model_->trainableParameters();
+  if (micro_prev_.size() != params.size()) micro_prev_.assign(params.size(), torch::Tensor());
+  auto sq = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device_));
+  auto total = sq.clone();
+  const bool first = !micro_sq_.defined();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const auto& g = params[i].grad();
+    if (!g.defined()) continue;
+    const auto flat = g.reshape({-1});
+    if (first || !micro_prev_[i].defined()) {
+      sq += torch::dot(flat, flat).to(torch::kDouble);
+      micro_prev_[i] = flat.clone();
+    } else {
+      const auto d = flat - micro_prev_[i];
+      sq += torch::dot(d, d).to(torch::kDouble);
+      micro_prev_[i].copy_(flat);
+    }
+    if (k == plan_.accum - 1) total += torch::dot(flat, flat).to(torch::kDouble);
+  }
+  micro_sq_ = first ? sq : micro_sq_ + sq;
+  if (k == plan_.accum - 1) micro_total_sq_ = total;
+}
+
+void Trainer::recordNoise() {
+  if (microNoise()) {
+    if (!micro_total_sq_.defined() || step_real_ != plan_.global) return;
+    const auto x = noiseSample(micro_sq_.item<double>(), micro_total_sq_.item<double>(),
+                               grad_scale_, plan_.accum, plan_.per_gpu);
+    noise_.add(x.small_sq, x.b_small, x.big_sq, x.b_big);
+    return;
+  }
+  const auto& n = reducer_ ? reducer_->lastNorms() : sync_->lastNorms();
+  // A padded (or uneven, last_batch: keep) step has ranks of different real
+  // batch sizes: Note [gradient noise scale] assumes equal ones, so it is left out.
+  if (!n.valid || step_real_ != plan_.global) return;
+  const auto x = noiseSample(n.local_sum, n.summed, grad_scale_, comm_.size(),
+                             plan_.per_gpu * plan_.accum);
+  noise_.add(x.small_sq, x.b_small, x.big_sq, x.b_big);  // skips an fp16 overflow
+}
+
+NoiseScaleResult Trainer::noiseResult() const {
+  NoiseScaleResult r;
+  r.b_small = microNoise() ? plan_.per_gpu : plan_.per_gpu * plan_.accum;
+  r.b_big = plan_.global;
+  r.steps = noise_.steps();
+  r.measured = noise_.steps() > 0;
+  if (!cfg_.train.noise_scale) {
+    r.why_not = "train.noise_scale is off";
+  } else if (comm_.size() < 2 && plan_.accum < 2) {
+    r.why_not = "it needs two batch sizes: at least 2 ranks (per rank and global), or "
+                "batch.accum > 1 on one rank (micro-batch and step)";
+  } else if (!r.measured) {
+    r.why_not = "no step with every sample real was measured";
+  }
+  if (r.measured) {
+    r.b_simple = noise_.bSimple();
+    r.grad_sq = noise_.gradSq();
+    r.trace = noise_.trace();
+    // |G|^2 is estimated without bias but with a spread of about tr(S) / B_big per
+    // step: far below B_simple its average can come out <= 0.
+    if (r.b_simple <= 0) {
+      r.why_not = strCat("the smoothed |G|^2 estimate is not positive: the gradient's signal is "
+                         "below what the global batch of ", plan_.global,
+                         " resolves, so B_simple is far above it");
+    }
+  }
+  return r;
 }
 
 void Trainer::applyUpdate(double lr) {
@@ -348,6 +430,11 @@ struct Trainer::EpochRun {
   bool checkpoint_due = false;  ///< at the epoch's last step: written after the evaluation
   double checkpoint_s = 0;  ///< spent writing checkpoints during the steps
   bool failed = false;      ///< out of memory with nothing left to back off to
+  // At the last metrics line (metrics.jsonl): its interval starts there.
+  double logged_at = 0;
+  double logged_loss = 0;
+  int64_t logged_samples = 0;
+  TimeBreakdown logged_time;
 };
 
 void Trainer::progress(Console& console, const EpochRun& e, int64_t step, int64_t global_step,
@@ -371,6 +458,54 @@ void Trainer::progress(Console& console, const EpochRun& e, int64_t step, int64_
                         formatDuration(per_step * (plan_.total_steps - global_step))));
 }
 
+// metrics.jsonl: about ten lines per epoch (every steps_per_epoch / 10 steps and
+// at the epoch's last step), from rank 0's own numbers: no collective.
+void Trainer::logMetrics(EpochRun& e, int64_t step, int64_t global_step, double run_started,
+                         TrainResult& result) {
+  if (comm_.rank() != 0) return;
+  const int64_t every = std::max<int64_t>(1, plan_.steps_per_epoch / 10);
+  if ((step + 1) % every != 0 && step + 1 != e.steps && !e.stop) return;
+  const double now = monotonicSeconds();
+  if (e.logged_at == 0) e.logged_at = e.started;
+  MetricPoint m;
+  m.step = global_step;
+  m.epoch = e.epoch + 1;
+  m.seconds = now - run_started;
+  const int64_t samples = e.samples - e.logged_samples;
+  m.train_loss = (e.loss_sum - e.logged_loss) * comm_.size() / std::max<int64_t>(1, samples);
+  m.lr = plan_.lrAt(global_step - 1);
+  m.samples_per_s = samples / std::max(now - e.logged_at, 1e-9);
+  m.time = e.time;
+  m.time.data_wait -= e.logged_time.data_wait;
+  m.time.compute -= e.logged_time.compute;
+  m.time.comm -= e.logged_time.comm;
+  m.time.skew -= e.logged_time.skew;
+  m.noise_scale = noise_.bSimple();
+  result.metrics.push_back(m);
+  e.logged_at = now;
+  e.logged_loss = e.loss_sum;
+  e.logged_samples = e.samples;
+  e.logged_time = e.time;
+}
+
+void Trainer::logEpochMetrics(const EpochRun& e, const EpochStats& h, int64_t global_step,
+                              double run_started, TrainResult& result) {
+  if (comm_.rank() != 0) return;
+  MetricPoint m;
+  m.epoch_end = true;
+  m.step = global_step;
+  m.epoch = h.epoch + 1;
+  m.seconds = monotonicSeconds() - run_started;
+  m.train_loss = h.train_loss;
+  m.lr = plan_.lrAt(global_step - 1);
+  m.samples_per_s = h.samples_per_s;
+  m.time = e.time;
+  m.noise_scale = h.noise_scale;
+  m.eval_loss = h.eval_loss;
+  m.eval_accuracy = h.eval_accuracy;
+  result.metrics.push_back(m);
+}
+
 void Trainer::runSteps(EpochRun& e, Sharder& sharder, int64_t* global_step,
                        const std::function<bool()>& stop_requested, Console& console,
                        double run_started, UtilizationSampler& gpu, TrainResult& result) {
@@ -390,6 +525,7 @@ void Trainer::runSteps(EpochRun& e, Sharder& sharder, int64_t* global_step,
     e.time.add(takeTime());
     gpu.sample(*global_step);
     progress(console, e, s, *global_step, run_started);
+    logMetrics(e, s, *global_step, run_started, result);
     if (!checkpointer_) continue;
     // Every rank reaches the same verdict: the wishes were agreed in the allreduce.
     due = due || checkpointer_->dueBySteps(*global_step) || (e.stop && checkpointer_->onSignal());
@@ -651,12 +787,16 @@ EpochStats Trainer::finishEpoch(const EpochRun& e, Console& console) {
   if (cfg_.train.check_finite) checkHealth(e.epoch);
   const auto ev = evaluate();
   EpochStats st{e.epoch, train_loss, ev.loss, ev.accuracy, e.samples / std::max(train_secs, 1e-9),
-                monotonicSeconds() - e.started};
+                monotonicSeconds() - e.started, noise_.windowBSimple()};
+  noise_.resetWindow();
   console.line(strCat("epoch ", e.epoch + 1, "/", plan_.epochs, "  train_loss ",
                       formatFixed(train_loss, 4), "  eval_loss ", formatFixed(ev.loss, 4),
                       "  eval_acc ", formatFixed(100.0 * ev.accuracy, 2), " %  ",
                       static_cast<int64_t>(st.samples_per_s), " samples/s  (",
-                      formatDuration(st.seconds), ")"));
+                      formatDuration(st.seconds), ")",
+                      st.noise_scale > 0
+                          ? strCat("  B_simple ", static_cast<int64_t>(std::lround(st.noise_scale)))
+                          : std::string()));
   return st;
 }
 
@@ -696,6 +836,8 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
     if (e.first > 0) {
       e.samples = resume_.epoch_samples;
       if (comm_.rank() == 0) e.loss_sum = resume_.epoch_loss_sum;
+      e.logged_loss = e.loss_sum;  // metrics.jsonl: intervals start at the resume
+      e.logged_samples = e.samples;
     }
     sharder = Sharder(plan_, static_cast<uint64_t>(cfg_.train.seed));  // the split may have changed
     sharder.setEpoch(epoch);
@@ -713,6 +855,7 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
       break;
     }
     result.history.push_back(finishEpoch(e, console));
+    logEpochMetrics(e, result.history.back(), global_step, t0, result);
     result.samples += e.samples;
     if (e.checkpoint_due && (e.stop || global_step < plan_.total_steps)) {
       checkpoint(e, global_step, /*mid_epoch=*/false, console, result);
@@ -741,6 +884,7 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
     result.memory_total_mb = compat::cudaTotalBytes(device_.index()) / (1 << 20);
   }
   if (gpu.count > 0) result.gpu_utilization = gpu.sum / gpu.count;
+  result.noise = noiseResult();
   if (scaler_) {
     result.skipped_steps = scaler_->skippedSteps();
     result.loss_scale = scaler_->scale();

@@ -62,6 +62,7 @@
 #include "worker/model/optimizer.h"
 #include "worker/model/precision.h"
 #include "worker/train/gpu_monitor.h"
+#include "worker/train/noise_scale.h"
 #include "worker/train/result.h"
 
 namespace batchdist::worker {
@@ -142,6 +143,11 @@ class Trainer {
   /// Time spent since the last call (this rank).
   TimeBreakdown takeTime();
 
+  /// The gradient noise scale measured so far (train.noise_scale; Note [gradient
+  /// noise scale] in noise_scale.h): fed by every syncGradients() of a step whose
+  /// samples are all real, with more than one rank.
+  const NoiseScaleEstimator& noiseScale() const { return noise_; }
+
  private:
   struct EpochRun;
   /// Where the out-of-memory back-off stands (Note [oom back-off]).
@@ -203,6 +209,13 @@ class Trainer {
                   TrainResult& result);
   void progress(Console& console, const EpochRun& e, int64_t step, int64_t global_step,
                 double run_started);
+  void logMetrics(EpochRun& e, int64_t step, int64_t global_step, double run_started,
+                  TrainResult& result);
+  void logEpochMetrics(const EpochRun& e, const EpochStats& h, int64_t global_step,
+                       double run_started, TrainResult& result);
+  void recordNoise();
+  void trackMicroBatch(int64_t k);
+  NoiseScaleResult noiseResult() const;
   EpochStats finishEpoch(const EpochRun& e, Console& console);
   double encodeWishes(const bool* stop, const bool* checkpoint) const;
   void decodeWishes(double sum, bool* stop, bool* checkpoint) const;
@@ -226,6 +239,16 @@ class Trainer {
   OomState oom_;
   Console* console_ = nullptr;  ///< during train(): for the back-off lines
   double run_peak_mb_ = 0;      ///< CUDA: the run's peak (the step's is reset each step)
+  NoiseScaleEstimator noise_;
+  double grad_scale_ = 1;  // fp16 loss scale the current gradients carry
+  int64_t step_real_ = 0;  // real samples of the current step, all ranks
+  // One rank with accumulation: the micro-batches give B_small (Note [gradient
+  // noise scale]); the previous micro-batch's running gradient, sum of |d_k|^2.
+  bool microNoise() const {
+    return cfg_.train.noise_scale && comm_.size() == 1 && plan_.accum > 1;
+  }
+  std::vector<at::Tensor> micro_prev_;
+  at::Tensor micro_sq_, micro_total_sq_;
 };
 
 }  // namespace batchdist::worker

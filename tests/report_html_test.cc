@@ -1,0 +1,164 @@
+// report.html and metrics.jsonl from typed inputs (the browser test,
+// tests/report_html_browser.sh, loads a real run's page in chromium).
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "worker/report/diagnose.h"
+#include "worker/report/html.h"
+#include "worker/report/report.h"
+
+using namespace batchdist::worker;
+using Json = nlohmann::ordered_json;
+
+namespace {
+
+int count(const std::string& s, const std::string& what) {
+  int n = 0;
+  for (auto at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+  return n;
+}
+
+TrainResult sampleResult() {
+  TrainResult r;
+  for (int e = 0; e < 3; ++e) {
+    for (int k = 1; k <= 4; ++k) {
+      MetricPoint m;
+      m.step = e * 4 + k;
+      m.epoch = e + 1;
+      m.train_loss = 2.0 / m.step;
+      m.lr = 0.1;
+      m.samples_per_s = 1000 + k;
+      m.time.compute = 1;
+      m.noise_scale = 10.0 * m.step;
+      r.metrics.push_back(m);
+    }
+    MetricPoint end;
+    end.epoch_end = true;
+    end.step = (e + 1) * 4;
+    end.epoch = e + 1;
+    end.eval_loss = 1.0 / (e + 1);
+    end.eval_accuracy = 0.5 + 0.1 * e;
+    end.noise_scale = 30.0 * (e + 1);
+    r.metrics.push_back(end);
+  }
+  r.noise.measured = true;
+  r.noise.b_simple = 100;
+  r.noise.b_big = 512;
+  r.noise.b_small = 128;
+  r.history.push_back({0, 1.0, 1.0, 0.9, 1000, 1, 100});
+  r.time.compute = 8;
+  r.time.data_wait = 2;
+  return r;
+}
+
+Json searchDoc(bool intervals) {
+  Json s{{"chosen", 32}, {"why", "smallest within 5 %"}, {"objective", "throughput"},
+         {"memory_budget_mb", 900}, {"device", "cpu"}, {"world_size", 2}};
+  auto cands = Json::array();
+  for (int m : {8, 16, 32, 64, 128}) {
+    Json c{{"per_gpu_batch", m}, {"samples_per_s", 100.0 * std::min(m, 32)},
+           {"peak_memory_mb", 10.0 * m}, {"failed", m == 128},
+           {"reason", m == 128 ? "out of memory" : ""}, {"chosen", m == 32}};
+    if (intervals && m != 128) {
+      c["ci_low"] = 90.0 * std::min(m, 32);
+      c["ci_high"] = 110.0 * std::min(m, 32);
+    }
+    cands.push_back(c);
+  }
+  s["candidates"] = cands;
+  return s;
+}
+
+}  // namespace
+
+TEST(ReportHtml, SelfContainedPageWithEveryPlot) {
+  const auto r = sampleResult();
+  Json report{{"world_size", 4}, {"global_batch", 512}, {"per_gpu_batch", 32},
+              {"time_breakdown", {{"compute_s", 8}, {"data_wait_s", 2}, {"comm_s", 0}, {"skew_s", 0}}},
+              {"noise_scale", {{"measured", true}, {"b_simple", 100}, {"global_batch", 512}}},
+              {"diagnosis", {"noise scale: the global batch 512 is 5.1x ..."}},
+              {"plan", {{"per_gpu", 32}, {"global", 512}}}};
+  const auto page = reportHtml(report, searchDoc(false), r.metrics);
+  for (const char* id : {"plot-search", "plot-loss", "plot-accuracy", "plot-lr", "plot-throughput",
+                         "plot-time", "plot-noise", "search-choice", "card-noise", "diagnosis"}) {
+    EXPECT_NE(page.find(std::string("id=\"") + id + "\""), std::string::npos) << id;
+  }
+  // Self-contained: no script, nothing fetched (the only URL is SVG's namespace).
+  EXPECT_EQ(page.find("<script"), std::string::npos);
+  EXPECT_EQ(page.find(" src="), std::string::npos);
+  EXPECT_EQ(page.find(" href="), std::string::npos);
+  EXPECT_EQ(count(page, "http"), count(page, "http://www.w3.org/2000/svg"));
+  EXPECT_EQ(count(page, "class=\"ci\""), 0);  // no intervals in search.json: plain points
+  EXPECT_EQ(count(page, "class=\"sps\""), 4);
+  EXPECT_EQ(count(page, "class=\"failed\""), 1);
+  EXPECT_NE(page.find("samples are being wasted"), std::string::npos);
+  EXPECT_NE(page.find("noise scale: the global batch 512"), std::string::npos);
+}
+
+TEST(ReportHtml, SearchIntervalsUnderEitherName) {
+  const auto r = sampleResult();
+  Json report{{"global_batch", 64}};
+  EXPECT_EQ(count(reportHtml(report, searchDoc(true), r.metrics), "class=\"ci\""), 4);
+  auto s = searchDoc(false);
+  for (auto& c : s["candidates"]) c["samples_per_s_ci"] = {1.0, 2.0};
+  EXPECT_EQ(count(reportHtml(report, s, r.metrics), "class=\"ci\""), 4);  // not on the failed one
+  // Ends of 0: the search had no interval for it.
+  s = searchDoc(false);
+  for (auto& c : s["candidates"]) c["ci_low"] = c["ci_high"] = 0.0;
+  EXPECT_EQ(count(reportHtml(report, s, r.metrics), "class=\"ci\""), 0);
+  // Not searched, not measured: the page still renders and says so.
+  Json bare{{"noise_scale", {{"measured", false}, {"why_not", "it needs at least 2 ranks"}}}};
+  const auto page = reportHtml(bare, Json(), {});
+  EXPECT_NE(page.find("not searched"), std::string::npos);
+  EXPECT_NE(page.find("it needs at least 2 ranks"), std::string::npos);
+  EXPECT_NE(page.find("no data"), std::string::npos);
+}
+
+TEST(ReportHtml, MetricsJsonlOneObjectPerLine) {
+  const auto text = metricsJsonl(sampleResult());
+  std::istringstream in(text);
+  std::string line;
+  int steps = 0, epochs = 0;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.at("kind") == "epoch") {
+      ++epochs;
+      EXPECT_TRUE(j.contains("eval_accuracy"));
+    } else {
+      ++steps;
+      EXPECT_FALSE(j.contains("eval_accuracy"));
+    }
+    EXPECT_GT(j.at("noise_scale").get<double>(), 0);
+    EXPECT_DOUBLE_EQ(j.at("compute_fraction").get<double>(), j.at("kind") == "epoch" ? 0.0 : 1.0);
+  }
+  EXPECT_EQ(steps, 12);
+  EXPECT_EQ(epochs, 3);
+}
+
+TEST(Diagnose, GlobalBatchFarAboveTheNoiseScaleIsReportedWithItsNumbers) {
+  Config cfg;
+  auto r = sampleResult();  // G = 512, last epoch B_simple = 100
+  auto found = diagnose(cfg, r, false, "cpu");
+  ASSERT_FALSE(found.empty());
+  const auto& f = found.back();
+  EXPECT_NE(f.find("global batch 512 is 5.1x the gradient noise scale B_simple ~ 100"),
+            std::string::npos)
+      << f;
+  EXPECT_NE(f.find("3.1x the epochs"), std::string::npos) << f;
+  r.history.back().noise_scale = 400;  // 1.3x: nothing to say
+  for (const auto& s : diagnose(cfg, r, false, "cpu")) EXPECT_EQ(s.find("noise scale"), std::string::npos) << s;
+  r.history.back().noise_scale = 5000;  // far below: a larger batch is cheap
+  found = diagnose(cfg, r, false, "cpu");
+  ASSERT_FALSE(found.empty());
+  EXPECT_NE(found.back().find("well below"), std::string::npos) << found.back();
+  // |G|^2 came out <= 0: B_simple is beyond what this batch resolves.
+  r.history.back().noise_scale = -1;
+  r.noise.b_simple = -1;
+  r.noise.grad_sq = -1e-4;
+  r.noise.trace = 3;
+  found = diagnose(cfg, r, false, "cpu");
+  ASSERT_FALSE(found.empty());
+  EXPECT_NE(found.back().find("too large to measure at global batch 512"), std::string::npos)
+      << found.back();
+}
