@@ -543,6 +543,8 @@ TEST(SearchInterleaved, RelativeThroughputPairsRoundsOnlyWhenBothHaveThem) {
   EXPECT_NEAR(relativeThroughput(a, b), 0.96, 1e-12);  // median of 0.9615, 0.88, 0.96
   b.round_sps.pop_back();
   EXPECT_NEAR(relativeThroughput(a, b), 0.9, 1e-12);
+}
+
 // Note [oom back-off]: a back-off in training marks the cache entry; the next
 // run does not take the same batch blindly but chooses again among the cached
 // candidates below it, and searches again when none is left.
