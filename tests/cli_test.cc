@@ -117,9 +117,9 @@ TEST(Cli, HelpAndVersion) {
 #if BATCHDIST_TEST_CUDA_BUILD
   EXPECT_NE(r.out.find(", CUDA "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(", NCCL "), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("backends: gloo nccl"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("backends: gloo mpi nccl"), std::string::npos) << r.out;
 #else
-  EXPECT_NE(r.out.find(", CPU build, backends: gloo)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(", CPU build, backends: gloo mpi)"), std::string::npos) << r.out;
 #endif
 }
 

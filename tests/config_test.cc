@@ -96,7 +96,7 @@ TEST(Config, OutOfRangeValuesAreRefused) {
             std::string::npos);
   EXPECT_NE(errorOf("optim: {momentum: 1.5}").find("optim.momentum: 1.5 is out of range"),
             std::string::npos);
-  EXPECT_NE(errorOf("dist: {backend: mpi}").find("'mpi' is not one of auto | gloo | nccl"),
+  EXPECT_NE(errorOf("dist: {backend: tcp}").find("'tcp' is not one of auto | gloo | mpi | nccl"),
             std::string::npos);
   EXPECT_NE(errorOf("batch: {last_batch: pda}").find("did you mean 'pad'"), std::string::npos);
 }
