@@ -55,13 +55,24 @@ class MpiWork : public PendingWork {
         store_(std::move(store)), seq_(seq) {}
 
   ~MpiWork() override {
-    // Never leave MPI writing into a freed buffer: a work dropped without wait()
-    // (an exception between start and wait) is completed here.
-    if (request_ != MPI_REQUEST_NULL) {
-      int finalized = 0;
-      MPI_Finalized(&finalized);
-      if (!finalized) MPI_Wait(&request_, MPI_STATUS_IGNORE);
+    // Never leave MPI writing into a freed buffer. A work dropped without wait()
+    // (an exception between start and wait) is completed here, within the
+    // timeout; one that cannot complete (a peer stopped, or wait() timed out) is
+    // abandoned with its buffer leaked on purpose: the job is ending anyway, and
+    // blocking here would hang it.
+    if (request_ == MPI_REQUEST_NULL) return;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    if (!timed_out_) {
+      const auto deadline = std::chrono::steady_clock::now() + timeout_;
+      for (int done = 0;;) {
+        if (MPI_Test(&request_, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) return;
+        if (std::chrono::steady_clock::now() > deadline) break;
+        std::this_thread::yield();
+      }
     }
+    new at::Tensor(buffer_);  // leaked: MPI may still write into it
   }
 
   void wait() override {
@@ -75,6 +86,7 @@ class MpiWork : public PendingWork {
       // Check the clock now and then; yield so a peer on the same core can run.
       if ((spins & 1023) == 1023) {
         if (std::chrono::steady_clock::now() > deadline) {
+          timed_out_ = true;
           throw CollectiveError(strCat("mpi ", what_, " #", seq_, " failed (timeout ",
                                        timeout_.count() / 1000.0, " s, dist.timeout_s).",
                                        stallReport(store_, rank_, size_, seq_)));
@@ -87,6 +99,7 @@ class MpiWork : public PendingWork {
 
  private:
   MPI_Request request_;
+  bool timed_out_ = false;
   at::Tensor buffer_;
   at::Tensor target_;
   std::string what_;

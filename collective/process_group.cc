@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <future>
+#include <memory>
 #include <thread>
 
 #include "collective/error.h"
@@ -171,9 +173,13 @@ class ProcessGroupCommunicator : public Communicator {
 /// hung elsewhere, or dead. Every rank counts its collectives in the same order,
 /// so #seq is the same collective on every rank. The store lives on rank 0: if
 /// it does not answer, rank 0 itself is the one missing.
-std::string stallReport(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                        uint64_t seq) {
-  if (!store) return "";
+namespace {
+
+constexpr char kStoreSilent[] =
+    " The rendezvous store on rank 0 does not answer either: rank 0 is stopped, hung or dead.";
+
+std::string stallReportNow(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                           uint64_t seq) {
   const std::string prefix = strCat("batchdist/stall/", seq, "/");
   try {
     store->setTimeout(std::chrono::seconds(5));
@@ -204,9 +210,23 @@ std::string stallReport(const c10::intrusive_ptr<c10d::Store>& store, int rank, 
     return strCat(" Did not reach it: ", who,
                   "; stopped (SIGSTOP, a debugger), hung in something else, or dead.");
   } catch (const std::exception&) {
-    return " The rendezvous store on rank 0 does not answer either: rank 0 is stopped, hung or "
-           "dead.";
+    return kStoreSilent;
   }
+}
+
+}  // namespace
+
+std::string stallReport(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                        uint64_t seq) {
+  if (!store) return "";
+  // A store whose server is stopped (SIGSTOP on rank 0) keeps the connection open
+  // and never answers; some store calls have no timeout of their own. So the
+  // report runs on a thread of its own, and is given up after 15 s.
+  auto done = std::make_shared<std::promise<std::string>>();
+  auto answer = done->get_future();
+  std::thread([=] { done->set_value(stallReportNow(store, rank, size, seq)); }).detach();
+  if (answer.wait_for(std::chrono::seconds(15)) != std::future_status::ready) return kStoreSilent;
+  return answer.get();
 }
 
 std::vector<std::string> availableBackends() {
@@ -217,13 +237,17 @@ std::vector<std::string> availableBackends() {
 #endif
 }
 
-std::string resolveBackend(const std::string& requested, const at::Device& device) {
+std::string resolveBackend(const std::string& requested, const at::Device& device,
+                           bool one_host) {
   const auto have = availableBackends();
   const bool compiled = std::find(have.begin(), have.end(), requested) != have.end();
   if (requested == "auto") {
-    return device.is_cuda() && std::find(have.begin(), have.end(), "nccl") != have.end()
-               ? "nccl"
-               : "gloo";
+    if (device.is_cuda()) {
+      return std::find(have.begin(), have.end(), "nccl") != have.end() ? "nccl" : "gloo";
+    }
+    // Note [mpi backend]: within one host, MPI's shared memory beats Gloo's TCP
+    // loopback by far (README, Performance); across hosts Gloo stays the default.
+    return one_host && mpiAvailable() ? "mpi" : "gloo";
   }
   if (requested != "gloo" && requested != "nccl" && requested != "mpi") {
     throw ConfigError(strCat("dist.backend: unknown backend '", requested,
@@ -249,7 +273,7 @@ std::string resolveBackend(const std::string& requested, const at::Device& devic
 
 std::unique_ptr<Communicator> createCommunicator(const c10::intrusive_ptr<c10d::Store>& store,
                                                  int rank, int size, const BackendOptions& opts) {
-  const std::string name = resolveBackend(opts.backend, opts.device);
+  const std::string name = resolveBackend(opts.backend, opts.device, opts.one_host);
   if (name == "mpi") {
     auto comm = createMpiCommunicator(store, opts.device, opts.timeout);
     try {

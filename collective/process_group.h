@@ -18,6 +18,7 @@ struct BackendOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   std::string interface;  ///< network interface for Gloo (empty: use `address`)
   std::string address;    ///< this rank's IPv4 address for Gloo when no interface is named
+  bool one_host = false;  ///< every rank of the job is on this host (auto may pick mpi)
 };
 
 /// Names the ranks that did not reach collective #seq, from their keys in the
@@ -29,9 +30,12 @@ std::string stallReport(const c10::intrusive_ptr<c10d::Store>& store, int rank, 
 std::vector<std::string> availableBackends();
 
 /// Maps dist.backend to a concrete backend for `device`: auto -> nccl on CUDA
-/// (when compiled), gloo otherwise. Throws ConfigError naming the backends this
-/// build has for an unknown or unavailable name, or nccl on a CPU device.
-std::string resolveBackend(const std::string& requested, const at::Device& device);
+/// (when compiled); on the CPU, mpi when `one_host` (several ranks, all on this
+/// host, MPI initialised: Note [mpi backend]), gloo otherwise. Throws ConfigError
+/// naming the backends this build has for an unknown or unavailable name, or
+/// nccl on a CPU device.
+std::string resolveBackend(const std::string& requested, const at::Device& device,
+                           bool one_host = false);
 
 /// Joins the process group through `store`; blocks until all `size` ranks joined
 /// or the timeout expired (CollectiveError).

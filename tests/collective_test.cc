@@ -9,6 +9,7 @@
 #include "collective/error.h"
 #include "collective/grad_sync.h"
 #include "collective/reducer.h"
+#include "collective/mpi_comm.h"
 #include "collective/process_group.h"
 #include "collective/rendezvous.h"
 #include "collective/torch_compat.h"
@@ -278,6 +279,8 @@ TEST(Collective, MissingPeerTimesOutWithACollectiveError) {
 
 TEST(Collective, BackendChoiceListsWhatThisBuildHas) {
   EXPECT_EQ(resolveBackend("auto", at::kCPU), "gloo");
+  // One host: MPI when it is initialised (not in this test binary).
+  EXPECT_EQ(resolveBackend("auto", at::kCPU, /*one_host=*/true), mpiAvailable() ? "mpi" : "gloo");
   EXPECT_EQ(resolveBackend("gloo", at::kCPU), "gloo");
   EXPECT_EQ(resolveBackend("mpi", at::kCPU), "mpi");
   try {

@@ -105,6 +105,7 @@ Connection connect(const RunSetup& s, const RankPlace& place) {
   bo.timeout = timeout;
   bo.interface = rv.interface;
   bo.address = rv.address;
+  bo.one_host = place.host_count == 1 && place.size > 1;
   c.comm = collective::createCommunicator(rv.store, place.rank, place.size, bo);
   c.store_address = rv.store_address;
   return c;
