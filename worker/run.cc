@@ -31,6 +31,7 @@
 #include "worker/search/search.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/step_measurer.h"
+#include "worker/train/memory.h"
 #include "worker/train/trainer.h"
 
 namespace batchdist::worker {
@@ -405,6 +406,7 @@ RunSetup prepareRun(const RunRequest& req, const RankPlace& place) {
   }
   s.device = chooseDevice(s.cfg, probeGpus(place.host), place.host, place.local_rank,
                           place.local_size);
+  if (!s.device.is_cuda()) configureHostAllocator();  // Note [host allocator]
   // An unavailable backend is refused here, before any rendezvous.
   collective::resolveBackend(toString(s.cfg.dist.backend), s.device);
   checkPrecision(s.cfg.train.precision, s.device, s.cfg.source);

@@ -21,6 +21,11 @@ bool isOutOfMemory(const std::exception& e) {
   return false;
 }
 
+void configureHostAllocator() {
+  mallopt(M_MMAP_MAX, 0);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+}
+
 void resetPeakRss() {
   // Give freed heap back first, so the new peak is not masked by (or charged
   // for) what an earlier candidate left behind.
