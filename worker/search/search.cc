@@ -71,13 +71,14 @@ int64_t TimingRule::nextCheck(int64_t n) const {
 // ---------------------------------------------------------------------------
 // Selection.
 
-double relativeThroughput(const Candidate& c, const Candidate& best) {
+double relativeThroughput(const Candidate& c, const Candidate& best, bool conservative) {
   if (&c == &best) return 1.0;
   if (!c.round_sps.empty() && c.round_sps.size() == best.round_sps.size()) {
     std::vector<double> ratios;
     for (std::size_t i = 0; i < c.round_sps.size(); ++i) {
       ratios.push_back(best.round_sps[i] > 0 ? c.round_sps[i] / best.round_sps[i] : 0.0);
     }
+    if (conservative) return *std::min_element(ratios.begin(), ratios.end());
     return median(std::move(ratios));
   }
   return best.global_sps > 0 ? c.global_sps / best.global_sps : 0.0;
@@ -87,8 +88,8 @@ static std::string ruleText(Objective objective, double tolerance, int64_t round
   if (objective == Objective::kMaxFit) return "max_fit: the largest per-GPU batch that fits";
   return strCat("throughput: the smallest per-GPU batch whose samples/s is at least ",
                 formatFixed(100 * (1 - tolerance), 0), " % of the best's",
-                rounds > 0 ? strCat(" (median of the per-round ratios over ", rounds,
-                                    " interleaved rounds for the contenders)")
+                rounds > 0 ? strCat(" in every one of ", rounds,
+                                    " interleaved rounds (the lowest per-round ratio decides)")
                            : std::string());
 }
 
@@ -121,7 +122,7 @@ const Candidate& chooseCandidate(const std::vector<Candidate>& candidates,
   }
   const Candidate* pick = best;
   for (const auto& c : candidates) {
-    if (!c.failed && relativeThroughput(c, *best) >= 1.0 - tolerance &&
+    if (!c.failed && relativeThroughput(c, *best, /*conservative=*/true) >= 1.0 - tolerance &&
         c.per_gpu < pick->per_gpu) {
       pick = &c;
     }

@@ -30,6 +30,10 @@
 // C A B, and compared in pairs within a round: a contender's throughput relative
 // to the best is the median over rounds of (its samples/s / the best's samples/s)
 // in the same round. Drift that hits a whole round cancels out of the ratio.
+// The rule takes a contender only if it is within the tolerance in every round
+// (its lowest per-round ratio): "not worse by more than the tolerance, given the
+// measured spread"; on a flat plateau a borderline smaller batch loses to a
+// larger one that is certainly as fast.
 
 #include <cstdint>
 #include <functional>
@@ -130,12 +134,13 @@ struct SearchResult {
 };
 
 /// `c`'s throughput relative to `best`: the median of the per-round ratios when
-/// both were measured in the same interleaved rounds, else the ratio of their
-/// estimates (Note [interleaved comparison]).
-double relativeThroughput(const Candidate& c, const Candidate& best);
+/// both were measured in the same interleaved rounds (`conservative`: the lowest
+/// of them), else the ratio of their estimates (Note [interleaved comparison]).
+double relativeThroughput(const Candidate& c, const Candidate& best, bool conservative = false);
 
 /// The selection rule. throughput: the smallest candidate whose global samples/s
-/// is within `tolerance` of the best measured (relativeThroughput >= 1 - tolerance);
+/// is within `tolerance` of the best measured (conservative relativeThroughput >=
+/// 1 - tolerance);
 /// max_fit: the largest that fits.
 /// Throws Error naming the smallest size tried and the memory seen when none fits.
 const Candidate& chooseCandidate(const std::vector<Candidate>& candidates,
