@@ -108,7 +108,7 @@ void checkBatchNorm(const Config& cfg, bool has_bn, const Plan& p) {
              "0 or 1 samples, which BatchNorm cannot normalise (NaN running statistics); use "
              "'drop' or 'pad' for this model"));
   }
-  const int64_t floor = std::max<int64_t>(2, cfg.batch.min_per_gpu);
+  const int64_t floor = minPerGpu(cfg, /*has_batchnorm=*/true);
   if (p.per_gpu < floor) {
     throw ConfigError(strCat(src, ": batch.per_gpu=", p.per_gpu, " is below ", floor,
                              ": BatchNorm in training mode needs at least ", floor,
@@ -204,6 +204,10 @@ Plan makePlan(const Config& cfg, int64_t world, int64_t n, bool has_bn, int64_t 
   planLr(cfg, p);
   planWarnings(cfg, p);
   return p;
+}
+
+int64_t minPerGpu(const Config& cfg, bool has_batchnorm) {
+  return has_batchnorm ? std::max<int64_t>(2, cfg.batch.min_per_gpu) : 1;
 }
 
 int64_t backedOffPerGpu(int64_t per_gpu, int64_t min_per_gpu) {

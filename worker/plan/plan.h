@@ -62,6 +62,10 @@ struct Plan {
 Plan makePlan(const Config& cfg, int64_t world_size, int64_t dataset_size, bool has_batchnorm,
               int64_t per_gpu_override = 0);
 
+/// The smallest per-GPU micro-batch allowed (Note [equal shards]): with BatchNorm,
+/// batch.min_per_gpu and never below 2; 1 without.
+int64_t minPerGpu(const Config& cfg, bool has_batchnorm);
+
 /// Note [oom back-off] (worker/train/trainer.h): the per-GPU batch a step is
 /// redone with after an out-of-memory: the largest proper divisor of m (m / 2
 /// when m is even); 0 when that is below `min_per_gpu` (the BatchNorm minimum,

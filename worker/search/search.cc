@@ -7,6 +7,7 @@
 #include "collective/error.h"
 #include "worker/common/console.h"
 #include "worker/common/util.h"
+#include "worker/plan/plan.h"
 
 namespace batchdist::worker {
 namespace {
@@ -204,7 +205,7 @@ BatchSearch::Space BatchSearch::space() const {
   }
   sp.fixed_accum = cfg_.batch.accum > 0 ? cfg_.batch.accum : 1;
   // Note [equal shards]: a BatchNorm micro-batch holds at least 2 samples.
-  sp.lo = std::max(s.min, has_bn_ ? std::max<int64_t>(2, cfg_.batch.min_per_gpu) : int64_t{1});
+  sp.lo = std::max(s.min, minPerGpu(cfg_, has_bn_));
   sp.hi = s.max > 0 ? s.max : kUnbounded;
   sp.multiple_of = s.multiple_of;
   // Under drop, a global batch larger than the training set has no step at all.

@@ -644,7 +644,7 @@ bool Trainer::backOff(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_s
   b.peak_mb = f.peak_mb;
   b.capacity_mb = f.capacity_mb;
   b.retry = oom_.retrying;
-  const int64_t floor = model_->hasBatchNorm() ? std::max<int64_t>(2, cfg_.batch.min_per_gpu) : 1;
+  const int64_t floor = minPerGpu(cfg_, model_->hasBatchNorm());
   const int64_t next = backedOffPerGpu(plan_.per_gpu, floor);
   if (next > 0) {
     b.to_per_gpu = next;
