@@ -8,6 +8,10 @@
 # Each pair runs batchdist then DDP back to back, pairs interleaved
 # (1.13 A B, 2.x A B, 1.13 A B, ...); the ratio is per pair, the median over pairs.
 #
+# Both sides time 120 steps of 128 samples per rank (batchdist: the whole epochs,
+# first step included; DDP: after 5 untimed steps). The 1.13 leg's speed depends
+# on the BLAS behind Debian's libblas.so.3 (Note [host blas]); its name is printed.
+#
 #   [BACKEND=gloo|mpi] bench/vs_ddp.sh [BATCHDIST_BIN] [PAIRS] [BATCHDIST_BIN_2X]
 #     defaults: build/launcher/batchdist 5 build-cuda/launcher/batchdist; BACKEND
 #     is batchdist's dist.backend [auto] (DDP always uses gloo)
@@ -26,7 +30,7 @@ model: {name: mlp, hidden: [512, 512], batchnorm: false}
 data: {name: synthetic, samples: 8192, shape: [256], classes: 10, val_fraction: 0}
 batch: {global: 256}
 optim: {name: sgd, lr: 0.05, base_batch: 256, momentum: 0.9}
-train: {epochs: 1, max_steps: 65, check_finite: false, device: cpu}
+train: {epochs: 4, max_steps: 120, check_finite: false, device: cpu}
 YAML
 
 # Legs: name, batchdist binary, python with the matching torch.
@@ -48,6 +52,7 @@ add_leg 1.13 "$bin" /usr/bin/python3
 add_leg 2.x "$bin2" "$("$here/../tests/cuda_leg.sh" --venv-path)/bin/python"
 [ ${#names[@]} -gt 0 ] || { echo "vs_ddp.sh: nothing to compare" >&2; exit 1; }
 
+echo "libblas.so.3 of the 1.13 leg: $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || echo none)"
 declare -A ratios
 port=29500
 for i in $(seq 1 "$pairs"); do
@@ -57,7 +62,7 @@ for i in $(seq 1 "$pairs"); do
     a=$(grep -o '"samples_per_s": [0-9.e+]*' "$out/r.json" | head -1 | awk '{print $2}')
     port=$((port + 1))
     b=$(mpirun "${flags[@]}" -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$port \
-          "${pys[$k]}" -W ignore "$here/ddp_baseline.py" --steps 60 --warmup 5 | awk '/samples_per_s/ {print $2}')
+          "${pys[$k]}" -W ignore "$here/ddp_baseline.py" --steps 120 --warmup 5 | awk '/samples_per_s/ {print $2}')
     r=$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.3f", a / b }')
     ratios[$k]+="$r "
     echo "pair $i, torch ${names[$k]}: batchdist $a samples/s, PyTorch DDP $b samples/s, ratio $r"

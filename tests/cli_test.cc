@@ -228,6 +228,22 @@ TEST(Cli, SingletonRunWritesReportAndModel) {
     EXPECT_TRUE(rep[key].IsDefined()) << key;
   }
   EXPECT_TRUE(std::filesystem::exists(out / "model.pt"));
+  EXPECT_GT(rep["validation_samples"].as<int>(), 0);
+  // Note [host blas]: a CPU run names the BLAS it found (empty only when none is exported).
+  EXPECT_TRUE(rep["cpu_blas"].IsDefined());
+}
+
+TEST(Cli, WithoutAValidationSetNoAccuracyIsClaimed) {
+  const auto out = freshDir("batchdist_cli_noval");
+  const auto r = run(kQuickstart + " --set data.val_fraction=0 --output " + out.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("eval_acc"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("eval accuracy"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(no validation set)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("steps, no validation set, "), std::string::npos) << r.out;
+  const auto rep = YAML::LoadFile((out / "report.json").string());
+  EXPECT_EQ(rep["validation_samples"].as<int>(), 0);
+  EXPECT_NE(readText(out / "report.html").find("no validation set"), std::string::npos);
 }
 
 TEST(Cli, SearchCacheHitMissAndResearch) {

@@ -2,7 +2,10 @@
 // GPU inventory is passed in (worker/device.h).
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include "collective/device_compat.h"
+#include "collective/torch_compat.h"
 #include "collective/error.h"
 #include "worker/device.h"
 #include "worker/config/config.h"
@@ -88,5 +91,55 @@ TEST(Device, ProbeMatchesTheBuild) {
                                               : "CPU-only build"),
               std::string::npos)
         << g.none_reason;
+  }
+}
+
+// Note [host blas]
+using batchdist::worker::blasLine;
+using batchdist::worker::configureHostBlas;
+using batchdist::worker::describeBlas;
+
+TEST(HostBlas, DebiansReferenceAlternativeIsReportedWithWhatToInstall) {
+  const auto b = describeBlas("/usr/lib/x86_64-linux-gnu/blas/libblas.so.3", "", -1);
+  EXPECT_TRUE(b.reference);
+  EXPECT_EQ(b.name, "reference BLAS");
+  const auto line = blasLine(b);
+  EXPECT_EQ(line.rfind("warning: ", 0), 0u) << line;
+  EXPECT_NE(line.find("/usr/lib/x86_64-linux-gnu/blas/libblas.so.3"), std::string::npos) << line;
+  EXPECT_NE(line.find("apt-get install libopenblas0-openmp"), std::string::npos) << line;
+}
+
+TEST(HostBlas, OpenBlasIsNamedWithVersionAndThreading) {
+  const auto b = describeBlas("/usr/lib/x86_64-linux-gnu/openblas-openmp/libblas.so.3",
+                              "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY Haswell MAX_THREADS=64", 2);
+  EXPECT_FALSE(b.reference);
+  EXPECT_EQ(b.name, "OpenBLAS 0.3.21 (OpenMP)");
+  EXPECT_EQ(blasLine(b), "cpu: matrix products by OpenBLAS 0.3.21 (OpenMP)");
+  auto pooled = describeBlas("/x/openblas-pthread/libblas.so.3", "OpenBLAS 0.3.21 Haswell", 1);
+  pooled.capped_threads = 1;
+  EXPECT_EQ(blasLine(pooled), "cpu: matrix products by OpenBLAS 0.3.21 (pthreads), its thread pool capped at 1");
+}
+
+TEST(HostBlas, OtherLibrariesAreNamedByFileAndUnknownSaysNothing) {
+  const auto mkl = describeBlas("/opt/intel/lib/libmkl_rt.so.2", "", -1);
+  EXPECT_FALSE(mkl.reference);
+  EXPECT_EQ(mkl.name, "libmkl_rt.so.2");
+  EXPECT_EQ(blasLine(describeBlas("", "", -1)), "");
+  // Only Debian's alternatives directory marks the reference build.
+  EXPECT_FALSE(describeBlas("/usr/lib/libblas.so.3", "", -1).reference);
+}
+
+TEST(HostBlas, ProbeOfThisProcessFindsTheLibraryItNames) {
+  const auto b = configureHostBlas(1);
+  if (b.name.empty()) {
+    // LibTorch with its BLAS linked in statically (pip wheels: MKL) exports no sgemm_.
+    EXPECT_TRUE(b.path.empty());
+  } else {
+    EXPECT_FALSE(b.path.empty());
+    EXPECT_TRUE(std::filesystem::exists(b.path)) << b.path;
+  }
+  // Debian's libtorch links libblas.so.3 dynamically: there the probe must find it.
+  if (batchdist::compat::torchVersion().rfind("1.13", 0) == 0) {
+    EXPECT_FALSE(b.name.empty());
   }
 }

@@ -1,6 +1,9 @@
 #include "worker/device.h"
 
+#include <dlfcn.h>
+
 #include <cstdlib>
+#include <filesystem>
 
 #include "collective/device_compat.h"
 #include "collective/error.h"
@@ -74,6 +77,70 @@ at::Device chooseDevice(const worker::Config& cfg, const GpuInventory& gpus,
             : ""));
   }
   return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+}
+
+HostBlas describeBlas(const std::string& path, const std::string& openblas_config,
+                      int openblas_parallel) {
+  HostBlas b;
+  b.path = path;
+  if (!openblas_config.empty()) {
+    // "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY Haswell MAX_THREADS=64": name and version.
+    std::string head = openblas_config;
+    for (int words = 0, i = 0; i < static_cast<int>(head.size()); ++i) {
+      if (head[i] == ' ' && ++words == 2) {
+        head.resize(i);
+        break;
+      }
+    }
+    const char* how[] = {"serial", "pthreads", "OpenMP"};
+    b.name = head + (openblas_parallel >= 0 && openblas_parallel <= 2
+                       ? strCat(" (", how[openblas_parallel], ")")
+                       : std::string());
+    return b;
+  }
+  if (path.empty()) return b;
+  // Debian and Ubuntu install the netlib reference as the alternative .../blas/libblas.so.3.
+  const std::filesystem::path p(path);
+  b.reference = p.parent_path().filename() == "blas" && p.filename().string().rfind("libblas.so", 0) == 0;
+  b.name = b.reference ? "reference BLAS" : p.filename().string();
+  return b;
+}
+
+HostBlas configureHostBlas(int threads) {
+  void* sgemm = dlsym(RTLD_DEFAULT, "sgemm_");
+  Dl_info info{};
+  std::string path;
+  if (sgemm != nullptr && dladdr(sgemm, &info) != 0 && info.dli_fname != nullptr) {
+    std::error_code ec;
+    const auto real = std::filesystem::canonical(info.dli_fname, ec);
+    path = ec ? std::string(info.dli_fname) : real.string();
+  }
+  using ConfigFn = char* (*)();
+  using IntFn = int (*)();
+  using SetFn = void (*)(int);
+  auto config = reinterpret_cast<ConfigFn>(dlsym(RTLD_DEFAULT, "openblas_get_config"));
+  auto parallel = reinterpret_cast<IntFn>(dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
+  auto get_threads = reinterpret_cast<IntFn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  auto set_threads = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  const int how = parallel != nullptr ? parallel() : -1;
+  HostBlas b = describeBlas(path, config != nullptr && config() != nullptr ? config() : "", how);
+  if (how == 1 && get_threads != nullptr && set_threads != nullptr && get_threads() > threads) {
+    set_threads(threads);
+    b.capped_threads = threads;
+  }
+  return b;
+}
+
+std::string blasLine(const HostBlas& blas) {
+  if (blas.name.empty()) return "";
+  if (blas.reference) {
+    return strCat("warning: CPU matrix products go through the reference BLAS (", blas.path,
+                  "), many times slower than an optimised one; install OpenBLAS (Debian: "
+                  "apt-get install libopenblas0-openmp) and run again");
+  }
+  return strCat("cpu: matrix products by ", blas.name,
+                blas.capped_threads > 0 ? strCat(", its thread pool capped at ", blas.capped_threads)
+                                        : std::string());
 }
 
 }  // namespace batchdist::worker

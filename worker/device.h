@@ -30,4 +30,35 @@ GpuInventory probeGpus(const std::string& host);
 at::Device chooseDevice(const worker::Config& cfg, const GpuInventory& gpus,
                         const std::string& host, int local_rank, int local_size);
 
+/// Note [host blas]: on the CPU, LibTorch's matrix products (Linear, the
+/// im2col convolutions of a CPU build without oneDNN) call `sgemm_` of whatever
+/// BLAS the dynamic linker found. Debian's libtorch links the alternative
+/// libblas.so.3, which is the unoptimised reference BLAS unless an optimised one
+/// is installed: bench/vs_ddp.sh's MLP trained at 2.7k samples/s on it and at
+/// ~50k with libopenblas0-openmp on the same 2 cores. A run cannot fix that, so
+/// rank 0 says which BLAS it got and warns about the reference one. OpenBLAS
+/// built with pthreads keeps its own pool of one thread per core in every rank,
+/// which oversubscribes the host; it is capped at the rank's threads.
+struct HostBlas {
+  std::string name;        ///< "OpenBLAS 0.3.21 (OpenMP)", "reference BLAS", ... ; empty: no sgemm_ exported
+  std::string path;        ///< the file that provides sgemm_ (links resolved)
+  bool reference = false;  ///< the netlib reference implementation
+  int capped_threads = 0;  ///< > 0: OpenBLAS's own thread pool was set to this
+};
+
+/// What the probe learnt, as a pure function (tests/device_test.cc): `path` the
+/// resolved library file; `openblas_config` openblas_get_config() or empty when
+/// it is not OpenBLAS; `openblas_parallel` openblas_get_parallel() (0 serial,
+/// 1 pthreads, 2 OpenMP).
+HostBlas describeBlas(const std::string& path, const std::string& openblas_config,
+                      int openblas_parallel);
+
+/// Finds the BLAS in this process (dlsym/dladdr on sgemm_) and caps an OpenBLAS
+/// pthread pool at `threads`. Never throws.
+HostBlas configureHostBlas(int threads);
+
+/// The line rank 0 prints, empty when there is nothing to say; a warning for the
+/// reference BLAS says what to install.
+std::string blasLine(const HostBlas& blas);
+
 }  // namespace batchdist::worker

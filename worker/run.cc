@@ -193,6 +193,8 @@ void finishRun(const RunRequest& req, const RankPlace& place, const RunSetup& s,
   info.device = s.device.str();
   info.torch_version = compat::torchVersion();
   info.data_origin = s.data.origin;
+  info.cpu_blas = s.blas.name;
+  info.validation_samples = s.data.val.size();
   info.model_path = model_path;
   if (!result.completed) {
     info.stopped_by = result.failure.empty() ? strCat("SIG", sigabbrev_np(sig ? sig : SIGTERM))
@@ -237,7 +239,10 @@ void finishRun(const RunRequest& req, const RankPlace& place, const RunSetup& s,
                         " samples (smoothed), global batch ", s.plan.global));
   }
   console.line(strCat(result.completed ? "done: " : "stopped early: ", result.steps,
-                      " steps, eval accuracy ", formatFixed(100.0 * result.eval_accuracy, 2), " %, ",
+                      " steps, ",
+                      s.data.val.size() > 0
+                          ? strCat("eval accuracy ", formatFixed(100.0 * result.eval_accuracy, 2), " %, ")
+                          : std::string("no validation set, "),
                       static_cast<int64_t>(result.samples_per_s), " samples/s, ",
                       formatDuration(result.wall_s), "; wrote ", req.output,
                       "/report.json, report.html, metrics.jsonl and model.pt"));
@@ -436,6 +441,8 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
                       place.host_count, " host(s), backend ", comm.backendName(), ", device ",
                       s.device.str(), ", torch ", compat::torchVersion(), ", ", conn.threads,
                       " thread(s)/rank, store ", conn.store_address));
+  if (!s.device.is_cuda()) s.blas = configureHostBlas(conn.threads);  // Note [host blas]
+  if (const auto line = blasLine(s.blas); !line.empty()) console.line(line);
   console.line(strCat("data: ", s.data.origin, " -> ", s.data.train.size(), " train / ",
                       s.data.val.size(), " validation samples"));
 

@@ -11,6 +11,7 @@
 
 #include "worker/config/config.h"
 #include "worker/data/data.h"
+#include "worker/device.h"
 #include "worker/plan/plan.h"
 
 namespace batchdist::worker {
@@ -54,6 +55,7 @@ struct RunSetup {
   /// whether there is a checkpoint (Note [checkpoint]).
   std::string plan_error;
   std::string checkpoint_dir;  ///< checkpoint.dir, or OUTPUT/checkpoints
+  HostBlas blas;               ///< CPU ranks: Note [host blas]
 };
 
 /// Loads the config and data, picks the device, plans the batch (unless the

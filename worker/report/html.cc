@@ -409,7 +409,9 @@ std::string reportHtml(const nlohmann::ordered_json& report, const nlohmann::ord
      << " steps in " << num(jnum(report, "wall_s")) << " s, "
      << (jbool(report, "completed") ? "completed"
                                     : "stopped early (" + xmlEscape(jtext(report, "stopped_by")) + ")")
-     << "; eval accuracy " << formatPct(jnum(report, "eval_accuracy")) << " %, "
+     << (report.contains("validation_samples") && jnum(report, "validation_samples") == 0
+           ? std::string("; no validation set, ")
+           : "; eval accuracy " + formatPct(jnum(report, "eval_accuracy")) + " %, ")
      << num(jnum(report, "samples_per_s")) << " samples/s.</p>\n";
 
   // The three numbers (README: "The three numbers").

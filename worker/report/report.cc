@@ -85,6 +85,7 @@ nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const Trai
                            {"hosts", info.hosts},
                            {"backend", info.backend},
                            {"device", info.device},
+                           {"cpu_blas", info.cpu_blas},
                            {"data", info.data_origin},
                            {"per_gpu_batch", plan.per_gpu},
                            {"accum_steps", plan.accum},
@@ -100,6 +101,7 @@ nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const Trai
                            {"train_loss", r.train_loss},
                            {"eval_loss", r.eval_loss},
                            {"eval_accuracy", r.eval_accuracy},
+                           {"validation_samples", info.validation_samples},
                            {"wall_s", r.wall_s},
                            {"completed", r.completed},
                            {"model_path", info.model_path}};

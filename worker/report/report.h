@@ -23,6 +23,8 @@ struct RunInfo {
   std::string device;
   std::string torch_version;
   std::string data_origin;
+  int64_t validation_samples = 0;     ///< 0: eval_loss and eval_accuracy mean nothing
+  std::string cpu_blas;               ///< CPU ranks: the BLAS of Note [host blas], or empty
   std::string model_path;             ///< where rank 0 saved the model
   std::string stopped_by;             ///< "SIGTERM" when a signal ended the run early
   std::optional<SearchResult> search; ///< when the batch was searched (or cached)

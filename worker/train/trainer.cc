@@ -790,8 +790,10 @@ EpochStats Trainer::finishEpoch(const EpochRun& e, Console& console) {
                 monotonicSeconds() - e.started, noise_.windowBSimple()};
   noise_.resetWindow();
   console.line(strCat("epoch ", e.epoch + 1, "/", plan_.epochs, "  train_loss ",
-                      formatFixed(train_loss, 4), "  eval_loss ", formatFixed(ev.loss, 4),
-                      "  eval_acc ", formatFixed(100.0 * ev.accuracy, 2), " %  ",
+                      formatFixed(train_loss, 4),
+                      ev.samples > 0 ? strCat("  eval_loss ", formatFixed(ev.loss, 4), "  eval_acc ",
+                                              formatFixed(100.0 * ev.accuracy, 2), " %  ")
+                                     : std::string("  (no validation set)  "),
                       static_cast<int64_t>(st.samples_per_s), " samples/s  (",
                       formatDuration(st.seconds), ")",
                       st.noise_scale > 0
