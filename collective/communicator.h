@@ -30,6 +30,11 @@ class PendingWork {
  public:
   virtual ~PendingWork() = default;
   virtual void wait() = 0;
+  /// Lets the collective advance without waiting for it. Backends with their own
+  /// threads (Gloo, NCCL) need no help: a no-op. MPI moves a non-blocking
+  /// collective only inside MPI calls made by this thread (Note [mpi backend]),
+  /// so the reducer calls this from its autograd hooks.
+  virtual void progress() {}
 };
 
 /// Collectives among `size()` ranks. All ranks must call the same collectives in

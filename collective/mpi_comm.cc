@@ -75,10 +75,21 @@ class MpiWork : public PendingWork {
     new at::Tensor(buffer_);  // leaked: MPI may still write into it
   }
 
+  void progress() override {
+    // Only from the thread that owns the communicator (MPI's thread level); an
+    // error is kept for wait() to report.
+    if (request_ == MPI_REQUEST_NULL || failed_ != MPI_SUCCESS ||
+        std::this_thread::get_id() != owner_) {
+      return;
+    }
+    int done = 0;
+    failed_ = MPI_Test(&request_, &done, MPI_STATUS_IGNORE);
+  }
+
   void wait() override {
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     for (int done = 0, spins = 0;; ++spins) {
-      const int rc = MPI_Test(&request_, &done, MPI_STATUS_IGNORE);
+      const int rc = failed_ != MPI_SUCCESS ? failed_ : MPI_Test(&request_, &done, MPI_STATUS_IGNORE);
       if (rc != MPI_SUCCESS) {
         throw CollectiveError(strCat("mpi ", what_, " #", seq_, " failed: ", mpiError(rc)));
       }
@@ -99,6 +110,8 @@ class MpiWork : public PendingWork {
 
  private:
   MPI_Request request_;
+  std::thread::id owner_ = std::this_thread::get_id();  // made by the communicator's thread
+  int failed_ = MPI_SUCCESS;  // progress() saw this error
   bool timed_out_ = false;
   at::Tensor buffer_;
   at::Tensor target_;

@@ -11,6 +11,12 @@
 // communicator; on the CPU the autograd engine runs the reducer's hooks on the
 // thread that called backward(), which is that thread. A call from another thread
 // is refused with a CollectiveError instead of corrupting MPI's state.
+// With no progress thread, a non-blocking collective moves only inside MPI calls:
+// left alone during backward, the buckets started from hooks would wait for
+// finish() and nothing would overlap. The reducer therefore calls
+// PendingWork::progress() (one MPI_Test per bucket in flight) from every autograd
+// hook; on bench/overlap.sh that cut the exposed communication from 0.57 to 0.22
+// of the non-overlapped path's (README, Performance).
 
 #include <c10/util/intrusive_ptr.h>
 #include <mpi.h>

@@ -190,6 +190,10 @@ void Reducer::onGradReady(std::size_t param) {
     seen_[param] = true;
     ready_order_.push_back(param);
   }
+  // Buckets in flight get a chance to move on (PendingWork::progress).
+  for (std::size_t b = 0; b < next_bucket_; ++b) {
+    if (buckets_[b].work) buckets_[b].work->progress();
+  }
   auto& bucket = buckets_[bucket_of_[param]];
   if (bucket.pending > 0 && --bucket.pending == 0) {
     bucket.ready = true;
