@@ -8,7 +8,9 @@
 #   D  PyTorch DDP over Gloo, 2 ranks, the same model, batch and optimizer
 #      (bench/ddp_baseline.py with Debian's python3-torch, same mpirun)
 # Prints per round the samples/s of each and the ratios vs DDP (A/D, B/D) and the
-# 2-rank scaling (A/C, B/C: 2.0 is linear), then the medians.
+# 2-rank scaling (A/C, B/C: 2.0 is linear), then the medians. Each leg trains
+# 40 epochs (880 steps; DDP: 880 timed steps after 20), long enough that a
+# leg is not decided by a few milliseconds of start-up noise.
 #   bench/quickstart_scaling.sh [BATCHDIST_BIN] [ROUNDS]
 set -euo pipefail
 bin=${1:-build/launcher/batchdist}
@@ -25,14 +27,14 @@ py=/usr/bin/python3  # Debian's python3-torch (1.13), as the batchdist build
 
 batchdist() {  # NP GLOBAL BACKEND -> samples/s of the training steps
   mpirun "${flags[@]}" -np "$1" "$bin" "$cfg" -q --output "$out/run" --report "$out/r.json" \
-    --set batch.global="$2" --set dist.backend="$3" --set train.epochs=10 \
+    --set batch.global="$2" --set dist.backend="$3" --set train.epochs=40 \
     --set train.check_finite=false >/dev/null
   "$py" -c 'import json, sys; print("%.0f" % json.load(open(sys.argv[1]))["samples_per_s"])' "$out/r.json"
 }
 ddp() {
   mpirun "${flags[@]}" -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$((29500 + RANDOM % 500)) \
     "$py" "$here/ddp_baseline.py" --model mlp --samples 1437 --dim 64 --hidden 128 64 --batchnorm \
-    --weight-decay 1e-4 --global-batch 64 --steps 220 --warmup 20 | awk '/samples_per_s/ { printf "%.0f\n", $2 }'
+    --weight-decay 1e-4 --global-batch 64 --steps 880 --warmup 20 | awk '/samples_per_s/ { printf "%.0f\n", $2 }'
 }
 
 printf "round  A: gloo np2  B: mpi np2  C: np1   D: DDP np2   A/D    B/D    A/C    B/C\n"

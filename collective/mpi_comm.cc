@@ -4,6 +4,7 @@
 #include <mpi.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <cstdlib>
 #include <thread>
 
 #include "collective/error.h"
@@ -241,6 +242,8 @@ class MpiCommunicator : public Communicator {
 };
 
 }  // namespace
+
+void preferRingAllreduce() { setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", /*overwrite=*/0); }
 
 bool mpiAvailable() {
   int initialized = 0;

@@ -141,6 +141,7 @@ void Reducer::prepare(bool final_micro, const SideChannel& side) {
   side_ = side;
   next_bucket_ = 0;
   local_sq_ = at::Tensor();
+  local_sq_host_ = 0;
   for (auto& bucket : buckets_) {
     bucket.pending = bucket.params.size();
     bucket.ready = false;
@@ -151,6 +152,12 @@ void Reducer::prepare(bool final_micro, const SideChannel& side) {
 void Reducer::setSide(const SideChannel& side) {
   std::lock_guard<std::mutex> lock(mu_);
   side_ = side;  // written into the last bucket when finish() starts it
+}
+
+float* Reducer::hostTail() const {
+  const auto& flat = buckets_.back().flat;
+  if (!flat.device().is_cpu() || flat.scalar_type() != at::kFloat) return nullptr;
+  return flat.data_ptr<float>() + paramElements(buckets_.back());
 }
 
 at::Tensor Reducer::sideSlot() const {
@@ -176,11 +183,19 @@ int64_t Reducer::paramElements(const Bucket& bucket) const {
 
 void Reducer::stampArrival(Bucket& bucket) {
   if (&bucket != &buckets_.back()) return;
+  const double now = steadySeconds() - step_started_;
+  if (float* tail = hostTail()) {  // Note [host tail]
+    for (int64_t i = 0; i < kSideSlots; ++i) tail[i] = static_cast<float>(side_[i]);
+    float* slots = tail + kSideSlots + 1;
+    std::fill(slots, slots + comm_.size(), 0.0f);
+    slots[comm_.rank()] = static_cast<float>(now);
+    return;
+  }
   auto side = sideSlot();
   for (int64_t i = 0; i < kSideSlots; ++i) side.narrow(0, i, 1).fill_(side_[i]);  // no host sync
   auto slots = arrivalSlots();
   slots.zero_();
-  slots.narrow(0, comm_.rank(), 1).fill_(steadySeconds() - step_started_);
+  slots.narrow(0, comm_.rank(), 1).fill_(now);
 }
 
 void Reducer::onGradReady(std::size_t param) {
@@ -210,12 +225,19 @@ void Reducer::startReadyBuckets(bool from_hook) {
     if (measure_) {
       // Final and not yet summed: this rank's own gradient (Note [gradient norms]).
       const int64_t n = paramElements(bucket);
+      float* tail = hostTail();
       if (n > 0) {
         auto g = bucket.flat.narrow(0, 0, n);
-        auto sq = at::dot(g, g).to(at::kDouble);
-        local_sq_ = local_sq_.defined() ? local_sq_ + sq : sq;
+        if (tail != nullptr) {
+          local_sq_host_ += at::dot(g, g).item<double>();
+        } else {
+          auto sq = at::dot(g, g).to(at::kDouble);
+          local_sq_ = local_sq_.defined() ? local_sq_ + sq : sq;
+        }
       }
-      if (&bucket == &buckets_.back()) {
+      if (&bucket == &buckets_.back() && tail != nullptr) {
+        tail[kSideSlots] = static_cast<float>(local_sq_host_);
+      } else if (&bucket == &buckets_.back()) {
         auto slot = normSlot();
         if (local_sq_.defined()) slot.copy_(local_sq_.reshape({1}));
         else slot.zero_();
@@ -247,6 +269,7 @@ SideChannel Reducer::finish() {
     if (bucket.work) bucket.work->wait();
     bucket.work.reset();
   }
+  if (const float* tail = hostTail()) return finishOnHost(tail);
   SideChannel side{};
   const auto sum = sideSlot().to(at::kDouble).cpu();
   for (int64_t i = 0; i < kSideSlots; ++i) side[i] = sum.data_ptr<double>()[i];
@@ -267,6 +290,30 @@ SideChannel Reducer::finish() {
     }
     const auto both = at::stack({normSlot().to(at::kDouble).reshape({}), summed}).cpu();
     norms_ = {both[0].item<double>(), both[1].item<double>(), true};
+  }
+  if (++steps_ == 1 && !rebuilt_) rebuildInReadyOrder();
+  return side;
+}
+
+SideChannel Reducer::finishOnHost(const float* tail) {
+  // As the end of finish(), reading the summed tail in place (Note [host tail]).
+  SideChannel side{};
+  for (int64_t i = 0; i < kSideSlots; ++i) side[i] = tail[i];
+  side_ = SideChannel{};
+  const float* t = tail + kSideSlots + 1;
+  double latest = 0;
+  for (int r = 0; r < comm_.size(); ++r) latest = std::max(latest, static_cast<double>(t[r]));
+  last_skew_s_ = std::max(0.0, latest - t[comm_.rank()]);
+  norms_ = GradSqNorms{};
+  if (measure_) {
+    double summed = 0;
+    for (const auto& bucket : buckets_) {
+      const int64_t n = paramElements(bucket);
+      if (n == 0) continue;
+      auto g = bucket.flat.narrow(0, 0, n);
+      summed += at::dot(g, g).item<double>();
+    }
+    norms_ = {static_cast<double>(tail[kSideSlots]), summed, true};
   }
   if (++steps_ == 1 && !rebuilt_) rebuildInReadyOrder();
   return side;

@@ -6,9 +6,12 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "collective/mpi_comm.h"
+
 namespace batchdist::launcher {
 
 MpiScope::MpiScope(int* argc, char*** argv) {
+  collective::preferRingAllreduce();  // Note [mpi backend]
   int provided = 0;
   MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);

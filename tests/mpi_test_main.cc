@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include "collective/mpi_comm.h"
+
 int main(int argc, char** argv) {
+  batchdist::collective::preferRingAllreduce();  // as batchdist does (Note [mpi backend])
   MPI_Init(&argc, &argv);
   ::testing::InitGoogleTest(&argc, argv);
   int rank = 0;
