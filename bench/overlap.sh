@@ -6,7 +6,8 @@
 # A B A B ..., and prints per pair: samples/s and the exposed communication per
 # step (report.json time_breakdown.comm_s / steps) of each, and their ratios;
 # then the medians.
-#   bench/overlap.sh [BATCHDIST_BIN] [PAIRS] [NP]
+#   [BACKEND=gloo|mpi] bench/overlap.sh [BATCHDIST_BIN] [PAIRS] [NP]
+#     BACKEND is dist.backend [auto: mpi on one host]
 set -euo pipefail
 bin=${1:-build/launcher/batchdist}
 pairs=${2:-5}
@@ -26,7 +27,7 @@ YAML
 run() {  # run OVERLAP -> "samples_per_s comm_per_step_ms"
   # shellcheck disable=SC2086
   mpirun $flags -np "$np" "$bin" "$out/bench.yaml" -q --output "$out/run" --report "$out/r.json" \
-    --set dist.overlap="$1" >/dev/null
+    --set dist.overlap="$1" --set dist.backend="${BACKEND:-auto}" >/dev/null
   python3 - "$out/r.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))

@@ -28,7 +28,7 @@ py=/usr/bin/python3  # Debian's python3-torch (1.13), as the batchdist build
 batchdist() {  # NP GLOBAL BACKEND -> samples/s of the training steps
   mpirun "${flags[@]}" -np "$1" "$bin" "$cfg" -q --output "$out/run" --report "$out/r.json" \
     --set batch.global="$2" --set dist.backend="$3" --set train.epochs=40 \
-    --set train.check_finite=false >/dev/null
+    --set train.check_finite=false --set train.threads=1 >/dev/null
   "$py" -c 'import json, sys; print("%.0f" % json.load(open(sys.argv[1]))["samples_per_s"])' "$out/r.json"
 }
 ddp() {
