@@ -164,25 +164,31 @@ TEST_P(Collectives, ReducerOverlapsSendsOnlyOnTheLastMicroBatchAndSumsExactly) {
 
 // The time a rank waits in finish() for a slower rank is skew, not network:
 // the reducer reports it from every rank's arrival time (Note [overlapped reducer]).
+// Both ways of reading the last bucket's tail (Note [host tail]): float host
+// buckets through a pointer, any other (here double) through tensor ops, as on a GPU.
 TEST(Reducer, WaitingForASlowerRankIsReportedAsSkew) {
-  runRanks(2, [](Communicator& c) {
-    auto w = torch::ones({64, 64}, torch::requires_grad());
-    Reducer reducer(c, {w}, 1 << 20);
-    for (int step = 0; step < 2; ++step) {
-      reducer.zeroGrad();
-      reducer.prepare(true);
-      if (c.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
-      torch::mm(torch::ones({2, 64}), w).sum().backward();
-      reducer.finish();
-      if (c.rank() == 0) {
-        EXPECT_GT(reducer.lastSkewSeconds(), 0.2) << "step " << step;
-        EXPECT_LT(reducer.lastSkewSeconds(), 2.0) << "step " << step;
-      } else {
-        EXPECT_LT(reducer.lastSkewSeconds(), 0.1) << "step " << step;
+  for (auto dtype : {torch::kFloat, torch::kDouble}) {
+    runRanks(2, [dtype](Communicator& c) {
+      auto w = torch::ones({64, 64}, torch::TensorOptions().dtype(dtype).requires_grad(true));
+      Reducer reducer(c, {w}, 1 << 20);
+      for (int step = 0; step < 2; ++step) {
+        reducer.zeroGrad();
+        reducer.prepare(true, {c.rank() == 1 ? 1.0 : 0.0, 0.5});
+        if (c.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        torch::mm(torch::ones({2, 64}, dtype), w).sum().backward();
+        const SideChannel side = reducer.finish();
+        EXPECT_DOUBLE_EQ(side[0], 1.0) << dtype;
+        EXPECT_DOUBLE_EQ(side[1], 1.0) << dtype;
+        if (c.rank() == 0) {
+          EXPECT_GT(reducer.lastSkewSeconds(), 0.2) << "step " << step << " " << dtype;
+          EXPECT_LT(reducer.lastSkewSeconds(), 2.0) << "step " << step << " " << dtype;
+        } else {
+          EXPECT_LT(reducer.lastSkewSeconds(), 0.1) << "step " << step << " " << dtype;
+        }
+        EXPECT_TRUE(torch::allclose(w.grad(), torch::full({64, 64}, 4.0, dtype)));
       }
-      EXPECT_TRUE(torch::allclose(w.grad(), torch::full({64, 64}, 4.0f)));
-    }
-  });
+    });
+  }
 }
 
 // Note [oom back-off]: a rank whose backward fails halfway (after some buckets
