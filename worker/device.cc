@@ -110,7 +110,8 @@ HostBlas configureHostBlas(int threads) {
   void* sgemm = dlsym(RTLD_DEFAULT, "sgemm_");
   Dl_info info{};
   std::string path;
-  if (sgemm != nullptr && dladdr(sgemm, &info) != 0 && info.dli_fname != nullptr) {
+  const bool found = sgemm != nullptr && dladdr(sgemm, &info) != 0 && info.dli_fname != nullptr;
+  if (found) {
     std::error_code ec;
     const auto real = std::filesystem::canonical(info.dli_fname, ec);
     path = ec ? std::string(info.dli_fname) : real.string();
@@ -118,16 +119,23 @@ HostBlas configureHostBlas(int threads) {
   using ConfigFn = char* (*)();
   using IntFn = int (*)();
   using SetFn = void (*)(int);
-  auto config = reinterpret_cast<ConfigFn>(dlsym(RTLD_DEFAULT, "openblas_get_config"));
-  auto parallel = reinterpret_cast<IntFn>(dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
-  auto get_threads = reinterpret_cast<IntFn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
-  auto set_threads = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-  const int how = parallel != nullptr ? parallel() : -1;
+  // OpenBLAS may be loaded (Debian's liblapack.so.3 alternative can be OpenBLAS's)
+  // while sgemm_ comes from the reference libblas.so.3: ask only the library that
+  // serves sgemm_ and what it depends on (Debian's OpenBLAS libblas.so.3 is a
+  // wrapper over libopenblas.so.0).
+  void* lib = found ? dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD) : nullptr;
+  const auto sym = [lib](const char* name) { return lib != nullptr ? dlsym(lib, name) : nullptr; };
+  auto config = reinterpret_cast<ConfigFn>(sym("openblas_get_config"));
+  auto parallel = reinterpret_cast<IntFn>(sym("openblas_get_parallel"));
+  auto get_threads = reinterpret_cast<IntFn>(sym("openblas_get_num_threads"));
+  auto set_threads = reinterpret_cast<SetFn>(sym("openblas_set_num_threads"));
+  const int how = config != nullptr && parallel != nullptr ? parallel() : -1;
   HostBlas b = describeBlas(path, config != nullptr && config() != nullptr ? config() : "", how);
   if (how == 1 && get_threads != nullptr && set_threads != nullptr && get_threads() > threads) {
     set_threads(threads);
     b.capped_threads = threads;
   }
+  if (lib != nullptr) dlclose(lib);  // drops the reference RTLD_NOLOAD took
   return b;
 }
 
@@ -136,7 +144,8 @@ std::string blasLine(const HostBlas& blas) {
   if (blas.reference) {
     return strCat("warning: CPU matrix products go through the reference BLAS (", blas.path,
                   "), many times slower than an optimised one; install OpenBLAS (Debian: "
-                  "apt-get install libopenblas0-openmp) and run again");
+                  "apt-get install libopenblas0-openmp; if it is installed, select it with "
+                  "update-alternatives --config libblas.so.3-x86_64-linux-gnu) and run again");
   }
   return strCat("cpu: matrix products by ", blas.name,
                 blas.capped_threads > 0 ? strCat(", its thread pool capped at ", blas.capped_threads)

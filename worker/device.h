@@ -53,8 +53,11 @@ struct HostBlas {
 HostBlas describeBlas(const std::string& path, const std::string& openblas_config,
                       int openblas_parallel);
 
-/// Finds the BLAS in this process (dlsym/dladdr on sgemm_) and caps an OpenBLAS
-/// pthread pool at `threads`. Never throws.
+/// Finds the BLAS in this process: the library that serves sgemm_ (dladdr), and
+/// OpenBLAS's own functions looked up in that library and its dependencies only,
+/// since OpenBLAS can be loaded (as Debian's liblapack.so.3) while sgemm_ comes
+/// from the reference libblas.so.3. Caps an OpenBLAS pthread pool at `threads`.
+/// Never throws.
 HostBlas configureHostBlas(int threads);
 
 /// The line rank 0 prints, empty when there is nothing to say; a warning for the
