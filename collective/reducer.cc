@@ -269,54 +269,44 @@ SideChannel Reducer::finish() {
     if (bucket.work) bucket.work->wait();
     bucket.work.reset();
   }
-  if (const float* tail = hostTail()) return finishOnHost(tail);
+  const std::vector<double> tail = summedTail();
   SideChannel side{};
-  const auto sum = sideSlot().to(at::kDouble).cpu();
-  for (int64_t i = 0; i < kSideSlots; ++i) side[i] = sum.data_ptr<double>()[i];
+  for (int64_t i = 0; i < kSideSlots; ++i) side[i] = tail[i];
   side_ = SideChannel{};
-  const auto arrivals = arrivalSlots().to(at::kDouble).cpu();
-  const double* t = arrivals.data_ptr<double>();
+  const double* t = tail.data() + kSideSlots + 1;
   double latest = 0;
   for (int r = 0; r < comm_.size(); ++r) latest = std::max(latest, t[r]);
   last_skew_s_ = std::max(0.0, latest - t[comm_.rank()]);
   norms_ = GradSqNorms{};
-  if (measure_) {
-    at::Tensor summed = at::zeros({}, normSlot().options().dtype(at::kDouble));
-    for (const auto& bucket : buckets_) {
-      const int64_t n = paramElements(bucket);
-      if (n == 0) continue;
-      auto g = bucket.flat.narrow(0, 0, n);
-      summed = summed + at::dot(g, g).to(at::kDouble);
-    }
-    const auto both = at::stack({normSlot().to(at::kDouble).reshape({}), summed}).cpu();
-    norms_ = {both[0].item<double>(), both[1].item<double>(), true};
-  }
+  if (measure_) norms_ = {tail[kSideSlots], summedSqNorm(), true};
   if (++steps_ == 1 && !rebuilt_) rebuildInReadyOrder();
   return side;
 }
 
-SideChannel Reducer::finishOnHost(const float* tail) {
-  // As the end of finish(), reading the summed tail in place (Note [host tail]).
-  SideChannel side{};
-  for (int64_t i = 0; i < kSideSlots; ++i) side[i] = tail[i];
-  side_ = SideChannel{};
-  const float* t = tail + kSideSlots + 1;
-  double latest = 0;
-  for (int r = 0; r < comm_.size(); ++r) latest = std::max(latest, static_cast<double>(t[r]));
-  last_skew_s_ = std::max(0.0, latest - t[comm_.rank()]);
-  norms_ = GradSqNorms{};
-  if (measure_) {
-    double summed = 0;
-    for (const auto& bucket : buckets_) {
-      const int64_t n = paramElements(bucket);
-      if (n == 0) continue;
-      auto g = bucket.flat.narrow(0, 0, n);
-      summed += at::dot(g, g).item<double>();
+std::vector<double> Reducer::summedTail() const {
+  const int64_t n = kSideSlots + 1 + comm_.size();
+  if (const float* tail = hostTail()) return std::vector<double>(tail, tail + n);  // Note [host tail]
+  const auto& last = buckets_.back();
+  const auto t = last.flat.narrow(0, paramElements(last), n).to(at::kDouble).cpu();
+  return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + n);
+}
+
+double Reducer::summedSqNorm() const {
+  const bool host = hostTail() != nullptr;  // Note [host tail]: no tensor sum, no stack
+  double on_host = 0;
+  at::Tensor on_device;
+  for (const auto& bucket : buckets_) {
+    const int64_t n = paramElements(bucket);
+    if (n == 0) continue;
+    auto g = bucket.flat.narrow(0, 0, n);
+    if (host) {
+      on_host += at::dot(g, g).item<double>();
+    } else {
+      auto sq = at::dot(g, g).to(at::kDouble);
+      on_device = on_device.defined() ? on_device + sq : sq;
     }
-    norms_ = {static_cast<double>(tail[kSideSlots]), summed, true};
   }
-  if (++steps_ == 1 && !rebuilt_) rebuildInReadyOrder();
-  return side;
+  return host || !on_device.defined() ? on_host : on_device.item<double>();  // one device sync
 }
 
 }  // namespace batchdist::collective

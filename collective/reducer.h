@@ -116,13 +116,18 @@ class Reducer {
   at::Tensor sideSlot() const;
   at::Tensor arrivalSlots() const;
   at::Tensor normSlot() const;
-  /// Note [host tail]: the last bucket's tail is a handful of numbers; writing
-  /// and reading them as tensors (narrow, fill_, to, cpu, stack, item) cost ~70 us
-  /// a step in dispatch on the CPU, 10 % of a quickstart step. For a host float
+  /// Note [host tail]: the last bucket's tail is a handful of numbers; written
+  /// and read as tensors (narrow, fill_, to, cpu, stack, item), finish()'s work
+  /// before and after its wait took ~70-75 us a step on the CPU (~20 us through
+  /// the pointer), over 10 % of a quickstart step. For a host float
   /// bucket they are read and written through this pointer instead; nullptr
   /// otherwise (a GPU or low-precision bucket keeps the tensor path).
   float* hostTail() const;
-  SideChannel finishOnHost(const float* tail);  // the end of finish() for host buckets
+  /// The last bucket's tail after the allreduce, [side channel][norm][arrivals],
+  /// on the host: through hostTail(), or one copy from the device.
+  std::vector<double> summedTail() const;
+  /// Sum over buckets of |summed gradient|^2 (Note [gradient norms]).
+  double summedSqNorm() const;
   int64_t paramElements(const Bucket& bucket) const;
 
   Communicator& comm_;
