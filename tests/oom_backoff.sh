@@ -8,8 +8,9 @@
 #                 back-off resumes at 16 x 2, bitwise equal to the uninterrupted run
 #   minimum       rank 1 fails step 5 at every split down to BatchNorm's 2: exit 1 (no hang),
 #                 the message names rank, batch and memory, report completed=false
-#   memory_limit  no injection: search.memory_limit_mb between the peaks of per-GPU batch
-#                 128 and 256 (calibrated by a search on this machine) makes 256 back off to 128
+#   memory_limit  no injection: search.memory_limit_mb between the step peaks of per-GPU
+#                 batch 256 and 512 (calibrated by training on this machine) makes 512 back off
+#                 to 256 once
 #   cache         a back-off marks the search cache entry; the next run takes a smaller
 #                 cached candidate and says why
 set -u
@@ -74,23 +75,29 @@ case "$scenario" in
     has min '"to": null'
     ;;
   memory_limit)
-    "$mpirun" $flags -np 2 "$bin" search "$searchcfg" --quiet --output "$out/calibrate" \
-      --set search.objective=max_fit --set search.min=64 --set search.max=256 \
-      --set search.warmup_steps=1 --set search.timed_steps=1 >"$out/calibrate.log" 2>&1 ||
-      fail "calibration search failed: $(tail -5 "$out/calibrate.log")"
-    peaks=$(grep -oE '"peak_memory_mb": [0-9.]+' "$out/calibrate/search.json" | sed 's/.*: //')
-    p128=$(echo "$peaks" | sed -n 2p); p256=$(echo "$peaks" | sed -n 3p)
-    limit=$(awk -v a="$p128" -v b="$p256" 'BEGIN { printf "%d", (a + b) / 2 }')
-    echo "calibration: peak $p128 MB at 128, $p256 MB at 256; limit $limit MB"
-    awk -v a="$p128" -v b="$p256" 'BEGIN { exit !(b - a > 20) }' || fail "peaks too close to separate"
-    run lim "$searchcfg" "" --set batch.per_gpu=256 --set search.memory_limit_mb="$limit" \
+    # Calibrate on training steps, the measurement the limit is checked against (the
+    # search's peaks for the same batch run ~10 % higher: it holds more). With a 1 MB
+    # limit every split backs off, and each back-off line names its step's peak:
+    # 512 x 1 first, then 256 x 2.
+    run cal "$searchcfg" "" --set batch.per_gpu=512 --set search.memory_limit_mb=1 \
+      --set train.max_steps=3 >/dev/null
+    [ "$rc" = 1 ] || fail "calibration with a 1 MB limit: expected exit 1, got $rc"
+    peaks=$(grep -oE 'oom back-off: .*\(peak resident [0-9]+ MB' "$out/cal.log" |
+      sed -E 's/.*peak resident ([0-9]+) MB/\1/')
+    p512=$(echo "$peaks" | sed -n 1p); p256=$(echo "$peaks" | sed -n 2p)
+    [ -n "$p256" ] || fail "calibration: no back-off lines: $(tail -5 "$out/cal.log")"
+    limit=$(awk -v a="$p256" -v b="$p512" 'BEGIN { printf "%d", (a + b) / 2 }')
+    echo "calibration: training step peak $p256 MB at 256, $p512 MB at 512; limit $limit MB"
+    grep -qE '"peak_mb": [1-9]' "$out/cal/report.json" || fail "the report of a CPU run has no peak memory"
+    awk -v a="$p256" -v b="$p512" 'BEGIN { exit !(b - a > 40) }' || fail "peaks too close to separate"
+    run lim "$searchcfg" "" --set batch.per_gpu=512 --set search.memory_limit_mb="$limit" \
       --set train.max_steps=5
     [ "$rc" = 0 ] || fail "exit $rc"
-    grep -q "oom back-off: out of memory at step 1 on ranks\? [0-9, ]* with per-GPU batch 256 x accumulation 1 (peak resident [0-9]* MB, limit $limit MB (search.memory_limit_mb))" "$out/lim.log" ||
+    grep -q "oom back-off: out of memory at step 1 on ranks\? [0-9, ]* with per-GPU batch 512 x accumulation 1 (peak resident [0-9]* MB, limit $limit MB (search.memory_limit_mb))" "$out/lim.log" ||
       fail "no back-off line for the memory limit"
     has lim '"completed": true'
-    has lim '"per_gpu_batch": 128'
-    has lim '"from": "256x1"'
+    has lim '"per_gpu_batch": 256'
+    has lim '"from": "512x1"'
     [ "$(grep -c '"from": ' "$out/lim/report.json")" = 1 ] || fail "expected exactly one back-off"
     ;;
   cache)

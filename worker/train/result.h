@@ -105,7 +105,7 @@ struct TrainResult {
   double wall_s = 0;
   bool completed = true;     ///< false if a stop request ended the run early
   TimeBreakdown time;        ///< summed over the run, this rank (rank 0 reports)
-  double peak_memory_mb = 0; ///< CUDA allocator peak (0 on CPU)
+  double peak_memory_mb = 0; ///< rank 0: CUDA allocator peak, or on CPU peak resident set
   double memory_total_mb = 0;
   double gpu_utilization = -1;  ///< mean NVML utilization in %, -1 if unknown
   int64_t skipped_steps = 0; ///< fp16: steps skipped for inf/NaN gradients

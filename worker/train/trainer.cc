@@ -742,7 +742,10 @@ void Trainer::resetStepPeak() {
     run_peak_mb_ = std::max(run_peak_mb_, stepPeakMb());
     compat::cudaResetPeak(device_.index());
   } else if (oom_.limit_mb > 0) {
-    resetPeakRss();  // CPU: only when a limit is checked (it trims the heap)
+    // CPU: only when a limit is checked (it trims the heap). The step's peak is
+    // kept first, so the run's peak in report.json is not just its last step's.
+    run_peak_mb_ = std::max(run_peak_mb_, stepPeakMb());
+    resetPeakRss();
   }
 }
 
@@ -881,10 +884,10 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
   // Training throughput: real samples over the time spent in training steps.
   result.samples_per_s = result.samples / std::max(train_time, 1e-9);
   console_ = nullptr;
-  if (device_.is_cuda()) {
-    result.peak_memory_mb = std::max(run_peak_mb_, stepPeakMb());
-    result.memory_total_mb = compat::cudaTotalBytes(device_.index()) / (1 << 20);
-  }
+  // CPU: the peak resident set (VmHWM) of this rank; without a memory limit it is
+  // the process's, search included.
+  result.peak_memory_mb = std::max(run_peak_mb_, stepPeakMb());
+  if (device_.is_cuda()) result.memory_total_mb = compat::cudaTotalBytes(device_.index()) / (1 << 20);
   if (gpu.count > 0) result.gpu_utilization = gpu.sum / gpu.count;
   result.noise = noiseResult();
   if (scaler_) {
