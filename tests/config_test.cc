@@ -298,3 +298,14 @@ TEST(Config, OomRecoverAfterStepsIsOffByDefaultAndValidated) {
             std::string::npos)
       << errorOf("train: {oom_recover_after: 5}");
 }
+
+TEST(Config, NoiseScaleEveryDefaultsToFourAndIsValidated) {
+  EXPECT_EQ(parseConfig("", "t.yaml").train.noise_scale_every, 4);
+  EXPECT_EQ(parseConfig("train: {noise_scale_every: 1}", "t.yaml").train.noise_scale_every, 1);
+  EXPECT_NE(errorOf("train: {noise_scale_every: 0}").find("train.noise_scale_every: must be >= 1, got 0"),
+            std::string::npos)
+      << errorOf("train: {noise_scale_every: 0}");
+  EXPECT_NE(errorOf("train: {noise_scale_every: often}").find("train.noise_scale_every: expected an integer"),
+            std::string::npos)
+      << errorOf("train: {noise_scale_every: often}");
+}

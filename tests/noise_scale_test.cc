@@ -197,13 +197,14 @@ TEST(NoiseScale, LogisticRegressionMatchesExactCovariance) {
 // weights stay where the exact value is computed; per-sample gradients by
 // autograd over the whole training set. Batches are drawn without replacement
 // within an epoch (a finite-population effect under 2 % at N = 2048, B = 64).
-void trainerMatchesExact(bool overlap, int world, int64_t per_gpu) {
+void trainerMatchesExact(bool overlap, int world, int64_t per_gpu, int every = 1,
+                         double tolerance = 0.2) {
   const auto cfg = worker::parseConfig(
       "model: {name: mlp, hidden: [16], batchnorm: false}\n"
       "data: {name: synthetic, samples: 2048, shape: [8], classes: 3, noise: 1.5, val_fraction: 0}\n"
       "batch: {global: 64, per_gpu: " + std::to_string(per_gpu) + "}\n"
       "optim: {name: sgd, lr: 1.0e-12, base_batch: 64, momentum: 0, weight_decay: 0}\n"
-      "train: {epochs: 16, seed: 4}\n"
+      "train: {epochs: 16, seed: 4, noise_scale_every: " + std::to_string(every) + "}\n"
       "dist: {overlap: " + std::string(overlap ? "true" : "false") + "}\n",
       "noise.yaml");
   const auto data = worker::loadData(cfg.data, cfg.train.seed, "");
@@ -241,14 +242,19 @@ void trainerMatchesExact(bool overlap, int world, int64_t per_gpu) {
     estimate = trainer.noiseScale().windowBSimple();
     steps = trainer.noiseScale().steps();
   });
-  EXPECT_EQ(steps, 512);
+  EXPECT_EQ(steps, 512 / every);  // 16 epochs x 32 steps, one in `every` measured
   const std::string what = "trainer, mlp, W=" + std::to_string(world) + " m=" +
                            std::to_string(per_gpu) + " G=64, " +
                            (overlap ? "reducer" : "copy path");
-  expectNear(what.c_str(), estimate, exact, 0.2);
+  expectNear(what.c_str(), estimate, exact, tolerance);
 }
 
 TEST(NoiseScale, TrainerMatchesExactCovarianceReducer) { trainerMatchesExact(true, 2, 32); }
 TEST(NoiseScale, TrainerMatchesExactCovarianceCopyPath) { trainerMatchesExact(false, 2, 32); }
 // One rank, accumulation 4: the micro-batches (16) and the step (64) are the two sizes.
 TEST(NoiseScale, TrainerOneRankUsesMicroBatches) { trainerMatchesExact(true, 1, 16); }
+// Note [noise cadence]: the default, one step in 4, on both paths: a quarter of
+// the samples (twice the spread, hence the wider tolerance).
+TEST(NoiseScale, TrainerMeasuresOneStepInFourReducer) { trainerMatchesExact(true, 2, 32, 4, 0.35); }
+TEST(NoiseScale, TrainerMeasuresOneStepInFourCopyPath) { trainerMatchesExact(false, 2, 32, 4, 0.35); }
+TEST(NoiseScale, TrainerMeasuresOneStepInFourMicroBatches) { trainerMatchesExact(true, 1, 16, 4, 0.35); }

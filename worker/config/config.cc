@@ -615,6 +615,7 @@ void readTrain(Context& ctx, const YAML::Node& root, TrainConfig& c) {
   c.threads = s.integer("threads", 0, 0, 4096);
   c.check_finite = s.boolean("check_finite", true);
   c.noise_scale = s.boolean("noise_scale", true);
+  c.noise_scale_every = s.integer("noise_scale_every", 4, 1, kMaxInt);
   c.precision = s.choice("precision", Precision::kFp32);
   c.loss_scale = s.real("loss_scale", 65536.0, 1.0, 1e12);
   c.scale_growth_interval = s.integer("scale_growth_interval", 2000, 1, int64_t{1} << 40);

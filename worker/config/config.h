@@ -158,6 +158,7 @@ struct TrainConfig {
   int64_t threads = 0;                       ///< intra-op threads per rank (0: cores / local ranks)
   bool check_finite = true;
   bool noise_scale = true;                   ///< estimate the gradient noise scale (W > 1)
+  int64_t noise_scale_every = 4;             ///< ... from one step in this many (Note [noise cadence])
   Precision precision = Precision::kFp32;    ///< autocast; fp16 also scales the loss
   double loss_scale = 65536.0;               ///< fp16: initial loss scale
   int64_t scale_growth_interval = 2000;      ///< fp16: finite steps before the scale doubles

@@ -107,8 +107,6 @@ Trainer::Trainer(const Config& cfg, collective::Communicator& comm, const DataSp
   } else {
     sync_ = std::make_unique<collective::GradientSynchronizer>(comm_, trainable, bucket_bytes);
   }
-  if (reducer_) reducer_->setMeasureNorms(cfg.train.noise_scale);
-  if (sync_) sync_->setMeasureNorms(cfg.train.noise_scale);
   LoaderOptions lo;
   lo.workers = cfg.data.workers;
   lo.prefetch = cfg.data.prefetch;
@@ -186,6 +184,11 @@ double Trainer::computeGradients(int64_t real) {
   grad_scale_ = scale;
   step_real_ = real;
   micro_sq_ = micro_total_sq_ = torch::Tensor();
+  // Note [noise cadence]: every rank counts the same steps, so all agree whether
+  // this one carries its norm in the allreduce.
+  noise_now_ = cfg_.train.noise_scale && noise_ticks_++ % cfg_.train.noise_scale_every == 0;
+  if (reducer_) reducer_->setMeasureNorms(noise_now_);
+  if (sync_) sync_->setMeasureNorms(noise_now_);
   // Summed on the device, read once per step: no host sync per micro-batch.
   torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device_));
   for (int64_t k = 0; k < plan_.accum; ++k) {
@@ -213,7 +216,7 @@ double Trainer::computeGradients(int64_t real) {
         torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
     auto weighted = (per_sample * batch.w).sum();
     (weighted * (scale / denom)).backward();
-    if (microNoise()) trackMicroBatch(k);
+    if (noise_now_ && microNoise()) trackMicroBatch(k);
     loss_sum += weighted.detach().to(torch::kDouble);
     time_.compute += monotonicSeconds() - t1;
   }

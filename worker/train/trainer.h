@@ -247,6 +247,10 @@ class Trainer {
   bool microNoise() const {
     return cfg_.train.noise_scale && comm_.size() == 1 && plan_.accum > 1;
   }
+  // Note [noise cadence]: steps started so far (the same count on every rank, OOM
+  // retries included) and whether the current one measures the norms.
+  int64_t noise_ticks_ = 0;
+  bool noise_now_ = false;
   std::vector<at::Tensor> micro_prev_;
   at::Tensor micro_sq_, micro_total_sq_;
 };
