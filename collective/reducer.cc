@@ -140,8 +140,7 @@ void Reducer::prepare(bool final_micro, const SideChannel& side) {
   in_step_ = true;
   side_ = side;
   next_bucket_ = 0;
-  local_sq_ = at::Tensor();
-  local_sq_host_ = 0;
+  local_sq_ = sqNormSum();
   for (auto& bucket : buckets_) {
     bucket.pending = bucket.params.size();
     bucket.ready = false;
@@ -225,22 +224,15 @@ void Reducer::startReadyBuckets(bool from_hook) {
     if (measure_) {
       // Final and not yet summed: this rank's own gradient (Note [gradient norms]).
       const int64_t n = paramElements(bucket);
-      float* tail = hostTail();
-      if (n > 0) {
-        auto g = bucket.flat.narrow(0, 0, n);
-        if (tail != nullptr) {
-          local_sq_host_ += at::dot(g, g).item<double>();
+      if (n > 0) local_sq_.add(bucket.flat.narrow(0, 0, n));
+      if (&bucket == &buckets_.back()) {
+        if (float* tail = hostTail()) {
+          tail[kSideSlots] = static_cast<float>(local_sq_.on_host);
         } else {
-          auto sq = at::dot(g, g).to(at::kDouble);
-          local_sq_ = local_sq_.defined() ? local_sq_ + sq : sq;
+          auto slot = normSlot();
+          if (local_sq_.on_device.defined()) slot.copy_(local_sq_.on_device.reshape({1}));
+          else slot.zero_();
         }
-      }
-      if (&bucket == &buckets_.back() && tail != nullptr) {
-        tail[kSideSlots] = static_cast<float>(local_sq_host_);
-      } else if (&bucket == &buckets_.back()) {
-        auto slot = normSlot();
-        if (local_sq_.defined()) slot.copy_(local_sq_.reshape({1}));
-        else slot.zero_();
       }
     }
     stampArrival(bucket);
@@ -292,20 +284,24 @@ std::vector<double> Reducer::summedTail() const {
 }
 
 double Reducer::summedSqNorm() const {
-  const bool host = hostTail() != nullptr;  // Note [host tail]: no tensor sum, no stack
-  double on_host = 0;
-  at::Tensor on_device;
+  SqNormSum sum = sqNormSum();
   for (const auto& bucket : buckets_) {
     const int64_t n = paramElements(bucket);
-    if (n == 0) continue;
-    auto g = bucket.flat.narrow(0, 0, n);
-    if (host) {
-      on_host += at::dot(g, g).item<double>();
-    } else {
-      auto sq = at::dot(g, g).to(at::kDouble);
-      on_device = on_device.defined() ? on_device + sq : sq;
-    }
+    if (n > 0) sum.add(bucket.flat.narrow(0, 0, n));
   }
+  return sum.value();
+}
+
+void Reducer::SqNormSum::add(const at::Tensor& g) {
+  if (host) {
+    on_host += at::dot(g, g).item<double>();  // Note [host tail]: no tensor sum, no stack
+    return;
+  }
+  auto sq = at::dot(g, g).to(at::kDouble);
+  on_device = on_device.defined() ? on_device + sq : sq;
+}
+
+double Reducer::SqNormSum::value() const {
   return host || !on_device.defined() ? on_host : on_device.item<double>();  // one device sync
 }
 

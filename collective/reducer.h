@@ -130,6 +130,18 @@ class Reducer {
   double summedSqNorm() const;
   int64_t paramElements(const Bucket& bucket) const;
 
+  /// A running sum of squared gradient norms (Note [gradient norms]): in double
+  /// on the host for host buckets (Note [host tail]), else a device tensor, read
+  /// with one sync.
+  struct SqNormSum {
+    bool host = true;
+    double on_host = 0;
+    at::Tensor on_device;  // double; undefined while nothing was added
+    void add(const at::Tensor& g);
+    double value() const;
+  };
+  SqNormSum sqNormSum() const { return SqNormSum{hostTail() != nullptr, 0, {}}; }
+
   Communicator& comm_;
   std::vector<at::Tensor> params_;
   std::size_t bucket_bytes_;
@@ -150,8 +162,7 @@ class Reducer {
   double step_started_ = 0;     // monotonic seconds at zeroGrad()
   double last_skew_s_ = 0;
   bool measure_ = false;
-  at::Tensor local_sq_;  // this step's own squared norm so far (device, double)
-  double local_sq_host_ = 0;  // the same, for host buckets (Note [host tail])
+  SqNormSum local_sq_;  // this step's own squared norm so far
   GradSqNorms norms_;
 };
 

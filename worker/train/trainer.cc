@@ -741,13 +741,14 @@ void Trainer::restoreBuffers() {
 }
 
 void Trainer::resetStepPeak() {
+  // CPU: only when a limit is checked (it trims the heap).
+  if (!device_.is_cuda() && oom_.limit_mb <= 0) return;
+  // The step's peak is kept first, so the run's peak in report.json is not just
+  // its last step's.
+  run_peak_mb_ = std::max(run_peak_mb_, stepPeakMb());
   if (device_.is_cuda()) {
-    run_peak_mb_ = std::max(run_peak_mb_, stepPeakMb());
     compat::cudaResetPeak(device_.index());
-  } else if (oom_.limit_mb > 0) {
-    // CPU: only when a limit is checked (it trims the heap). The step's peak is
-    // kept first, so the run's peak in report.json is not just its last step's.
-    run_peak_mb_ = std::max(run_peak_mb_, stepPeakMb());
+  } else {
     resetPeakRss();
   }
 }
