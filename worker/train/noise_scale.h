@@ -25,11 +25,11 @@
 //
 // Note [noise cadence]: the two norms cost two passes over the gradients, one
 // before the allreduce and one after, on the critical path of the step. On the
-// quickstart (17 k parameters, ~0.4 ms steps with OpenBLAS) they took ~12 us, 3 %
-// of the step. Consecutive steps' estimates are nearly independent samples of
+// quickstart (17 k parameters, ~0.4 ms steps with OpenBLAS) they took ~12-20 us,
+// 3-5 % of the step. Consecutive steps' estimates are nearly independent samples of
 // the same quantity, so the trainer measures one step in
 // `train.noise_scale_every` (4 by default; 1: every step): the cost falls to
-// under 1 %, the smoothed figure (decay 0.95 per measured step) spans ~80 steps,
+// about 1 %, the smoothed figure (decay 0.95 per measured step) spans ~80 steps,
 // and an epoch's figure has a quarter of the samples. Every rank counts the steps
 // it starts (retries after an out-of-memory included), so all agree which steps
 // carry their norm in the allreduce.
