@@ -185,8 +185,12 @@ int runTrain(const CliOptions& cli, MpiScope& mpi) {
   place.local_size = mpi.localSize();
   place.host_count = mpi.hostCount();
   place.host = mpi.host();
+  place.from_rank0 = [&mpi](const std::function<std::string()>& fn) { return mpi.fromRank0(fn); };
   worker::RunSetup setup;
-  const int code = mpi.agree([&] { setup = worker::prepareRun(req, place); });
+  int code = mpi.agree([&] { setup = worker::prepareRun(req, place); });
+  if (code != 0) return code;
+  // Data second: every rank gets here, so rank 0's listing can be broadcast.
+  code = mpi.agree([&] { worker::prepareData(req, place, setup); });
   if (code != 0) return code;
   try {
     return worker::executeRun(req, place, setup);

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -52,6 +53,35 @@ int MpiScope::agreeOnError(int code, const std::string& message) {
     std::cerr << tag() + " error: " + message + "\n" << std::flush;
   }
   return worst;
+}
+
+std::string MpiScope::fromRank0(const std::function<std::string()>& fn) {
+  long long head[2] = {0, 0};  // exit code (0: ok), bytes
+  std::string text;
+  if (rank_ == 0) {
+    try {
+      text = fn();
+    } catch (const Error& e) {
+      head[0] = e.exitCode();
+      text = e.what();
+    } catch (const std::exception& e) {
+      head[0] = 1;
+      text = e.what();
+    }
+    head[1] = static_cast<long long>(text.size());
+  }
+  if (size_ > 1) {
+    MPI_Bcast(head, 2, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+    text.resize(static_cast<std::size_t>(head[1]));
+    constexpr long long kChunk = 1 << 30;  // MPI counts are ints
+    for (long long off = 0; off < head[1]; off += kChunk) {
+      MPI_Bcast(text.data() + off, static_cast<int>(std::min(kChunk, head[1] - off)), MPI_CHAR, 0,
+                MPI_COMM_WORLD);
+    }
+  }
+  if (head[0] == 2) throw ConfigError(text);
+  if (head[0] != 0) throw Error(text);
+  return text;
 }
 
 void MpiScope::abort(int code) {

@@ -3,6 +3,7 @@
 
 #include <mpi.h>
 
+#include <functional>
 #include <string>
 
 namespace batchdist::launcher {
@@ -29,6 +30,11 @@ class MpiScope {
   /// every rank returns that exit code (no abort needed: all ranks stop together).
   template <typename F>
   int agree(F&& fn);
+
+  /// Rank 0 runs `fn` and every rank returns its result (MPI_Bcast): what one rank
+  /// should read from a shared file system (a folder's listing, a tar index). An
+  /// Error on rank 0 is thrown on every rank, with its exit code. Collective.
+  std::string fromRank0(const std::function<std::string()>& fn);
 
   /// Ends every rank of the job with `code` (MPI_Abort when there are several).
   [[noreturn]] void abort(int code);

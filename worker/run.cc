@@ -415,11 +415,24 @@ RunSetup prepareRun(const RunRequest& req, const RankPlace& place) {
   // An unavailable backend is refused here, before any rendezvous.
   collective::resolveBackend(toString(s.cfg.dist.backend), s.device);
   checkPrecision(s.cfg.train.precision, s.device, s.cfg.source);
-  s.data = loadData(s.cfg.data, s.cfg.train.seed, s.cfg.base_dir);
   s.has_bn = modelHasBatchNorm(s.cfg.model, s.cfg.base_dir);
   s.checkpoint_dir = s.cfg.checkpoint.dir.empty()
                        ? (fs::path(req.output) / "checkpoints").string()
                        : s.cfg.checkpoint.dir;
+  return s;
+}
+
+void prepareData(const RunRequest& req, const RankPlace& place, RunSetup& s) {
+  DataContext data_ctx;
+  data_ctx.from_rank0 = place.from_rank0;
+  data_ctx.cache_dir = (fs::path(req.output) / "cache").string();
+  if (place.rank == 0 && !req.quiet) {
+    data_ctx.note = [](const std::string& line) { std::cout << line << "\n" << std::flush; };
+  }
+  s.data = loadData(s.cfg.data, s.cfg.train.seed, s.cfg.base_dir, data_ctx);
+  // Note [loader]: auto threads are this rank's share of the host's cores.
+  s.cfg.data.workers = resolveWorkers(s.cfg.data, usableCpus(), place.local_size);
+  s.cfg.data.workers_auto = false;
   if (!req.search_only && !s.cfg.batch.per_gpu_auto) {
     try {
       s.plan = makePlan(s.cfg, place.size, s.data.train.size(), s.has_bn);
@@ -428,7 +441,6 @@ RunSetup prepareRun(const RunRequest& req, const RankPlace& place) {
       s.plan_error = e.what();  // a checkpoint's global batch may still split over this world
     }
   }
-  return s;
 }
 
 int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {

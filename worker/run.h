@@ -24,6 +24,9 @@ struct RankPlace {
   int local_size = 1;
   int host_count = 1;
   std::string host;
+  /// Rank 0 runs the function and every rank gets its result; an error on rank 0
+  /// is thrown on every rank (DataContext::from_rank0). Empty: run it here.
+  std::function<std::string(const std::function<std::string()>&)> from_rank0;
   /// "[rank R/N host H]", the prefix of every per-rank message.
   std::string tag() const;
 };
@@ -58,10 +61,14 @@ struct RunSetup {
   HostBlas blas;               ///< CPU ranks: Note [host blas]
 };
 
-/// Loads the config and data, picks the device, plans the batch (unless the
-/// search will), and checks that rank 0 can write every output before anything
-/// long starts. Throws Error (ConfigError: bad input, exit 2).
+/// Loads the config, picks the device, and checks that rank 0 can write every
+/// output before anything long starts. Throws Error (ConfigError: bad input, exit 2).
 RunSetup prepareRun(const RunRequest& req, const RankPlace& place);
+
+/// Loads the data (rank 0 lists folders and indexes shards for all: a collective
+/// when place.from_rank0 is set, so every rank must call it after a successful
+/// prepareRun) and plans the batch (unless the search will). Throws Error.
+void prepareData(const RunRequest& req, const RankPlace& place, RunSetup& setup);
 
 /// Everything after the set-up: rendezvous, the cross-rank config check, the
 /// batch search (or its cache), training, and rank 0's artifacts (model.pt,

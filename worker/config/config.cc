@@ -324,6 +324,14 @@ class Section {
     return v;
   }
 
+  /// Whether the section gives `key` (in the file or by --set).
+  bool has(const std::string& key) const {
+    for (const auto& [k, mark] : present_) {
+      if (k == key) return true;
+    }
+    return false;
+  }
+
   /// An integer >= lo, or the word "auto" (returned as `is_auto`), or absent (def).
   int64_t integerOrAuto(const std::string& key, int64_t def, int64_t lo, bool* is_auto) {
     const auto n = get(key);
@@ -499,12 +507,37 @@ void validate(const Config& cfg, const Context& ctx) {
     case DataName::kCifar10:
     case DataName::kCifar100:
     case DataName::kMnist:
+    case DataName::kWebdataset:
+    case DataName::kNpy:
       if (cfg.data.path.empty()) {
         throw err("data.path", strCat("data.name: ", toString(cfg.data.name),
                                       " needs the directory holding its files"));
       }
       break;
+    case DataName::kImageFolder:
+      if (cfg.data.path.empty() && cfg.data.list.empty()) {
+        throw err("data.path", "data.name: image_folder needs the folder ROOT holding "
+                               "ROOT/train/<class>/... (and optionally ROOT/val/<class>/...)");
+      }
+      break;
     default: break;
+  }
+  for (const auto& [key, v] : {std::pair<std::string, const std::vector<double>*>{
+                                   "data.crop_scale", &cfg.data.crop_scale},
+                               {"data.crop_ratio", &cfg.data.crop_ratio}}) {
+    if (v->size() != 2 || (*v)[0] > (*v)[1]) {
+      throw err(key, strCat("expected [low, high] with low <= high, got ", v->size(),
+                            " value(s)", v->size() == 2 ? " in the wrong order" : ""));
+    }
+  }
+  if (cfg.data.decoded() && cfg.data.mean.size() != 3 && !cfg.data.mean.empty()) {
+    throw err("data.mean", strCat("image sources decode to 3 channels: give 3 values (or [] for "
+                                  "none), got ", cfg.data.mean.size()));
+  }
+  if (cfg.data.decoded() && cfg.data.resize > 0 && cfg.data.resize < cfg.data.image_size) {
+    throw err("data.resize", strCat(cfg.data.resize, " is below data.image_size (",
+                                    cfg.data.image_size, "): evaluation resizes the shorter side "
+                                    "to data.resize, then centre-crops data.image_size"));
   }
   if (cfg.optim.schedule == Schedule::kStep && cfg.optim.milestones.empty()) {
     throw err("optim.schedule", "step needs optim.milestones (epochs at which the rate is "
@@ -559,20 +592,41 @@ void readModel(Context& ctx, const YAML::Node& root, ModelConfig& c) {
 void readData(Context& ctx, const YAML::Node& root, DataConfig& c) {
   Section s(ctx, root, "data");
   c.name = s.choice("name", DataName::kDigits);
+  const bool decoded = c.decoded();
   c.path = s.text("path", "");
+  c.val_path = s.text("val_path", "");
+  c.list = s.text("list", "");
   c.samples = s.integer("samples", 4096, 2, int64_t{1} << 40);
   c.shape = s.intList("shape", c.shape, 1, 1 << 20);
   c.classes = s.integer("classes", 10, 2, 1 << 20);
   c.val_fraction = s.real("val_fraction", 0.2, 0.0, 0.9);
   c.noise = s.real("noise", 0.5, 0.0, 100.0);
-  c.workers = s.integer("workers", 0, 0, 256);
-  c.prefetch = s.integer("prefetch", 2, 1, 1024);
+  // Note [loader]: auto (the default) is resolved per rank when the run starts.
+  const bool workers_given = s.has("workers");
+  c.workers = s.integerOrAuto("workers", 0, 0, &c.workers_auto);
+  if (c.workers > 256) {
+    throw keyError(ctx.from_set.count("data.workers") ? "--set data.workers" : ctx.source,
+                   "data.workers", strCat("must be <= 256, got ", c.workers));
+  }
+  if (!workers_given) c.workers_auto = true;
+  (*ctx.resolved)["data"]["workers"] =
+      c.workers_auto ? nlohmann::ordered_json("auto") : nlohmann::ordered_json(c.workers);
+  c.prefetch = s.integer("prefetch", decoded ? 4 : 2, 1, 1024);
   c.pin_memory = s.boolean("pin_memory", true);
   c.crop_padding = s.integer("crop_padding", 0, 0, 1024);
-  c.hflip = s.boolean("hflip", false);
-  c.resize = s.integer("resize", 0, 0, 8192);
-  c.mean = s.realList("mean", {}, -1e6, 1e6);
-  c.std = s.realList("std", {}, 1e-12, 1e6);
+  // Decoded sources: RandomResizedCrop + flip for training, resize + centre crop
+  // for evaluation, ImageNet's normalisation (on the device, after the uint8 copy).
+  c.hflip = s.boolean("hflip", decoded);
+  c.image_size = s.integer("image_size", 224, 1, 8192);
+  c.resize = s.integer("resize", decoded ? (c.image_size * 256 + 112) / 224 : 0, 0, 8192);
+  c.crop_scale = s.realList("crop_scale", c.crop_scale, 1e-6, 1.0);
+  c.crop_ratio = s.realList("crop_ratio", c.crop_ratio, 1e-3, 1e3);
+  const std::vector<double> imagenet_mean{0.485, 0.456, 0.406}, imagenet_std{0.229, 0.224, 0.225};
+  c.mean = s.realList("mean", decoded ? imagenet_mean : std::vector<double>{}, -1e6, 1e6);
+  c.std = s.realList("std", decoded ? imagenet_std : std::vector<double>{}, 1e-12, 1e6);
+  c.on_error = s.choice("on_error", OnError::kSkip);
+  c.cache = s.choice("cache", DataCache::kNone);
+  c.cache_mb = s.integer("cache_mb", 4096, 1, int64_t{1} << 30);
 }
 
 void readBatch(Context& ctx, const YAML::Node& root, BatchConfig& c) {

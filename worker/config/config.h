@@ -21,7 +21,10 @@ enum class LrScaling { kLinear, kSqrt, kNone };
 enum class Schedule { kConstant, kStep, kCosine };
 enum class ModelName { kMlp, kCnn, kResnet18, kResnet50, kTorchscript };
 enum class ResnetStem { kCifar, kImagenet };
-enum class DataName { kDigits, kCsv, kSynthetic, kSyntheticImages, kCifar10, kCifar100, kMnist };
+enum class DataName { kDigits, kCsv, kSynthetic, kSyntheticImages, kCifar10, kCifar100, kMnist,
+                      kImageFolder, kWebdataset, kNpy };
+enum class OnError { kSkip, kFail };
+enum class DataCache { kNone, kRam };
 enum class OptimName { kSgd, kAdamw, kLars };
 enum class DeviceKind { kAuto, kCpu, kCuda };
 enum class Precision { kFp32, kBf16, kFp16 };
@@ -51,7 +54,10 @@ BATCHDIST_ENUM_NAMES(DataName, {DataName::kDigits, "digits"}, {DataName::kCsv, "
                      {DataName::kSynthetic, "synthetic"},
                      {DataName::kSyntheticImages, "synthetic_images"},
                      {DataName::kCifar10, "cifar10"}, {DataName::kCifar100, "cifar100"},
-                     {DataName::kMnist, "mnist"});
+                     {DataName::kMnist, "mnist"}, {DataName::kImageFolder, "image_folder"},
+                     {DataName::kWebdataset, "webdataset"}, {DataName::kNpy, "npy"});
+BATCHDIST_ENUM_NAMES(OnError, {OnError::kSkip, "skip"}, {OnError::kFail, "fail"});
+BATCHDIST_ENUM_NAMES(DataCache, {DataCache::kNone, "none"}, {DataCache::kRam, "ram"});
 BATCHDIST_ENUM_NAMES(OptimName, {OptimName::kSgd, "sgd"}, {OptimName::kAdamw, "adamw"},
                      {OptimName::kLars, "lars"});
 BATCHDIST_ENUM_NAMES(DeviceKind, {DeviceKind::kAuto, "auto"}, {DeviceKind::kCpu, "cpu"},
@@ -101,6 +107,8 @@ struct ModelConfig {
 struct DataConfig {
   DataName name = DataName::kDigits;
   std::string path;                          ///< digits: optional (embedded copy); csv: required
+  std::string val_path;                      ///< webdataset: the validation shards
+  std::string list;                          ///< image_folder: "relative/path label" lines, instead of walking
   int64_t samples = 4096;                    ///< synthetic: number of samples
   std::vector<int64_t> shape{64};            ///< synthetic: per-sample feature shape
   int64_t classes = 10;                      ///< synthetic/csv: number of classes
@@ -108,6 +116,7 @@ struct DataConfig {
   double noise = 0.5;                        ///< synthetic: class-conditional noise
   // Loader (Note [loader]): worker threads batch ahead into a bounded queue.
   int64_t workers = 0;                       ///< 0: batches are made on the training thread
+  bool workers_auto = true;                  ///< auto: decoded sources get the rank's share of cores less one
   int64_t prefetch = 2;                      ///< batches ready ahead of the step
   bool pin_memory = true;                    ///< CUDA: page-locked staging, async copies
   // Transforms, applied per batch on the training device.
@@ -116,6 +125,15 @@ struct DataConfig {
   int64_t resize = 0;                        ///< bilinear resize to resize x resize (0: off)
   std::vector<double> mean;                  ///< normalize: per-channel mean (empty: off)
   std::vector<double> std;                   ///< normalize: per-channel std
+  // Decoded image sources (image_folder, webdataset): Note [decode less].
+  int64_t image_size = 224;                  ///< train crop / eval centre crop side
+  std::vector<double> crop_scale{0.08, 1.0}; ///< RandomResizedCrop area fraction
+  std::vector<double> crop_ratio{3.0 / 4.0, 4.0 / 3.0};  ///< ... and aspect ratio
+  OnError on_error = OnError::kSkip;         ///< an undecodable file: skip (next good one) | fail
+  DataCache cache = DataCache::kNone;        ///< ram: keep each read sample's encoded bytes
+  int64_t cache_mb = 4096;                   ///< bound of the RAM cache per rank
+  /// True for sources decoded per sample by the loader (image_folder, webdataset).
+  bool decoded() const { return name == DataName::kImageFolder || name == DataName::kWebdataset; }
 };
 
 /// 0 means "derive from the others"; per_gpu_auto asks the batch search.

@@ -7,11 +7,13 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <sstream>
 
 #include "collective/error.h"
+#include "worker/data/sources/npy.h"
 #include "worker/plan/plan.h"
 #include "worker/common/files.h"
 #include "worker/common/util.h"
@@ -151,8 +153,25 @@ Dataset parseCsv(const std::string& text, const std::string& source, int64_t cla
 
 Dataset subset(const Dataset& d, const std::vector<int64_t>& rows) {
   auto idx = at::tensor(rows, at::kLong);
-  return {d.x.index_select(0, idx).contiguous(), d.y.index_select(0, idx).contiguous(),
-          d.sample_shape, d.classes, d.x_scale};
+  Dataset out;
+  out.y = d.y.index_select(0, idx).contiguous();
+  out.sample_shape = d.sample_shape;
+  out.classes = d.classes;
+  out.x_scale = d.x_scale;
+  if (d.source) {
+    out.source = d.source->subset(rows);
+  } else if (d.mapped) {
+    out.x = d.x;  // a mapped file: keep the mapping, select through rows
+    out.rows = d.rows.defined() ? d.rows.index_select(0, idx) : idx;
+    out.mapped = true;
+  } else {
+    out.x = d.x.index_select(0, idx).contiguous();
+  }
+  return out;
+}
+
+at::Tensor Dataset::gather(const at::Tensor& idx) const {
+  return x.index_select(0, rows.defined() ? rows.index_select(0, idx) : idx);
 }
 
 Dataset parseCifar(const std::string& bytes, const std::string& source, int64_t label_bytes,
@@ -319,12 +338,337 @@ void splitSeeded(const Dataset& all, double val_fraction, int64_t seed, DataSpli
   split->val.x_scale = all.x_scale;
 }
 
+
+/// Labels as an int64 tensor; classes = the largest + 1 (at least 2).
+at::Tensor labelTensor(const std::vector<int64_t>& labels) {
+  return at::tensor(labels, at::kLong);
+}
+
+/// A decoded source's Dataset: 3 x size x size uint8 samples, labels in memory.
+Dataset decodedSet(std::shared_ptr<const Source> source, const std::vector<int64_t>& labels,
+                   int64_t classes, const DataConfig& cfg) {
+  Dataset d;
+  d.source = std::move(source);
+  d.y = labelTensor(labels);
+  d.sample_shape = {3, cfg.image_size, cfg.image_size};
+  d.classes = classes;
+  d.x_scale = 1.0 / 255.0;
+  return d;
+}
+
+std::string runHere(const std::function<std::string()>& fn) { return fn(); }
+
+/// Rank 0 makes the text, every rank gets it (DataContext::from_rank0).
+std::string fromRank0(const DataContext& ctx, const std::function<std::string()>& fn) {
+  return ctx.from_rank0 ? ctx.from_rank0(fn) : runHere(fn);
+}
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (const unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+/// Note [image list cache]: rank 0 walks the folder once and keeps the list next to
+/// the outputs, keyed by the folder's path; it is reused while every directory it
+/// walked keeps its modification time (a file added or removed changes its
+/// directory's), so a second run on 1.28 M files stats ~1000 folders instead.
+std::string imageListText(const std::string& root, const DataContext& ctx) {
+  namespace fs = std::filesystem;
+  std::string cache;
+  if (!ctx.cache_dir.empty()) {
+    std::error_code ec;
+    const auto abs = fs::absolute(root, ec).lexically_normal().string();
+    char name[64];
+    std::snprintf(name, sizeof name, "image_folder-%016llx.list",
+                  static_cast<unsigned long long>(fnv1a(abs)));
+    cache = (fs::path(ctx.cache_dir) / name).string();
+    if (fs::exists(cache, ec)) {
+      try {
+        auto text = readFileBounded(cache, std::uintmax_t{4} << 30, "image list cache");
+        const auto list = parseImageList(text, cache);
+        if (imageListCurrent(list, root)) {
+          if (ctx.note) ctx.note(strCat("data: image list from ", cache, " (the folder is unchanged)"));
+          return text;
+        }
+      } catch (const Error&) {
+        // A damaged or stale cache is rebuilt.
+      }
+    }
+  }
+  const double t0 = monotonicSeconds();
+  const auto list = walkImageFolder(root);
+  auto text = serializeImageList(list);
+  if (ctx.note) {
+    ctx.note(strCat("data: listed ", root, " in ", strCat(std::lround((monotonicSeconds() - t0) * 1000)),
+                    " ms: ", list.train.size(), " train / ", list.val.size(), " val images, ",
+                    list.classes.size(), " classes", list.skipped ? strCat(", ", list.skipped, " other files skipped") : ""));
+  }
+  if (!cache.empty()) {
+    std::error_code ec;
+    fs::create_directories(ctx.cache_dir, ec);
+    const auto tmp = cache + ".tmp";
+    std::ofstream out(tmp, std::ios::binary);
+    out << text;
+    out.close();
+    if (out) fs::rename(tmp, cache, ec);  // best effort: a run does not need its cache
+  }
+  return text;
+}
+
+std::vector<int64_t> labelsOf(const std::vector<ImageEntry>& entries) {
+  std::vector<int64_t> out;
+  out.reserve(entries.size());
+  for (const auto& e : entries) out.push_back(e.label);
+  return out;
+}
+
+DataSplit loadImageFolder(const DataConfig& cfg, int64_t seed, const std::string& base_dir,
+                          const DataContext& ctx) {
+  DataSplit split;
+  if (!cfg.list.empty()) {
+    const auto list_path = resolvePath(cfg.list, base_dir);
+    const auto root = cfg.path.empty() ? std::filesystem::path(list_path).parent_path().string()
+                                       : resolvePath(cfg.path, base_dir);
+    int64_t classes = 0;
+    auto entries = readImageList(list_path, &classes);
+    classes = std::max<int64_t>(classes, 2);
+    split.origin = strCat("image list ", list_path, " (images under ", root, ")");
+    const auto labels = labelsOf(entries);
+    const auto all = decodedSet(imageFileSource(root, std::move(entries)), labels, classes, cfg);
+    splitSeeded(all, cfg.val_fraction, seed, &split);
+    return split;
+  }
+  const auto root = resolvePath(cfg.path, base_dir);
+  const auto text = fromRank0(ctx, [&] { return imageListText(root, ctx); });
+  auto list = parseImageList(text, "the image list of " + root);
+  const auto classes = static_cast<int64_t>(list.classes.size());
+  split.origin = strCat("image folder ", root, " (", classes, " classes)");
+  split.skipped_files = list.skipped;
+  const auto train_labels = labelsOf(list.train);
+  const auto train = decodedSet(imageFileSource(root, std::move(list.train)), train_labels,
+                                std::max<int64_t>(classes, 2), cfg);
+  if (list.has_val) {
+    const auto val_labels = labelsOf(list.val);
+    split.train = train;
+    split.val = decodedSet(imageFileSource(root, std::move(list.val)), val_labels,
+                           std::max<int64_t>(classes, 2), cfg);
+  } else {
+    splitSeeded(train, cfg.val_fraction, seed, &split);
+  }
+  return split;
+}
+
+/// The shards' index as text (rank 0 indexes, the others parse): one line per
+/// shard ("S path skipped"), then one per sample ("offset size label key member").
+std::string tarIndexText(const std::vector<std::string>& paths) {
+  std::ostringstream out;
+  for (const auto& p : paths) {
+    const auto shard = indexTar(p);
+    out << "S\t" << shard.skipped_members << '\t' << shard.path << '\n';
+    for (const auto& x : shard.samples) {
+      out << x.image_offset << '\t' << x.image_size << '\t' << x.label << '\t' << x.key << '\t'
+          << x.image_member << '\n';
+    }
+  }
+  return out.str();
+}
+
+std::vector<TarShard> parseTarIndex(const std::string& text) {
+  std::vector<TarShard> shards;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::vector<std::string> f;
+    std::size_t pos = 0;
+    for (int k = 0; k < 4; ++k) {
+      const auto tab = line.find('\t', pos);
+      if (tab == std::string::npos) break;
+      f.push_back(line.substr(pos, tab - pos));
+      pos = tab + 1;
+      if (f.size() == 2 && f[0] == "S") break;
+    }
+    f.push_back(line.substr(pos));
+    if (f[0] == "S") {
+      shards.emplace_back();
+      shards.back().skipped_members = std::stoll(f[1]);
+      shards.back().path = f[2];
+    } else {
+      TarSample x;
+      x.image_offset = std::stoll(f[0]);
+      x.image_size = std::stoll(f[1]);
+      x.label = std::stoll(f[2]);
+      x.key = f[3];
+      x.image_member = f[4];
+      shards.back().samples.push_back(std::move(x));
+    }
+  }
+  return shards;
+}
+
+struct TarSet {
+  std::shared_ptr<const Source> source;
+  std::vector<int64_t> labels;
+  int64_t max_label = -1;
+  int64_t skipped = 0;
+  std::vector<TarShard> shards;
+};
+
+TarSet loadShards(const std::string& pattern, const DataContext& ctx) {
+  const auto text = fromRank0(ctx, [&] {
+    const double t0 = monotonicSeconds();
+    auto t = tarIndexText(expandShards(pattern));
+    if (ctx.note) {
+      ctx.note(strCat("data: indexed ", pattern, " in ",
+                      std::lround((monotonicSeconds() - t0) * 1000), " ms (headers only)"));
+    }
+    return t;
+  });
+  TarSet set;
+  set.shards = parseTarIndex(text);
+  for (const auto& shard : set.shards) {
+    set.skipped += shard.skipped_members;
+    for (const auto& x : shard.samples) {
+      set.labels.push_back(x.label);
+      set.max_label = std::max(set.max_label, x.label);
+    }
+  }
+  if (set.labels.empty()) throw ConfigError(strCat("data.path: ", pattern, ": the shards hold no samples"));
+  return set;
+}
+
+DataSplit loadWebdataset(const DataConfig& cfg, int64_t seed, const std::string& base_dir,
+                         const DataContext& ctx) {
+  DataSplit split;
+  const auto pattern = resolvePath(cfg.path, base_dir);
+  auto train = loadShards(pattern, ctx);
+  const int64_t classes = std::max<int64_t>(train.max_label + 1, 2);
+  split.origin = strCat("webdataset ", pattern, " (", train.shards.size(), " shard(s), ", classes,
+                        " classes)");
+  split.skipped_files = train.skipped;
+  const auto all = decodedSet(tarSource(train.shards), train.labels, classes, cfg);
+  if (cfg.val_path.empty()) {
+    splitSeeded(all, cfg.val_fraction, seed, &split);
+    return split;
+  }
+  const auto val_pattern = resolvePath(cfg.val_path, base_dir);
+  auto val = loadShards(val_pattern, ctx);
+  for (const auto& shard : val.shards) {
+    for (const auto& x : shard.samples) {
+      if (x.label >= classes) {
+        throw ConfigError(strCat(shard.path, ": member ", x.key, ".cls: label ", x.label,
+                                 " is outside the training shards' classes 0..", classes - 1));
+      }
+    }
+  }
+  split.train = all;
+  split.val = decodedSet(tarSource(val.shards), val.labels, classes, cfg);
+  return split;
+}
+
+/// x.npy (N x ..., uint8/float16/float32) and y.npy (N, int32/int64), mapped.
+Dataset loadNpyPair(const std::string& x_path, const std::string& y_path) {
+  auto x = mapNpy(x_path, {NpyType::kUint8, NpyType::kFloat16, NpyType::kFloat32});
+  auto y = mapNpy(y_path, {NpyType::kInt32, NpyType::kInt64});
+  if (x.shape.empty() || x.shape[0] < 1) {
+    throw ConfigError(strCat(x_path, ": expected N x ... samples (at least one), got shape ",
+                             shapeText(x.shape)));
+  }
+  if (y.shape.size() != 1) {
+    throw ConfigError(strCat(y_path, ": expected a 1-D array of N labels, got shape ",
+                             shapeText(y.shape)));
+  }
+  if (y.shape[0] != x.shape[0]) {
+    throw ConfigError(strCat(y_path, ": ", y.shape[0], " labels for ", x.shape[0], " samples in ",
+                             x_path));
+  }
+  const int64_t n = x.shape[0];
+  std::vector<int64_t> labels(n);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t v = 0;
+    if (y.type == NpyType::kInt32) {
+      int32_t t;
+      std::memcpy(&t, y.data + 4 * i, 4);
+      v = t;
+    } else {
+      std::memcpy(&v, y.data + 8 * i, 8);
+    }
+    if (v < 0 || v >= (int64_t{1} << 24)) {
+      throw ConfigError(strCat(y_path, ": label ", v, " of sample ", i,
+                               " is outside 0..", (int64_t{1} << 24) - 1));
+    }
+    labels[i] = v;
+  }
+  const auto dtype = x.type == NpyType::kUint8     ? at::kByte
+                     : x.type == NpyType::kFloat16 ? at::kHalf
+                                                   : at::kFloat;
+  auto keep = x.mapping;
+  Dataset d;
+  d.x = at::from_blob(const_cast<uint8_t*>(x.data), x.shape, [keep](void*) mutable { keep.reset(); },
+                      at::TensorOptions().dtype(dtype));
+  d.mapped = true;
+  d.y = at::tensor(labels, at::kLong);
+  d.sample_shape.assign(x.shape.begin() + 1, x.shape.end());
+  if (d.sample_shape.empty()) d.sample_shape = {1};
+  d.x = d.x.view([&] {
+    std::vector<int64_t> full{n};
+    full.insert(full.end(), d.sample_shape.begin(), d.sample_shape.end());
+    return full;
+  }());
+  int64_t max_label = 0;
+  for (const auto v : labels) max_label = std::max(max_label, v);
+  d.classes = std::max<int64_t>(max_label + 1, 2);
+  if (x.type == NpyType::kUint8) d.x_scale = 1.0 / 255.0;
+  return d;
+}
+
+DataSplit loadNpy(const DataConfig& cfg, int64_t seed, const std::string& base_dir) {
+  const auto dir = resolvePath(cfg.path, base_dir);
+  DataSplit split;
+  auto all = loadNpyPair(fileIn(dir, "x.npy"), fileIn(dir, "y.npy"));
+  split.origin = strCat("npy arrays in ", dir, " (", shapeText(all.sample_shape), " ",
+                        all.x.scalar_type(), " per sample, memory-mapped)");
+  const bool has_val_x = std::filesystem::exists(fileIn(dir, "val_x.npy"));
+  const bool has_val_y = std::filesystem::exists(fileIn(dir, "val_y.npy"));
+  if (has_val_x != has_val_y) {
+    throw ConfigError(strCat(dir, ": found ", has_val_x ? "val_x.npy without val_y.npy"
+                                                       : "val_y.npy without val_x.npy",
+                             "; give both or neither"));
+  }
+  if (!has_val_x) {
+    splitSeeded(all, cfg.val_fraction, seed, &split);
+    return split;
+  }
+  auto val = loadNpyPair(fileIn(dir, "val_x.npy"), fileIn(dir, "val_y.npy"));
+  if (val.sample_shape != all.sample_shape) {
+    throw ConfigError(strCat(fileIn(dir, "val_x.npy"), ": samples of shape ",
+                             shapeText(val.sample_shape), ", but x.npy's are ",
+                             shapeText(all.sample_shape)));
+  }
+  if (val.x.scalar_type() != all.x.scalar_type()) {
+    throw ConfigError(strCat(fileIn(dir, "val_x.npy"), ": element type differs from x.npy's"));
+  }
+  all.classes = val.classes = std::max(all.classes, val.classes);
+  split.train = all;
+  split.val = val;
+  return split;
+}
 }  // namespace
 
-DataSplit loadData(const DataConfig& cfg, int64_t seed, const std::string& base_dir) {
+DataSplit loadData(const DataConfig& cfg, int64_t seed, const std::string& base_dir,
+                   const DataContext& ctx) {
   DataSplit split;
   Dataset all;
   switch (cfg.name) {
+    case DataName::kImageFolder:
+      split = loadImageFolder(cfg, seed, base_dir, ctx);
+      break;
+    case DataName::kWebdataset:
+      split = loadWebdataset(cfg, seed, base_dir, ctx);
+      break;
+    case DataName::kNpy:
+      split = loadNpy(cfg, seed, base_dir);
+      break;
     case DataName::kCifar10:
     case DataName::kCifar100:
       split = loadCifar(cfg, base_dir);
@@ -361,12 +705,13 @@ int64_t valCount(int64_t n, double val_fraction) {
   return static_cast<int64_t>(std::llround(static_cast<double>(n) * val_fraction));
 }
 
-DataInfo describeData(const DataConfig& cfg, int64_t seed, const std::string& base_dir) {
+DataInfo describeData(const DataConfig& cfg, int64_t seed, const std::string& base_dir,
+                      const DataContext& ctx) {
   if (cfg.name == DataName::kSynthetic || cfg.name == DataName::kSyntheticImages) {
     const int64_t n_val = valCount(cfg.samples, cfg.val_fraction);
     return {cfg.samples - n_val, n_val, cfg.shape, cfg.classes};
   }
-  const auto split = loadData(cfg, seed, base_dir);
+  const auto split = loadData(cfg, seed, base_dir, ctx);
   return {split.train.size(), split.val.size(), split.train.sample_shape, split.train.classes};
 }
 

@@ -5,20 +5,30 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "worker/config/config.h"
+#include "worker/data/source.h"
 
 namespace batchdist::worker {
 
 struct Dataset {
-  at::Tensor x;                       ///< [N, sample_shape...], float32 or uint8 (images)
+  at::Tensor x;                       ///< [N', sample_shape...], float32/16 or uint8; undefined for a Source
   at::Tensor y;                       ///< [N], int64 class labels
-  std::vector<int64_t> sample_shape;  ///< e.g. {1, 8, 8} or {64}
+  std::vector<int64_t> sample_shape;  ///< e.g. {1, 8, 8} or {64}; a Source: {3, size, size}
   int64_t classes = 0;
   double x_scale = 1.0;               ///< multiply x by this after float conversion (uint8: 1/255)
+  /// Optional: sample i is x[rows[i]] (a split of a memory-mapped array is never copied).
+  at::Tensor rows;
+  bool mapped = false;  ///< x maps a file (npy): splits select through `rows`
+  /// Decoded sources (Note [sources]): samples are read and decoded by the loader.
+  std::shared_ptr<const Source> source;
   int64_t size() const { return y.defined() ? y.size(0) : 0; }
+  /// x of the samples `idx` (int64), gathered through `rows`; not for a Source.
+  at::Tensor gather(const at::Tensor& idx) const;
 };
 
 struct DataSplit {
@@ -26,12 +36,25 @@ struct DataSplit {
   std::string origin;  ///< where it came from (file, "embedded", "synthetic")
   Dataset train;
   Dataset val;
+  int64_t skipped_files = 0;  ///< image_folder: files that are not images; tar: other members
+};
+
+/// What loading needs from the job (defaults: a single process).
+struct DataContext {
+  /// Rank 0 runs the function and every rank gets its result (a collective in a
+  /// job; an error on rank 0 is thrown on every rank). Default: run it here.
+  std::function<std::string(const std::function<std::string()>&)> from_rank0;
+  /// Where rank 0 keeps the image folder's list between runs ("": no cache).
+  std::string cache_dir;
+  /// Progress lines (rank 0), e.g. how long listing took.
+  std::function<void(const std::string&)> note;
 };
 
 /// Loads and splits the data set of `cfg.data` (seeded by `seed`). Relative paths
 /// are resolved against `base_dir` (the config file's directory). Throws
 /// ConfigError naming the file, line and what was expected.
-DataSplit loadData(const DataConfig& cfg, int64_t seed, const std::string& base_dir);
+DataSplit loadData(const DataConfig& cfg, int64_t seed, const std::string& base_dir,
+                   const DataContext& ctx = {});
 
 /// Parses CSV text: numeric features then an integer label in [0, classes) per
 /// line. `source` names the text in messages.
@@ -67,7 +90,8 @@ struct DataInfo {
   std::vector<int64_t> sample_shape;
   int64_t classes = 0;
 };
-DataInfo describeData(const DataConfig& cfg, int64_t seed, const std::string& base_dir);
+DataInfo describeData(const DataConfig& cfg, int64_t seed, const std::string& base_dir,
+                      const DataContext& ctx = {});
 
 /// Validation samples for `n` samples at `val_fraction` (the rest train).
 int64_t valCount(int64_t n, double val_fraction);

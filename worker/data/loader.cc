@@ -12,6 +12,11 @@
 namespace batchdist::worker {
 Transform Transform::fromConfig(const DataConfig& cfg, bool training) {
   Transform t;
+  if (cfg.decoded()) {  // crop, resize and flip are the decoder's (Note [decode less])
+    t.mean = cfg.mean;
+    t.std = cfg.std;
+    return t;
+  }
   if (training) {
     t.crop_padding = cfg.crop_padding;
     t.hflip = cfg.hflip;
@@ -69,7 +74,49 @@ at::Tensor Transform::apply(const at::Tensor& input, uint64_t seed) const {
   return x.contiguous();
 }
 
+LoaderOptions loaderOptions(const DataConfig& cfg, const Dataset& data, bool training,
+                            at::Device device, uint64_t seed, SampleDecoder::Warn warn) {
+  LoaderOptions lo;
+  lo.workers = resolveWorkers(cfg, static_cast<int>(std::thread::hardware_concurrency()), 1);
+  lo.prefetch = cfg.prefetch;
+  lo.pin_memory = cfg.pin_memory;
+  lo.device = device;
+  lo.transform = Transform::fromConfig(cfg, training);
+  lo.seed = seed;
+  if (data.source) {
+    lo.decoder = std::make_shared<SampleDecoder>(data.source, ImageTransform::fromConfig(cfg, training),
+                                                 cfg.on_error, seed, std::move(warn));
+  }
+  return lo;
+}
+
+int64_t resolveWorkers(const DataConfig& cfg, int cpus, int local_ranks) {
+  if (!cfg.workers_auto) return cfg.workers;
+  if (!cfg.decoded()) return 0;
+  return std::max<int64_t>(1, cpus / std::max(1, local_ranks) - 1);
+}
+
+namespace {
+
+uint64_t batchSeed(uint64_t seed, int64_t epoch, int64_t index) {
+  return seed * 1000003ull + static_cast<uint64_t>(epoch) * 7919ull + static_cast<uint64_t>(index);
+}
+
+/// uint8 NHWC images -> float NCHW in [0, 1] (then the transform normalises).
+at::Tensor toFloatImages(const at::Tensor& x) {
+  return x.permute({0, 3, 1, 2}).to(at::kFloat).mul_(1.0 / 255.0).contiguous();
+}
+
+}  // namespace
+
+struct Loader::Building {
+  Batch b;
+  int64_t parts_left = 0;
+  std::exception_ptr err;
+};
+
 Loader::Loader(const Dataset& data, LoaderOptions opts) : data_(data), opts_(std::move(opts)) {
+  if (data_.source && !opts_.decoder) throw Error("loader: a decoded source needs a decoder");
   for (int64_t i = 0; i < opts_.workers; ++i) threads_.emplace_back([this] { work(); });
 }
 
@@ -85,37 +132,72 @@ Loader::~Loader() {
 void Loader::start(std::vector<MicroBatch> jobs, int64_t epoch, int64_t first_index) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    // A new epoch waits for the workers to finish the last one's jobs.
     jobs_ = std::move(jobs);
     epoch_ = epoch;
     first_index_ = first_index;
     ++generation_;
     next_job_ = 0;
+    next_part_ = 0;
     consumed_ = 0;
     ready_.clear();
-    errors_.clear();  // a failure belongs to the job list it happened in
+    building_.clear();  // parts still being made finish into buffers nobody reads
+    errors_.clear();    // a failure belongs to the job list it happened in
   }
   cv_.notify_all();
 }
 
-Batch Loader::make(const MicroBatch& job, int64_t index, int64_t epoch) const {
+int64_t Loader::partsOf(const MicroBatch& job) const {
+  if (!data_.source) return 1;
+  const int64_t n = static_cast<int64_t>(job.indices.size());
+  return std::max<int64_t>(1, (n + opts_.part_samples - 1) / opts_.part_samples);
+}
+
+Batch Loader::allocate(const MicroBatch& job) const {
   Batch b;
-  auto idx = at::tensor(job.indices, at::kLong);
-  b.x = data_.x.index_select(0, idx).to(at::kFloat);
-  if (data_.x_scale != 1.0) b.x.mul_(data_.x_scale);
+  const auto idx = at::tensor(job.indices, at::kLong);
   b.y = data_.y.index_select(0, idx);
   b.w = at::tensor(job.weights, at::kFloat);
-  const uint64_t seed = opts_.seed * 1000003ull + static_cast<uint64_t>(epoch) * 7919ull +
-                        static_cast<uint64_t>(index);
-  if (!opts_.device.is_cuda() && opts_.transform.any()) {
-    b.x = opts_.transform.apply(b.x, seed);  // CPU training: in the worker, off the step
-  }
-  if (opts_.device.is_cuda() && opts_.pin_memory) {
-    b.x = b.x.pin_memory();
-    b.y = b.y.pin_memory();
-    b.w = b.w.pin_memory();
+  if (data_.source) {
+    const int64_t n = static_cast<int64_t>(job.indices.size());
+    const int64_t side = opts_.decoder->size();
+    const bool pin = opts_.device.is_cuda() && opts_.pin_memory;
+    b.x = at::empty({n, side, side, 3}, at::TensorOptions().dtype(at::kByte).pinned_memory(pin));
   }
   return b;
+}
+
+void Loader::fill(const MicroBatch& job, int64_t part, int64_t index, int64_t epoch, Batch* b) {
+  if (!data_.source) {
+    b->x = data_.gather(at::tensor(job.indices, at::kLong)).to(at::kFloat);
+    if (data_.x_scale != 1.0) b->x.mul_(data_.x_scale);
+    return;
+  }
+  thread_local DecodeScratch scratch;
+  StageSeconds seconds;
+  const int64_t n = static_cast<int64_t>(job.indices.size());
+  const int64_t begin = part * opts_.part_samples;
+  const int64_t end = std::min(n, begin + opts_.part_samples);
+  const int64_t slot = b->x.stride(0);
+  auto* base = b->x.data_ptr<uint8_t>();
+  for (int64_t k = begin; k < end; ++k) {
+    opts_.decoder->decode(job.indices[k], epoch, base + k * slot, &scratch, &seconds);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  stages_.add(seconds);
+}
+
+void Loader::finish(Batch* b, int64_t index, int64_t epoch) const {
+  if (!opts_.device.is_cuda()) {
+    // CPU training: convert and transform here, in the worker, off the step.
+    if (data_.source) b->x = toFloatImages(b->x);
+    if (opts_.transform.any()) b->x = opts_.transform.apply(b->x, batchSeed(opts_.seed, epoch, index));
+    return;
+  }
+  if (opts_.pin_memory) {
+    if (!b->x.is_pinned()) b->x = b->x.pin_memory();
+    b->y = b->y.pin_memory();
+    b->w = b->w.pin_memory();
+  }
 }
 
 Batch Loader::toDevice(Batch host) const {
@@ -130,29 +212,62 @@ Batch Loader::toDevice(Batch host) const {
 void Loader::work() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    // Take a job only while the queue (made but not consumed) is below prefetch.
+    // Take work only while the batches begun and not consumed are below prefetch.
     cv_.wait(lock, [this] {
       return stop_ || (next_job_ < static_cast<int64_t>(jobs_.size()) &&
                        next_job_ < consumed_ + opts_.prefetch);
     });
     if (stop_) return;
-    const int64_t i = next_job_++;
+    const int64_t i = next_job_;
     const int64_t generation = generation_;
     const int64_t epoch = epoch_;  // read under the lock: start() writes it
     const int64_t first = first_index_;
     const MicroBatch job = jobs_[i];
-    lock.unlock();
-    Batch b;
+    const int64_t parts = partsOf(job);
+    const int64_t part = next_part_++;
+    if (next_part_ == parts) {
+      next_part_ = 0;
+      ++next_job_;
+    }
+    std::shared_ptr<Building> bld;
     std::exception_ptr err;
-    try {
-      b = make(job, first + i, epoch);
-    } catch (...) {
-      err = std::current_exception();
+    if (part == 0) {
+      bld = std::make_shared<Building>();
+      bld->parts_left = parts;
+      building_[i] = bld;
+      try {
+        bld->b = allocate(job);
+      } catch (...) {
+        err = std::current_exception();
+      }
+    } else {
+      bld = building_.at(i);
+    }
+    lock.unlock();
+    if (!err) {
+      try {
+        fill(job, part, first + i, epoch, &bld->b);
+      } catch (...) {
+        err = std::current_exception();
+      }
     }
     lock.lock();
     if (generation != generation_) continue;  // start() moved on meanwhile
-    if (err) errors_[i] = err;
-    ready_[i] = std::move(b);
+    if (err && !bld->err) bld->err = err;
+    if (--bld->parts_left > 0) continue;
+    building_.erase(i);
+    if (!bld->err) {
+      lock.unlock();
+      try {
+        finish(&bld->b, first + i, epoch);
+      } catch (...) {
+        bld->err = std::current_exception();
+      }
+      lock.lock();
+      if (generation != generation_) continue;
+    }
+    if (bld->err) errors_[i] = bld->err;
+    ready_[i] = std::move(bld->b);
     max_queued_ = std::max<int64_t>(max_queued_, static_cast<int64_t>(ready_.size()));
     cv_.notify_all();
   }
@@ -164,15 +279,21 @@ Batch Loader::next() {
   int64_t index = 0;
   int64_t epoch = 0;
   if (threads_.empty()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (consumed_ >= static_cast<int64_t>(jobs_.size())) {
-      throw Error("loader: next() past the end of the epoch");
+    MicroBatch job;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (consumed_ >= static_cast<int64_t>(jobs_.size())) {
+        throw Error("loader: next() past the end of the epoch");
+      }
+      index = consumed_++;
+      epoch = epoch_;
+      job = jobs_[index];
+      index += first_index_;
+      max_queued_ = std::max<int64_t>(max_queued_, 1);
     }
-    index = consumed_++;
-    epoch = epoch_;
-    b = make(jobs_[index], first_index_ + index, epoch);
-    index += first_index_;
-    max_queued_ = std::max<int64_t>(max_queued_, 1);
+    b = allocate(job);
+    for (int64_t p = 0, parts = partsOf(job); p < parts; ++p) fill(job, p, index, epoch, &b);
+    finish(&b, index, epoch);
   } else {
     std::unique_lock<std::mutex> lock(mu_);
     if (consumed_ >= static_cast<int64_t>(jobs_.size())) {
@@ -195,12 +316,18 @@ Batch Loader::next() {
   }
   wait_s_ += monotonicSeconds() - t0;
   b = toDevice(std::move(b));
-  if (opts_.device.is_cuda() && opts_.transform.any()) {
-    const uint64_t seed = opts_.seed * 1000003ull + static_cast<uint64_t>(epoch) * 7919ull +
-                          static_cast<uint64_t>(index);
-    b.x = opts_.transform.apply(b.x, seed);  // on the GPU
+  if (opts_.device.is_cuda()) {
+    if (data_.source) b.x = toFloatImages(b.x);  // on the GPU, after the uint8 copy
+    if (opts_.transform.any()) b.x = opts_.transform.apply(b.x, batchSeed(opts_.seed, epoch, index));
   }
   return b;
+}
+
+StageSeconds Loader::takeStageSeconds() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto s = stages_;
+  stages_ = StageSeconds{};
+  return s;
 }
 
 double Loader::takeWaitSeconds() {

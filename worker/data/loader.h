@@ -1,10 +1,15 @@
 #pragma once
 // Note [loader]: batches are made ahead of the training step by `workers` threads
-// into a bounded queue of at most `prefetch` batches. Each batch is the gather of
-// one micro-batch's indices (uint8 images become float), then the configured
-// transforms, seeded by (seed, epoch, job) so a batch is the same whichever thread
-// made it and however many threads there are; the consumer takes them strictly in
-// order. On CUDA, batches are staged in page-locked memory and copied with
+// into a bounded queue of at most `prefetch` batches (made or being made), so
+// memory is bounded whatever the data set's size. An in-memory batch is the gather
+// of one micro-batch's indices (uint8 images become float), then the configured
+// transforms, seeded by (seed, epoch, job). A decoded source's batch is cut into
+// parts of a few samples that all threads share, so even one batch in flight keeps
+// every thread busy; each sample is decoded straight into the batch's uint8 NHWC
+// slot with its own seed (Note [sample seeds]), and normalised after the copy to
+// the device (4x fewer bytes to copy). Either way a batch is the same whichever
+// thread made it and however many threads there are; the consumer takes them
+// strictly in order. On CUDA, batches are staged in page-locked memory and copied with
 // non_blocking on a side stream, so the copy overlaps the compute already queued;
 // the random transforms then run on the GPU (their random numbers are drawn on the
 // CPU from the same seeded generator).
@@ -20,6 +25,7 @@
 
 #include "worker/config/config.h"
 #include "worker/data/data.h"
+#include "worker/data/pipeline.h"
 #include "worker/plan/plan.h"
 
 namespace batchdist::worker {
@@ -52,9 +58,23 @@ struct LoaderOptions {
   int64_t prefetch = 2;
   bool pin_memory = true;
   at::Device device = at::kCPU;
-  Transform transform;
+  Transform transform;  ///< decoded sources: normalisation only (crop and flip are the decoder's)
   uint64_t seed = 0;
+  /// Decoded sources: reads and decodes each sample (required when data.source is set).
+  std::shared_ptr<const SampleDecoder> decoder;
+  int64_t part_samples = 4;  ///< decoded sources: samples per unit of work
 };
+
+/// The options of a loader for `data` as `cfg` configures it (threads: data.workers
+/// resolved, or the machine's share when still auto), with a decoder for decoded
+/// sources (crop and flip for training, resize + centre crop for evaluation).
+/// `warn` receives each bad file's message once.
+LoaderOptions loaderOptions(const DataConfig& cfg, const Dataset& data, bool training,
+                            at::Device device, uint64_t seed, SampleDecoder::Warn warn);
+
+/// Resolves data.workers: a number as given; auto: 0 (the training thread) for
+/// in-memory data, else this rank's share of `cpus` less one, at least 1.
+int64_t resolveWorkers(const DataConfig& cfg, int cpus, int local_ranks);
 
 class Loader {
  public:
@@ -73,9 +93,19 @@ class Loader {
   double takeWaitSeconds();
   /// Most batches ever queued ahead at once (never above prefetch).
   int64_t maxQueued() const { return max_queued_; }
+  /// Per-stage seconds of decoded samples since the last call (all threads summed).
+  StageSeconds takeStageSeconds();
+  const SampleDecoder* decoder() const { return opts_.decoder.get(); }
+  int64_t workers() const { return static_cast<int64_t>(threads_.size()); }
 
  private:
-  Batch make(const MicroBatch& job, int64_t index, int64_t epoch) const;
+  struct Building;
+  int64_t partsOf(const MicroBatch& job) const;
+  Batch allocate(const MicroBatch& job) const;
+  /// Fills part `part` of `b` (in-memory: the whole batch).
+  void fill(const MicroBatch& job, int64_t part, int64_t index, int64_t epoch, Batch* b);
+  /// After the last part: CPU-side conversion and pinning.
+  void finish(Batch* b, int64_t index, int64_t epoch) const;
   Batch toDevice(Batch host) const;
   void work();
 
@@ -86,6 +116,9 @@ class Loader {
   int64_t first_index_ = 0;  // index of jobs_[0] in the epoch
   int64_t generation_ = 0;   // bumped by start(): a batch of an older one is dropped
   int64_t next_job_ = 0;     // next job a worker takes
+  int64_t next_part_ = 0;    // ... and its next part
+  std::map<int64_t, std::shared_ptr<Building>> building_;  // jobs with parts in progress
+  StageSeconds stages_;
   int64_t consumed_ = 0;     // next job the consumer returns
   std::map<int64_t, Batch> ready_;
   int64_t max_queued_ = 0;

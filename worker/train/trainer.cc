@@ -107,15 +107,19 @@ Trainer::Trainer(const Config& cfg, collective::Communicator& comm, const DataSp
   } else {
     sync_ = std::make_unique<collective::GradientSynchronizer>(comm_, trainable, bucket_bytes);
   }
-  LoaderOptions lo;
-  lo.workers = cfg.data.workers;
-  lo.prefetch = cfg.data.prefetch;
-  lo.pin_memory = cfg.data.pin_memory;
-  lo.device = device_;
-  lo.transform = transform;
+  const auto warn = [rank = comm_.rank(), size = comm_.size()](const std::string& msg) {
+    std::cerr << strCat("[rank ", rank, "/", size, "] warning: ", msg, "\n") << std::flush;
+  };
+  LoaderOptions lo = loaderOptions(cfg.data, data.train, /*training=*/true, device_,
+                                   static_cast<uint64_t>(cfg.train.seed), warn);
   lo.seed = static_cast<uint64_t>(cfg.train.seed) * 31 + comm_.rank();
   loader_ = std::make_unique<Loader>(data.train, lo);
   eval_transform_ = Transform::fromConfig(cfg.data, /*training=*/false);
+  if (data.val.source) {
+    val_loader_ = std::make_unique<Loader>(
+        data.val, loaderOptions(cfg.data, data.val, /*training=*/false, device_,
+                                static_cast<uint64_t>(cfg.train.seed), warn));
+  }
   if (cfg.train.precision == Precision::kFp16) {
     scaler_ = std::make_unique<LossScaler>(cfg.train.loss_scale, cfg.train.scale_growth_interval);
   }
@@ -361,11 +365,24 @@ EvalResult Trainer::evaluate() {
     const auto [begin, end] = evalShard(val.size(), comm_.size(), comm_.rank());
     const int64_t chunk = cfg_.batch.eval_per_gpu > 0 ? cfg_.batch.eval_per_gpu
                                                        : std::max<int64_t>(plan_.per_gpu, 256);
+    std::vector<MicroBatch> chunks;
+    for (int64_t b = begin; b < end; b += chunk) {
+      MicroBatch m;
+      for (int64_t i = b; i < std::min(end, b + chunk); ++i) m.indices.push_back(i);
+      m.weights.assign(m.indices.size(), 1.0f);
+      chunks.push_back(std::move(m));
+    }
+    if (val_loader_) val_loader_->start(chunks, 0);
     for (int64_t b = begin; b < end; b += chunk) {
       const int64_t e = std::min(end, b + chunk);
-      auto x = val.x.slice(0, b, e).to(torch::kFloat);
-      if (val.x_scale != 1.0) x.mul_(val.x_scale);
-      x = eval_transform_.apply(x.to(device_), 0);
+      torch::Tensor x;
+      if (val_loader_) {
+        x = val_loader_->next().x;  // decoded, normalised, on the device
+      } else {
+        x = val.gather(torch::arange(b, e, torch::kLong)).to(torch::kFloat);
+        if (val.x_scale != 1.0) x.mul_(val.x_scale);
+        x = eval_transform_.apply(x.to(device_), 0);
+      }
       auto y = val.y.slice(0, b, e).to(device_);
       torch::Tensor out;
       {

@@ -231,6 +231,7 @@ class Trainer {
   std::unique_ptr<collective::Reducer> reducer_;              // dist.overlap: true
   std::unique_ptr<collective::GradientSynchronizer> sync_;   // dist.overlap: false
   std::unique_ptr<Loader> loader_;
+  std::unique_ptr<Loader> val_loader_;  ///< decoded validation sets (Note [loader])
   std::unique_ptr<LossScaler> scaler_;  // fp16 only
   Transform eval_transform_;
   TimeBreakdown time_;

@@ -1,0 +1,107 @@
+#include "worker/data/pipeline.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace batchdist::worker {
+namespace {
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+ImageTransform ImageTransform::fromConfig(const DataConfig& cfg, bool training) {
+  ImageTransform t;
+  t.size = static_cast<int>(cfg.image_size);
+  t.resize = static_cast<int>(cfg.resize > 0 ? cfg.resize : cfg.image_size);
+  t.scale_lo = cfg.crop_scale.at(0);
+  t.scale_hi = cfg.crop_scale.at(1);
+  t.ratio_lo = cfg.crop_ratio.at(0);
+  t.ratio_hi = cfg.crop_ratio.at(1);
+  t.training = training;
+  t.hflip = training && cfg.hflip;
+  return t;
+}
+
+SampleDecoder::SampleDecoder(std::shared_ptr<const Source> source, ImageTransform transform,
+                             OnError on_error, uint64_t seed, Warn warn)
+    : source_(std::move(source)),
+      transform_(transform),
+      on_error_(on_error),
+      seed_(seed),
+      warn_(std::move(warn)) {}
+
+bool SampleDecoder::tryDecode(int64_t index, int64_t epoch, uint8_t* out, DecodeScratch* scratch,
+                              StageSeconds* seconds) const {
+  thread_local std::string bytes;
+  std::string reason;
+  try {
+    const double t0 = now();
+    source_->read(index, &bytes);
+    const double t1 = now();
+    SampleRng rng(seed_, epoch, index);
+    // The flip is drawn first, so the crop's draws do not depend on the image's size.
+    const bool flip = transform_.hflip && (rng.next() >> 63) != 0;
+    const auto& t = transform_;
+    const BoxChooser choose = [&](int w, int h) {
+      return t.training ? randomResizedCrop(w, h, t.scale_lo, t.scale_hi, t.ratio_lo, t.ratio_hi, rng)
+                        : resizeCenterCrop(w, h, t.resize, t.size);
+    };
+    DecodeTimes times;
+    decodeCropResize(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), choose, t.size,
+                     t.size, flip, out, scratch, seconds ? &times : nullptr);
+    if (seconds) {
+      seconds->read += t1 - t0;
+      seconds->decode += times.decode;
+      seconds->transform += times.transform;
+      seconds->samples += 1;
+      seconds->bytes += static_cast<int64_t>(bytes.size());
+    }
+    return true;
+  } catch (const SampleError& e) {
+    reason = e.what();  // already names the file
+  } catch (const DecodeError& e) {
+    reason = strCat(source_->where(index), ": ", e.what());
+  }
+  if (on_error_ == OnError::kFail) {
+    throw SampleError(strCat(reason, " (data.on_error: fail; 'skip' replaces such files by the "
+                                     "next good sample)"));
+  }
+  bool first_time = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    first_time = bad_.insert(index).second;
+    if (first_time && first_.size() < kErrorsListed) first_.push_back({source_->where(index), reason});
+  }
+  if (first_time && warn_) warn_(strCat("skipping ", reason, "; the next good sample takes its place"));
+  return false;
+}
+
+void SampleDecoder::decode(int64_t index, int64_t epoch, uint8_t* out, DecodeScratch* scratch,
+                           StageSeconds* seconds) const {
+  const int64_t n = source_->size();
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t i = (index + k) % n;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (bad_.count(i)) continue;
+    }
+    if (tryDecode(i, epoch, out, scratch, seconds)) return;
+  }
+  throw SampleError(strCat("none of the ", n, " samples could be decoded; the first: ",
+                           firstErrors().empty() ? std::string("?") : firstErrors()[0].reason));
+}
+
+int64_t SampleDecoder::errorCount() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int64_t>(bad_.size());
+}
+
+std::vector<DataErrorRecord> SampleDecoder::firstErrors() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return first_;
+}
+
+}  // namespace batchdist::worker
