@@ -23,7 +23,8 @@ po::options_description describeOptions() {
        "directory for report.json, model.pt and search results")
       ("quiet,q", "no progress output")
       ("world", po::value<int>(), "plan: world size to plan for (default 1)")
-      ("json", "plan: print the plan as JSON")
+      ("json", "plan, data: print JSON")
+      ("seconds", po::value<double>(), "data: how long to run the input pipeline [10]")
       ("research", "search: ignore the cached search result and measure again")
       ("resume", po::value<std::string>(),
        "train: continue from a checkpoint: 'auto' (the newest valid one in checkpoint.dir, "
@@ -69,12 +70,16 @@ std::string usage() {
         "  mpirun -np N batchdist [train] CONFIG.yaml [options]   train on N ranks\n"
         "  batchdist plan CONFIG.yaml --world N [--json]          print the batch plan, no MPI\n"
         "  mpirun -np N batchdist search CONFIG.yaml              only run the batch search\n"
+        "  mpirun -np N batchdist data CONFIG.yaml [--seconds S] [--json]\n"
+        "                                                         run the input pipeline alone\n"
         "  batchdist slurm CONFIG.yaml --nodes N --gpus-per-node G [--partition P] [--time T]\n"
         "                  [--submit]                             write (and submit) an sbatch script\n\n"
         "Verbs:\n"
         "  train   (default) rendezvous over c10d (NCCL on GPUs, Gloo on CPUs) and train\n"
         "  plan    global/per-GPU batch, accumulation, shards, drop/pad and scaled lr\n"
         "  search  coordinated per-GPU batch search (batch.per_gpu: auto)\n"
+        "  data    the input pipeline alone, no model, on every rank: samples/s per rank and\n"
+        "          in total, the time split (read, decode, transform, wait), bytes/s, threads\n"
         "  slurm   an sbatch script for this config: nodes, one rank per GPU, time limit,\n"
         "          SIGUSR1 before it for a clean stop, srun --mpi=pmix or mpirun\n\n"
      << describeOptions() << "\n"
@@ -91,6 +96,7 @@ const char* toString(Verb v) {
     case Verb::kPlan: return "plan";
     case Verb::kSearch: return "search";
     case Verb::kSlurm: return "slurm";
+    case Verb::kData: return "data";
   }
   return "?";
 }
@@ -109,7 +115,7 @@ void readVerbAndConfig(const po::variables_map& vm, CliOptions& o) {
   std::vector<std::string> args;
   if (vm.count("args")) args = vm["args"].as<std::vector<std::string>>();
   if (!args.empty()) {
-    for (Verb v : {Verb::kTrain, Verb::kPlan, Verb::kSearch, Verb::kSlurm}) {
+    for (Verb v : {Verb::kTrain, Verb::kPlan, Verb::kSearch, Verb::kSlurm, Verb::kData}) {
       if (args[0] == toString(v)) {
         o.verb = v;
         args.erase(args.begin());
@@ -199,6 +205,16 @@ CliOptions parseCli(int argc, char** argv) {
   if (o.world > 0 && o.verb != Verb::kPlan) {
     throw ConfigError("command line: --world is for 'batchdist plan'; under mpirun the world "
                       "size is the number of ranks");
+  }
+  if (vm.count("seconds")) {
+    if (o.verb != Verb::kData) throw ConfigError("command line: --seconds is for 'batchdist data'");
+    o.seconds = vm["seconds"].as<double>();
+    if (!(o.seconds > 0 && o.seconds <= 86400)) {
+      throw ConfigError(strCat("command line: --seconds must be in (0, 86400], got ", o.seconds));
+    }
+  }
+  if (o.json && o.verb != Verb::kPlan && o.verb != Verb::kData) {
+    throw ConfigError("command line: --json is for 'batchdist plan' and 'batchdist data'");
   }
   readSlurmOptions(vm, o);
   return o;

@@ -8,9 +8,9 @@
 
 namespace batchdist::launcher {
 
-enum class Verb { kTrain, kPlan, kSearch, kSlurm };
+enum class Verb { kTrain, kPlan, kSearch, kSlurm, kData };
 
-/// "train", "plan", "search", "slurm".
+/// "train", "plan", "search", "slurm", "data".
 const char* toString(Verb v);
 
 struct CliOptions {
@@ -23,7 +23,8 @@ struct CliOptions {
   bool help = false;
   bool version = false;
   int world = 0;      ///< plan: --world N
-  bool json = false;  ///< plan: --json
+  bool json = false;  ///< plan, data: --json
+  double seconds = 10;  ///< data: --seconds S
   bool research = false;
   std::string resume;  ///< --resume auto|PATH (train), or empty
   /// slurm: the job options (--nodes, --gpus-per-node, ...); paths are filled in

@@ -20,6 +20,7 @@
 #include "worker/common/files.h"
 #include "worker/config/config.h"
 #include "worker/data/data.h"
+#include "worker/data/measure.h"
 #include "worker/model/model.h"
 #include "worker/plan/plan.h"
 #include "worker/run.h"
@@ -169,6 +170,18 @@ int runPlan(const CliOptions& cli) {
   }
 }
 
+worker::RankPlace placeOf(MpiScope& mpi) {
+  worker::RankPlace place;
+  place.rank = mpi.rank();
+  place.size = mpi.size();
+  place.local_rank = mpi.localRank();
+  place.local_size = mpi.localSize();
+  place.host_count = mpi.hostCount();
+  place.host = mpi.host();
+  place.from_rank0 = [&mpi](const std::function<std::string()>& fn) { return mpi.fromRank0(fn); };
+  return place;
+}
+
 /// `train` and `search`: the local set-up agreed over MPI (every rank exits
 /// with the same code, the lowest failing rank says why), then the run; a
 /// failure during it ends the whole job with one message from the failing rank.
@@ -178,14 +191,7 @@ int runTrain(const CliOptions& cli, MpiScope& mpi) {
   // current step (rank 0 still writes the report and the model).
   installStopHandlers();
   const auto req = requestFrom(cli);
-  worker::RankPlace place;
-  place.rank = mpi.rank();
-  place.size = mpi.size();
-  place.local_rank = mpi.localRank();
-  place.local_size = mpi.localSize();
-  place.host_count = mpi.hostCount();
-  place.host = mpi.host();
-  place.from_rank0 = [&mpi](const std::function<std::string()>& fn) { return mpi.fromRank0(fn); };
+  worker::RankPlace place = placeOf(mpi);
   worker::RunSetup setup;
   int code = mpi.agree([&] { setup = worker::prepareRun(req, place); });
   if (code != 0) return code;
@@ -205,6 +211,35 @@ int runTrain(const CliOptions& cli, MpiScope& mpi) {
               << std::flush;
     mpi.abort(1);
   }
+}
+
+/// `data`: the input pipeline alone on every rank, no model, no rendezvous; rank 0
+/// prints every rank's figures and the total.
+int runData(const CliOptions& cli, MpiScope& mpi) {
+  const auto req = requestFrom(cli);
+  worker::RankPlace place = placeOf(mpi);
+  worker::RunSetup setup;
+  int code = mpi.agree([&] { setup = worker::prepareRun(req, place); });
+  if (code != 0) return code;
+  code = mpi.agree([&] { worker::prepareData(req, place, setup); });
+  if (code != 0) return code;
+  worker::LoaderMeasurement mine;
+  code = mpi.agree([&] {
+    auto plan = setup.plan;
+    if (plan.steps_per_epoch == 0) {  // per_gpu: auto: a typical batch
+      plan = worker::makePlan(setup.cfg, place.size, setup.data.train.size(), setup.has_bn,
+                              std::min<int64_t>(64, std::max<int64_t>(2, setup.data.train.size() / place.size)));
+    }
+    mine = worker::measureLoader(setup.cfg, setup.data.train, plan, place.rank, cli.seconds);
+  });
+  if (code != 0) return code;
+  const auto all = mpi.gatherToRank0(mine.json().dump());
+  if (place.rank == 0) {
+    std::vector<worker::LoaderMeasurement> ranks;
+    for (const auto& text : all) ranks.push_back(worker::LoaderMeasurement::fromJson(nlohmann::json::parse(text)));
+    std::cout << worker::dataReport(ranks, setup.data, setup.cfg, cli.json) << std::flush;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -243,5 +278,6 @@ int main(int argc, char** argv) {
   if (const auto problem = launcher::srunWorldProblem(env, mpi.size()); !problem.empty()) {
     return launcher::srunProblem(problem);
   }
+  if (cli.verb == launcher::Verb::kData) return launcher::runData(cli, mpi);
   return launcher::runTrain(cli, mpi);
 }

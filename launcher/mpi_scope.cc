@@ -84,6 +84,26 @@ std::string MpiScope::fromRank0(const std::function<std::string()>& fn) {
   return text;
 }
 
+std::vector<std::string> MpiScope::gatherToRank0(const std::string& mine) {
+  int n = static_cast<int>(mine.size());
+  std::vector<int> sizes(rank_ == 0 ? size_ : 0), offsets(sizes.size());
+  MPI_Gather(&n, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
+  std::string all;
+  if (rank_ == 0) {
+    int total = 0;
+    for (int r = 0; r < size_; ++r) {
+      offsets[r] = total;
+      total += sizes[r];
+    }
+    all.resize(static_cast<std::size_t>(total));
+  }
+  MPI_Gatherv(mine.data(), n, MPI_CHAR, all.data(), sizes.data(), offsets.data(), MPI_CHAR, 0,
+              MPI_COMM_WORLD);
+  std::vector<std::string> out;
+  for (int r = 0; r < static_cast<int>(sizes.size()); ++r) out.push_back(all.substr(offsets[r], sizes[r]));
+  return out;
+}
+
 void MpiScope::abort(int code) {
   std::cout.flush();
   std::cerr.flush();

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace batchdist::launcher {
 
@@ -35,6 +36,9 @@ class MpiScope {
   /// should read from a shared file system (a folder's listing, a tar index). An
   /// Error on rank 0 is thrown on every rank, with its exit code. Collective.
   std::string fromRank0(const std::function<std::string()>& fn);
+
+  /// Every rank's `mine`, in rank order, on rank 0 (empty elsewhere). Collective.
+  std::vector<std::string> gatherToRank0(const std::string& mine);
 
   /// Ends every rank of the job with `code` (MPI_Abort when there are several).
   [[noreturn]] void abort(int code);

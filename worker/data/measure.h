@@ -1,0 +1,43 @@
+#pragma once
+// The `data` verb: the input pipeline alone, no model, on every rank (Note [loader]).
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "worker/config/config.h"
+#include "worker/data/data.h"
+#include "worker/plan/plan.h"
+
+namespace batchdist::worker {
+
+/// One rank's run of its training loader.
+struct LoaderMeasurement {
+  int rank = 0;
+  double seconds = 0;      ///< wall time of the timed batches
+  int64_t samples = 0;
+  int64_t batches = 0;
+  int64_t workers = 0;
+  int64_t per_gpu = 0;
+  double wait_s = 0;       ///< the consumer's wait for batches (all of `seconds` here: no model)
+  StageSeconds stages;     ///< read, decode, transform: summed over threads
+  int64_t errors = 0;      ///< bad samples skipped
+  double samplesPerSecond() const { return seconds > 0 ? samples / seconds : 0; }
+  nlohmann::ordered_json json() const;
+  static LoaderMeasurement fromJson(const nlohmann::json& j);
+};
+
+/// Runs this rank's shard of the training epochs through the loader as fast as it
+/// can make batches, for about `seconds` (after one warm-up batch), with the
+/// plan's per-GPU batch. CPU output (float, normalised), as CPU training gets it.
+LoaderMeasurement measureLoader(const Config& cfg, const Dataset& train, const Plan& plan, int rank,
+                                double seconds);
+
+/// The `data` verb's report over all ranks: text (a line per rank and the total)
+/// or one JSON object (`samples_per_s` total, `per_rank`, `workers`, ...).
+std::string dataReport(const std::vector<LoaderMeasurement>& ranks, const DataSplit& data,
+                       const Config& cfg, bool json);
+
+}  // namespace batchdist::worker
