@@ -1,1 +1,161 @@
-// placeholder: filled in by its slice
+// Format sniffing, dispatch and the resampling shared by the JPEG and PNG
+// decoders (Note [decode less] in image.h).
+#include "worker/data/decode/image.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <opencv2/imgproc.hpp>
+#include <string>
+
+#include "worker/data/decode/internal.h"
+
+namespace batchdist::worker {
+
+namespace {
+
+constexpr uint8_t kPngSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+
+/// The first bytes of an unknown file, printable: "GIF89a" or "00 01 ff ..".
+std::string describeStart(const uint8_t* data, std::size_t size) {
+  if (size == 0) return "it is empty";
+  const std::size_t n = std::min<std::size_t>(size, 8);
+  bool printable = true;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (data[i] < 0x20 || data[i] > 0x7e) printable = false;
+  }
+  std::string s = "starts with ";
+  if (printable) {
+    s += '"';
+    s.append(reinterpret_cast<const char*>(data), n);
+    s += size > n ? "...\"" : "\"";
+    return s;
+  }
+  static const char kHex[] = "0123456789abcdef";
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i) s += ' ';
+    s += kHex[data[i] >> 4];
+    s += kHex[data[i] & 15];
+  }
+  if (size > n) s += " ...";
+  return s;
+}
+
+}  // namespace
+
+ImageFormat sniffImageFormat(const uint8_t* data, std::size_t size) {
+  if (size >= 3 && data[0] == 0xff && data[1] == 0xd8 && data[2] == 0xff) return ImageFormat::kJpeg;
+  if (size >= 8 && std::memcmp(data, kPngSignature, 8) == 0) return ImageFormat::kPng;
+  return ImageFormat::kUnknown;
+}
+
+void decodeCropResize(const uint8_t* data, std::size_t size, const BoxChooser& choose, int out_w,
+                      int out_h, bool flip, uint8_t* out, DecodeScratch* scratch,
+                      DecodeTimes* times) {
+  if (out_w <= 0 || out_h <= 0) {
+    throw DecodeError("decodeCropResize: output size " + std::to_string(out_w) + "x" +
+                      std::to_string(out_h) + " is not positive");
+  }
+  switch (sniffImageFormat(data, size)) {
+    case ImageFormat::kJpeg:
+      decode_internal::jpegCropResize(data, size, choose, out_w, out_h, flip, out, scratch, times);
+      return;
+    case ImageFormat::kPng:
+      decode_internal::pngCropResize(data, size, choose, out_w, out_h, flip, out, scratch, times);
+      return;
+    case ImageFormat::kUnknown:
+      break;
+  }
+  throw DecodeError("not a JPEG or PNG image (" + describeStart(data, size) + ")");
+}
+
+void decodeFull(const uint8_t* data, std::size_t size, std::vector<uint8_t>* rgb, int* width,
+                int* height) {
+  switch (sniffImageFormat(data, size)) {
+    case ImageFormat::kJpeg:
+      decode_internal::jpegFull(data, size, rgb, width, height);
+      return;
+    case ImageFormat::kPng:
+      decode_internal::pngFull(data, size, rgb, width, height);
+      return;
+    case ImageFormat::kUnknown:
+      break;
+  }
+  throw DecodeError("not a JPEG or PNG image (" + describeStart(data, size) + ")");
+}
+
+namespace decode_internal {
+
+void checkPixels(const char* format, int64_t width, int64_t height) {
+  if (width <= 0 || height <= 0) {
+    throw DecodeError(std::string(format) + " header says the image is " + std::to_string(width) +
+                      "x" + std::to_string(height));
+  }
+  if (width * height > kMaxImagePixels) {
+    throw DecodeError(std::string(format) + " image is " + std::to_string(width) + "x" +
+                      std::to_string(height) + " pixels, over the limit of " +
+                      std::to_string(kMaxImagePixels) + " (kMaxImagePixels)");
+  }
+}
+
+CropBox checkedBox(const CropBox& box, int width, int height) {
+  if (!std::isfinite(box.x) || !std::isfinite(box.y) || !std::isfinite(box.w) ||
+      !std::isfinite(box.h) || box.w <= 0 || box.h <= 0) {
+    throw DecodeError("crop box (x " + std::to_string(box.x) + ", y " + std::to_string(box.y) +
+                      ", w " + std::to_string(box.w) + ", h " + std::to_string(box.h) +
+                      ") is not a box");
+  }
+  CropBox b;
+  b.x = std::clamp(box.x, 0.0, static_cast<double>(width));
+  b.y = std::clamp(box.y, 0.0, static_cast<double>(height));
+  b.w = std::clamp(box.x + box.w, 0.0, static_cast<double>(width)) - b.x;
+  b.h = std::clamp(box.y + box.h, 0.0, static_cast<double>(height)) - b.y;
+  return b;
+}
+
+namespace {
+// [lo, hi) of whole pixels for [a, a + len) / denom within [0, n), at least 1 wide.
+void roundSpan(double a, double len, int denom, int n, int* lo, int* count) {
+  int x0 = static_cast<int>(std::lround(a / denom));
+  int x1 = static_cast<int>(std::lround((a + len) / denom));
+  x0 = std::clamp(x0, 0, n - 1);
+  x1 = std::clamp(x1, x0 + 1, n);
+  *lo = x0;
+  *count = x1 - x0;
+}
+}  // namespace
+
+PixelBox roundBox(const CropBox& box, int denom, int width, int height) {
+  PixelBox p;
+  roundSpan(box.x, box.w, denom, width, &p.x, &p.w);
+  roundSpan(box.y, box.h, denom, height, &p.y, &p.h);
+  return p;
+}
+
+void resampleInto(const uint8_t* src, int w, int h, std::size_t stride, int out_w, int out_h,
+                  bool flip, uint8_t* out) {
+  const cv::Mat in(h, w, CV_8UC3, const_cast<uint8_t*>(src), stride);
+  cv::Mat dst(out_h, out_w, CV_8UC3, out);
+  if (w == out_w && h == out_h) {
+    in.copyTo(dst);
+  } else {
+    const int interp = (w >= out_w && h >= out_h) ? cv::INTER_AREA : cv::INTER_LINEAR;
+    cv::resize(in, dst, dst.size(), 0, 0, interp);
+  }
+  if (dst.data != out) throw DecodeError("internal: cv::resize reallocated the output");
+  if (flip) {
+    for (int y = 0; y < out_h; ++y) {
+      uint8_t* a = out + static_cast<std::size_t>(y) * out_w * 3;
+      uint8_t* b = a + static_cast<std::size_t>(out_w - 1) * 3;
+      for (; a < b; a += 3, b -= 3) {
+        std::swap(a[0], b[0]);
+        std::swap(a[1], b[1]);
+        std::swap(a[2], b[2]);
+      }
+    }
+  }
+}
+
+}  // namespace decode_internal
+
+}  // namespace batchdist::worker
