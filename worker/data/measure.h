@@ -9,6 +9,7 @@
 
 #include "worker/config/config.h"
 #include "worker/data/data.h"
+#include "worker/data/pipeline.h"
 #include "worker/plan/plan.h"
 
 namespace batchdist::worker {
