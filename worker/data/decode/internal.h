@@ -24,10 +24,11 @@ CropBox checkedBox(const CropBox& box, int width, int height);
 PixelBox roundBox(const CropBox& box, int denom, int width, int height);
 
 /// Resamples the w x h RGB region at `src` (`stride` bytes per row) to out_w x
-/// out_h straight into `out` (area filter when shrinking both ways, bilinear
-/// otherwise), then mirrors it left-right when `flip`.
+/// out_h straight into `out` (antialiased when shrinking: Note [area then
+/// bilinear] in image.cc; bilinear when enlarging), then mirrors it left-right
+/// when `flip`. `tmp` holds the intermediate of a shrink by 2 or more.
 void resampleInto(const uint8_t* src, int w, int h, std::size_t stride, int out_w, int out_h,
-                  bool flip, uint8_t* out);
+                  bool flip, uint8_t* out, std::vector<uint8_t>* tmp);
 
 /// Throws DecodeError unless width * height is within (0, kMaxImagePixels].
 void checkPixels(const char* format, int64_t width, int64_t height);

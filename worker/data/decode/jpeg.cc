@@ -236,7 +236,8 @@ void jpegCropResize(const uint8_t* data, std::size_t size, const BoxChooser& cho
     if (!runCrop(&d, data, size, choose, out_w, out_h, scratch, &r)) d.fail();
   }
   const Clock::time_point t1 = times ? Clock::now() : Clock::time_point();
-  resampleInto(scratch->rgb.data() + r.offset, r.w, r.h, r.stride, out_w, out_h, flip, out);
+  resampleInto(scratch->rgb.data() + r.offset, r.w, r.h, r.stride, out_w, out_h, flip, out,
+               &scratch->row);
   if (times) {
     times->decode = std::chrono::duration<double>(t1 - t0).count();
     times->transform = secondsSince(t1);

@@ -79,7 +79,7 @@ void pngCropResize(const uint8_t* data, std::size_t size, const BoxChooser& choo
   packBox(scratch->rgb.data(), width, box);
   const Clock::time_point t1 = times ? Clock::now() : Clock::time_point();
   resampleInto(scratch->rgb.data(), box.w, box.h, static_cast<std::size_t>(box.w) * 3, out_w,
-               out_h, flip, out);
+               out_h, flip, out, &scratch->row);
   if (times) {
     times->decode = std::chrono::duration<double>(t1 - t0).count();
     times->transform = secondsSince(t1);
