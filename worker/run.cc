@@ -195,6 +195,8 @@ void finishRun(const RunRequest& req, const RankPlace& place, const RunSetup& s,
   info.data_origin = s.data.origin;
   info.cpu_blas = s.blas.name;
   info.validation_samples = s.data.val.size();
+  info.train_samples = s.data.train.size();
+  info.classes = s.data.train.classes;
   info.model_path = model_path;
   if (!result.completed) {
     info.stopped_by = result.failure.empty() ? strCat("SIG", sigabbrev_np(sig ? sig : SIGTERM))

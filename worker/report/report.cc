@@ -114,6 +114,21 @@ nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const Trai
   o["time_breakdown"] = timeJson(r.time);
   o["noise_scale"] = noiseJson(r.noise);
   o["diagnosis"] = info.diagnosis;
+  if (cfg.data.decoded()) {
+    const auto& d = r.data;
+    o["data_pipeline"] = {{"source", toString(cfg.data.name)},
+                          {"train_samples", info.train_samples},
+                          {"classes", info.classes},
+                          {"workers", d.workers},
+                          {"loader_samples_per_s", d.capacity_samples_per_s},
+                          {"read_s", d.stages.read},
+                          {"decode_s", d.stages.decode},
+                          {"transform_s", d.stages.transform},
+                          {"bytes", d.stages.bytes}};
+    auto first = nlohmann::ordered_json::array();
+    for (const auto& e : d.first_errors) first.push_back({{"file", e.where}, {"reason", e.reason}});
+    o["data_errors"] = {{"count", d.errors}, {"first", first}};
+  }
   o["memory"] = {{"peak_mb", r.peak_memory_mb},
                  {"total_mb", r.memory_total_mb},
                  {"gpu_utilization", r.gpu_utilization}};

@@ -24,6 +24,8 @@ struct RunInfo {
   std::string torch_version;
   std::string data_origin;
   int64_t validation_samples = 0;     ///< 0: eval_loss and eval_accuracy mean nothing
+  int64_t train_samples = 0;
+  int64_t classes = 0;
   std::string cpu_blas;               ///< CPU ranks: the BLAS of Note [host blas], or empty
   std::string model_path;             ///< where rank 0 saved the model
   std::string stopped_by;             ///< "SIGTERM" when a signal ended the run early

@@ -2,6 +2,7 @@
 // What a training run produced: the trainer fills it, the report writes it.
 // Pure data (no torch), so the report does not depend on the trainer.
 
+#include "worker/data/pipeline.h"
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -94,6 +95,15 @@ struct OomBackoff {
   bool retry = false;          ///< the step was a retry of the larger batch
 };
 
+/// The input pipeline over the run (decoded sources: per-stage thread time).
+struct DataFigures {
+  int64_t workers = 0;
+  StageSeconds stages;        ///< this rank's loader threads, summed
+  double capacity_samples_per_s = 0;  ///< what this rank's threads could decode: samples x workers / busy s
+  int64_t errors = 0;         ///< bad samples skipped, all ranks
+  std::vector<DataErrorRecord> first_errors;  ///< rank 0's first few
+};
+
 struct TrainResult {
   int64_t steps = 0;
   int64_t epochs = 0;
@@ -118,6 +128,7 @@ struct TrainResult {
   std::vector<OomBackoff> oom_backoffs;  ///< every back-off, in order
   int64_t oom_retries = 0;   ///< times the larger per-GPU batch was tried again
   std::string failure;       ///< why training stopped early without a signal (completed false)
+  DataFigures data;
 };
 
 }  // namespace batchdist::worker

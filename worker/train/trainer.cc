@@ -911,6 +911,20 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
   if (device_.is_cuda()) result.memory_total_mb = compat::cudaTotalBytes(device_.index()) / (1 << 20);
   if (gpu.count > 0) result.gpu_utilization = gpu.sum / gpu.count;
   result.noise = noiseResult();
+  result.data.workers = loader_->workers();
+  result.data.stages = loader_->takeStageSeconds();
+  if (const auto busy = result.data.stages.read + result.data.stages.decode +
+                        result.data.stages.transform;
+      busy > 0) {
+    result.data.capacity_samples_per_s =
+        result.data.stages.samples * std::max<int64_t>(1, result.data.workers) / busy;
+  }
+  if (const auto* decoder = loader_->decoder()) {
+    // Every rank gets here together (the last step was agreed): one small sum.
+    result.data.errors = static_cast<int64_t>(
+        comm_.allreduce({static_cast<double>(decoder->errorCount())}, collective::ReduceOp::kSum)[0]);
+    result.data.first_errors = decoder->firstErrors();
+  }
   if (scaler_) {
     result.skipped_steps = scaler_->skippedSteps();
     result.loss_scale = scaler_->scale();
