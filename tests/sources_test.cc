@@ -439,7 +439,8 @@ TEST(Npy, HeaderVariants) {
   a = parseText(npyWithHeader("{'descr': '<f2', 'fortran_order': False, 'shape': (0, 100000000000)}"));
   EXPECT_EQ(a.shape[0], 0);
   // Extra bytes after the data are fine.
-  a = parseText(npyWithHeader("{'descr': '|u1', 'fortran_order': False, 'shape': (2,)}", 1, "abcdef"));
+  const std::string extra = npyWithHeader("{'descr': '|u1', 'fortran_order': False, 'shape': (2,)}", 1, "abcdef");
+  a = parseText(extra);  // `a.data` points into `extra`
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(a.data), 2), "ab");
 }
 

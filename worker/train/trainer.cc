@@ -922,7 +922,7 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
   if (const auto* decoder = loader_->decoder()) {
     // Every rank gets here together (the last step was agreed): one small sum.
     result.data.errors = static_cast<int64_t>(
-        comm_.allreduce({static_cast<double>(decoder->errorCount())}, collective::ReduceOp::kSum)[0]);
+        comm_.allreduce(static_cast<double>(decoder->errorCount()), collective::ReduceOp::kSum));
     result.data.first_errors = decoder->firstErrors();
   }
   if (scaler_) {
