@@ -216,7 +216,8 @@ int runTrain(const CliOptions& cli, MpiScope& mpi) {
 /// `data`: the input pipeline alone on every rank, no model, no rendezvous; rank 0
 /// prints every rank's figures and the total.
 int runData(const CliOptions& cli, MpiScope& mpi) {
-  const auto req = requestFrom(cli);
+  auto req = requestFrom(cli);
+  if (cli.json) req.quiet = true;  // stdout is the JSON object alone
   worker::RankPlace place = placeOf(mpi);
   worker::RunSetup setup;
   int code = mpi.agree([&] { setup = worker::prepareRun(req, place); });

@@ -626,8 +626,11 @@ DataSplit loadNpy(const DataConfig& cfg, int64_t seed, const std::string& base_d
   const auto dir = resolvePath(cfg.path, base_dir);
   DataSplit split;
   auto all = loadNpyPair(fileIn(dir, "x.npy"), fileIn(dir, "y.npy"));
-  split.origin = strCat("npy arrays in ", dir, " (", shapeText(all.sample_shape), " ",
-                        all.x.scalar_type(), " per sample, memory-mapped)");
+  const auto type = all.x.scalar_type() == at::kByte   ? "uint8"
+                    : all.x.scalar_type() == at::kHalf ? "float16"
+                                                       : "float32";
+  split.origin = strCat("npy arrays in ", dir, " (", shapeText(all.sample_shape), " ", type,
+                        " per sample, memory-mapped)");
   const bool has_val_x = std::filesystem::exists(fileIn(dir, "val_x.npy"));
   const bool has_val_y = std::filesystem::exists(fileIn(dir, "val_y.npy"));
   if (has_val_x != has_val_y) {

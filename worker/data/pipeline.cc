@@ -99,6 +99,11 @@ int64_t SampleDecoder::errorCount() const {
   return static_cast<int64_t>(bad_.size());
 }
 
+std::vector<int64_t> SampleDecoder::badIndices() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {bad_.begin(), bad_.end()};
+}
+
 std::vector<DataErrorRecord> SampleDecoder::firstErrors() const {
   std::lock_guard<std::mutex> lock(mu_);
   return first_;

@@ -64,6 +64,8 @@ class SampleDecoder {
   /// Bad samples met so far (each counted once) and the first few of them.
   int64_t errorCount() const;
   std::vector<DataErrorRecord> firstErrors() const;
+  /// The bad samples' indices met so far, sorted.
+  std::vector<int64_t> badIndices() const;
 
  private:
   /// Decodes `index` once; returns false (after recording it) if it is bad.

@@ -920,9 +920,17 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
         result.data.stages.samples * std::max<int64_t>(1, result.data.workers) / busy;
   }
   if (const auto* decoder = loader_->decoder()) {
-    // Every rank gets here together (the last step was agreed): one small sum.
-    result.data.errors = static_cast<int64_t>(
-        comm_.allreduce(static_cast<double>(decoder->errorCount()), collective::ReduceOp::kSum));
+    // Every rank gets here together (the last step was agreed). A bad file met
+    // by several ranks counts once: the union of the ranks' bad samples, sent as
+    // a mask only when there are any.
+    const auto any = comm_.allreduce(static_cast<double>(decoder->errorCount()), collective::ReduceOp::kSum);
+    if (any > 0) {
+      auto mask = torch::zeros({data_.train.size()}, torch::kFloat);
+      for (const auto i : decoder->badIndices()) mask[i] = 1.0f;
+      mask = mask.to(device_);
+      comm_.allreduce(mask, collective::ReduceOp::kMax);
+      result.data.errors = mask.gt(0).sum().item<int64_t>();
+    }
     result.data.first_errors = decoder->firstErrors();
   }
   if (scaler_) {
