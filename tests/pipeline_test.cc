@@ -273,3 +273,27 @@ TEST(Pipeline, NpyIsMappedAndSplitWithoutCopies) {
     EXPECT_NE(std::string(e.what()).find("19 labels for 20 samples"), std::string::npos) << e.what();
   }
 }
+
+TEST(Pipeline, RamCacheKeepsBytesWithinItsBoundAndChangesNothing) {
+  const auto root = makeFolder("ram");
+  auto cfg = imageConfig(root);
+  const auto split = loadData(cfg, 0, "");
+  const auto plain = epochOf(cfg, split.train, 2, 1);
+  cfg.cache = DataCache::kRam;
+  cfg.cache_mb = 1;
+  auto o = loaderOptions(cfg, split.train, true, torch::kCPU, 7, nullptr);
+  o.workers = 2;
+  Loader loader(split.train, o);
+  std::vector<torch::Tensor> xs;
+  for (int epoch : {1, 1}) {
+    const auto jobs = jobsOf(split.train.size(), 4);
+    loader.start(jobs, epoch);
+    xs.clear();
+    for (std::size_t k = 0; k < jobs.size(); ++k) xs.push_back(loader.next().x);
+  }
+  EXPECT_TRUE(torch::equal(plain, torch::cat(xs)));
+  // 16 samples of a few KB each: all cached after the first pass, read from RAM in the second.
+  EXPECT_GT(loader.decoder()->cachedBytes(), 0);
+  EXPECT_LE(loader.decoder()->cachedBytes(), 1 << 20);
+  EXPECT_GE(loader.decoder()->cacheHits(), 16);
+}

@@ -210,6 +210,7 @@ void finishRun(const RunRequest& req, const RankPlace& place, const RunSetup& s,
   }
   const auto name = s.device.is_cuda() ? compat::cudaDeviceName(s.device.index()) : "cpu";
   info.diagnosis = diagnose(s.cfg, result, s.device.is_cuda(), name);
+  if (searched && !searched->data_bound.empty()) info.diagnosis.push_back(searched->data_bound);
   // Paths from the command line (--output, the config's directory) may hold bytes
   // that are not UTF-8; the report must still be written once the run is done.
   // The split training ended with (Note [oom back-off]: it may have backed off).
@@ -467,6 +468,7 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
   if (req.search_only || s.cfg.batch.per_gpu_auto) {
     try {
       searched = searchBatch(req, s, comm, console, &cache);
+      if (!searched->data_bound.empty()) console.line("search: " + searched->data_bound);
     } catch (const SearchStopped& e) {
       const int sig = agreedSignal(req, comm);
       console.line(strCat("stop requested during the batch search: every rank stopped ", e.what(),

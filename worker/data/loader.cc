@@ -84,8 +84,9 @@ LoaderOptions loaderOptions(const DataConfig& cfg, const Dataset& data, bool tra
   lo.transform = Transform::fromConfig(cfg, training);
   lo.seed = seed;
   if (data.source) {
+    const int64_t cache = cfg.cache == DataCache::kRam ? cfg.cache_mb << 20 : 0;
     lo.decoder = std::make_shared<SampleDecoder>(data.source, ImageTransform::fromConfig(cfg, training),
-                                                 cfg.on_error, seed, std::move(warn));
+                                                 cfg.on_error, seed, std::move(warn), cache);
   }
   return lo;
 }
@@ -321,6 +322,11 @@ Batch Loader::next() {
     if (opts_.transform.any()) b.x = opts_.transform.apply(b.x, batchSeed(opts_.seed, epoch, index));
   }
   return b;
+}
+
+StageSeconds Loader::stageSeconds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stages_;
 }
 
 StageSeconds Loader::takeStageSeconds() {

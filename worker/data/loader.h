@@ -95,6 +95,8 @@ class Loader {
   int64_t maxQueued() const { return max_queued_; }
   /// Per-stage seconds of decoded samples since the last call (all threads summed).
   StageSeconds takeStageSeconds();
+  /// The same, without resetting.
+  StageSeconds stageSeconds() const;
   const SampleDecoder* decoder() const { return opts_.decoder.get(); }
   int64_t workers() const { return static_cast<int64_t>(threads_.size()); }
 

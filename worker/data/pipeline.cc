@@ -26,20 +26,50 @@ ImageTransform ImageTransform::fromConfig(const DataConfig& cfg, bool training) 
 }
 
 SampleDecoder::SampleDecoder(std::shared_ptr<const Source> source, ImageTransform transform,
-                             OnError on_error, uint64_t seed, Warn warn)
+                             OnError on_error, uint64_t seed, Warn warn, int64_t cache_bytes)
     : source_(std::move(source)),
       transform_(transform),
       on_error_(on_error),
       seed_(seed),
-      warn_(std::move(warn)) {}
+      warn_(std::move(warn)),
+      cache_limit_(cache_bytes) {}
+
+int64_t SampleDecoder::cachedBytes() const {
+  std::lock_guard<std::mutex> lock(cache_mu_);
+  return cache_bytes_;
+}
+
+int64_t SampleDecoder::cacheHits() const {
+  std::lock_guard<std::mutex> lock(cache_mu_);
+  return cache_hits_;
+}
 
 bool SampleDecoder::tryDecode(int64_t index, int64_t epoch, uint8_t* out, DecodeScratch* scratch,
                               StageSeconds* seconds) const {
-  thread_local std::string bytes;
+  thread_local std::string read_buffer;
+  std::shared_ptr<const std::string> cached;
   std::string reason;
   try {
     const double t0 = now();
-    source_->read(index, &bytes);
+    if (cache_limit_ > 0) {
+      std::lock_guard<std::mutex> lock(cache_mu_);
+      if (const auto it = cache_.find(index); it != cache_.end()) {
+        cached = it->second;
+        ++cache_hits_;
+      }
+    }
+    if (!cached) {
+      source_->read(index, &read_buffer);
+      if (cache_limit_ > 0) {
+        std::lock_guard<std::mutex> lock(cache_mu_);
+        const auto size = static_cast<int64_t>(read_buffer.size());
+        if (cache_bytes_ + size <= cache_limit_ && !cache_.count(index)) {
+          cache_[index] = std::make_shared<const std::string>(read_buffer);
+          cache_bytes_ += size;
+        }
+      }
+    }
+    const std::string& bytes = cached ? *cached : read_buffer;
     const double t1 = now();
     SampleRng rng(seed_, epoch, index);
     // The flip is drawn first, so the crop's draws do not depend on the image's size.

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "worker/config/config.h"
@@ -50,8 +51,10 @@ struct DataErrorRecord {
 class SampleDecoder {
  public:
   using Warn = std::function<void(const std::string&)>;
+  /// `cache_bytes` > 0: data.cache ram, keep the encoded bytes of samples read
+  /// (each once) while their total stays within it.
   SampleDecoder(std::shared_ptr<const Source> source, ImageTransform transform, OnError on_error,
-                uint64_t seed, Warn warn);
+                uint64_t seed, Warn warn, int64_t cache_bytes = 0);
 
   /// Writes sample `index` of `epoch` (size x size x 3 uint8, HWC) to `out`. With
   /// on_error skip, an unreadable or undecodable sample is replaced by the next
@@ -64,6 +67,9 @@ class SampleDecoder {
   /// Bad samples met so far (each counted once) and the first few of them.
   int64_t errorCount() const;
   std::vector<DataErrorRecord> firstErrors() const;
+  /// Bytes held by the RAM cache, and the reads it answered.
+  int64_t cachedBytes() const;
+  int64_t cacheHits() const;
   /// The bad samples' indices met so far, sorted.
   std::vector<int64_t> badIndices() const;
 
@@ -77,6 +83,11 @@ class SampleDecoder {
   OnError on_error_;
   uint64_t seed_;
   Warn warn_;
+  int64_t cache_limit_ = 0;
+  mutable std::mutex cache_mu_;
+  mutable std::unordered_map<int64_t, std::shared_ptr<const std::string>> cache_;
+  mutable int64_t cache_bytes_ = 0;
+  mutable int64_t cache_hits_ = 0;
   mutable std::mutex mu_;
   mutable std::set<int64_t> bad_;  // indices known to be bad (warned once)
   mutable std::vector<DataErrorRecord> first_;

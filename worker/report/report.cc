@@ -125,6 +125,10 @@ nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const Trai
                           {"decode_s", d.stages.decode},
                           {"transform_s", d.stages.transform},
                           {"bytes", d.stages.bytes}};
+    if (d.cache_mb >= 0) {
+      o["data_pipeline"]["cache_mb"] = d.cache_mb;
+      o["data_pipeline"]["cache_hits"] = d.cache_hits;
+    }
     auto first = nlohmann::ordered_json::array();
     for (const auto& e : d.first_errors) first.push_back({{"file", e.where}, {"reason", e.reason}});
     o["data_errors"] = {{"count", d.errors}, {"first", first}};
@@ -143,7 +147,9 @@ nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const Trai
                    {"timed_steps", s.timed_steps},
                    {"seconds", s.seconds},
                    {"rounds", s.rounds},
-                   {"rule", s.rule}};
+                   {"rule", s.rule},
+                   {"loader_samples_per_s", s.loader_sps},
+                   {"data_bound", !s.data_bound.empty()}};
     for (const auto& c : s.candidates) {
       if (c.per_gpu != s.chosen || c.failed) continue;
       o["search"]["chosen_samples_per_s"] = c.global_sps;

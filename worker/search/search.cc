@@ -85,6 +85,9 @@ double relativeThroughput(const Candidate& c, const Candidate& best, bool conser
   return best.global_sps > 0 ? c.global_sps / best.global_sps : 0.0;
 }
 
+/// A chosen candidate waiting for data this share of its step time is data-bound.
+constexpr double kDataBoundWait = 0.2;
+
 static std::string ruleText(Objective objective, double tolerance, int64_t rounds) {
   if (objective == Objective::kMaxFit) return "max_fit: the largest per-GPU batch that fits";
   return strCat("throughput: the smallest per-GPU batch whose samples/s is at least ",
@@ -225,7 +228,7 @@ Candidate BatchSearch::agree(int64_t per_gpu, int64_t accum, const Measurement& 
   const auto v = comm_.allreduce(
       {failureCode(m.fail, comm_.rank()), m.peak_mb, failed ? 0.0 : m.samples_per_s,
        failed ? kNone : -m.samples_per_s, stop ? 1.0 : 0.0, failed ? kNone : -m.sps_low,
-       failed ? kNone : -m.sps_high},
+       failed ? kNone : -m.sps_high, failed ? 0.0 : m.data_wait_fraction},
       collective::ReduceOp::kMax);
   Candidate c;
   c.rank_peak_mb = comm_.allgather(m.peak_mb);
@@ -252,6 +255,7 @@ Candidate BatchSearch::agree(int64_t per_gpu, int64_t accum, const Measurement& 
     c.sps_low = -v[5] * W;
     c.sps_high = -v[6] * W;
     c.timed_steps = m.timed_steps;
+    c.data_wait = v[7];
     if (comm_.rank() == 0) c.step_seconds = m.step_seconds;  // rank 0 writes search.json
   }
   return c;
@@ -403,6 +407,7 @@ void BatchSearch::addMeasurement(Candidate& c, const Candidate& again) const {
   c.min_rank_sps = std::min(c.min_rank_sps, again.min_rank_sps);
   c.max_rank_sps = std::max(c.max_rank_sps, again.max_rank_sps);
   c.peak_mb = std::max(c.peak_mb, again.peak_mb);
+  c.data_wait = std::max(c.data_wait, again.data_wait);
   for (std::size_t k = 0; k < c.rank_peak_mb.size() && k < again.rank_peak_mb.size(); ++k) {
     c.rank_peak_mb[k] = std::max(c.rank_peak_mb[k], again.rank_peak_mb[k]);
   }
@@ -452,8 +457,33 @@ SearchResult BatchSearch::run(Console* console) {
   }
   r.chosen = pick.per_gpu;
   r.chosen_accum = pick.accum;
+  dataBound(r, pick);
   r.seconds = monotonicSeconds() - t0;
   return r;
+}
+
+// Note [data-bound search]: every candidate is timed on the real training step,
+// loader included, so when the loader cannot keep up, candidates faster than it
+// tie at its rate and the rule (the smallest within the tolerance) takes the
+// smallest of them. What is left is to say so: the loader's rate, the model's
+// (the step without its wait for data) and what to change.
+void BatchSearch::dataBound(SearchResult& r, const Candidate& pick) {
+  r.loader_sps = -comm_.allreduce(-measurer_.loaderSamplesPerSecond(), collective::ReduceOp::kMax);
+  if (pick.data_wait < kDataBoundWait || pick.global_sps <= 0) return;
+  const int64_t W = comm_.size();
+  const double per_rank = pick.global_sps / W;
+  const double model = per_rank / std::max(1e-9, 1.0 - pick.data_wait);
+  r.data_bound = strCat(
+      "data-bound: per-GPU batch ", pick.per_gpu, " waited for the loader ",
+      formatFixed(100 * pick.data_wait, 0), " % of its step time; the loader delivers ~",
+      formatFixed(per_rank, 0), " samples/s per rank",
+      r.loader_sps > 0 ? strCat(" (its ", measurer_.loaderWorkers(), " thread(s) decode up to ~",
+                                formatFixed(r.loader_sps, 0), ")")
+                       : std::string(),
+      ", the model alone ~", formatFixed(model, 0),
+      "; larger batches tie at the loader's rate, so the smallest within the tolerance was "
+      "taken. Raise data.workers, use data.cache: ram if the data set fits, or preprocess to "
+      "smaller images");
 }
 
 }  // namespace batchdist::worker

@@ -78,6 +78,7 @@ struct Measurement {
   double peak_mb = 0;        ///< this rank's peak memory during the candidate
   int64_t timed_steps = 0;
   std::vector<double> step_seconds;  ///< every timed step, in order
+  double data_wait_fraction = 0;     ///< share of the timed steps spent waiting for the loader
 };
 
 /// Measures a candidate per-GPU batch on this rank. Implementations must make the
@@ -93,6 +94,11 @@ class Measurer {
   virtual double memoryBudgetMb() const = 0;
   /// e.g. "NVIDIA H100 80GB HBM3" or "cpu".
   virtual std::string deviceName() const = 0;
+  /// Samples/s this rank's loader threads could decode, from the candidates so far
+  /// (decoded sources; 0: unknown or in-memory data).
+  virtual double loaderSamplesPerSecond() const { return 0; }
+  /// The rank's loader threads (for the data-bound diagnosis).
+  virtual int64_t loaderWorkers() const { return 0; }
 };
 
 /// One candidate as all ranks agreed on it.
@@ -114,6 +120,7 @@ struct Candidate {
   std::vector<double> step_seconds;  ///< rank 0's timed steps, every measurement
   double peak_mb = 0;            ///< max over ranks
   std::vector<double> rank_peak_mb;  ///< each rank's own peak (ranks may have different budgets)
+  double data_wait = 0;          ///< max over ranks of the share of step time waiting for data
 };
 
 struct SearchResult {
@@ -131,6 +138,10 @@ struct SearchResult {
   std::string why;  ///< one sentence: why this candidate
   std::string rule; ///< the selection rule that decided, in words
   int64_t rounds = 0;  ///< interleaved rounds over the contenders
+  double loader_sps = 0;  ///< the slowest rank's loader capacity, samples/s (0: unknown)
+  /// Set when the chosen batch is data-bound (Note [data-bound search]): what the
+  /// loader delivers, what the model would, and what to change.
+  std::string data_bound;
 };
 
 /// `c`'s throughput relative to `best`: the median of the per-round ratios when
@@ -175,6 +186,8 @@ class BatchSearch {
                      int64_t first_fail, double best);
   void interleavePhase(SearchResult& r, Console* console);
   void addMeasurement(Candidate& c, const Candidate& again) const;
+  /// Note [data-bound search]: the loader's rate and, if the pick waited for data, why.
+  void dataBound(SearchResult& r, const Candidate& pick);
 
   const Config& cfg_;
   collective::Communicator& comm_;

@@ -101,6 +101,8 @@ struct DataFigures {
   StageSeconds stages;        ///< this rank's loader threads, summed
   double capacity_samples_per_s = 0;  ///< what this rank's threads could decode: samples x workers / busy s
   int64_t errors = 0;         ///< bad samples skipped, all ranks
+  double cache_mb = -1;       ///< data.cache ram: this rank's cached encoded bytes (-1: off)
+  int64_t cache_hits = 0;
   std::vector<DataErrorRecord> first_errors;  ///< rank 0's first few
 };
 

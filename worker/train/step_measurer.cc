@@ -38,6 +38,12 @@ class TrainStepMeasurer : public Measurer {
   }
 
   double memoryBudgetMb() const override { return budget_mb_; }
+  double loaderSamplesPerSecond() const override {
+    const auto s = trainer_->loader().stageSeconds();
+    const double busy = s.read + s.decode + s.transform;
+    return busy > 0 ? s.samples * std::max<int64_t>(1, trainer_->loader().workers()) / busy : 0.0;
+  }
+  int64_t loaderWorkers() const override { return trainer_->loader().workers(); }
   std::string deviceName() const override { return name_; }
 
   Measurement measure(int64_t per_gpu, int64_t accum, const TimingRule& rule,
@@ -50,7 +56,10 @@ class TrainStepMeasurer : public Measurer {
     const auto plan = makePlan(cfg, comm_.size(), data_.train.size(), has_bn_, per_gpu);
     trainer_->setPlan(plan);
     Sharder sharder(plan, static_cast<uint64_t>(cfg.train.seed));
-    const int64_t warm = cfg.search.warmup_steps + extra_warmup;
+    // Decoded sources: the batches made ahead while the last candidate ran are
+    // used up before timing, so the timed steps see the loader's steady rate.
+    const int64_t warm = cfg.search.warmup_steps + extra_warmup +
+                         (cfg.data.decoded() ? (cfg.data.prefetch + accum - 1) / accum : 0);
     // Every step the rule allows is queued (index lists only; the loader makes at
     // most `prefetch` batches ahead), so no check point drains the pipeline.
     queueSteps(sharder, warm + rule.max_steps);
@@ -63,6 +72,7 @@ class TrainStepMeasurer : public Measurer {
     // (a step delayed by the scheduler, or a peer's, does not move it); the ranks
     // agree at the check points whether to go on.
     const double started = monotonicSeconds();
+    trainer_->takeTime();  // the warm-up's
     for (int64_t n = 0, check = rule.nextCheck(0);;) {
       synchronize();
       const double t = monotonicSeconds();
@@ -78,6 +88,12 @@ class TrainStepMeasurer : public Measurer {
       check = rule.nextCheck(n);
     }
     out.peak_mb = peakMb();
+    {
+      const auto t = trainer_->takeTime();
+      double timed = 0;
+      for (const double x : out.step_seconds) timed += x;
+      out.data_wait_fraction = timed > 0 ? std::min(1.0, t.data_wait / timed) : 0.0;
+    }
     if (out.fail == FailKind::kNone) {
       const auto e = medianEstimate(out.step_seconds);
       const double samples = static_cast<double>(per_gpu * accum);

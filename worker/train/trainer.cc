@@ -932,6 +932,10 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
       result.data.errors = mask.gt(0).sum().item<int64_t>();
     }
     result.data.first_errors = decoder->firstErrors();
+    if (cfg_.data.cache == DataCache::kRam) {
+      result.data.cache_mb = decoder->cachedBytes() / 1048576.0;
+      result.data.cache_hits = decoder->cacheHits();
+    }
   }
   if (scaler_) {
     result.skipped_steps = scaler_->skippedSteps();
