@@ -25,6 +25,8 @@ po::options_description describeOptions() {
       ("world", po::value<int>(), "plan: world size to plan for (default 1)")
       ("json", "plan, data: print JSON")
       ("seconds", po::value<double>(), "data: how long to run the input pipeline [10]")
+      ("float", "data: time the float NCHW normalised batches CPU training gets (default: the "
+                "uint8 NHWC batches the pipeline makes, as the CUDA path ships them)")
       ("research", "search: ignore the cached search result and measure again")
       ("resume", po::value<std::string>(),
        "train: continue from a checkpoint: 'auto' (the newest valid one in checkpoint.dir, "
@@ -213,9 +215,14 @@ CliOptions parseCli(int argc, char** argv) {
       throw ConfigError(strCat("command line: --seconds must be in (0, 86400], got ", o.seconds));
     }
   }
+  if (vm.count("float")) {
+    if (o.verb != Verb::kData) throw ConfigError("command line: --float is for 'batchdist data'");
+    o.float_images = true;
+  }
   if (o.json && o.verb != Verb::kPlan && o.verb != Verb::kData) {
     throw ConfigError("command line: --json is for 'batchdist plan' and 'batchdist data'");
   }
+  if (o.json && o.verb == Verb::kData) o.quiet = true;  // stdout is the JSON alone
   readSlurmOptions(vm, o);
   return o;
 }

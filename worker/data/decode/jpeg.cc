@@ -156,16 +156,14 @@ bool runCrop(Decompressor* d, const uint8_t* data, std::size_t size, const BoxCh
   const int width = static_cast<int>(cinfo->image_width);
   const int height = static_cast<int>(cinfo->image_height);
   const CropBox box = checkedBox(choose(width, height), width, height);
-  // The largest DCT scale 1/denom by which the box is shrunk anyway.
-  int denom = 8;
-  while (denom > 1 && !(box.w / denom >= out_w && box.h / denom >= out_h)) denom /= 2;
-  cinfo->scale_num = 1;
-  cinfo->scale_denom = static_cast<unsigned>(denom);
+  const int eighths = jpegScaleEighths(box, out_w, out_h);
+  cinfo->scale_num = static_cast<unsigned>(eighths);
+  cinfo->scale_denom = 8;
   jpeg_start_decompress(cinfo);
 
   const int sw = static_cast<int>(cinfo->output_width);
   const int sh = static_cast<int>(cinfo->output_height);
-  const PixelBox pb = roundBox(box, denom, sw, sh);
+  const PixelBox pb = roundBox(box, eighths / 8.0, sw, sh);
   JDIMENSION xoff = 0;
   JDIMENSION cw = cinfo->output_width;
   if (pb.w < kCropWidthFraction * sw) {
