@@ -5,8 +5,8 @@
 // return; we longjmp back to the setjmp in the function that made the libjpeg
 // calls. Those functions (runCrop, runFull) keep no object with a destructor alive
 // across libjpeg calls (longjmp would skip it): the decompressor lives in the
-// caller (Decompressor, whose destructor frees libjpeg's memory), the scratch
-// vectors in the caller's DecodeScratch. Warnings that mean the data is damaged
+// caller's DecodeScratch (a Decompressor, reused from image to image, whose
+// destructor frees libjpeg's memory), and so do the scratch vectors. Warnings that mean the data is damaged
 // (premature end of file, bad Huffman code, a marker inside entropy data, lost
 // restart sync) are errors too: libjpeg would otherwise fill the rest of the
 // image with grey and say nothing, and a bad file must be found, not trained on.
