@@ -25,6 +25,8 @@ po::options_description describeOptions() {
       ("world", po::value<int>(), "plan: world size to plan for (default 1)")
       ("json", "plan, data: print JSON")
       ("seconds", po::value<double>(), "data: how long to run the input pipeline [10]")
+      ("float", "data: time the float NCHW normalised batches CPU training gets (default: the "
+                "uint8 NHWC batches the pipeline makes, as the CUDA path ships them)")
       ("research", "search: ignore the cached search result and measure again")
       ("resume", po::value<std::string>(),
        "train: continue from a checkpoint: 'auto' (the newest valid one in checkpoint.dir, "
@@ -70,7 +72,7 @@ std::string usage() {
         "  mpirun -np N batchdist [train] CONFIG.yaml [options]   train on N ranks\n"
         "  batchdist plan CONFIG.yaml --world N [--json]          print the batch plan, no MPI\n"
         "  mpirun -np N batchdist search CONFIG.yaml              only run the batch search\n"
-        "  mpirun -np N batchdist data CONFIG.yaml [--seconds S] [--json]\n"
+        "  mpirun -np N batchdist data CONFIG.yaml [--seconds S] [--json] [--float]\n"
         "                                                         run the input pipeline alone\n"
         "  batchdist slurm CONFIG.yaml --nodes N --gpus-per-node G [--partition P] [--time T]\n"
         "                  [--submit]                             write (and submit) an sbatch script\n\n"
@@ -79,7 +81,8 @@ std::string usage() {
         "  plan    global/per-GPU batch, accumulation, shards, drop/pad and scaled lr\n"
         "  search  coordinated per-GPU batch search (batch.per_gpu: auto)\n"
         "  data    the input pipeline alone, no model, on every rank: samples/s per rank and\n"
-        "          in total, the time split (read, decode, transform, wait), bytes/s, threads\n"
+        "          in total, the time split (read, decode, transform, wait), bytes/s, threads;\n"
+        "          uint8 NHWC batches (--float: the float NCHW ones CPU training gets)\n"
         "  slurm   an sbatch script for this config: nodes, one rank per GPU, time limit,\n"
         "          SIGUSR1 before it for a clean stop, srun --mpi=pmix or mpirun\n\n"
      << describeOptions() << "\n"
@@ -213,9 +216,14 @@ CliOptions parseCli(int argc, char** argv) {
       throw ConfigError(strCat("command line: --seconds must be in (0, 86400], got ", o.seconds));
     }
   }
+  if (vm.count("float")) {
+    if (o.verb != Verb::kData) throw ConfigError("command line: --float is for 'batchdist data'");
+    o.float_images = true;
+  }
   if (o.json && o.verb != Verb::kPlan && o.verb != Verb::kData) {
     throw ConfigError("command line: --json is for 'batchdist plan' and 'batchdist data'");
   }
+  if (o.json && o.verb == Verb::kData) o.quiet = true;  // stdout is the JSON alone
   readSlurmOptions(vm, o);
   return o;
 }

@@ -25,6 +25,7 @@ struct CliOptions {
   int world = 0;      ///< plan: --world N
   bool json = false;  ///< plan, data: --json
   double seconds = 10;  ///< data: --seconds S
+  bool float_images = false;  ///< data: --float (time CPU training's float batches)
   bool research = false;
   std::string resume;  ///< --resume auto|PATH (train), or empty
   /// slurm: the job options (--nodes, --gpus-per-node, ...); paths are filled in

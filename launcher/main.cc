@@ -231,7 +231,8 @@ int runData(const CliOptions& cli, MpiScope& mpi) {
       plan = worker::makePlan(setup.cfg, place.size, setup.data.train.size(), setup.has_bn,
                               std::min<int64_t>(64, std::max<int64_t>(2, setup.data.train.size() / place.size)));
     }
-    mine = worker::measureLoader(setup.cfg, setup.data.train, plan, place.rank, cli.seconds);
+    mine = worker::measureLoader(setup.cfg, setup.data.train, plan, place.rank, cli.seconds,
+                                 /*uint8_images=*/!cli.float_images);
   });
   if (code != 0) return code;
   const auto all = mpi.gatherToRank0(mine.json().dump());

@@ -377,6 +377,28 @@ TEST(DecodeErrors, CorruptJpegEntropyData) {
   }
 }
 
+TEST(DecodeErrors, ScratchDecodesOnAfterAFailure) {
+  // One DecodeScratch keeps its JPEG decompressor across images: an image that
+  // fails half way (truncated, corrupt header) leaves it usable, and the next
+  // images decode exactly as with a fresh scratch.
+  DecodeScratch reused;
+  const CropBox box{31, 17, 300, 280};
+  for (const Kind& k : kinds()) {
+    SCOPED_TRACE(k.name);
+    for (const std::string& bad :
+         {k.bytes.substr(0, k.bytes.size() / 2), k.bytes.substr(0, 100), std::string("\xff\xd8\xff")}) {
+      std::vector<uint8_t> out(224 * 224 * 3);
+      EXPECT_THROW(decodeCropResize(reinterpret_cast<const uint8_t*>(bad.data()), bad.size(),
+                                    fixedBox(box), 224, 224, false, out.data(), &reused),
+                   DecodeError);
+      EXPECT_EQ(run(k.bytes, fixedBox(box), 224, 224, true, nullptr, &reused),
+                run(k.bytes, fixedBox(box), 224, 224, true));
+      EXPECT_EQ(run(k.bytes, wholeImage(), 64, 48, false, nullptr, &reused),
+                run(k.bytes, wholeImage(), 64, 48, false));
+    }
+  }
+}
+
 TEST(DecodeErrors, TruncatedPng) {
   for (const Kind& k : kinds()) {
     if (!k.lossless) continue;

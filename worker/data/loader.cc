@@ -189,6 +189,7 @@ void Loader::fill(const MicroBatch& job, int64_t part, int64_t index, int64_t ep
 
 void Loader::finish(Batch* b, int64_t index, int64_t epoch) const {
   if (!opts_.device.is_cuda()) {
+    if (data_.source && opts_.uint8_images) return;
     // CPU training: convert and transform here, in the worker, off the step.
     if (data_.source) b->x = toFloatImages(b->x);
     if (opts_.transform.any()) b->x = opts_.transform.apply(b->x, batchSeed(opts_.seed, epoch, index));

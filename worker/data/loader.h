@@ -48,7 +48,7 @@ struct Transform {
 };
 
 struct Batch {
-  at::Tensor x;  ///< float, on the training device
+  at::Tensor x;  ///< float, on the training device (uint8 NHWC: LoaderOptions::uint8_images)
   at::Tensor y;  ///< int64 labels
   at::Tensor w;  ///< float loss weights (0 for padding)
 };
@@ -63,6 +63,10 @@ struct LoaderOptions {
   /// Decoded sources: reads and decodes each sample (required when data.source is set).
   std::shared_ptr<const SampleDecoder> decoder;
   int64_t part_samples = 4;  ///< decoded sources: samples per unit of work
+  /// Decoded sources on the CPU: batches stay uint8 NHWC as decoded (no float
+  /// conversion, no normalisation), as the CUDA path ships them to the device.
+  /// The `data` verb times this (measureLoader): the input pipeline's own output.
+  bool uint8_images = false;
 };
 
 /// The options of a loader for `data` as `cfg` configures it (threads: data.workers

@@ -24,6 +24,7 @@ nlohmann::ordered_json LoaderMeasurement::json() const {
   j["bytes"] = stages.bytes;
   j["bytes_per_s"] = seconds > 0 ? stages.bytes / seconds : 0.0;
   j["errors"] = errors;
+  j["output"] = output;
   return j;
 }
 
@@ -41,20 +42,23 @@ LoaderMeasurement LoaderMeasurement::fromJson(const nlohmann::json& j) {
   m.stages.transform = j.at("transform_s");
   m.stages.bytes = j.at("bytes");
   m.errors = j.at("errors");
+  m.output = j.value("output", "float");
   return m;
 }
 
 LoaderMeasurement measureLoader(const Config& cfg, const Dataset& train, const Plan& plan, int rank,
-                                double seconds) {
+                                double seconds, bool uint8_images) {
   auto opts = loaderOptions(cfg.data, train, /*training=*/true, at::kCPU,
                             static_cast<uint64_t>(cfg.train.seed), [rank](const std::string& w) {
                               std::fprintf(stderr, "[rank %d] warning: %s\n", rank, w.c_str());
                             });
+  opts.uint8_images = uint8_images && train.source != nullptr;
   Loader loader(train, opts);
   Sharder sharder(plan, static_cast<uint64_t>(cfg.train.seed));
   LoaderMeasurement m;
   m.rank = rank;
   m.workers = loader.workers();
+  m.output = opts.uint8_images ? "uint8" : "float";
   m.per_gpu = plan.per_gpu;
   double t0 = 0;
   bool warm = false;
@@ -110,6 +114,7 @@ std::string dataReport(const std::vector<LoaderMeasurement>& ranks, const DataSp
     j["samples_per_s"] = total;
     j["bytes_per_s"] = bytes;
     j["workers"] = workers;
+    j["output"] = ranks.empty() ? "float" : ranks[0].output;
     j["per_rank"] = nlohmann::ordered_json::array();
     for (const auto& r : ranks) j["per_rank"].push_back(r.json());
     j["data_errors"] = errors;
@@ -121,11 +126,11 @@ std::string dataReport(const std::vector<LoaderMeasurement>& ranks, const DataSp
     const double busy = std::max(1e-12, r.stages.read + r.stages.decode + r.stages.transform);
     char line[512];
     std::snprintf(line, sizeof line,
-                  "rank %d: %.1f samples/s (%lld batches of %lld, %.1f s, %lld thread(s)), "
+                  "rank %d: %.1f samples/s (%lld %s batches of %lld, %.1f s, %lld thread(s)), "
                   "%.1f MB/s; thread time: read %.0f%%, decode %.0f%%, transform %.0f%%; "
                   "waited %.0f%% of the time\n",
                   r.rank, r.samplesPerSecond(), static_cast<long long>(r.batches),
-                  static_cast<long long>(r.per_gpu), r.seconds, static_cast<long long>(r.workers),
+                  r.output.c_str(), static_cast<long long>(r.per_gpu), r.seconds, static_cast<long long>(r.workers),
                   r.seconds > 0 ? r.stages.bytes / r.seconds / 1e6 : 0.0,
                   100 * r.stages.read / busy, 100 * r.stages.decode / busy,
                   100 * r.stages.transform / busy, r.seconds > 0 ? 100 * r.wait_s / r.seconds : 0.0);

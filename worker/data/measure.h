@@ -25,6 +25,7 @@ struct LoaderMeasurement {
   double wait_s = 0;       ///< the consumer's wait for batches (all of `seconds` here: no model)
   StageSeconds stages;     ///< read, decode, transform: summed over threads
   int64_t errors = 0;      ///< bad samples skipped
+  std::string output = "float";  ///< the batches timed: "uint8" (NHWC) or "float" (NCHW)
   double samplesPerSecond() const { return seconds > 0 ? samples / seconds : 0; }
   nlohmann::ordered_json json() const;
   static LoaderMeasurement fromJson(const nlohmann::json& j);
@@ -32,9 +33,11 @@ struct LoaderMeasurement {
 
 /// Runs this rank's shard of the training epochs through the loader as fast as it
 /// can make batches, for about `seconds` (after one warm-up batch), with the
-/// plan's per-GPU batch. CPU output (float, normalised), as CPU training gets it.
+/// plan's per-GPU batch. Decoded sources: uint8 NHWC batches when `uint8_images`
+/// (the pipeline's own output, as the CUDA path ships it), else float NCHW
+/// normalised, as CPU training gets them (the conversion in the workers included).
 LoaderMeasurement measureLoader(const Config& cfg, const Dataset& train, const Plan& plan, int rank,
-                                double seconds);
+                                double seconds, bool uint8_images = true);
 
 /// The `data` verb's report over all ranks: text (a line per rank and the total)
 /// or one JSON object (`samples_per_s` total, `per_rank`, `workers`, ...).

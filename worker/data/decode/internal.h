@@ -19,9 +19,14 @@ struct PixelBox {
 /// clamps it to [0, width] x [0, height].
 CropBox checkedBox(const CropBox& box, int width, int height);
 
-/// `box` (source pixels, possibly fractional) divided by `denom` (the DCT scale)
-/// and rounded to whole pixels of a `width` x `height` image, at least 1 x 1.
-PixelBox roundBox(const CropBox& box, int denom, int width, int height);
+/// `box` (source pixels, possibly fractional) times `scale` (the DCT scale) and
+/// rounded to whole pixels of a `width` x `height` image, at least 1 x 1.
+PixelBox roundBox(const CropBox& box, double scale, int width, int height);
+
+/// The JPEG's DCT scale N/8 for `box` resampled to out_w x out_h: the smallest N
+/// in 1, 2, 4 at which the scaled box still covers the output (so the resampling
+/// after it never enlarges what the IDCT shrank), else 8 (Note [eighths]).
+int jpegScaleEighths(const CropBox& box, int out_w, int out_h);
 
 /// Resamples the w x h RGB region at `src` (`stride` bytes per row) to out_w x
 /// out_h straight into `out` (antialiased when shrinking: Note [area then
@@ -29,6 +34,10 @@ PixelBox roundBox(const CropBox& box, int denom, int width, int height);
 /// when `flip`. `tmp` holds the intermediate of a shrink by 2 or more.
 void resampleInto(const uint8_t* src, int w, int h, std::size_t stride, int out_w, int out_h,
                   bool flip, uint8_t* out, std::vector<uint8_t>* tmp);
+
+/// Mirrors each of the h rows of w RGB pixels at `rgb` left-right, in place
+/// (`tmp`: a row's copy).
+void mirrorRows(uint8_t* rgb, int w, int h, std::vector<uint8_t>* tmp);
 
 /// Throws DecodeError unless width * height is within (0, kMaxImagePixels].
 void checkPixels(const char* format, int64_t width, int64_t height);

@@ -5,8 +5,8 @@
 // return; we longjmp back to the setjmp in the function that made the libjpeg
 // calls. Those functions (runCrop, runFull) keep no object with a destructor alive
 // across libjpeg calls (longjmp would skip it): the decompressor lives in the
-// caller (Decompressor, whose destructor frees libjpeg's memory), the scratch
-// vectors in the caller's DecodeScratch. Warnings that mean the data is damaged
+// caller's DecodeScratch (a Decompressor, reused from image to image, whose
+// destructor frees libjpeg's memory), and so do the scratch vectors. Warnings that mean the data is damaged
 // (premature end of file, bad Huffman code, a marker inside entropy data, lost
 // restart sync) are errors too: libjpeg would otherwise fill the rest of the
 // image with grey and say nothing, and a bad file must be found, not trained on.
@@ -156,16 +156,14 @@ bool runCrop(Decompressor* d, const uint8_t* data, std::size_t size, const BoxCh
   const int width = static_cast<int>(cinfo->image_width);
   const int height = static_cast<int>(cinfo->image_height);
   const CropBox box = checkedBox(choose(width, height), width, height);
-  // The largest DCT scale 1/denom by which the box is shrunk anyway.
-  int denom = 8;
-  while (denom > 1 && !(box.w / denom >= out_w && box.h / denom >= out_h)) denom /= 2;
-  cinfo->scale_num = 1;
-  cinfo->scale_denom = static_cast<unsigned>(denom);
+  const int eighths = jpegScaleEighths(box, out_w, out_h);
+  cinfo->scale_num = static_cast<unsigned>(eighths);
+  cinfo->scale_denom = 8;
   jpeg_start_decompress(cinfo);
 
   const int sw = static_cast<int>(cinfo->output_width);
   const int sh = static_cast<int>(cinfo->output_height);
-  const PixelBox pb = roundBox(box, denom, sw, sh);
+  const PixelBox pb = roundBox(box, eighths / 8.0, sw, sh);
   JDIMENSION xoff = 0;
   JDIMENSION cw = cinfo->output_width;
   if (pb.w < kCropWidthFraction * sw) {
