@@ -162,9 +162,14 @@ Batch Loader::allocate(const MicroBatch& job) const {
     const int64_t n = static_cast<int64_t>(job.indices.size());
     const int64_t side = opts_.decoder->size();
     const bool pin = opts_.device.is_cuda() && opts_.pin_memory;
-    b.x = at::empty({n, side, side, 3}, at::TensorOptions().dtype(at::kByte).pinned_memory(pin));
+    b.x = floatImages() ? at::empty({n, 3, side, side}, at::kFloat)
+                        : at::empty({n, side, side, 3}, at::TensorOptions().dtype(at::kByte).pinned_memory(pin));
   }
   return b;
+}
+
+bool Loader::floatImages() const {
+  return data_.source && !opts_.device.is_cuda() && !opts_.uint8_images;
 }
 
 void Loader::fill(const MicroBatch& job, int64_t part, int64_t index, int64_t epoch, Batch* b) {
@@ -179,9 +184,37 @@ void Loader::fill(const MicroBatch& job, int64_t part, int64_t index, int64_t ep
   const int64_t begin = part * opts_.part_samples;
   const int64_t end = std::min(n, begin + opts_.part_samples);
   const int64_t slot = b->x.stride(0);
-  auto* base = b->x.data_ptr<uint8_t>();
-  for (int64_t k = begin; k < end; ++k) {
-    opts_.decoder->decode(job.indices[k], epoch, base + k * slot, &scratch, &seconds);
+  if (!floatImages()) {
+    auto* base = b->x.data_ptr<uint8_t>();
+    for (int64_t k = begin; k < end; ++k) {
+      opts_.decoder->decode(job.indices[k], epoch, base + k * slot, &scratch, &seconds);
+    }
+  } else {
+    // CPU training: each sample goes uint8 HWC -> normalised float CHW in one pass,
+    // right after its decode, in this thread (Note [loader]).
+    thread_local std::vector<uint8_t> hwc;
+    const int64_t side = opts_.decoder->size(), plane = side * side;
+    hwc.resize(static_cast<std::size_t>(plane * 3));
+    float scale[3], shift[3];
+    for (int c = 0; c < 3; ++c) {
+      const bool norm = opts_.transform.mean.size() == 3;
+      const double sd = norm ? opts_.transform.std[c] : 1.0, mu = norm ? opts_.transform.mean[c] : 0.0;
+      scale[c] = static_cast<float>(1.0 / (255.0 * sd));
+      shift[c] = static_cast<float>(-mu / sd);
+    }
+    auto* base = b->x.data_ptr<float>();
+    for (int64_t k = begin; k < end; ++k) {
+      opts_.decoder->decode(job.indices[k], epoch, hwc.data(), &scratch, &seconds);
+      const double t0 = monotonicSeconds();
+      float* dst = base + k * slot;
+      const uint8_t* src = hwc.data();
+      for (int64_t p = 0; p < plane; ++p, src += 3) {
+        dst[p] = src[0] * scale[0] + shift[0];
+        dst[plane + p] = src[1] * scale[1] + shift[1];
+        dst[2 * plane + p] = src[2] * scale[2] + shift[2];
+      }
+      seconds.transform += monotonicSeconds() - t0;
+    }
   }
   std::lock_guard<std::mutex> lock(mu_);
   stages_.add(seconds);
@@ -189,9 +222,8 @@ void Loader::fill(const MicroBatch& job, int64_t part, int64_t index, int64_t ep
 
 void Loader::finish(Batch* b, int64_t index, int64_t epoch) const {
   if (!opts_.device.is_cuda()) {
-    if (data_.source && opts_.uint8_images) return;
-    // CPU training: convert and transform here, in the worker, off the step.
-    if (data_.source) b->x = toFloatImages(b->x);
+    if (data_.source) return;  // uint8 as asked, or already float (fill)
+    // CPU training: transform here, in the worker, off the step.
     if (opts_.transform.any()) b->x = opts_.transform.apply(b->x, batchSeed(opts_.seed, epoch, index));
     return;
   }

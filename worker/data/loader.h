@@ -107,6 +107,8 @@ class Loader {
  private:
   struct Building;
   int64_t partsOf(const MicroBatch& job) const;
+  /// CPU training on a decoded source: fill() writes normalised float NCHW.
+  bool floatImages() const;
   Batch allocate(const MicroBatch& job) const;
   /// Fills part `part` of `b` (in-memory: the whole batch).
   void fill(const MicroBatch& job, int64_t part, int64_t index, int64_t epoch, Batch* b);
