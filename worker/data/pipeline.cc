@@ -2,9 +2,21 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <thread>
 
 namespace batchdist::worker {
 namespace {
+
+/// Fault injection for the tests: BATCHDIST_FAULT_SLOW_READ_US=N makes every
+/// sample read take N us longer (slow storage: a network file system, a cold disk).
+int64_t slowReadMicros() {
+  static const int64_t us = [] {
+    const char* v = std::getenv("BATCHDIST_FAULT_SLOW_READ_US");
+    return v ? std::max<int64_t>(0, std::atoll(v)) : int64_t{0};
+  }();
+  return us;
+}
 
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -59,6 +71,7 @@ bool SampleDecoder::tryDecode(int64_t index, int64_t epoch, uint8_t* out, Decode
       }
     }
     if (!cached) {
+      if (const auto us = slowReadMicros()) std::this_thread::sleep_for(std::chrono::microseconds(us));
       source_->read(index, &read_buffer);
       if (cache_limit_ > 0) {
         std::lock_guard<std::mutex> lock(cache_mu_);

@@ -98,10 +98,17 @@ class TrainStepMeasurer : public Measurer {
       const auto e = medianEstimate(out.step_seconds);
       const double samples = static_cast<double>(per_gpu * accum);
       out.timed_steps = e.n;
-      out.samples_per_s = samples / std::max(e.median, 1e-9);
-      out.sps_low = std::isfinite(e.half_width) ? samples / (e.median + e.half_width) : 0.0;
+      // Note [data-bound search]: a loader that cannot keep up delivers in bursts
+      // (some steps find a batch ready, the next waits for several), so the median
+      // step overstates the rate; with a decoded source the mean step counts too.
+      double mean = 0;
+      for (const double x : out.step_seconds) mean += x;
+      mean /= std::max<std::size_t>(1, out.step_seconds.size());
+      const double k = cfg_.data.decoded() && e.median > 0 ? std::max(1.0, mean / e.median) : 1.0;
+      out.samples_per_s = samples / std::max(e.median * k, 1e-9);
+      out.sps_low = std::isfinite(e.half_width) ? samples / ((e.median + e.half_width) * k) : 0.0;
       out.sps_high = std::isfinite(e.half_width) && e.median > e.half_width
-                         ? samples / (e.median - e.half_width)
+                         ? samples / ((e.median - e.half_width) * k)
                          : out.samples_per_s * 2;
       if (budget_mb_ > 0 && out.peak_mb > budget_mb_) out.fail = FailKind::kOverBudget;
     }
