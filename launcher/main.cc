@@ -182,6 +182,16 @@ worker::RankPlace placeOf(MpiScope& mpi) {
   return place;
 }
 
+/// The set-up, agreed over MPI in two steps (every rank exits with the same code,
+/// the lowest failing rank says why): config, device and outputs, then the data,
+/// which every rank reaches together so that rank 0's listing can be broadcast.
+int prepare(const worker::RunRequest& req, const worker::RankPlace& place, MpiScope& mpi,
+            worker::RunSetup& setup) {
+  const int code = mpi.agree([&] { setup = worker::prepareRun(req, place); });
+  if (code != 0) return code;
+  return mpi.agree([&] { worker::prepareData(req, place, setup); });
+}
+
 /// `train` and `search`: the local set-up agreed over MPI (every rank exits
 /// with the same code, the lowest failing rank says why), then the run; a
 /// failure during it ends the whole job with one message from the failing rank.
@@ -191,13 +201,9 @@ int runTrain(const CliOptions& cli, MpiScope& mpi) {
   // current step (rank 0 still writes the report and the model).
   installStopHandlers();
   const auto req = requestFrom(cli);
-  worker::RankPlace place = placeOf(mpi);
+  const worker::RankPlace place = placeOf(mpi);
   worker::RunSetup setup;
-  int code = mpi.agree([&] { setup = worker::prepareRun(req, place); });
-  if (code != 0) return code;
-  // Data second: every rank gets here, so rank 0's listing can be broadcast.
-  code = mpi.agree([&] { worker::prepareData(req, place, setup); });
-  if (code != 0) return code;
+  if (const int code = prepare(req, place, mpi, setup); code != 0) return code;
   try {
     return worker::executeRun(req, place, setup);
   } catch (const Error& e) {
@@ -218,14 +224,11 @@ int runTrain(const CliOptions& cli, MpiScope& mpi) {
 int runData(const CliOptions& cli, MpiScope& mpi) {
   auto req = requestFrom(cli);
   if (cli.json) req.quiet = true;  // stdout is the JSON object alone
-  worker::RankPlace place = placeOf(mpi);
+  const worker::RankPlace place = placeOf(mpi);
   worker::RunSetup setup;
-  int code = mpi.agree([&] { setup = worker::prepareRun(req, place); });
-  if (code != 0) return code;
-  code = mpi.agree([&] { worker::prepareData(req, place, setup); });
-  if (code != 0) return code;
+  if (const int code = prepare(req, place, mpi, setup); code != 0) return code;
   worker::LoaderMeasurement mine;
-  code = mpi.agree([&] {
+  const int code = mpi.agree([&] {
     auto plan = setup.plan;
     if (plan.steps_per_epoch == 0) {  // per_gpu: auto: a typical batch
       plan = worker::makePlan(setup.cfg, place.size, setup.data.train.size(), setup.has_bn,

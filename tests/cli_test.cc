@@ -518,3 +518,26 @@ TEST(Cli, DamagedSearchCacheIsNamedAndSearchedAgain) {
   // The search ran again and rewrote the entry.
   EXPECT_GT(nlohmann::json::parse(readText(cache))["result"]["chosen"].get<int>(), 0);
 }
+
+// The input pipeline's command line and bad inputs (issue: real input data).
+TEST(Cli, DataVerbOptionsAndBadSources) {
+  expectCleanError(run(kQuickstart + " --seconds 3"), "--seconds is for 'batchdist data'");
+  expectCleanError(run("data " + kQuickstart + " --seconds 0"), "--seconds must be in (0, 86400], got 0");
+  expectCleanError(run(kQuickstart + " --json"), "--json is for 'batchdist plan' and 'batchdist data'");
+  const auto dir = freshDir("batchdist_cli_data");
+  // No train/ under the folder; an image_folder without a path; crop bounds reversed.
+  expectCleanError(run(kQuickstart + " -q --set data.name=image_folder --set data.path=" + dir.string()),
+                   "has no train/ folder");
+  expectCleanError(run(kQuickstart + " -q --set data.name=image_folder"),
+                   "data.path: data.name: image_folder needs the folder ROOT");
+  expectCleanError(run(kQuickstart + " -q --set data.name=image_folder --set data.path=x "
+                                     "--set data.crop_scale=[1.0,0.5]"),
+                   "data.crop_scale: expected [low, high] with low <= high");
+  expectCleanError(run(kQuickstart + " -q --set data.name=npy --set data.path=" + dir.string()),
+                   "x.npy");
+  expectCleanError(run(kQuickstart + " -q --set data.name=webdataset --set data.path=" +
+                       dir.string() + "/train-{000000..000003}.tar"),
+                   "train-000000.tar");
+  expectCleanError(run(kQuickstart + " -q --set data.on_error=ignore"),
+                   "data.on_error: 'ignore' is not one of skip | fail");
+}
