@@ -22,10 +22,10 @@ struct Dataset {
   int64_t classes = 0;
   double x_scale = 1.0;               ///< multiply x by this after float conversion (uint8: 1/255)
   /// Optional: sample i is x[rows[i]] (a split of a memory-mapped array is never copied).
-  at::Tensor rows;
+  at::Tensor rows = {};
   bool mapped = false;  ///< x maps a file (npy): splits select through `rows`
   /// Decoded sources (Note [sources]): samples are read and decoded by the loader.
-  std::shared_ptr<const Source> source;
+  std::shared_ptr<const Source> source = nullptr;
   int64_t size() const { return y.defined() ? y.size(0) : 0; }
   /// x of the samples `idx` (int64), gathered through `rows`; not for a Source.
   at::Tensor gather(const at::Tensor& idx) const;
