@@ -1,34 +1,24 @@
 // libFuzzer target for the image decoders (Note [decode less]): for any bytes,
-// decodeCropResize writes a 32 x 32 RGB sample or throws DecodeError; a crash, a
-// sanitizer report, another exception or a hang is a bug. The first byte picks the
-// crop box (so windowed, DCT-scaled and full decodes are all reached) and the flip.
+// decodeCropResize writes an RGB sample or throws DecodeError; a crash, a
+// sanitizer report, another exception or a hang is a bug (image_fuzz_check.h,
+// shared with tests/data_fuzz_test.cc). The last byte picks the crop box (so
+// windowed, DCT-scaled and full decodes are all reached), the output size and
+// the flip.
 #include <cstddef>
 #include <cstdint>
-#include <vector>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 
-#include "worker/data/decode/image.h"
-
-using batchdist::worker::CropBox;
-using batchdist::worker::DecodeError;
-using batchdist::worker::DecodeScratch;
+#include "image_fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static DecodeScratch scratch;
+  static batchdist::worker::DecodeScratch scratch;
   const uint8_t mode = size > 0 ? data[size - 1] : 0;  // the tail is entropy data or junk
-  auto choose = [mode](int w, int h) {
-    switch (mode & 3) {
-      case 0: return CropBox{0, 0, double(w), double(h)};                   // whole image
-      case 1: return CropBox{w / 4.0, h / 4.0, w / 2.0, h / 2.0};             // centre half
-      case 2: return CropBox{w * 0.7, h * 0.8, w * 0.3 + 1, h * 0.2 + 1};     // bottom-right, spills over
-      default: return CropBox{1, 1, w / 9.0 + 1, h / 9.0 + 1};                // small: scale 1
-    }
-  };
-  const int out = (mode & 4) ? 32 : 7;
-  std::vector<uint8_t> pixels(static_cast<size_t>(out) * out * 3);
-  try {
-    batchdist::worker::decodeCropResize(data, size, choose, out, out, (mode & 8) != 0,
-                                        pixels.data(), &scratch);
-  } catch (const DecodeError&) {
+  const std::string problem = batchdist::fuzz::checkImage(data, size, mode, &scratch);
+  if (!problem.empty()) {
+    std::fprintf(stderr, "image contract broken (mode 0x%02x): %s\n", mode, problem.c_str());
+    std::abort();
   }
   return 0;
 }
