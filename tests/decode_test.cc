@@ -473,3 +473,32 @@ TEST(Decode, ConcurrentCallsWithOwnScratchAgree) {
 
 }  // namespace
 }  // namespace batchdist::worker
+
+TEST(DecodeErrors, APngHeaderClaimingMoreThanTheFileCanHoldIsRefusedBeforeAllocating) {
+  // A valid 16x16 PNG whose IHDR is rewritten to 16384 x 16384 (CRC fixed): 3 KB of
+  // file cannot hold 2^28 pixels, so nothing is allocated for them.
+  const auto rgb = batchdist::testing::patternRgb(16, 16, 1, 3);
+  auto png = batchdist::testing::encodePng(rgb.data(), 16, 16, batchdist::testing::PngKind::kRgb8);
+  auto put32 = [&](std::size_t at, uint32_t v) {
+    for (int k = 0; k < 4; ++k) png[at + k] = static_cast<char>(v >> (24 - 8 * k));
+  };
+  put32(16, 16384);  // IHDR data starts at byte 16: width, height
+  put32(20, 16384);
+  uint32_t crc = 0xFFFFFFFFu;  // CRC-32 of "IHDR" + its 13 data bytes
+  for (std::size_t i = 12; i < 12 + 4 + 13; ++i) {
+    crc ^= static_cast<uint8_t>(png[i]);
+    for (int b = 0; b < 8; ++b) crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
+  }
+  put32(29, ~crc);
+  batchdist::worker::DecodeScratch scratch;
+  std::vector<uint8_t> out(8 * 8 * 3);
+  try {
+    batchdist::worker::decodeCropResize(reinterpret_cast<const uint8_t*>(png.data()), png.size(),
+                                        [](int w, int h) { return batchdist::worker::CropBox{0, 0, double(w), double(h)}; },
+                                        8, 8, false, out.data(), &scratch);
+    FAIL() << "decoded";
+  } catch (const batchdist::worker::DecodeError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot be held in"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(scratch.rgb.capacity(), std::size_t{1} << 20);
+}

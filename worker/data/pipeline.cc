@@ -18,6 +18,9 @@ int64_t slowReadMicros() {
   return us;
 }
 
+/// A thread's decode buffer above this is released after the image that needed it.
+constexpr std::size_t kScratchKeptBytes = std::size_t{64} << 20;
+
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -93,6 +96,12 @@ bool SampleDecoder::tryDecode(int64_t index, int64_t epoch, uint8_t* out, Decode
                         : resizeCenterCrop(w, h, t.resize, t.size);
     };
     DecodeTimes times;
+    struct KeepScratchSmall {  // one huge image must not hold its buffer for the run
+      DecodeScratch* s;
+      ~KeepScratchSmall() {
+        if (s->rgb.capacity() > kScratchKeptBytes) std::vector<uint8_t>().swap(s->rgb);
+      }
+    } keep{scratch};
     decodeCropResize(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), choose, t.size,
                      t.size, flip, out, scratch, seconds ? &times : nullptr);
     if (seconds) {

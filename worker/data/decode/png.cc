@@ -36,6 +36,16 @@ void readRgba(const uint8_t* data, std::size_t size, std::vector<uint8_t>* rgba,
   PngImage png;
   if (!png_image_begin_read_from_memory(&png.image, data, size)) png.fail();
   checkPixels("PNG", png.image.width, png.image.height);
+  // Deflate shrinks at most ~1032:1, and no PNG row is smaller than a filter byte
+  // plus its width at 1 bit: a header claiming far more than the file can hold is
+  // refused before the output buffer is allocated (a 3.5 KB file must not make a
+  // loader thread allocate 1 GiB).
+  const double least_raw = static_cast<double>(png.image.height) * (1.0 + (png.image.width + 7) / 8);
+  if (least_raw > 1032.0 * static_cast<double>(size)) {
+    throw DecodeError("PNG: the header's " + std::to_string(png.image.width) + "x" +
+                      std::to_string(png.image.height) + " image cannot be held in " +
+                      std::to_string(size) + " bytes (truncated or corrupt)");
+  }
   *width = static_cast<int>(png.image.width);
   *height = static_cast<int>(png.image.height);
   between(*width, *height);
