@@ -18,29 +18,14 @@
 #include <string>
 #include <vector>
 
+#include "tests/fuzz/fuzz_rng.h"
 #include "fuzz/config_fuzz_check.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-/// splitmix64: a tiny PRNG whose sequence is the same on every platform (the
-/// standard distributions are not).
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : s_(seed) {}
-  uint64_t next() {
-    uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  /// Uniform-enough in [0, n) for n > 0.
-  std::size_t below(std::size_t n) { return n == 0 ? 0 : static_cast<std::size_t>(next() % n); }
-
- private:
-  uint64_t s_;
-};
+using batchdist::fuzz::Rng;
 
 std::string readAll(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/fuzz/fuzz_rng.h"
 #include "fuzz/archive_fuzz_check.h"
 #include "fuzz/image_fuzz_check.h"
 #include "tests/image_fixtures.h"
@@ -48,27 +49,7 @@ using batchdist::worker::NpyType;
 
 namespace {
 
-/// splitmix64: a tiny PRNG whose sequence is the same on every platform (the
-/// standard distributions are not).
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : s_(seed) {}
-  uint64_t next() {
-    uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  /// Uniform-enough in [0, n) for n > 0.
-  std::size_t below(std::size_t n) { return n == 0 ? 0 : static_cast<std::size_t>(next() % n); }
-  template <typename T, std::size_t N>
-  const T& pick(const T (&a)[N]) {
-    return a[below(N)];
-  }
-
- private:
-  uint64_t s_;
-};
+using batchdist::fuzz::Rng;
 
 const uint8_t* bytes(const std::string& s) { return reinterpret_cast<const uint8_t*>(s.data()); }
 uint8_t u8(const std::string& s, std::size_t i) { return static_cast<uint8_t>(s[i]); }
