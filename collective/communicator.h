@@ -17,11 +17,11 @@ namespace batchdist::collective {
 enum class ReduceOp { kSum, kMin, kMax };
 
 /// Per-step values summed over the ranks inside the gradient allreduce, at no
-/// extra collective: a few tail elements of one bucket. The trainer packs its
-/// stop/checkpoint wishes into [0] and its out-of-memory count into [1]
-/// (Note [oom back-off] in worker/train/trainer.h). Sums of small integers are
-/// exact in the fp32 bucket up to 2^24.
-using SideChannel = std::array<double, 2>;
+/// extra collective: a few tail elements of one bucket. The trainer gives each
+/// per-step wish a slot that counts the ranks asking (Note [step wishes] in
+/// worker/train/trainer.h): sums of counts up to W are exact in the fp32 bucket
+/// for W < 2^24.
+using SideChannel = std::array<double, 3>;
 
 /// An asynchronous collective in flight. wait() blocks until it completes or the
 /// communicator's timeout expires (then it throws CollectiveError). On NCCL,

@@ -88,7 +88,9 @@ class MpiWork : public PendingWork {
   }
 
   void wait() override {
-    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    const auto started = std::chrono::steady_clock::now();
+    const auto deadline = started + timeout_;
+    bool patient = false;
     for (int done = 0, spins = 0;; ++spins) {
       const int rc = failed_ != MPI_SUCCESS ? failed_ : MPI_Test(&request_, &done, MPI_STATUS_IGNORE);
       if (rc != MPI_SUCCESS) {
@@ -96,12 +98,19 @@ class MpiWork : public PendingWork {
       }
       if (done) break;
       // Check the clock now and then; yield so a peer on the same core can run.
-      if ((spins & 1023) == 1023) {
-        if (std::chrono::steady_clock::now() > deadline) {
+      // A collective that has waited over a second is waiting for a peer, not
+      // for the wire: sleep briefly between tests (MPI progresses only inside
+      // them), so that waiting ranks leave the cores to the ranks they wait for
+      // (oversubscribed hosts, a stalled peer).
+      if (patient) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      if ((spins & 1023) == 1023 || patient) {
+        const auto now = std::chrono::steady_clock::now();
+        patient = now - started > std::chrono::seconds(1);
+        if (now > deadline) {
           timed_out_ = true;
           throw CollectiveError(strCat("mpi ", what_, " #", seq_, " failed (timeout ",
                                        timeout_.count() / 1000.0, " s, dist.timeout_s).",
-                                       stallReport(store_, rank_, size_, seq_)));
+                                       stallReport(store_, rank_, size_, seq_, timeout_)));
         }
         std::this_thread::yield();
       }

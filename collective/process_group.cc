@@ -64,7 +64,7 @@ class C10dWork : public PendingWork {
       throw CollectiveError(strCat(what_, " #", seq_, " failed (timeout ",
                                    timeout_.count() / 1000.0, " s, dist.timeout_s): ",
                                    firstLine(e.what()), ".",
-                                   stallReport(store_, rank_, size_, seq_)));
+                                   stallReport(store_, rank_, size_, seq_, timeout_)));
     }
   }
 
@@ -167,66 +167,194 @@ class ProcessGroupCommunicator : public Communicator {
 
 /// Note [stall report]: when a collective times out, the ranks that are still
 /// alive find out who is missing, as c10d's monitored barrier and Horovod's
-/// stall inspector do: each writes "arrived at collective #seq" to the
-/// rendezvous store, waits a few seconds for the others' keys, and names the
-/// ranks (and hosts) whose key never came: they are stopped (SIGSTOP, a debugger),
-/// hung elsewhere, or dead. Every rank counts its collectives in the same order,
-/// so #seq is the same collective on every rank. The store lives on rank 0: if
-/// it does not answer, rank 0 itself is the one missing.
+/// stall inspector do, through the rendezvous store:
+///  - each rank whose wait timed out writes its own key, stall/at/<rank>, and
+///    counts itself in stall/arrived (two store calls per rank, O(W) at rank 0);
+///  - the first to arrive is the judge: it waits until every rank has arrived
+///    (then nobody is missing: the network is), or until no rank has arrived for
+///    a quiet period (kQuiet: clamp(timeout / 10, 5 s, 30 s)), at most `timeout`;
+///    then it finds the ranks without a key by halving (Store::check of many keys
+///    is one call: O(missing x log W) calls) and publishes one verdict;
+///  - every other rank waits for that verdict and prints it, so all agree; and
+///    all wait (at most kGrace) until every live rank has read it, since the
+///    first to throw ends the job, rank 0's store with it.
+/// A rank that is alive is in a collective or on its way to one, and times out
+/// within dist.timeout_s of entering it; ranks queued behind a stopped rank (in
+/// the same collective or the next: a ring moves on for some ranks before others)
+/// arrive too. So the verdict names only the ranks that never arrive: stopped
+/// (SIGSTOP, a debugger), hung outside any collective, or dead. It comes within
+/// dist.timeout_s + the arrivals' spread + kQuiet of the stall. The store lives
+/// on rank 0: if it does not answer within kStoreAnswer, rank 0 itself is the one
+/// missing. One report per job: the job ends after it.
 namespace {
 
 constexpr char kStoreSilent[] =
     " The rendezvous store on rank 0 does not answer either: rank 0 is stopped, hung or dead.";
+constexpr auto kStoreAnswer = std::chrono::seconds(15);
+constexpr char kArrived[] = "batchdist/stall/arrived";
+constexpr char kVerdict[] = "batchdist/stall/verdict";
+constexpr char kLive[] = "batchdist/stall/live";  // ranks the verdict does not name
+constexpr char kTold[] = "batchdist/stall/told";  // ranks that have read the verdict
+constexpr auto kGrace = std::chrono::seconds(5);
 
-std::string stallReportNow(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                           uint64_t seq) {
-  const std::string prefix = strCat("batchdist/stall/", seq, "/");
-  try {
-    store->setTimeout(std::chrono::seconds(5));
-    store->set(prefix + std::to_string(rank), bytes(thisHost()));
-    std::vector<int> missing;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    for (;;) {
-      missing.clear();
-      for (int r = 0; r < size; ++r) {
-        if (!store->check({prefix + std::to_string(r)})) missing.push_back(r);
-      }
-      if (missing.empty() || std::chrono::steady_clock::now() > deadline) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+std::string arrivedKey(int rank) { return strCat("batchdist/stall/at/", rank); }
+
+std::chrono::milliseconds quietPeriod(std::chrono::milliseconds timeout) {
+  return std::clamp<std::chrono::milliseconds>(timeout / 10, std::chrono::seconds(5),
+                                               std::chrono::seconds(30));
+}
+
+/// Appends the ranks in [lo, hi) that have no stall key to `out`, in order.
+void findMissing(c10d::Store& store, int lo, int hi, std::vector<int>* out) {
+  std::vector<std::string> keys;
+  keys.reserve(hi - lo);
+  for (int r = lo; r < hi; ++r) keys.push_back(arrivedKey(r));
+  if (store.check(keys)) return;
+  if (hi - lo == 1) {
+    out->push_back(lo);
+    return;
+  }
+  const int mid = lo + (hi - lo) / 2;
+  findMissing(store, lo, mid, out);
+  findMissing(store, mid, hi, out);
+}
+
+/// The judge's verdict (Note [stall report]).
+std::string judge(c10d::Store& store, int size, std::chrono::milliseconds timeout, int* live) {
+  const auto quiet = quietPeriod(timeout);
+  const auto start = std::chrono::steady_clock::now();
+  auto last = start;
+  int64_t seen = store.add(kArrived, 0);
+  while (seen < size) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last >= quiet || now - start >= std::max(quiet, timeout)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (const int64_t n = store.add(kArrived, 0); n != seen) {
+      seen = n;
+      last = std::chrono::steady_clock::now();
     }
-    if (missing.empty()) {
-      return " Every rank reached this collective, so the network between them is the likely "
-             "cause (or dist.timeout_s is too short for this step).";
-    }
-    std::string who;
-    for (int r : missing) {
-      std::string host = "?";
+  }
+  std::vector<int> missing;
+  if (seen < size) findMissing(store, 0, size, &missing);
+  *live = size - static_cast<int>(missing.size());
+  if (missing.empty()) {
+    return " Every rank is alive and waiting in a collective, so the network between them is "
+           "the likely cause (or dist.timeout_s is too short for this step).";
+  }
+  std::vector<std::string> hosts;
+  for (std::size_t i = 0; i < missing.size(); ++i) {
+    std::string host = "?";
+    // Hosts of the first few only: the message stays short at any W.
+    if (i < 64) {
       try {
-        if (store->check({strCat("batchdist/host/", r)})) host = text(store->get(strCat("batchdist/host/", r)));
+        const auto key = strCat("batchdist/host/", missing[i]);
+        if (store.check({key})) host = text(store.get(key));
       } catch (const std::exception&) {
       }
-      who += strCat(who.empty() ? "" : ", ", "rank ", r, " (host ", host, ")");
     }
-    return strCat(" Did not reach it: ", who,
-                  "; stopped (SIGSTOP, a debugger), hung in something else, or dead.");
-  } catch (const std::exception&) {
-    return kStoreSilent;
+    hosts.push_back(host);
   }
+  return strCat(" Did not reach it: ", describeRanks(missing, hosts),
+                "; stopped (SIGSTOP, a debugger), hung outside a collective, or dead. The other ",
+                size - static_cast<int>(missing.size()), " rank(s) waited for them.");
 }
 
 }  // namespace
 
+std::string describeRanks(const std::vector<int>& ranks, const std::vector<std::string>& hosts) {
+  constexpr std::size_t kMaxGroups = 6;
+  constexpr std::size_t kMaxRanges = 12;
+  // Groups of consecutive ranks on one host, in rank order; a host's groups are listed together.
+  std::vector<std::pair<std::string, std::vector<std::pair<int, int>>>> by_host;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    const std::string& host = i < hosts.size() ? hosts[i] : std::string("?");
+    auto it = std::find_if(by_host.begin(), by_host.end(),
+                           [&](const auto& h) { return h.first == host; });
+    if (it == by_host.end()) it = by_host.insert(by_host.end(), {host, {}});
+    auto& runs = it->second;
+    if (!runs.empty() && runs.back().second + 1 == ranks[i]) {
+      runs.back().second = ranks[i];
+    } else {
+      runs.emplace_back(ranks[i], ranks[i]);
+    }
+  }
+  std::string out;
+  std::size_t listed_ranks = 0;
+  for (std::size_t g = 0; g < by_host.size() && g < kMaxGroups; ++g) {
+    const auto& [host, runs] = by_host[g];
+    std::string list;
+    std::size_t count = 0;
+    for (std::size_t k = 0; k < runs.size(); ++k) {
+      const auto [a, b] = runs[k];
+      count += b - a + 1;
+      if (k < kMaxRanges) {
+        list += strCat(list.empty() ? "" : ", ", a, a == b ? "" : strCat("-", b));
+      }
+    }
+    if (runs.size() > kMaxRanges) list += strCat(", ... (", count, " in all)");
+    listed_ranks += count;
+    out += strCat(out.empty() ? "" : "; ", count == 1 ? "rank " : "ranks ", list, " (host ", host, ")");
+  }
+  if (by_host.size() > kMaxGroups) {
+    out += strCat("; and ", ranks.size() - listed_ranks, " more rank(s) on ",
+                  by_host.size() - kMaxGroups, " more host(s)");
+  }
+  return out;
+}
+
 std::string stallReport(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                        uint64_t seq) {
+                        uint64_t seq, std::chrono::milliseconds timeout) {
   if (!store) return "";
   // A store whose server is stopped (SIGSTOP on rank 0) keeps the connection open
   // and never answers; some store calls have no timeout of their own. So the
-  // report runs on a thread of its own, and is given up after 15 s.
-  auto done = std::make_shared<std::promise<std::string>>();
-  auto answer = done->get_future();
-  std::thread([=] { done->set_value(stallReportNow(store, rank, size, seq)); }).detach();
-  if (answer.wait_for(std::chrono::seconds(15)) != std::future_status::ready) return kStoreSilent;
-  return answer.get();
+  // report runs on a thread of its own: its first calls must answer within
+  // kStoreAnswer, the verdict within the judge's longest wait after that.
+  struct Shared {
+    std::promise<void> answered;
+    std::promise<std::string> verdict;
+  };
+  auto shared = std::make_shared<Shared>();
+  auto answered = shared->answered.get_future();
+  auto verdict = shared->verdict.get_future();
+  const auto quiet = quietPeriod(timeout);
+  const auto longest = std::max(quiet, timeout) + quiet;
+  std::thread([=] {
+    std::string out = kStoreSilent;
+    try {
+      store->setTimeout(std::chrono::seconds(10));
+      store->set(arrivedKey(rank), bytes(strCat(seq)));
+      const int64_t order = store->add(kArrived, 1);
+      shared->answered.set_value();
+      if (order == 1) {
+        int live = size;
+        out = judge(*store, size, timeout, &live);
+        store->set(kLive, bytes(strCat(live)));
+        store->set(kVerdict, bytes(out));
+      } else {
+        store->setTimeout(std::chrono::duration_cast<std::chrono::milliseconds>(longest));
+        store->wait({kVerdict});
+        out = text(store->get(kVerdict));
+      }
+      // The first rank to throw ends the job (MPI_Abort), rank 0's store with it:
+      // wait (briefly) until every live rank has read the verdict, so that all
+      // of them print it, not "the store does not answer".
+      const int64_t live = std::stoll(text(store->get(kLive)));
+      const auto until = std::chrono::steady_clock::now() + kGrace;
+      for (int64_t told = store->add(kTold, 1);
+           told < live && std::chrono::steady_clock::now() < until; told = store->add(kTold, 0)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    } catch (const std::exception&) {
+      try {
+        shared->answered.set_value();
+      } catch (const std::future_error&) {
+      }
+    }
+    shared->verdict.set_value(out);
+  }).detach();
+  if (answered.wait_for(kStoreAnswer) != std::future_status::ready) return kStoreSilent;
+  if (verdict.wait_for(longest + kStoreAnswer + kGrace) != std::future_status::ready) return kStoreSilent;
+  return verdict.get();
 }
 
 std::vector<std::string> availableBackends() {

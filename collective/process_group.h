@@ -21,10 +21,16 @@ struct BackendOptions {
   bool one_host = false;  ///< every rank of the job is on this host (auto may pick mpi)
 };
 
-/// Names the ranks that did not reach collective #seq, from their keys in the
-/// rendezvous store (Note [stall report]); "" without a store.
+/// After collective #seq timed out on this rank: names the ranks that never
+/// reached a collective, agreed by every rank that reports, from their keys in the
+/// rendezvous store (Note [stall report]); "" without a store. Blocks for up to
+/// about timeout + 2 x clamp(timeout / 10, 5 s, 30 s) + 20 s.
 std::string stallReport(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                        uint64_t seq);
+                        uint64_t seq, std::chrono::milliseconds timeout);
+
+/// `ranks` (ascending) with their hosts, short at any count: "ranks 17, 40-41
+/// (host a); rank 3 (host b)"; at most a few hosts and ranges are spelled out.
+std::string describeRanks(const std::vector<int>& ranks, const std::vector<std::string>& hosts);
 
 /// Backends compiled into this build, e.g. {"gloo", "mpi"} or {"gloo", "mpi", "nccl"}.
 std::vector<std::string> availableBackends();

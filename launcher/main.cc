@@ -7,9 +7,12 @@
 #include <atomic>
 #include <csignal>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <optional>
+#include <sstream>
 
 #include "collective/error.h"
 #include "collective/process_group.h"
@@ -42,6 +45,24 @@ void installStopHandlers() {
   sa.sa_flags = SA_RESETHAND | SA_RESTART;
   sigemptyset(&sa.sa_mask);
   for (int sig : {SIGTERM, SIGUSR1, SIGINT}) sigaction(sig, &sa, nullptr);
+}
+
+/// Seconds since this process started (the kernel's start time, in clock ticks
+/// since boot, against CLOCK_BOOTTIME); -1 if /proc cannot tell.
+double secondsSinceProcessStart() {
+  std::ifstream stat("/proc/self/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return -1;
+  const auto paren = line.rfind(')');  // the command name may hold spaces
+  if (paren == std::string::npos) return -1;
+  std::istringstream in(line.substr(paren + 1));
+  std::string field;
+  for (int i = 3; i <= 21; ++i) in >> field;  // state .. itrealvalue
+  unsigned long long start_ticks = 0;
+  if (!(in >> start_ticks)) return -1;
+  timespec now{};
+  clock_gettime(CLOCK_BOOTTIME, &now);
+  return now.tv_sec + now.tv_nsec * 1e-9 - start_ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
 /// `batchdist slurm`: checks the config for the job's world size, writes the
@@ -195,15 +216,19 @@ int prepare(const worker::RunRequest& req, const worker::RankPlace& place, MpiSc
 /// `train` and `search`: the local set-up agreed over MPI (every rank exits
 /// with the same code, the lowest failing rank says why), then the run; a
 /// failure during it ends the whole job with one message from the failing rank.
-int runTrain(const CliOptions& cli, MpiScope& mpi) {
+int runTrain(const CliOptions& cli, MpiScope& mpi, double loaded_s, double mpi_ready_s) {
   // From the start, so that a signal during set-up or the batch search is not
   // fatal: the search stops after the current candidate, training after the
   // current step (rank 0 still writes the report and the model).
   installStopHandlers();
-  const auto req = requestFrom(cli);
+  auto req = requestFrom(cli);
+  req.load_s = loaded_s;
+  req.mpi_init_s = mpi_ready_s - loaded_s;
   const worker::RankPlace place = placeOf(mpi);
   worker::RunSetup setup;
+  const double setup_started = secondsSinceProcessStart();
   if (const int code = prepare(req, place, mpi, setup); code != 0) return code;
+  req.setup_s = secondsSinceProcessStart() - setup_started;
   try {
     return worker::executeRun(req, place, setup);
   } catch (const Error& e) {
@@ -252,6 +277,8 @@ int runData(const CliOptions& cli, MpiScope& mpi) {
 
 int main(int argc, char** argv) {
   using namespace batchdist;
+  // Note [phases]: loading the binary and its libraries (LibTorch) before main().
+  const double loaded_s = launcher::secondsSinceProcessStart();
   launcher::CliOptions cli;
   try {
     cli = launcher::parseCli(argc, argv);
@@ -280,9 +307,10 @@ int main(int argc, char** argv) {
     if (!problem.empty()) return launcher::srunProblem(problem);
   }
   launcher::MpiScope mpi(&argc, &argv);
+  const double mpi_ready_s = launcher::secondsSinceProcessStart();  // Note [phases]
   if (const auto problem = launcher::srunWorldProblem(env, mpi.size()); !problem.empty()) {
     return launcher::srunProblem(problem);
   }
   if (cli.verb == launcher::Verb::kData) return launcher::runData(cli, mpi);
-  return launcher::runTrain(cli, mpi);
+  return launcher::runTrain(cli, mpi, loaded_s, mpi_ready_s);
 }

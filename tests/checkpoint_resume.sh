@@ -10,6 +10,7 @@
 #              equal to a run that checkpointed every 0.12 s (checkpoint.every_minutes)
 #   world_2_3  2 ranks -> 3 ranks (G = 96, no BatchNorm): within 1e-5, steps and samples once
 #   world_4_2  4 ranks -> 2 ranks (G = 64, no BatchNorm): within 1e-5
+#   world_32_8 32 ranks -> 8 ranks (G = 128, no BatchNorm, oversubscribed): within 1e-5
 #   torn       rank 0 killed between writing files and the rename: the partial one is
 #              ignored; a bit-flipped and a truncated checkpoint are refused by name;
 #              another optim.momentum is refused naming the key (exit 2)
@@ -92,11 +93,12 @@ case "$scenario" in
     [ "$(json cut completed)" = true ] || fail "resumed run not completed"
     same_model full cut 0
     ;;
-  world_2_3 | world_4_2)
-    from=${scenario:6:1} to=${scenario:8:1}
-    g=$([ "$from" = 2 ] && echo 96 || echo 64)
+  world_2_3 | world_4_2 | world_32_8)
+    from=${scenario#world_} to=${scenario##*_}
+    from=${from%_*}
+    case $from in 2) g=96 ;; 4) g=64 ;; *) g=128 ;; esac
     args=(--set model.batchnorm=false --set batch.global=$g --set train.epochs=4
-          --set checkpoint.every_steps=20)
+          --set checkpoint.every_steps=20 --set train.threads=1)
     run full "$from" "${args[@]}"; [ "$rc" = 0 ] || fail "uninterrupted run: exit $rc"
     # Rank 0 dies right after the first checkpoint is in place (before 'latest').
     BATCHDIST_FAULT_CHECKPOINT=after_rename run cut "$from" "${args[@]}" --set dist.timeout_s=20

@@ -4,16 +4,17 @@
 # Starts a long 2-rank training run in the background; its pid is $launcher.
 start_long_job() { start_job "^epoch" "$cfg" "$@"; }
 
-# Starts `batchdist ARGS... --output $out --set train.epochs=100000` on 2 ranks in
-# the background (pid $launcher) and waits until its log matches PATTERN.
+# Starts `batchdist ARGS... --output $out --set train.epochs=100000` on $np ranks
+# (default 2) in the background (pid $launcher) and waits until its log matches
+# PATTERN (up to $start_wait_s seconds, default 30).
 start_job() {
   local pattern=$1; shift
   rm -rf "$out"; mkdir -p "$out"
   # shellcheck disable=SC2086
-  "$mpirun" $flags -np 2 "$bin" "$@" --output "$out" --set train.epochs=100000 \
+  "$mpirun" $flags -np "${np:-2}" "$bin" "$@" --output "$out" --set train.epochs=100000 \
     >"$out/log" 2>&1 &
   launcher=$!
-  for _ in $(seq 1 150); do
+  for _ in $(seq 1 $(( ${start_wait_s:-30} * 5 ))); do
     grep -q "$pattern" "$out/log" 2>/dev/null && break
     sleep 0.2
   done
@@ -38,15 +39,15 @@ rank_pid() {
   echo "$victim"
 }
 
-# Waits up to 30 s for the job to end by itself; sets $rc to its exit code, or
-# kills it and fails.
+# Waits up to $end_wait_s seconds (default 30) for the job to end by itself; sets
+# $rc to its exit code, or kills it and fails.
 wait_for_job_end() {
-  for _ in $(seq 1 150); do
+  for _ in $(seq 1 $(( ${end_wait_s:-30} * 5 ))); do
     kill -0 "$launcher" 2>/dev/null || break
     sleep 0.2
   done
   if kill -0 "$launcher" 2>/dev/null; then
-    echo "FAIL: job still running 30 s after $1"; kill -9 "$launcher"; exit 1
+    echo "FAIL: job still running ${end_wait_s:-30} s after $1"; kill -9 "$launcher"; exit 1
   fi
   wait "$launcher"; rc=$?
 }

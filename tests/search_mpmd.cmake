@@ -1,10 +1,21 @@
 # End to end, real measurement, MPMD ranks with different CPU memory limits:
-#   mpirun -np 1 batchdist search CFG --set search.memory_limit_mb=LOOSE
+#   mpirun -np T batchdist search CFG --set search.memory_limit_mb=LOOSE
 #        : -np 1 batchdist search CFG --set search.memory_limit_mb=TIGHT
-# The choice must fit the tighter rank (rank 1). TIGHT is calibrated from an
-# unlimited run on this machine, halfway between the smallest and largest peaks.
+#        : -np NP-T-1 batchdist search CFG --set search.memory_limit_mb=LOOSE
+# The choice must fit the tighter rank T (TIGHT_RANK, default 1 of NP = 2). TIGHT
+# is calibrated from an unlimited 2-rank run on this machine, halfway between the
+# smallest and largest peaks (MAX: the largest per-GPU batch, default 256).
+if(NOT DEFINED NP)
+  set(NP 2)
+endif()
+if(NOT DEFINED TIGHT_RANK)
+  set(TIGHT_RANK 1)
+endif()
+if(NOT DEFINED MAX)
+  set(MAX 256)
+endif()
 file(REMOVE_RECURSE ${OUT})
-set(common search ${CFG} --quiet --set search.objective=max_fit --set search.max=256
+set(common search ${CFG} --quiet --set search.objective=max_fit --set search.max=${MAX}
     --set search.warmup_steps=1 --set search.timed_steps=1 --set search.min_time_s=0
     --set search.max_time_s=0.2)
 execute_process(COMMAND ${MPIRUN} ${MPI_FLAGS} -np 2 ${BIN} ${common} --output ${OUT}/calibrate
@@ -25,9 +36,17 @@ if(large LESS_EQUAL small)
   message(FATAL_ERROR "peak memory does not grow with the batch (${small} -> ${large} MB)")
 endif()
 
-execute_process(COMMAND ${MPIRUN} ${MPI_FLAGS}
-    -np 1 ${BIN} ${common} --output ${OUT}/mpmd --set search.memory_limit_mb=100000 :
-    -np 1 ${BIN} ${common} --output ${OUT}/mpmd --set search.memory_limit_mb=${tight}
+set(loose ${BIN} ${common} --output ${OUT}/mpmd --set search.memory_limit_mb=100000)
+set(apps)
+if(TIGHT_RANK GREATER 0)
+  list(APPEND apps -np ${TIGHT_RANK} ${loose} :)
+endif()
+list(APPEND apps -np 1 ${BIN} ${common} --output ${OUT}/mpmd --set search.memory_limit_mb=${tight})
+math(EXPR after "${NP} - ${TIGHT_RANK} - 1")
+if(after GREATER 0)
+  list(APPEND apps : -np ${after} ${loose})
+endif()
+execute_process(COMMAND ${MPIRUN} ${MPI_FLAGS} ${apps}
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "MPMD run failed (${rc}):\n${out}\n${err}")
@@ -37,27 +56,31 @@ string(JSON chosen GET "${res}" chosen)
 string(JSON budget GET "${res}" memory_budget_mb)
 string(JSON n LENGTH "${res}" candidates)
 math(EXPR last "${n} - 1")
-set(rank1_failed FALSE)
+set(tight_failed FALSE)
 foreach(i RANGE ${last})
   string(JSON m GET "${res}" candidates ${i} per_gpu_batch)
   string(JSON reason GET "${res}" candidates ${i} reason)
-  # Rank 1's own peak: the max over ranks includes the loose rank 0.
-  string(JSON peak GET "${res}" candidates ${i} rank_peak_memory_mb 1)
-  if(reason MATCHES "over memory budget on rank 1")
-    set(rank1_failed TRUE)
+  # The tight rank's own peak: the max over ranks includes the loose ones.
+  string(JSON peak GET "${res}" candidates ${i} rank_peak_memory_mb ${TIGHT_RANK})
+  if(reason MATCHES "over memory budget on rank ${TIGHT_RANK}")
+    set(tight_failed TRUE)
   endif()
   if(m EQUAL chosen)
     string(REGEX REPLACE "\\..*" "" peak_int "${peak}")
     if(peak_int GREATER tight)
-      message(FATAL_ERROR "chosen ${chosen} peaks at ${peak} MB on rank 1, above its limit ${tight} MB")
+      message(FATAL_ERROR "chosen ${chosen} peaks at ${peak} MB on rank ${TIGHT_RANK}, above its limit ${tight} MB")
     endif()
   endif()
 endforeach()
-if(NOT rank1_failed)
-  message(FATAL_ERROR "no candidate failed on the tighter rank 1:\n${res}")
+if(NOT tight_failed)
+  message(FATAL_ERROR "no candidate failed on the tighter rank ${TIGHT_RANK}:\n${res}")
 endif()
 string(REGEX REPLACE "\\..*" "" budget "${budget}")
 if(NOT budget EQUAL tight)
   message(FATAL_ERROR "memory budget ${budget} MB is not the tighter rank's ${tight} MB")
 endif()
-message(STATUS "ok: chose per-GPU ${chosen} under the tighter limit ${tight} MB (rank 1)")
+string(JSON world GET "${res}" world_size)
+if(NOT world EQUAL NP)
+  message(FATAL_ERROR "search.json says world size ${world}, expected ${NP}")
+endif()
+message(STATUS "ok: ${NP} ranks chose per-GPU ${chosen} under the tighter limit ${tight} MB (rank ${TIGHT_RANK})")

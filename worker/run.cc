@@ -20,6 +20,7 @@
 #include "collective/torch_compat.h"
 #include "worker/common/console.h"
 #include "worker/common/files.h"
+#include "worker/common/util.h"
 #include "worker/device.h"
 #include "worker/model/model.h"
 #include "worker/model/precision.h"
@@ -446,10 +447,49 @@ void prepareData(const RunRequest& req, const RankPlace& place, RunSetup& s) {
   }
 }
 
+/// Note [phases]: rank 0's wall time per phase of a run, written to
+/// OUTPUT/phases.json at its very end (bench/scale.sh reads it to show how each
+/// phase grows with the world size). `done_unix_s` lets the caller time the
+/// shutdown that follows (the process group, MPI_Finalize, mpirun).
+struct PhaseClock {
+  nlohmann::ordered_json phases = nlohmann::ordered_json::object();
+  double mark = monotonicSeconds();
+  /// Records the time since the last mark under `name`, and marks now.
+  void lap(const char* name) {
+    const double now = monotonicSeconds();
+    phases[name] = now - mark;
+    mark = now;
+  }
+  void write(const RunRequest& req, const RankPlace& place, const PhaseSeconds* train) {
+    if (place.rank != 0) return;
+    auto j = nlohmann::ordered_json::object();
+    j["world_size"] = place.size;
+    j["load"] = req.load_s;
+    j["mpi_init"] = req.mpi_init_s;
+    j["setup"] = req.setup_s;
+    for (const auto& [k, v] : phases.items()) j[k] = v;
+    if (train) {
+      j["first_step"] = train->first_step;
+      j["steady_step"] = train->steady_step;
+      j["eval"] = train->eval;
+      j["checkpoint_write"] = train->checkpoint;
+    }
+    j["done_unix_s"] = std::chrono::duration<double>(
+                           std::chrono::system_clock::now().time_since_epoch()).count();
+    try {
+      writeFileAtomic((fs::path(req.output) / "phases.json").string(), j.dump(2) + "\n");
+    } catch (const std::exception& e) {
+      std::cerr << strCat("batchdist: warning: could not write phases.json: ", e.what(), "\n");
+    }
+  }
+};
+
 int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
+  PhaseClock clock;
   auto conn = connect(s, place);
   auto& comm = *conn.comm;
   checkConfigsAgree(s.cfg, comm);
+  clock.lap("rendezvous");
   const bool lead = place.rank == 0;
   Console console(lead && !req.quiet, isatty(STDOUT_FILENO) != 0);
   console.line(strCat("batchdist ", BATCHDIST_VERSION, ": ", place.size, " rank(s) on ",
@@ -464,10 +504,12 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
   std::optional<SearchResult> searched;
   CacheEntry cache;
   const auto resumed = prepareResume(req, s, comm, console, &searched);
+  clock.lap("resume_plan");
   // A resumed run was planned by prepareResume, unless the search picks m for a new world size.
   if (req.search_only || s.cfg.batch.per_gpu_auto) {
     try {
       searched = searchBatch(req, s, comm, console, &cache);
+      clock.lap("search");
       if (!searched->data_bound.empty()) console.line("search: " + searched->data_bound);
     } catch (const SearchStopped& e) {
       const int sig = agreedSignal(req, comm);
@@ -482,6 +524,7 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
     if (req.search_only) {
       if (console.enabled()) std::cout << planText(s.plan) << std::flush;
       comm.barrier();
+      clock.write(req, place, nullptr);
       return 0;
     }
   }
@@ -494,11 +537,14 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
   Checkpointer checkpointer(s.cfg.checkpoint, s.checkpoint_dir,
                             {s.plan, searched ? searched->chosen : 0, s.cfg.resolved}, comm);
   trainer.setCheckpointer(&checkpointer);
+  clock.lap("model");
   if (resumed) {
     restoreState(*resumed, trainer.state(), place.rank, place.size);
     trainer.resumeAt(positionOf(resumed->manifest));
+    clock.lap("resume_read");
   }
   const auto result = trainer.train(console, [&req] { return req.stop_signal() != 0; });
+  clock.lap("train");
   // The signal may have reached only some ranks; all learn which (once per run).
   const int own_sig = req.stop_signal();
   const int sig = agreedSignal(req, comm);
@@ -513,6 +559,8 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
     markCache(cache, result);
   }
   comm.barrier();
+  clock.lap("artifacts");
+  clock.write(req, place, &result.phases);
   if (result.completed) return 0;
   if (!result.failure.empty()) {
     if (lead) std::cerr << strCat(place.tag(), " error: ", result.failure, "\n") << std::flush;

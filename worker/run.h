@@ -43,6 +43,12 @@ struct RunRequest {
   std::string resume;             ///< --resume: "auto", a checkpoint PATH, or "" (config decides)
   /// The signal that asked this rank to stop (SIGTERM, SIGUSR1, SIGINT), or 0.
   std::function<int()> stop_signal = [] { return 0; };
+  /// The launcher's phases on this rank (OUTPUT/phases.json): seconds from the
+  /// process's start to main() (loading the libraries), of MPI_Init, and of the
+  /// set-up (config, data, plan).
+  double load_s = -1;
+  double mpi_init_s = -1;
+  double setup_s = -1;
 };
 
 /// The local, deterministic part of the set-up: every rank does it alone and

@@ -19,9 +19,13 @@ constexpr double kLuckMargin = 0.15;
 
 std::string mb(double v) { return formatFixed(v, 0) + " MB"; }
 
+}  // namespace
+
 /// Note [search agreement]: a rank's failure travels as one number, so that one
 /// MAX gives the worst kind and, among the ranks with that kind, the lowest rank
-/// (an OOM on rank 3 and an error on rank 1 report the error on rank 1).
+/// (an OOM on rank 3 and an error on rank 1 report the error on rank 1). It
+/// travels in a double allreduce: kind x 2^24 + rank slot stays below 2^27, far
+/// inside a double's 53 exact bits, for any rank below 2^24.
 constexpr double kRankSlots = 1 << 24;
 double failureCode(FailKind kind, int rank) {
   if (kind == FailKind::kNone) return -1;
@@ -32,8 +36,6 @@ std::pair<FailKind, int> decodeFailure(double code) {
   const auto kind = static_cast<int>(code / kRankSlots);
   return {static_cast<FailKind>(kind), static_cast<int>(kRankSlots - 1 - (code - kind * kRankSlots))};
 }
-
-}  // namespace
 
 const char* toString(FailKind kind) {
   switch (kind) {

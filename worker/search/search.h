@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "collective/communicator.h"
@@ -50,6 +51,13 @@ class Console;
 
 enum class FailKind : int { kNone = 0, kOverBudget = 1, kOutOfMemory = 2, kError = 3 };
 const char* toString(FailKind kind);
+
+/// A rank's failure as one number for a MAX allreduce (Note [search agreement]):
+/// the maximum decodes to the worst kind and, for that kind, the lowest rank.
+/// -1 for kNone. Exact for every rank below 2^24.
+double failureCode(FailKind kind, int rank);
+/// The kind and rank of failureCode()'s value; {kNone, -1} for a negative code.
+std::pair<FailKind, int> decodeFailure(double code);
 
 /// How long one candidate is timed (Note [adaptive timing]).
 struct TimingRule {

@@ -106,6 +106,15 @@ struct DataFigures {
   std::vector<DataErrorRecord> first_errors;  ///< rank 0's first few
 };
 
+/// Rank 0's wall time of training's phases, for bench/scale.sh (OUTPUT/phases.json).
+/// -1: the phase did not happen in this run.
+struct PhaseSeconds {
+  double first_step = -1;   ///< the first step of this run (lazy set-up, first allreduce)
+  double steady_step = -1;  ///< the median step after the first
+  double eval = -1;         ///< the mean evaluation
+  double checkpoint = -1;   ///< the mean checkpoint write
+};
+
 struct TrainResult {
   int64_t steps = 0;
   int64_t epochs = 0;
@@ -131,6 +140,7 @@ struct TrainResult {
   int64_t oom_retries = 0;   ///< times the larger per-GPU batch was tried again
   std::string failure;       ///< why training stopped early without a signal (completed false)
   DataFigures data;
+  PhaseSeconds phases;
 };
 
 }  // namespace batchdist::worker

@@ -149,19 +149,12 @@ std::vector<MicroBatch> Trainer::jobs(const Sharder& sharder, int64_t first, int
   return out;
 }
 
-// One summed number of the side channel carries both per-step wishes: stops
-// count 0..W, checkpoint wishes add W + 1 each, so the sum over W ranks is at
-// most W (W + 2): exact in the fp32 bucket for W up to ~4000 ranks.
-double Trainer::encodeWishes(const bool* stop, const bool* checkpoint) const {
-  const double unit = comm_.size() + 1.0;
-  return (stop && *stop ? 1.0 : 0.0) + (checkpoint && *checkpoint ? unit : 0.0);
+collective::SideChannel packWishes(const StepWishes& mine) {
+  return {mine.stop ? 1.0 : 0.0, mine.checkpoint ? 1.0 : 0.0, mine.oom ? 1.0 : 0.0};
 }
 
-void Trainer::decodeWishes(double sum, bool* stop, bool* checkpoint) const {
-  const double unit = comm_.size() + 1.0;
-  const double wishes = std::floor((sum + 0.5) / unit);
-  if (stop) *stop = sum - wishes * unit > 0.5;
-  if (checkpoint) *checkpoint = wishes > 0.5;
+StepWishes unpackWishes(const collective::SideChannel& summed) {
+  return {summed[0] > 0.5, summed[1] > 0.5, summed[2] > 0.5};
 }
 
 double Trainer::trainStep(int64_t real, double lr, bool* stop, bool* checkpoint) {
@@ -240,11 +233,15 @@ void Trainer::syncGradients(bool* stop, bool* checkpoint, bool* oom) {
   // communication (with the reducer, what backward did not hide).
   synchronize();
   const double t0 = monotonicSeconds();
-  // Note [oom back-off]: slot 1 counts the ranks whose step failed.
-  collective::SideChannel side{encodeWishes(stop, checkpoint), oom && *oom ? 1.0 : 0.0};
+  // Note [oom back-off]: the oom slot counts the ranks whose step failed.
+  // Note [step wishes]
+  collective::SideChannel side =
+      packWishes({stop && *stop, checkpoint && *checkpoint, oom && *oom});
   const auto decode = [&] {
-    decodeWishes(side[0], stop, checkpoint);
-    if (oom) *oom = side[1] > 0.5;
+    const auto all = unpackWishes(side);
+    if (stop) *stop = all.stop;
+    if (checkpoint) *checkpoint = all.checkpoint;
+    if (oom) *oom = all.oom;
   };
   if (reducer_) {
     reducer_->setSide(side);
@@ -534,11 +531,13 @@ void Trainer::runSteps(EpochRun& e, Sharder& sharder, int64_t* global_step,
     bool due = checkpointer_ && checkpointer_->dueByTime();  // rank 0's clock decides
     maybeRecover(e, sharder, s, *global_step, result);
     double loss = 0;
+    const double step_started = monotonicSeconds();
     if (!runStep(e, sharder, s, *global_step, &e.stop, checkpointer_ ? &due : nullptr, result,
                  &loss)) {
       e.failed = true;
       return;
     }
+    if (step_seconds_.size() < 100000) step_seconds_.push_back(monotonicSeconds() - step_started);
     e.loss_sum += loss;
     e.samples += sharder.realSamples(s);
     ++*global_step;
@@ -809,7 +808,10 @@ EpochStats Trainer::finishEpoch(const EpochRun& e, Console& console) {
   const double train_loss =
       comm_.allreduce(e.loss_sum, collective::ReduceOp::kSum) / std::max<int64_t>(1, e.samples);
   if (cfg_.train.check_finite) checkHealth(e.epoch);
+  const double eval_started = monotonicSeconds();
   const auto ev = evaluate();
+  eval_seconds_ += monotonicSeconds() - eval_started;
+  ++evals_;
   EpochStats st{e.epoch, train_loss, ev.loss, ev.accuracy, e.samples / std::max(train_secs, 1e-9),
                 monotonicSeconds() - e.started, noise_.windowBSimple()};
   noise_.resetWindow();
@@ -833,6 +835,27 @@ void Trainer::UtilizationSampler::sample(int64_t global_step) {
     sum += u;
     ++count;
   }
+}
+
+PhaseSeconds Trainer::phaseSeconds(const TrainResult& result) const {
+  PhaseSeconds p;
+  if (!step_seconds_.empty()) p.first_step = step_seconds_.front();
+  if (step_seconds_.size() > 1) {
+    std::vector<double> rest(step_seconds_.begin() + 1, step_seconds_.end());
+    std::nth_element(rest.begin(), rest.begin() + rest.size() / 2, rest.end());
+    p.steady_step = rest[rest.size() / 2];
+  }
+  if (evals_ > 0) p.eval = eval_seconds_ / evals_;
+  int64_t written = 0;
+  double seconds = 0;
+  for (const auto& c : result.checkpoints) {
+    if (c.error.empty()) {
+      ++written;
+      seconds += c.seconds;
+    }
+  }
+  if (written > 0) p.checkpoint = seconds / written;
+  return p;
 }
 
 TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_requested) {
@@ -896,6 +919,7 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
   result.steps = global_step;
   result.epochs = static_cast<int64_t>(result.history.size());
   result.wall_s = monotonicSeconds() - t0;
+  result.phases = phaseSeconds(result);
   if (!result.history.empty()) {
     const auto& last = result.history.back();
     result.train_loss = last.train_loss;

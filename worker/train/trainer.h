@@ -13,7 +13,7 @@
 //    syncGradients(), which sends every bucket in the same order (Note
 //    [overlapped reducer]: the reducer's last bucket, the side channel's, starts
 //    only in finish(), so a flag set after a failure halfway through backward
-//    still travels) with its out-of-memory flag in slot 1 of the side channel.
+//    still travels) with its out-of-memory wish in the side channel (Note [step wishes]).
 //    Every rank reads the same sum after the same step, so every rank discards
 //    that step (no optimizer update; BatchNorm buffers restored from the copy
 //    taken before the step) and only then do they meet in one small allreduce for
@@ -70,6 +70,22 @@ namespace batchdist::worker {
 class Console;
 class Checkpointer;
 struct TrainState;
+
+/// Note [step wishes]: what one rank asks of a step, carried in the gradient
+/// allreduce's side channel at no extra collective. Each wish has a slot of its
+/// own that counts the ranks asking (0..W), so the summed channel is exact in the
+/// fp32 bucket for any W below 2^24: no packing of several counts into one number
+/// (exact only while W (W + 2) < 2^24, about 4 000 ranks).
+struct StepWishes {
+  bool stop = false;        ///< a stop signal arrived: every rank stops after this step
+  bool checkpoint = false;  ///< a checkpoint is due (e.g. SIGUSR1): every rank writes it
+  bool oom = false;         ///< this step ran out of memory (Note [oom back-off])
+};
+
+/// This rank's wishes as its share of the side channel.
+collective::SideChannel packWishes(const StepWishes& mine);
+/// The job's wishes from the side channel summed over the ranks: any rank's wish counts.
+StepWishes unpackWishes(const collective::SideChannel& summed);
 
 struct EvalResult {
   double loss = 0;
@@ -214,12 +230,15 @@ class Trainer {
   void logEpochMetrics(const EpochRun& e, const EpochStats& h, int64_t global_step,
                        double run_started, TrainResult& result);
   void recordNoise();
+  PhaseSeconds phaseSeconds(const TrainResult& result) const;
   void trackMicroBatch(int64_t k);
   NoiseScaleResult noiseResult() const;
   EpochStats finishEpoch(const EpochRun& e, Console& console);
-  double encodeWishes(const bool* stop, const bool* checkpoint) const;
-  void decodeWishes(double sum, bool* stop, bool* checkpoint) const;
   void synchronize() const;
+
+  std::vector<double> step_seconds_;  ///< wall time of this run's steps (the first 100 000)
+  double eval_seconds_ = 0;
+  int64_t evals_ = 0;
 
   const Config& cfg_;
   collective::Communicator& comm_;
