@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -100,6 +103,19 @@ TEST_P(CheckpointRoundTrip, ContinuesBitwiseAndDamageIsRefused) {
     const auto found = findLatestCheckpoint(dir.string(), &rejected);
     ASSERT_TRUE(found.has_value());
     EXPECT_EQ(positionOf(found->manifest).global_step, 3);
+    // Note [rng records]: what rng.pt holds, in the manifest; its size follows.
+    const auto& rng = found->manifest["rng"];
+    EXPECT_EQ(rng.value("layout", ""), "records");
+    EXPECT_EQ(rng.value("ranks", 0), 2);
+    EXPECT_EQ(rng.value("cpu", false), true);
+    EXPECT_EQ(rng.value("cuda", true), false) << "a CPU run has no CUDA generator state";
+    EXPECT_EQ(rng.value("cuda_bytes", -1), 0);
+    EXPECT_EQ(rng.value("cpu_bytes", 0), at::detail::getDefaultCPUGenerator().get_state().numel());
+    EXPECT_EQ(rng.value("record_bytes", 0), 16 + (rng.value("cpu_bytes", 0) + 7) / 8 * 8);
+    EXPECT_EQ(static_cast<int64_t>(fs::file_size(dir / "step-00000003" / "rng.pt")),
+              32 + 2 * rng.value("record_bytes", 0));
+    std::printf("[ rng ] CPU generator state %d bytes, record %d bytes\n",
+                rng.value("cpu_bytes", 0), rng.value("record_bytes", 0));
 
     torch::manual_seed(99);  // other initial weights, no optimizer state
     auto b = buildModel(cfg.model, {4}, 3);
