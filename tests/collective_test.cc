@@ -164,10 +164,13 @@ TEST_P(Collectives, ReducerOverlapsSendsOnlyOnTheLastMicroBatchAndSumsExactly) {
 }
 
 // Note [reducer hooks]: a Reducer's autograd hooks go with it. Reducer A trains
-// a chain two steps and is destroyed; Reducer B over the same parameters trains
-// two more. Every step's gradient is exactly the sum over the ranks of the
-// single-rank gradient (integer values: exact in double whatever the order),
-// and A's hooks are gone from the accumulators (they held the freed A).
+// a chain two steps; a forward is made while A lives (its graph holds the
+// accumulators, and with them any hook left on them); A is destroyed, Reducer B
+// built over the same parameters, and that graph's backward and two more steps
+// run under B. Every step's gradient is exactly the sum over the ranks of the
+// single-rank gradient (integer values: exact in double whatever the order):
+// counted once, by B. Without the removal A's hook stays on the accumulators
+// and would call the freed A (checked before that backward runs).
 TEST_P(Collectives, ASecondReducerOverTheSameParametersCountsEachGradientOnce) {
   const int world = GetParam();
   runRanks(world, [world](Communicator& c) {
@@ -185,36 +188,45 @@ TEST_P(Collectives, ASecondReducerOverTheSameParametersCountsEachGradientOnce) {
       return x.sum();
     };
     int step = 0;
-    const auto train = [&](Reducer& reducer) {
-      for (int n = 0; n < 2; ++n, ++step) {
-        reducer.zeroGrad();
-        reducer.prepare(/*final_micro=*/true);
-        forward(w, c.rank(), step).backward();
-        reducer.finish();
-        for (std::size_t i = 0; i < w.size(); ++i) {
-          auto ref = torch::zeros({4, 4}, torch::kDouble);
-          for (int r = 0; r < world; ++r) {
-            std::vector<torch::Tensor> v;
-            for (auto& layer : w) v.push_back(layer.detach().clone().requires_grad_(true));
-            forward(v, r, step).backward();
-            ref += v[i].grad();
-          }
-          EXPECT_TRUE(torch::equal(w[i].grad(), ref)) << "step " << step << " w" << i;
+    // One step under `reducer`; `loss`, if given, is this step's forward, made earlier.
+    const auto train = [&](Reducer& reducer, torch::Tensor loss) {
+      reducer.zeroGrad();
+      reducer.prepare(/*final_micro=*/true);
+      (loss.defined() ? loss : forward(w, c.rank(), step)).backward();
+      reducer.finish();
+      for (std::size_t i = 0; i < w.size(); ++i) {
+        auto ref = torch::zeros({4, 4}, torch::kDouble);
+        for (int r = 0; r < world; ++r) {
+          std::vector<torch::Tensor> v;
+          for (auto& layer : w) v.push_back(layer.detach().clone().requires_grad_(true));
+          forward(v, r, step).backward();
+          ref += v[i].grad();
         }
-        torch::NoGradGuard no_grad;
-        for (auto& layer : w) layer.sub_(layer.grad().sign());  // stays integer
+        EXPECT_TRUE(torch::equal(w[i].grad(), ref)) << "step " << step << " w" << i;
       }
+      torch::NoGradGuard no_grad;
+      for (auto& layer : w) layer.sub_(layer.grad().sign());  // stays integer
+      ++step;
     };
+    torch::Tensor pending;
     {
       Reducer a(c, w, /*bucket_bytes=*/64);  // one layer a bucket
       EXPECT_EQ(hooksOn(w[0]), baseline + 1);
-      train(a);
+      for (int n = 0; n < 2; ++n) train(a, {});
+      pending = forward(w, c.rank(), step);  // its graph outlives A
     }
-    for (const auto& p : w) EXPECT_EQ(hooksOn(p), baseline) << "a destroyed Reducer left its hook";
+    for (const auto& p : w) {
+      if (hooksOn(p) != baseline) {  // every rank alike: all stop here
+        ADD_FAILURE() << "a destroyed Reducer left its hook on a gradient accumulator";
+        return;
+      }
+    }
     Reducer b(c, w, /*bucket_bytes=*/64);
     EXPECT_EQ(hooksOn(w[0]), baseline + 1);
-    train(b);
-    EXPECT_EQ(b.collectivesStarted(), 2 * static_cast<int64_t>(b.bucketCount()));
+    train(b, pending);
+    pending = torch::Tensor();
+    for (int n = 0; n < 2; ++n) train(b, {});
+    EXPECT_EQ(b.collectivesStarted(), 3 * static_cast<int64_t>(b.bucketCount()));
   });
 }
 
