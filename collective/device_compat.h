@@ -17,6 +17,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include <ATen/Functions.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/Tensor.h>
 
