@@ -125,7 +125,7 @@ case "$scenario" in
     last=$((np - 1)) per=16
     run s "$quickstart" "$last:5:1:forward" --set model.sync_batchnorm=true \
       --set dist.timeout_s=20 --set train.max_steps=12 --set batch.global=$((per * np))
-    [ "$rc" = 0 ] || fail "exit $rc (a rank left waiting in a BatchNorm allreduce times out): $(tail -5 "$out/s.log")"
+    [ "$rc" = 0 ] || fail "exit $rc (ranks out of step in the BatchNorm allreduces: mismatched collectives crash the job, or one waits until dist.timeout_s): $(tail -5 "$out/s.log")"
     n=$(grep -c "oom back-off: out of memory at step 5 on rank $last with per-GPU batch $per x accumulation 1 (peak resident [0-9]* MB); every rank redoes the step as per-GPU batch $((per / 2)) x accumulation 2" "$out/s.log")
     [ "$n" = 1 ] || fail "expected one back-off line on rank 0, found $n"
     has s '"completed": true'

@@ -208,8 +208,10 @@ TEST(OomBackoff, TheLargerBatchIsTriedAgainAfterGoodSteps) {
 // allreduce the others are waiting in. Every rank learns of it at the end of
 // that forward and backs off with the others (each rank's own report says so),
 // and the run ends with the weights of one that switched to 4 x 2 at step 5.
-// Collectives time out after 20 s: before the fix the others waited there and
-// the run ended in a CollectiveError.
+// Collectives time out after 20 s. Before the fix the failing rank's gradient
+// buckets met the others' BatchNorm allreduce out of step: Gloo aborted the
+// job on the size mismatch (the MPI backend too; equal sizes would have waited
+// until the timeout).
 TEST(OomBackoff, WithSyncBatchNormAFailureInForwardBacksOffEveryRankTogether) {
   for (bool overlap : {true, false}) {
     const auto cfg = oomConfig(/*bn=*/true, overlap, /*recover_after=*/0, /*sync_bn=*/true);

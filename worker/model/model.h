@@ -17,8 +17,10 @@ namespace batchdist::worker {
 
 /// Note [sync batchnorm failure]: with model.sync_batchnorm every training forward
 /// makes one allreduce per BatchNorm layer (Note [sync batchnorm]). A rank that
-/// runs out of memory inside forward would leave the others blocked in the next
-/// one until dist.timeout_s. So, around each training forward (and its loss):
+/// runs out of memory inside forward would leave the others in the next one,
+/// which its gradient buckets (Note [oom back-off]) then meet out of step: the
+/// job aborts on the size mismatch, or waits until dist.timeout_s. So, around
+/// each training forward (and its loss):
 ///  - every rank ends it with endForward(): one allreduce of one number, the count
 ///    of ranks whose forward failed. A failing rank first makes the BatchNorm
 ///    allreduces its forward did not reach, with zeros (their sizes: those of the
