@@ -7,6 +7,7 @@
 #include <torch/version.h>
 
 #if defined(BATCHDIST_WITH_CUDA)
+#include <ATen/Context.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -16,10 +17,12 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include <ATen/Functions.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/Tensor.h>
 
 #include <cstdlib>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -165,6 +168,40 @@ inline at::Tensor copyToDeviceAsync(const at::Tensor& host, const at::Device& de
   }
 #endif
   return host.to(device);
+}
+
+/// Note [cuda rng]: the state of `device`'s default CUDA generator (dropout and
+/// every other random kernel on that GPU), as a uint8 CPU tensor: Philox's seed
+/// and offset, 16 bytes in LibTorch 1.13 and 2.x alike (the generic
+/// at::Generator calls, no CUDA generator header). An empty tensor for a CPU
+/// device or in a CPU build. The generator's mutex is held while it is read.
+inline at::Tensor cudaRngState(const at::Device& device) {
+#if defined(BATCHDIST_WITH_CUDA)
+  if (device.is_cuda()) {
+    at::Generator gen = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    return gen.get_state();
+  }
+#endif
+  (void)device;
+  return at::empty({0}, at::TensorOptions().dtype(at::kByte));
+}
+
+/// Restores a state taken by cudaRngState() into `device`'s default CUDA
+/// generator. Returns false (nothing done) for a CPU device, a CPU build or an
+/// empty state; the generator itself throws on a state of the wrong size.
+inline bool setCudaRngState(const at::Device& device, const at::Tensor& state) {
+#if defined(BATCHDIST_WITH_CUDA)
+  if (device.is_cuda() && state.numel() > 0) {
+    at::Generator gen = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(state);
+    return true;
+  }
+#endif
+  (void)device;
+  (void)state;
+  return false;
 }
 
 /// Autocast on or off for a device type, with the low-precision dtype.

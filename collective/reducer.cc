@@ -32,26 +32,34 @@ Reducer::Reducer(Communicator& comm, std::vector<at::Tensor> params, std::size_t
   for (std::size_t k = params_.size(); k-- > 0;) order.push_back(k);
   build(order);
   for (std::size_t i = 0; i < params_.size(); ++i) {
+    using torch::autograd::Node;
     auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
     if (!acc) {
       throw CollectiveError(strCat("reducer: parameter ", i, " has no gradient accumulator (it "
                                    "does not require grad, or is not a leaf)"));
     }
-    acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [this, i](const torch::autograd::variable_list& outputs,
-                  const torch::autograd::variable_list&) {
-          onGradReady(i);
-          return outputs;
-        }));
-    // shared_ptr (1.13) or intrusive_ptr (2.x): held the same way, whatever it is.
-    hooks_.push_back(std::make_shared<decltype(acc)>(acc));
+    const uintptr_t key = acc->add_post_hook(
+        std::make_unique<torch::autograd::utils::LambdaPostHook>(
+            [this, i](const torch::autograd::variable_list& outputs,
+                      const torch::autograd::variable_list&) {
+              onGradReady(i);
+              return outputs;
+            }));
+    // Note [reducer hooks]: the key removes the hook again in ~Reducer().
+    Node* node = acc.get();
+    hooks_.push_back({std::make_shared<decltype(acc)>(acc), node, key});
   }
 }
 
-// The hooks stay on the accumulators, which live as long as the parameters; they
-// hold `this`, so a Reducer must outlive every backward over its parameters (the
-// trainer owns both and destroys the model after it).
-Reducer::~Reducer() = default;
+// Note [reducer hooks]: the hooks hold `this`, and the accumulators outlive the
+// Reducer (they live as long as the parameters, and a second Reducer may be built
+// over the same model: the batch search's candidates, a test). So the destructor
+// removes every hook it added; a backward after it never reaches a freed Reducer,
+// and a gradient is counted by the live Reducer alone. (Destroying a Reducer while
+// a backward over its parameters runs is not supported, as in c10d.)
+Reducer::~Reducer() {
+  for (auto& hook : hooks_) hook.accumulator->del_post_hook(hook.key);
+}
 
 void Reducer::build(const std::vector<std::size_t>& order) {
   // One open bucket per (dtype, device), filled in `order` up to bucket_bytes_.

@@ -47,6 +47,10 @@
 #include "collective/communicator.h"
 #include "collective/grad_sync.h"
 
+namespace torch::autograd {
+struct Node;
+}
+
 namespace batchdist::collective {
 
 class Reducer {
@@ -147,7 +151,14 @@ class Reducer {
   std::size_t bucket_bytes_;
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> bucket_of_;       // param -> bucket
-  std::vector<std::shared_ptr<void>> hooks_;  // keeps the grad accumulators alive
+  /// One autograd post-hook per parameter (Note [reducer hooks] in reducer.cc):
+  /// the accumulator it sits on, kept alive, and the key that removes it.
+  struct Hook {
+    std::shared_ptr<void> keep;  // the accumulator's own pointer type (1.13 / 2.x), held
+    torch::autograd::Node* accumulator = nullptr;
+    uintptr_t key = 0;
+  };
+  std::vector<Hook> hooks_;
   std::vector<std::size_t> ready_order_;     // first step: param ready order
   std::vector<bool> seen_;
   std::mutex mu_;

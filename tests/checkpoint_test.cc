@@ -3,8 +3,12 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "tests/thread_ranks.h"
@@ -100,6 +104,19 @@ TEST_P(CheckpointRoundTrip, ContinuesBitwiseAndDamageIsRefused) {
     const auto found = findLatestCheckpoint(dir.string(), &rejected);
     ASSERT_TRUE(found.has_value());
     EXPECT_EQ(positionOf(found->manifest).global_step, 3);
+    // Note [rng records]: what rng.pt holds, in the manifest; its size follows.
+    const auto& rng = found->manifest["rng"];
+    EXPECT_EQ(rng.value("layout", ""), "records");
+    EXPECT_EQ(rng.value("ranks", 0), 2);
+    EXPECT_EQ(rng.value("cpu", false), true);
+    EXPECT_EQ(rng.value("cuda", true), false) << "a CPU run has no CUDA generator state";
+    EXPECT_EQ(rng.value("cuda_bytes", -1), 0);
+    EXPECT_EQ(rng.value("cpu_bytes", 0), at::detail::getDefaultCPUGenerator().get_state().numel());
+    EXPECT_EQ(rng.value("record_bytes", 0), 16 + (rng.value("cpu_bytes", 0) + 7) / 8 * 8);
+    EXPECT_EQ(static_cast<int64_t>(fs::file_size(dir / "step-00000003" / "rng.pt")),
+              32 + 2 * rng.value("record_bytes", 0));
+    std::printf("[ rng ] CPU generator state %d bytes, record %d bytes\n",
+                rng.value("cpu_bytes", 0), rng.value("record_bytes", 0));
 
     torch::manual_seed(99);  // other initial weights, no optimizer state
     auto b = buildModel(cfg.model, {4}, 3);
@@ -137,6 +154,60 @@ TEST_P(CheckpointRoundTrip, ContinuesBitwiseAndDamageIsRefused) {
 
 // SGD momentum, Adam moments and step counts, LARS momentum.
 INSTANTIATE_TEST_SUITE_P(Optimizers, CheckpointRoundTrip, ::testing::Values("sgd", "adamw", "lars"));
+
+// A format 1 checkpoint (rng.pt a torch archive of every rank's CPU generator,
+// no "rng" in the manifest) still verifies and restores this rank's generator.
+TEST(Checkpoint, Format1RngArchiveIsStillRead) {
+  const auto dir = freshDir("format1");
+  Config cfg = parseConfig("model: {hidden: [8], batchnorm: false}", "t.yaml");
+  runRanks(1, [&](collective::Communicator& comm) {
+    torch::manual_seed(3);
+    auto model = buildModel(cfg.model, {4}, 3);
+    auto opt = makeOptimizer(cfg.optim, model->trainableParameters());
+    CheckpointIdentity id;
+    id.plan.world_size = 2;
+    id.config = cfg.resolved;
+    Checkpointer ck(cfg.checkpoint, dir.string(), id, comm);
+    Console quiet(false, false);
+    TrainPosition pos;
+    pos.global_step = 1;
+    ASSERT_TRUE(ck.save({model.get(), opt.get(), nullptr, at::kCPU}, pos, false, quiet).error.empty());
+    const auto step = dir / "step-00000001";
+    // Rewrite it as format 1: rank 1's generator is the one a resume must take.
+    torch::manual_seed(41);
+    const auto expected = torch::rand({4});
+    torch::manual_seed(41);
+    torch::serialize::OutputArchive archive;
+    archive.write("r0", torch::zeros({1}, torch::kByte), /*is_buffer=*/true);
+    archive.write("r1", at::detail::getDefaultCPUGenerator().get_state(), /*is_buffer=*/true);
+    std::ostringstream bytes;
+    archive.save_to(bytes);
+    { std::ofstream(step / "rng.pt", std::ios::binary) << bytes.str(); }
+    auto m = nlohmann::ordered_json::parse(std::ifstream(step / "manifest.json"));
+    m["format"] = 1;
+    m.erase("rng");
+    for (auto& f : m["files"]) {
+      if (f["name"] != "rng.pt") continue;
+      f["bytes"] = bytes.str().size();
+      char hash[20];
+      std::snprintf(hash, sizeof hash, "%016llx",
+                    static_cast<unsigned long long>(fnv1a64(bytes.str().data(), bytes.str().size())));
+      f["fnv1a64"] = hash;
+    }
+    m.erase("checksum");
+    char sum[20];
+    const std::string dump = m.dump();
+    std::snprintf(sum, sizeof sum, "%016llx",
+                  static_cast<unsigned long long>(fnv1a64(dump.data(), dump.size())));
+    m["checksum"] = sum;
+    { std::ofstream(step / "manifest.json") << m.dump(1) << "\n"; }
+    const auto c = verifyCheckpoint(step.string());
+    ASSERT_TRUE(c.problem.empty()) << c.problem;
+    torch::manual_seed(0);
+    restoreState(c, {model.get(), opt.get(), nullptr, at::kCPU}, /*rank=*/1, /*world=*/2);
+    EXPECT_TRUE(torch::equal(torch::rand({4}), expected));
+  });
+}
 
 TEST(Checkpoint, ResumeRefusesAnotherModelNamingTheKey) {
   const auto then = parseConfig("model: {hidden: [16]}\nbatch: {global: 64}", "t.yaml");

@@ -1,5 +1,6 @@
 // Collectives with several ranks as threads over a c10d HashStore + Gloo.
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -159,6 +160,73 @@ TEST_P(Collectives, ReducerOverlapsSendsOnlyOnTheLastMicroBatchAndSumsExactly) {
       for (auto& layer : w) layer.sub_(1e-4 * layer.grad());
     }
     EXPECT_TRUE(reducer.rebuilt());
+  });
+}
+
+// Note [reducer hooks]: a Reducer's autograd hooks go with it. Reducer A trains
+// a chain two steps; a forward is made while A lives (its graph holds the
+// accumulators, and with them any hook left on them); A is destroyed, Reducer B
+// built over the same parameters, and that graph's backward and two more steps
+// run under B. Every step's gradient is exactly the sum over the ranks of the
+// single-rank gradient (integer values: exact in double whatever the order):
+// counted once, by B. Without the removal A's hook stays on the accumulators
+// and would call the freed A (checked before that backward runs).
+TEST_P(Collectives, ASecondReducerOverTheSameParametersCountsEachGradientOnce) {
+  const int world = GetParam();
+  runRanks(world, [world](Communicator& c) {
+    std::vector<torch::Tensor> w;
+    for (int i = 0; i < 3; ++i) {
+      w.push_back(torch::full({4, 4}, 1.0 + i, torch::dtype(torch::kDouble).requires_grad(true)));
+    }
+    const auto hooksOn = [&](const torch::Tensor& p) {
+      return torch::autograd::impl::grad_accumulator(p)->post_hooks().size();
+    };
+    const std::size_t baseline = hooksOn(w[0]);
+    const auto forward = [&](const std::vector<torch::Tensor>& layers, int rank, int step) {
+      auto x = torch::full({2, 4}, 1.0 + rank + step, torch::kDouble);
+      for (const auto& layer : layers) x = torch::mm(x, layer);
+      return x.sum();
+    };
+    int step = 0;
+    // One step under `reducer`; `loss`, if given, is this step's forward, made earlier.
+    const auto train = [&](Reducer& reducer, torch::Tensor loss) {
+      reducer.zeroGrad();
+      reducer.prepare(/*final_micro=*/true);
+      (loss.defined() ? loss : forward(w, c.rank(), step)).backward();
+      reducer.finish();
+      for (std::size_t i = 0; i < w.size(); ++i) {
+        auto ref = torch::zeros({4, 4}, torch::kDouble);
+        for (int r = 0; r < world; ++r) {
+          std::vector<torch::Tensor> v;
+          for (auto& layer : w) v.push_back(layer.detach().clone().requires_grad_(true));
+          forward(v, r, step).backward();
+          ref += v[i].grad();
+        }
+        EXPECT_TRUE(torch::equal(w[i].grad(), ref)) << "step " << step << " w" << i;
+      }
+      torch::NoGradGuard no_grad;
+      for (auto& layer : w) layer.sub_(layer.grad().sign());  // stays integer
+      ++step;
+    };
+    torch::Tensor pending;
+    {
+      Reducer a(c, w, /*bucket_bytes=*/64);  // one layer a bucket
+      EXPECT_EQ(hooksOn(w[0]), baseline + 1);
+      for (int n = 0; n < 2; ++n) train(a, {});
+      pending = forward(w, c.rank(), step);  // its graph outlives A
+    }
+    for (const auto& p : w) {
+      if (hooksOn(p) != baseline) {  // every rank alike: all stop here
+        ADD_FAILURE() << "a destroyed Reducer left its hook on a gradient accumulator";
+        return;
+      }
+    }
+    Reducer b(c, w, /*bucket_bytes=*/64);
+    EXPECT_EQ(hooksOn(w[0]), baseline + 1);
+    train(b, pending);
+    pending = torch::Tensor();
+    for (int n = 0; n < 2; ++n) train(b, {});
+    EXPECT_EQ(b.collectivesStarted(), 3 * static_cast<int64_t>(b.bucketCount()));
   });
 }
 

@@ -4,6 +4,7 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -29,14 +30,16 @@ inline int worldSize() {
 /// Runs fn(comm) on ranks 0..group-1 of MPI_COMM_WORLD, which form their own
 /// process group over `backend` (gloo or mpi); the other ranks skip it.
 /// Collective over MPI_COMM_WORLD.
+/// `timeout`: every collective's (dist.timeout_s in a real run).
 inline void inGroup(int group, const std::function<void(collective::Communicator&)>& fn,
-                    const std::string& backend = "gloo") {
+                    const std::string& backend = "gloo",
+                    std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
   const int rank = worldRank();
   MPI_Comm sub;
   MPI_Comm_split(MPI_COMM_WORLD, rank < group ? 0 : MPI_UNDEFINED, rank, &sub);
   if (sub != MPI_COMM_NULL) {
     collective::RendezvousOptions ro;
-    ro.timeout = std::chrono::seconds(60);
+    ro.timeout = timeout;
     const auto rv = collective::rendezvousOverMpi(sub, ro);
     collective::BackendOptions bo;
     bo.backend = "gloo";

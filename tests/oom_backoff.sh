@@ -13,8 +13,12 @@
 #                 to 256 once
 #   cache         a back-off marks the search cache entry; the next run takes a smaller
 #                 cached candidate and says why
+#   sync_bn       model.sync_batchnorm, the last of NP ranks (9th argument, default 2) fails
+#                 halfway through step 5's forward (BATCHDIST_FAULT_OOM=R:5:1:forward): every
+#                 rank backs off together and the run completes; dist.timeout_s is 20 s, so a
+#                 rank left in a BatchNorm allreduce would end the job (Note [sync batchnorm failure])
 set -u
-mpirun=$1 flags=$2 bin=$3 diff=$4 quickstart=$5 searchcfg=$6 out=$7 scenario=$8
+mpirun=$1 flags=$2 bin=$3 diff=$4 quickstart=$5 searchcfg=$6 out=$7 scenario=$8 np=${9:-2}
 rm -rf "$out"; mkdir -p "$out"
 fail() { echo "FAIL: $*"; exit 1; }
 
@@ -22,7 +26,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 run() {
   local name=$1 cfg=$2 env=$3; shift 3
   # shellcheck disable=SC2086
-  timeout 240 "$mpirun" $flags -np 2 -x BATCHDIST_FAULT_OOM="$env" "$bin" "$cfg" \
+  timeout 240 "$mpirun" $flags -np "$np" -x BATCHDIST_FAULT_OOM="$env" "$bin" "$cfg" \
     --output "$out/$name" "$@" >"$out/$name.log" 2>&1
   rc=$?
   grep -aoE '(oom back-off|oom recover|resume: |error: |done: |stopped early).*' "$out/$name.log" | sort -u | head -n 8
@@ -116,6 +120,19 @@ case "$scenario" in
       fail "the second run does not say that it avoids the marked batch"
     has c '"chosen": 128'
     has c '"oom_backoffs": []'
+    ;;
+  sync_bn)
+    last=$((np - 1)) per=16
+    run s "$quickstart" "$last:5:1:forward" --set model.sync_batchnorm=true \
+      --set dist.timeout_s=20 --set train.max_steps=12 --set batch.global=$((per * np))
+    [ "$rc" = 0 ] || fail "exit $rc (ranks out of step in the BatchNorm allreduces: mismatched collectives crash the job, or one waits until dist.timeout_s): $(tail -5 "$out/s.log")"
+    n=$(grep -c "oom back-off: out of memory at step 5 on rank $last with per-GPU batch $per x accumulation 1 (peak resident [0-9]* MB); every rank redoes the step as per-GPU batch $((per / 2)) x accumulation 2" "$out/s.log")
+    [ "$n" = 1 ] || fail "expected one back-off line on rank 0, found $n"
+    has s '"completed": true'
+    has s '"steps": 12,'
+    has s "\"from\": \"${per}x1\""
+    has s "\"to\": \"$((per / 2))x2\""
+    has s "\"per_gpu_batch\": $((per / 2))"
     ;;
   *) fail "unknown scenario $scenario" ;;
 esac

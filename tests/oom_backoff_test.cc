@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -20,11 +21,11 @@ namespace {
 
 constexpr int64_t kSteps = 12;
 
-Config oomConfig(bool bn, bool overlap, int64_t recover_after = 0) {
+Config oomConfig(bool bn, bool overlap, int64_t recover_after = 0, bool sync_bn = false) {
   const int P = mpitest::worldSize();
   return parseConfig(
       "model: {name: mlp, hidden: [32, 16], batchnorm: " + std::string(bn ? "true" : "false") +
-          "}\n"
+          ", sync_batchnorm: " + (sync_bn ? "true" : "false") + "}\n"
           "data: {name: synthetic, samples: 600, shape: [12], classes: 5, val_fraction: 0.1}\n"
           "batch: {global: " + std::to_string(8 * P) + ", per_gpu: 8}\n"
           "optim: {name: sgd, lr: 0.1, base_batch: 64, momentum: 0.9, weight_decay: 0.001}\n"
@@ -49,7 +50,8 @@ struct Run {
 };
 
 /// Trainer::train() on every rank with BATCHDIST_FAULT_OOM = `faults`.
-Run trainWithFaults(const Config& cfg, const std::string& faults) {
+Run trainWithFaults(const Config& cfg, const std::string& faults,
+                    std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
   Run run;
   if (faults.empty()) {
     unsetenv("BATCHDIST_FAULT_OOM");
@@ -62,8 +64,8 @@ Run trainWithFaults(const Config& cfg, const std::string& faults) {
     Trainer trainer(cfg, comm, data, at::kCPU, plan);
     Console quiet(false, false);
     const auto result = trainer.train(quiet);
-    if (comm.rank() == 0) run = {stateOf(trainer), result, trainer.plan()};
-  });
+    run = {stateOf(trainer), result, trainer.plan()};  // this rank's (tests read rank 0's)
+  }, "gloo", timeout);
   unsetenv("BATCHDIST_FAULT_OOM");
   return run;
 }
@@ -199,4 +201,45 @@ TEST(OomBackoff, TheLargerBatchIsTriedAgainAfterGoodSteps) {
   EXPECT_EQ(again.result.oom_retries, 1);  // the next retry waits 6 steps: past step 12
   EXPECT_EQ(again.plan.per_gpu, 4);
   EXPECT_TRUE(again.result.completed);
+}
+
+// Note [sync batchnorm failure]: with synchronised BatchNorm the last rank runs
+// out of memory halfway through step 5's forward, before the second BatchNorm
+// allreduce the others are waiting in. Every rank learns of it at the end of
+// that forward and backs off with the others (each rank's own report says so),
+// and the run ends with the weights of one that switched to 4 x 2 at step 5.
+// Collectives time out after 20 s. Before the fix the failing rank's gradient
+// buckets met the others' BatchNorm allreduce out of step: Gloo aborted the
+// job on the size mismatch (the MPI backend too; equal sizes would have waited
+// until the timeout).
+TEST(OomBackoff, WithSyncBatchNormAFailureInForwardBacksOffEveryRankTogether) {
+  for (bool overlap : {true, false}) {
+    const auto cfg = oomConfig(/*bn=*/true, overlap, /*recover_after=*/0, /*sync_bn=*/true);
+    const auto run = trainWithFaults(cfg, last() + ":5:1:forward", std::chrono::seconds(20));
+    const auto ref = trainSwitching(cfg, 4, 4);
+    SCOPED_TRACE(overlap ? "dist.overlap: true" : "dist.overlap: false");
+    EXPECT_TRUE(run.result.completed) << "rank " << mpitest::worldRank();
+    EXPECT_EQ(run.result.steps, kSteps);
+    ASSERT_EQ(run.result.oom_backoffs.size(), 1u) << "rank " << mpitest::worldRank();
+    EXPECT_EQ(run.result.oom_backoffs[0].step, 5);
+    EXPECT_EQ(run.result.oom_backoffs[0].ranks, std::vector<int64_t>{mpitest::worldSize() - 1});
+    EXPECT_EQ(run.plan.per_gpu, 4);
+    EXPECT_EQ(run.plan.accum, 2);
+    if (mpitest::worldRank() != 0) continue;
+    const double diff = (run.state - ref).abs().max().item<double>();
+    std::printf("[ oom ] W=%d overlap=%d sync BatchNorm, failure in forward: back-off at step 5 "
+                "vs 4x2 from step 5: max |diff| = %.3g\n", mpitest::worldSize(), overlap, diff);
+    EXPECT_EQ(diff, 0.0);
+  }
+}
+
+// Failing again in the redo's forward (a non-final micro-batch of 4 x 2 has no
+// injection; the final one does): two back-offs, 8 -> 4 -> 2, every rank.
+TEST(OomBackoff, WithSyncBatchNormFailingForwardTwiceBacksOffTwice) {
+  const auto cfg = oomConfig(/*bn=*/true, /*overlap=*/true, 0, /*sync_bn=*/true);
+  const auto run = trainWithFaults(cfg, last() + ":5:2:forward", std::chrono::seconds(20));
+  EXPECT_TRUE(run.result.completed);
+  ASSERT_EQ(run.result.oom_backoffs.size(), 2u) << "rank " << mpitest::worldRank();
+  EXPECT_EQ(run.result.oom_backoffs[1].from_per_gpu, 4);
+  EXPECT_EQ(run.plan.per_gpu, 2);
 }

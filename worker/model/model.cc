@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <cmath>
 #include <filesystem>
 #include <numeric>
 #include <sstream>
@@ -67,21 +68,21 @@ struct AllreduceSum : public torch::autograd::Function<AllreduceSum> {
   }
 };
 
-/// BatchNorm over dim 1 of (N, C) or (N, C, H, W) inputs; with `comm`, the batch
+/// BatchNorm over dim 1 of (N, C) or (N, C, H, W) inputs; with `sync`, the batch
 /// statistics of training mode are global over the ranks (Note [sync batchnorm]).
 class BatchNormLayerImpl : public nn::Module {
  public:
-  BatchNormLayerImpl(int64_t channels, collective::Communicator* comm)
-      : channels_(channels), comm_(comm) {
+  BatchNormLayerImpl(int64_t channels, SyncBatchNorm* sync) : channels_(channels), sync_(sync) {
     weight_ = register_parameter("weight", torch::ones({channels}));
     bias_ = register_parameter("bias", torch::zeros({channels}));
     running_mean_ = register_buffer("running_mean", torch::zeros({channels}));
     running_var_ = register_buffer("running_var", torch::ones({channels}));
     num_batches_tracked_ = register_buffer("num_batches_tracked", torch::zeros({}, torch::kLong));
+    if (sync_) sync_->addLayer(2 * channels + 1);
   }
 
   torch::Tensor forward(const torch::Tensor& x) {
-    if (!is_training() || comm_ == nullptr || comm_->size() == 1 || !g_sync_bn_enabled.load()) {
+    if (!is_training() || sync_ == nullptr || !sync_->synchronising()) {
       if (is_training()) num_batches_tracked_.add_(1);
       return torch::batch_norm(x, weight_, bias_, running_mean_, running_var_, is_training(),
                                kMomentum, kEps, /*cudnn_enabled=*/true);
@@ -92,7 +93,8 @@ class BatchNormLayerImpl : public nn::Module {
     const double local_n = static_cast<double>(x.numel() / channels_);
     auto packed = torch::cat({xf.sum(dims), (xf * xf).sum(dims),
                               torch::full({1}, local_n, xf.options())});
-    auto total = AllreduceSum::apply(packed, reinterpret_cast<int64_t>(comm_));
+    sync_->beforeCollective(packed.numel());  // Note [sync batchnorm failure]
+    auto total = AllreduceSum::apply(packed, reinterpret_cast<int64_t>(&sync_->comm()));
     const auto n = total.narrow(0, 2 * channels_, 1);
     const auto mean = total.narrow(0, 0, channels_) / n;
     const auto var = (total.narrow(0, channels_, channels_) / n - mean * mean).clamp_min(0);
@@ -115,7 +117,7 @@ class BatchNormLayerImpl : public nn::Module {
   static constexpr double kMomentum = 0.1;
   static constexpr double kEps = 1e-5;
   int64_t channels_;
-  collective::Communicator* comm_;
+  SyncBatchNorm* sync_;
   torch::Tensor weight_, bias_, running_mean_, running_var_, num_batches_tracked_;
 };
 TORCH_MODULE(BatchNormLayer);
@@ -127,7 +129,7 @@ nn::Conv2d conv(int64_t in, int64_t out, int64_t k, int64_t stride, int64_t pad)
 class BasicBlockImpl : public nn::Module {
  public:
   static constexpr int64_t kExpansion = 1;
-  BasicBlockImpl(int64_t in, int64_t width, int64_t stride, collective::Communicator* comm) {
+  BasicBlockImpl(int64_t in, int64_t width, int64_t stride, SyncBatchNorm* comm) {
     conv1_ = register_module("conv1", conv(in, width, 3, stride, 1));
     bn1_ = register_module("bn1", BatchNormLayer(width, comm));
     conv2_ = register_module("conv2", conv(width, width, 3, 1, 1));
@@ -152,7 +154,7 @@ TORCH_MODULE(BasicBlock);
 class BottleneckImpl : public nn::Module {
  public:
   static constexpr int64_t kExpansion = 4;
-  BottleneckImpl(int64_t in, int64_t width, int64_t stride, collective::Communicator* comm) {
+  BottleneckImpl(int64_t in, int64_t width, int64_t stride, SyncBatchNorm* comm) {
     conv1_ = register_module("conv1", conv(in, width, 1, 1, 0));
     bn1_ = register_module("bn1", BatchNormLayer(width, comm));
     conv2_ = register_module("conv2", conv(width, width, 3, stride, 1));
@@ -183,7 +185,7 @@ class ResNetImpl : public nn::Module {
  public:
   template <typename Block>
   static nn::Sequential stage(int64_t& in, int64_t width, int64_t blocks, int64_t stride,
-                              collective::Communicator* comm) {
+                              SyncBatchNorm* comm) {
     nn::Sequential s;
     for (int64_t b = 0; b < blocks; ++b) {
       s->push_back(Block(in, width, b == 0 ? stride : 1, comm));
@@ -193,7 +195,7 @@ class ResNetImpl : public nn::Module {
   }
 
   ResNetImpl(bool bottleneck, std::vector<int64_t> layers, int64_t in_ch, int64_t classes,
-             bool imagenet_stem, collective::Communicator* comm) {
+             bool imagenet_stem, SyncBatchNorm* comm) {
     stem_ = register_module("stem", nn::Sequential());
     if (imagenet_stem) {
       stem_->push_back(conv(in_ch, 64, 7, 2, 3));
@@ -238,8 +240,10 @@ bool moduleHasBatchNorm(const nn::Module& m) {
 template <typename Holder>
 class NnModel : public Model {
  public:
-  NnModel(Holder module, std::string name) : module_(std::move(module)), name_(std::move(name)) {}
+  NnModel(Holder module, std::string name, std::shared_ptr<SyncBatchNorm> sync)
+      : module_(std::move(module)), name_(std::move(name)), sync_(std::move(sync)) {}
   torch::Tensor forward(const torch::Tensor& x) override { return module_->forward(x); }
+  SyncBatchNorm* syncBatchNorm() override { return sync_ && sync_->layers() > 0 ? sync_.get() : nullptr; }
   std::vector<std::pair<std::string, torch::Tensor>> namedParameters() const override {
     std::vector<std::pair<std::string, torch::Tensor>> out;
     for (const auto& item : module_->named_parameters()) out.emplace_back(item.key(), item.value());
@@ -269,6 +273,7 @@ class NnModel : public Model {
  private:
   Holder module_;
   std::string name_;
+  std::shared_ptr<SyncBatchNorm> sync_;  ///< shared by its layers; null without sync
 };
 
 /// The user's TorchScript module.
@@ -396,10 +401,47 @@ std::unique_ptr<Model> checked(std::unique_ptr<Model> model, const std::vector<i
 
 void setSyncBatchNormEnabled(bool enabled) { g_sync_bn_enabled.store(enabled); }
 
+bool SyncBatchNorm::synchronising() const { return comm_.size() > 1 && g_sync_bn_enabled.load(); }
+
+void SyncBatchNorm::beginForward() { current_.clear(); }
+
+void SyncBatchNorm::beforeCollective(int64_t numel) {
+  if (fail_at_ >= 0 && static_cast<int64_t>(current_.size()) == fail_at_) {
+    fail_at_ = -1;
+    throw c10::OutOfMemoryError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                                "out of memory (injected by BATCHDIST_FAULT_OOM in forward)");
+  }
+  current_.push_back(numel);
+}
+
+int64_t SyncBatchNorm::endForward(bool failed) {
+  fail_at_ = -1;
+  if (!synchronising()) return failed ? 1 : 0;
+  if (failed) {
+    // The collectives this forward did not reach, as the last complete forward
+    // made them (or, before any, in the layers' order, which is their forward order
+    // in every built-in model); zeros add nothing to the others' statistics.
+    const auto& sizes = last_.empty() ? layer_sizes_ : last_;
+    const auto opts = at::TensorOptions().dtype(at::kFloat).device(comm_.device());
+    for (std::size_t i = current_.size(); i < sizes.size(); ++i) {
+      auto zeros = at::zeros({sizes[i]}, opts);
+      comm_.allreduce(zeros, collective::ReduceOp::kSum);
+    }
+  } else {
+    last_ = current_;
+  }
+  return static_cast<int64_t>(
+      std::lround(comm_.allreduce(failed ? 1.0 : 0.0, collective::ReduceOp::kSum)));
+}
+
 std::unique_ptr<Model> buildModel(const ModelConfig& cfg, const std::vector<int64_t>& shape,
                                   int64_t classes, const std::string& base_dir,
                                   collective::Communicator* comm) {
-  collective::Communicator* sync = cfg.sync_batchnorm ? comm : nullptr;
+  // One per model, shared by its layers (Note [sync batchnorm failure]).
+  const auto shared = cfg.sync_batchnorm && comm != nullptr
+                          ? std::make_shared<SyncBatchNorm>(*comm)
+                          : std::shared_ptr<SyncBatchNorm>();
+  SyncBatchNorm* sync = shared.get();
   if (cfg.name == ModelName::kTorchscript) {
     const auto path = resolvePath(cfg.path, base_dir);
     return checked(std::make_unique<ScriptModel>(loadScript(path), path), shape, classes,
@@ -417,7 +459,7 @@ std::unique_ptr<Model> buildModel(const ModelConfig& cfg, const std::vector<int6
       in = width;
     }
     net->push_back(nn::Linear(in, classes));
-    return checked(std::make_unique<NnModel<nn::Sequential>>(net, "mlp"), shape, classes,
+    return checked(std::make_unique<NnModel<nn::Sequential>>(net, "mlp", shared), shape, classes,
                    "model.name: mlp");
   }
   if (shape.size() != 3) {
@@ -431,7 +473,7 @@ std::unique_ptr<Model> buildModel(const ModelConfig& cfg, const std::vector<int6
                shape[0], classes, cfg.stem == ResnetStem::kImagenet, sync);
     const std::string name = toString(cfg.name);
     return checked(std::make_unique<NnModel<ResNet>>(
-                       net, strCat(name, " (", toString(cfg.stem), " stem)")),
+                       net, strCat(name, " (", toString(cfg.stem), " stem)"), shared),
                    shape, classes, "model.name: " + name);
   }
   // cnn: 3x3 conv blocks, global average pooling, linear head.
@@ -453,7 +495,7 @@ std::unique_ptr<Model> buildModel(const ModelConfig& cfg, const std::vector<int6
   net->push_back(nn::Flatten());
   if (cfg.dropout > 0) net->push_back(nn::Dropout(cfg.dropout));
   net->push_back(nn::Linear(in, classes));
-  return checked(std::make_unique<NnModel<nn::Sequential>>(net, "cnn"), shape, classes,
+  return checked(std::make_unique<NnModel<nn::Sequential>>(net, "cnn", shared), shape, classes,
                  "model.name: cnn");
 }
 

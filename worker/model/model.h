@@ -4,6 +4,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -13,6 +14,62 @@
 #include "worker/config/config.h"
 
 namespace batchdist::worker {
+
+/// Note [sync batchnorm failure]: with model.sync_batchnorm every training forward
+/// makes one allreduce per BatchNorm layer (Note [sync batchnorm]). A rank that
+/// runs out of memory inside forward would leave the others in the next one,
+/// which its gradient buckets (Note [oom back-off]) then meet out of step: the
+/// job aborts on the size mismatch, or waits until dist.timeout_s. So, around
+/// each training forward (and its loss):
+///  - every rank ends it with endForward(): one allreduce of one number, the count
+///    of ranks whose forward failed. A failing rank first makes the BatchNorm
+///    allreduces its forward did not reach, with zeros (their sizes: those of the
+///    last complete forward, or the layers' order before the first), so the
+///    others finish their forward and reach the same count;
+///  - a count > 0 ends the forward on every rank before backward: no BatchNorm
+///    backward allreduce and no bucket has started anywhere, so every rank goes on
+///    to the reducer's finish() in step (Note [oom back-off] in
+///    worker/train/trainer.h), which discards the step and backs off.
+/// Why this one: the normal step pays one small allreduce per micro-batch, next
+/// to the 2 L it already makes (ResNet-50: 106 -> 107); zero extra would need
+/// the failure flag inside the last BatchNorm allreduce, which misses a failure
+/// after it (the head, the loss), and after that the next collective is a
+/// BatchNorm backward or a gradient bucket, in an order only autograd knows.
+/// Not covered: an out-of-memory inside backward before its BatchNorm backward
+/// allreduces are done (the reducer's finish() then meets them).
+class SyncBatchNorm {
+ public:
+  explicit SyncBatchNorm(collective::Communicator& comm) : comm_(comm) {}
+  collective::Communicator& comm() const { return comm_; }
+  /// Whether a training forward synchronises: more than one rank, and not
+  /// switched off (setSyncBatchNormEnabled).
+  bool synchronising() const;
+  /// BatchNorm layers that synchronise, known at construction.
+  int64_t layers() const { return static_cast<int64_t>(layer_sizes_.size()); }
+
+  /// Before a training forward: its collectives are counted from zero.
+  void beginForward();
+  /// After a training forward and its loss, on every rank, `failed` telling
+  /// whether it threw here (out of memory). Collective when synchronising():
+  /// a failing rank first makes the allreduces its forward did not reach.
+  /// Returns how many ranks failed (0 when all went well).
+  int64_t endForward(bool failed);
+  /// Fault injection (BATCHDIST_FAULT_OOM, forward): the forward throws
+  /// c10::OutOfMemoryError just before its collective number `index` (0-based).
+  void failBeforeCollective(int64_t index) { fail_at_ = index; }
+
+  // For the layers.
+  void addLayer(int64_t numel) { layer_sizes_.push_back(numel); }
+  /// Just before a layer's allreduce of `numel` floats (throws an injected fault).
+  void beforeCollective(int64_t numel);
+
+ private:
+  collective::Communicator& comm_;
+  std::vector<int64_t> layer_sizes_;  ///< construction order
+  std::vector<int64_t> last_;         ///< the last complete forward's allreduces
+  std::vector<int64_t> current_;      ///< this forward's so far
+  int64_t fail_at_ = -1;
+};
 
 /// What the trainer needs of a model. Parameters and buffers come in a fixed
 /// order, the same on every rank.
@@ -28,6 +85,9 @@ class Model {
   /// archive), in memory: the caller writes it with writeFileAtomic, so a full
   /// disk is an error with a cause, never a half-written model.pt.
   virtual std::string serialize() = 0;
+  /// The model's synchronised BatchNorm (Note [sync batchnorm failure]); null
+  /// without model.sync_batchnorm or BatchNorm layers.
+  virtual SyncBatchNorm* syncBatchNorm() { return nullptr; }
   virtual bool hasBatchNorm() const = 0;
   /// e.g. "resnet18 (cifar stem), 11.2 M parameters".
   virtual std::string describe() const = 0;

@@ -14,6 +14,8 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
+#include <functional>
 #include <iostream>
 #include <mutex>
 #include <sstream>
@@ -47,7 +49,10 @@ std::string checkpointName(int64_t step) {
 
 namespace {
 
-constexpr int kFormat = 1;
+// Format 2: rng.pt as generator records (Note [rng records]) and the manifest's
+// "rng"; format 1 (a torch archive of CPU generators) is still read.
+constexpr int kFormat = 2;
+constexpr int kOldestFormat = 1;
 constexpr std::uintmax_t kMaxCheckpointFile = std::uintmax_t{1} << 40;
 
 std::string hex(uint64_t v) {
@@ -130,23 +135,113 @@ std::string modelBytes(const Model& model) {
   return archiveBytes(archive);
 }
 
-/// Every rank's CPU generator state, [world, bytes] as int64 (one allgather).
-at::Tensor gatherRng(collective::Communicator& comm) {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  at::Tensor state;
-  {
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    state = gen.get_state();
+/// rank 0's rng.pt as it is written: a file streamed in pieces, fsynced at the
+/// end, with its size and FNV-1a 64 for the manifest (Note [rng records]).
+class StreamedFile {
+ public:
+  void open(const std::string& path) {
+    path_ = path;
+    f_.fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (f_.fd < 0) ioError(path, "create", errno);
   }
-  return comm.allgather(state.to(torch::kLong).to(comm.device())).to(torch::kCPU);
+  void write(const char* data, std::size_t n) {
+    hash_ = fnv1a64(data, n, hash_);
+    bytes_ += n;
+    std::size_t done = 0;
+    while (done < n) {
+      const ssize_t w = ::write(f_.fd, data + done, n - done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) ioError(path_, "write", w < 0 ? errno : ENOSPC);
+      done += static_cast<std::size_t>(w);
+    }
+  }
+  void finish() {
+    if (::fsync(f_.fd) != 0) ioError(path_, "fsync", errno);
+    const int fd = f_.fd;
+    f_.fd = -1;
+    if (::close(fd) != 0) ioError(path_, "close", errno);
+  }
+  std::size_t bytes() const { return bytes_; }
+  uint64_t hash() const { return hash_; }
+
+ private:
+  std::string path_;
+  Fd f_;
+  std::size_t bytes_ = 0;
+  uint64_t hash_ = fnv1a64(nullptr, 0);
+};
+
+constexpr char kRngMagic[8] = {'b', 'd', 'r', 'n', 'g', '0', '0', '2'};
+constexpr int64_t kRngHeaderBytes = 32;  // magic, ranks, CPU state bytes, CUDA state bytes
+
+int64_t roundUp8(int64_t n) { return (n + 7) / 8 * 8; }
+
+/// What rng.pt holds (Note [rng records]): W records of the same size.
+struct RngLayout {
+  int64_t ranks = 0;
+  int64_t cpu_bytes = 0;   ///< the largest CPU generator state of any rank
+  int64_t cuda_bytes = 0;  ///< the largest CUDA generator state, 0 when no rank is on a GPU
+  int64_t chunk_ranks = 0;
+  /// [int64 CPU length][int64 CUDA length][CPU state][CUDA state], 8-byte aligned.
+  int64_t record() const { return 16 + roundUp8(cpu_bytes) + roundUp8(cuda_bytes); }
+  nlohmann::ordered_json json() const {
+    return {{"layout", "records"}, {"ranks", ranks}, {"cpu", cpu_bytes > 0},
+            {"cuda", cuda_bytes > 0}, {"cpu_bytes", cpu_bytes}, {"cuda_bytes", cuda_bytes},
+            {"record_bytes", record()}, {"chunk_ranks", chunk_ranks}};
+  }
+};
+
+at::Tensor cpuRngState() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
 }
 
-std::string rngBytes(const at::Tensor& all) {
-  torch::serialize::OutputArchive archive;
-  for (int64_t r = 0; r < all.size(0); ++r) {
-    archive.write(strCat("r", r), all[r].to(torch::kByte), /*is_buffer=*/true);
+/// Every rank's CPU generator and, on a GPU, its device's CUDA generator (Note
+/// [cuda rng]), streamed to `sink` on rank 0 in rank order: the header, then the
+/// records, at most `chunk_bytes` of them at a time (Note [rng records]).
+/// Collective: one small allreduce for the sizes, then one allreduce per chunk.
+RngLayout gatherRng(collective::Communicator& comm, const at::Device& device,
+                    std::size_t chunk_bytes,
+                    const std::function<void(const char*, std::size_t)>& sink) {
+  const auto cpu = cpuRngState().contiguous();
+  const auto cuda = compat::cudaRngState(device).to(at::kCPU).contiguous();
+  const auto most = comm.allreduce(
+      {static_cast<double>(cpu.numel()), static_cast<double>(cuda.numel())},
+      collective::ReduceOp::kMax);
+  RngLayout l;
+  l.ranks = comm.size();
+  l.cpu_bytes = static_cast<int64_t>(most[0]);
+  l.cuda_bytes = static_cast<int64_t>(most[1]);
+  const int64_t record = l.record();
+  l.chunk_ranks = std::max<int64_t>(1, static_cast<int64_t>(chunk_bytes) / record);
+  std::vector<char> mine(static_cast<std::size_t>(record), 0);
+  const int64_t lengths[2] = {cpu.numel(), cuda.numel()};
+  std::memcpy(mine.data(), lengths, sizeof lengths);
+  std::memcpy(mine.data() + 16, cpu.data_ptr(), cpu.numel());
+  if (cuda.numel() > 0) std::memcpy(mine.data() + 16 + roundUp8(l.cpu_bytes), cuda.data_ptr(), cuda.numel());
+  if (comm.rank() == 0) {
+    int64_t header[4] = {0, l.ranks, l.cpu_bytes, l.cuda_bytes};
+    std::memcpy(header, kRngMagic, sizeof kRngMagic);
+    sink(reinterpret_cast<const char*>(header), sizeof header);
   }
-  return archiveBytes(archive);
+  for (int64_t first = 0; first < l.ranks; first += l.chunk_ranks) {
+    const int64_t n = std::min(l.chunk_ranks, l.ranks - first);
+    // Rows of ranks outside this chunk are zeros: the sum is every member's record,
+    // bit for bit (int64 words, each added to zeros only).
+    auto chunk = at::zeros({n * record / 8}, at::TensorOptions().dtype(at::kLong));
+    if (comm.rank() >= first && comm.rank() < first + n) {
+      std::memcpy(static_cast<char*>(chunk.data_ptr()) + (comm.rank() - first) * record,
+                  mine.data(), mine.size());
+    }
+    auto on_device = chunk.to(comm.device());
+    comm.allreduce(on_device, collective::ReduceOp::kSum);
+    if (comm.rank() == 0) {
+      const auto host = on_device.to(at::kCPU).contiguous();
+      sink(static_cast<const char*>(host.data_ptr()), static_cast<std::size_t>(n * record));
+    }
+  }
+  return l;
 }
 
 nlohmann::ordered_json historyJson(const std::vector<EpochStats>& history) {
@@ -192,19 +287,47 @@ CheckpointRecord Checkpointer::save(const TrainState& state, const TrainPosition
   rec.step = pos.global_step;
   rec.on_signal = on_signal;
   rec.path = (fs::path(dir_) / checkpointName(pos.global_step)).string();
-  const auto rng = gatherRng(comm_);  // collective: every rank's generator
-  std::string error;
-  if (comm_.rank() == 0) {
+  const bool root = comm_.rank() == 0;
+  std::string error, tmp;
+  StreamedFile rng_file;
+  if (root) {
     try {
-      rec.bytes = write(state, pos, rng, rec.path);
+      tmp = makeTemporary(pos.global_step);
+      rng_file.open((fs::path(tmp) / "rng.pt").string());
     } catch (const std::exception& e) {  // Error, or std::filesystem's
       error = e.what();
     }
   }
+  // Collective: every rank's generators, streamed into rank 0's rng.pt (Note
+  // [rng records]). A write that failed stops writing, not the collectives.
+  const RngLayout rng = gatherRng(comm_, state.device, rng_chunk_bytes_,
+                                  [&](const char* data, std::size_t n) {
+                                    if (!error.empty()) return;
+                                    try {
+                                      rng_file.write(data, n);
+                                    } catch (const std::exception& e) {
+                                      error = e.what();
+                                    }
+                                  });
+  if (root && error.empty()) {
+    try {
+      rng_file.finish();
+      rec.bytes = writeInto(tmp, state, pos, rng.json(),
+                            {{"name", "rng.pt"}, {"bytes", rng_file.bytes()},
+                             {"fnv1a64", hex(rng_file.hash())}},
+                            rec.path);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  if (root && !error.empty() && !tmp.empty()) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);  // a full disk gets its space back for the next try
+  }
   rec.error = comm_.broadcast(error, 0);  // every rank learns the outcome
   rec.seconds = monotonicSeconds() - t0;
   last_write_ = monotonicSeconds();
-  if (comm_.rank() != 0) return rec;
+  if (!root) return rec;
   if (rec.error.empty()) {
     console.line(strCat("checkpoint: step ", rec.step, on_signal ? " (stop signal)" : "", " -> ",
                         rec.path, " (", byteSize(rec.bytes), ", ", formatFixed(rec.seconds, 2),
@@ -226,30 +349,23 @@ CheckpointRecord Checkpointer::save(const TrainState& state, const TrainPosition
   return rec;
 }
 
-int64_t Checkpointer::write(const TrainState& state, const TrainPosition& pos,
-                            const at::Tensor& rng, const std::string& final_path) {
-  const std::string name = checkpointName(pos.global_step);
+std::string Checkpointer::makeTemporary(int64_t step) const {
   fs::create_directories(dir_);
-  const std::string tmp = (fs::path(dir_) / strCat(".tmp-", name, "-", ::getpid())).string();
+  const std::string tmp =
+      (fs::path(dir_) / strCat(".tmp-", checkpointName(step), "-", ::getpid())).string();
   fs::remove_all(tmp);
   if (::mkdir(tmp.c_str(), 0755) != 0) ioError(tmp, "create the directory", errno);
-  try {
-    return writeInto(tmp, state, pos, rng, final_path);
-  } catch (...) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);  // a full disk gets its space back for the next try
-    throw;
-  }
+  return tmp;
 }
 
 int64_t Checkpointer::writeInto(const std::string& tmp, const TrainState& state,
-                                const TrainPosition& pos, const at::Tensor& rng,
+                                const TrainPosition& pos, const nlohmann::ordered_json& rng,
+                                const nlohmann::ordered_json& rng_file,
                                 const std::string& final_path) {
   const std::string name = checkpointName(pos.global_step);
   const std::vector<std::pair<std::string, std::string>> files = {
       {"model.pt", modelBytes(*state.model)},
-      {"optimizer.pt", state.optimizer->saveState()},
-      {"rng.pt", rngBytes(rng)}};
+      {"optimizer.pt", state.optimizer->saveState()}};
   const Plan& p = id_.plan;
   nlohmann::ordered_json m{
       {"format", kFormat},
@@ -272,14 +388,15 @@ int64_t Checkpointer::writeInto(const std::string& tmp, const TrainState& state,
       {"config_hash", hashOf(id_.config.dump())},
       {"config", id_.config},
       {"parameters", namesOf(state.model->namedParameters())},
-      {"buffers", namesOf(state.model->namedBuffers())}};
+      {"buffers", namesOf(state.model->namedBuffers())},
+      {"rng", rng}};
   if (state.scaler) {
     m["loss_scaler"] = {{"scale", state.scaler->scale()},
                         {"tracker", state.scaler->growthTracker()},
                         {"skipped", state.scaler->skippedSteps()}};
   }
-  int64_t bytes = 0;
-  auto list = nlohmann::ordered_json::array();
+  int64_t bytes = rng_file["bytes"].get<int64_t>();
+  auto list = nlohmann::ordered_json::array({rng_file});  // written already (Note [rng records])
   for (const auto& [file, data] : files) {
     writeSynced((fs::path(tmp) / file).string(), data);
     list.push_back({{"name", file}, {"bytes", data.size()}, {"fnv1a64", hashOf(data)}});
@@ -361,8 +478,9 @@ CheckpointCheck verifyCheckpoint(const std::string& path) {
     c.problem = "manifest.json fails its checksum (damaged)";
     return c;
   }
-  if (m.value("format", 0) != kFormat) {
-    c.problem = strCat("format ", m.value("format", 0), ", this batchdist reads format ", kFormat);
+  if (m.value("format", 0) < kOldestFormat || m.value("format", 0) > kFormat) {
+    c.problem = strCat("format ", m.value("format", 0), ", this batchdist reads formats ",
+                       kOldestFormat, " to ", kFormat);
     return c;
   }
   for (const auto& f : m["files"]) {
@@ -450,7 +568,9 @@ void restoreModel(const std::string& dir, const nlohmann::ordered_json& m, Model
   restore("b", model.namedBuffers(), "buffers");
 }
 
-void restoreRng(const std::string& dir, int rank) {
+/// Format 1's rng.pt (before Note [rng records]): a torch archive of every rank's
+/// CPU generator, "r<rank>"; read whole.
+void restoreRngArchive(const std::string& dir, int rank) {
   torch::serialize::InputArchive archive;
   loadArchive(archive, (fs::path(dir) / "rng.pt").string(), at::kCPU);
   torch::Tensor t;
@@ -458,6 +578,50 @@ void restoreRng(const std::string& dir, int rank) {
   auto gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(t.to(torch::kByte));
+}
+
+/// This rank's record of rng.pt (Note [rng records]): the header and one record
+/// are read, whatever W is. The CUDA state is restored on a GPU when present.
+void restoreRngRecord(const std::string& dir, const nlohmann::ordered_json& layout, int rank,
+                      const at::Device& device) {
+  const std::string path = (fs::path(dir) / "rng.pt").string();
+  std::ifstream in(path, std::ios::binary);
+  int64_t header[4] = {};
+  in.read(reinterpret_cast<char*>(header), sizeof header);
+  RngLayout l;
+  l.ranks = header[1];
+  l.cpu_bytes = header[2];
+  l.cuda_bytes = header[3];
+  if (!in || std::memcmp(header, kRngMagic, sizeof kRngMagic) != 0 ||
+      l.ranks != layout.value("ranks", int64_t{-1}) || l.cpu_bytes < 0 || l.cuda_bytes < 0 ||
+      l.record() != layout.value("record_bytes", int64_t{-1}) || rank >= l.ranks) {
+    throw Error(strCat(path, ": not the generator records its manifest describes (",
+                       l.ranks, " ranks, record ", l.record(), " bytes; rank ", rank,
+                       "); the checkpoint is damaged: resume from an older one or start fresh"));
+  }
+  std::vector<char> record(static_cast<std::size_t>(l.record()));
+  in.seekg(kRngHeaderBytes + rank * l.record());
+  in.read(record.data(), static_cast<std::streamsize>(record.size()));
+  int64_t lengths[2] = {};
+  std::memcpy(lengths, record.data(), sizeof lengths);
+  if (!in || lengths[0] < 0 || lengths[0] > l.cpu_bytes || lengths[1] < 0 ||
+      lengths[1] > l.cuda_bytes) {
+    throw Error(strCat(path, ": rank ", rank, "'s generator record is truncated or damaged; "
+                       "resume from an older checkpoint or start fresh"));
+  }
+  const auto bytes = [&](int64_t offset, int64_t n) {
+    auto t = at::empty({n}, at::TensorOptions().dtype(at::kByte));
+    std::memcpy(t.data_ptr(), record.data() + offset, static_cast<std::size_t>(n));
+    return t;
+  };
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(bytes(16, lengths[0]));
+  }
+  // Note [cuda rng]: a checkpoint written on CPUs has none; one written on GPUs
+  // and resumed on CPUs has no GPU to give it to.
+  if (lengths[1] > 0) compat::setCudaRngState(device, bytes(16 + roundUp8(l.cpu_bytes), lengths[1]));
 }
 
 }  // namespace
@@ -474,7 +638,13 @@ void restoreState(const CheckpointCheck& ckpt, const TrainState& state, int rank
     state.scaler->restore(s["scale"].get<double>(), s["tracker"].get<int64_t>(),
                           s["skipped"].get<int64_t>());
   }
-  if (m["plan"]["world_size"] == world) restoreRng(ckpt.path, rank);
+  // Note [checkpoint]: rank r's generators belong to rank r of the same world size.
+  if (m["plan"]["world_size"] != world) return;
+  if (m.contains("rng") && m["rng"].value("layout", "") == "records") {
+    restoreRngRecord(ckpt.path, m["rng"], rank, state.device);
+  } else {
+    restoreRngArchive(ckpt.path, rank);
+  }
 }
 
 void checkResumable(const nlohmann::ordered_json& m, const Config& cfg, const std::string& path) {

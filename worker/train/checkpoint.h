@@ -9,13 +9,20 @@
 //                 evaluation takes from rank 0 anyway)
 //   optimizer.pt  the optimizer's state (SGD momentum, Adam moments and step
 //                 counts, LARS momentum), restored into the optimizer's own tensors
-//   rng.pt        every rank's CPU generator (dropout); restored only when the
-//                 world size is the same, since rank r's stream belongs to rank r
+//   rng.pt        every rank's CPU generator (dropout) and, on GPUs, its CUDA
+//                 generator (Note [cuda rng] in collective/device_compat.h), as
+//                 records (Note [rng records]); restored only when the world size
+//                 is the same, since rank r's streams belong to rank r. On another
+//                 world size every rank keeps the streams its seed gave it (train
+//                 seed + rank, CPU and CUDA alike): bitwise resume is promised on
+//                 the same world size only. A CUDA state is restored only on a GPU;
+//                 a checkpoint written on CPUs leaves the CUDA generator seeded.
 //   manifest.json the position (global step; epoch and step in it follow from the
 //                 plan), the plan (G, m, a, W), the searched per-GPU batch, the
 //                 fp16 loss scaler, the resolved config and its hash, batchdist and
-//                 torch versions, and the size and FNV-1a 64 of every other file;
-//                 its own FNV-1a 64 over the rest of it.
+//                 torch versions, what rng.pt holds ("rng": ranks, cpu, cuda, the
+//                 state and record sizes), and the size and FNV-1a 64 of every
+//                 other file; its own FNV-1a 64 over the rest of it.
 // Atomicity: all ranks agree on the step first (a checkpoint is taken after the
 // same optimizer step everywhere: the wish rides in the gradient allreduce).
 // Rank 0 writes every file into DIR/.tmp-step-NNNNNNNN-PID, fsyncs each file and
@@ -35,6 +42,30 @@
 // same for any world size), and hands the loader the same job indices as an
 // uninterrupted epoch (Loader::start's first_index), so the per-batch transform
 // seeds match on the same world size and accumulation.
+//
+// Note [rng records]: rng.pt is a 32-byte header (magic "bdrng002", W, CPU and
+// CUDA state bytes) and W records of R bytes, record r rank r's: [int64 CPU
+// length][int64 CUDA length][CPU state][CUDA state], 8-byte aligned. A CPU
+// generator's state is S_cpu = 5056 bytes (mt19937's 624 words and the normal
+// samples' cache, LibTorch 1.13 and 2.x), a CUDA one S_cuda = 16 (Philox seed and
+// offset), so R = 5072 on CPUs, 5088 on GPUs:
+//        W      rng.pt      format 1: allgather (int64 a byte) on every rank
+//       64     0.33 MB      2.6 MB
+//     1024      5.2 MB       41 MB
+//    10000       51 MB      405 MB (+ rank 0's archive, ~3 x 51 MB)
+// Format 1 allgathered every state as one int64 per byte to every rank (GPU
+// memory under NCCL) and built the whole torch archive in rank 0's memory; a
+// resume read all of it on every rank. Now rank 0's memory is bounded: the
+// records travel in chunks of K = max(1, 1 MiB / R) ranks (206 ranks), one
+// allreduce each (the chunk's members write their rows, everyone else zeros:
+// the int64 sum is every record bit for bit), and rank 0 appends each chunk to
+// rng.pt as it arrives, hashing as it goes. Traffic per rank is ~2 W R for the
+// ring (what one allgather of the bytes would cost, 8x less than format 1's), in
+// ceil(W / K) collectives: 49 at W = 10000. The file count stays 4; one file
+// rather than parts, since a resume seeks to its own record (32 + r R) and
+// reads R bytes, whatever W is. Parts would only pay if ranks wrote their own
+// records, which needs the directory shared at write time (today only resume
+// needs that) and W writers racing on one file system.
 
 #include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
@@ -100,13 +131,19 @@ class Checkpointer {
   CheckpointRecord save(const TrainState& state, const TrainPosition& pos, bool on_signal,
                         Console& console);
 
+  /// rng.pt is gathered to rank 0 in pieces of at most this many bytes (Note
+  /// [rng records]); 1 MiB unless a test asks for less.
+  void setRngChunkBytes(std::size_t bytes) { rng_chunk_bytes_ = bytes; }
+
  private:
-  /// Rank 0: the temporary directory, then writeInto(), removed again on failure.
-  int64_t write(const TrainState& state, const TrainPosition& pos, const at::Tensor& rng,
-                const std::string& final_path);
-  /// Every file into `tmp`, fsynced; the rename; `latest`. Returns the bytes written.
+  /// Rank 0: a fresh DIR/.tmp-step-NNNNNNNN-PID.
+  std::string makeTemporary(int64_t step) const;
+  /// Every other file into `tmp` (rng.pt is there already: `rng_file` is its
+  /// manifest entry, `rng` what it holds), fsynced; the rename; `latest`.
+  /// Returns the bytes written.
   int64_t writeInto(const std::string& tmp, const TrainState& state, const TrainPosition& pos,
-                    const at::Tensor& rng, const std::string& final_path);
+                    const nlohmann::ordered_json& rng, const nlohmann::ordered_json& rng_file,
+                    const std::string& final_path);
   void prune(int64_t written_step, Console& console) const;
 
   CheckpointConfig cfg_;
@@ -114,6 +151,7 @@ class Checkpointer {
   CheckpointIdentity id_;
   collective::Communicator& comm_;
   double last_write_ = 0;  ///< monotonic seconds of the last write (or the start)
+  std::size_t rng_chunk_bytes_ = std::size_t{1} << 20;
 };
 
 /// A checkpoint directory checked against its manifest.
@@ -136,7 +174,8 @@ std::optional<CheckpointCheck> findLatestCheckpoint(const std::string& dir,
 TrainPosition positionOf(const nlohmann::ordered_json& manifest);
 
 /// Restores the model, the optimizer, the fp16 loss scaler and, when the world
-/// size is the one the checkpoint was written with, this rank's CPU generator.
+/// size is the one the checkpoint was written with, this rank's CPU generator and
+/// (on a GPU, when the checkpoint has one) its CUDA generator (Note [rng records]).
 /// Every rank reads the files (the directory must be visible to all ranks).
 /// Throws Error when a file does not fit this model or optimizer.
 void restoreState(const CheckpointCheck& ckpt, const TrainState& state, int rank, int world);

@@ -23,10 +23,10 @@
 namespace batchdist::worker {
 namespace {
 
-/// BATCHDIST_FAULT_OOM="R:S[:N],...": the (step, rank) tries that fail on `rank`
-/// (Note [oom back-off]), one entry per try.
-std::vector<std::pair<int64_t, int64_t>> parseOomFaults(const char* env, int rank) {
-  std::vector<std::pair<int64_t, int64_t>> out;
+/// BATCHDIST_FAULT_OOM="R:S[:N][:forward],...": the tries of step S that fail
+/// on `rank` (Note [oom back-off]), one entry per try: (step, in forward).
+std::vector<std::pair<int64_t, bool>> parseOomFaults(const char* env, int rank) {
+  std::vector<std::pair<int64_t, bool>> out;
   if (env == nullptr) return out;
   std::stringstream list(env);
   std::string item;
@@ -36,25 +36,37 @@ std::vector<std::pair<int64_t, int64_t>> parseOomFaults(const char* env, int ran
     std::stringstream parts(item);
     std::string part;
     bool ok = true;
+    bool forward = false;
     while (std::getline(parts, part, ':')) {
+      if (part == "forward" && v.size() >= 2) {
+        forward = true;
+        continue;
+      }
       std::size_t used = 0;
       try {
         v.push_back(std::stoll(part, &used));
       } catch (const std::exception&) {
         ok = false;
       }
-      ok = ok && used == part.size();
+      ok = ok && used == part.size() && !forward;  // "forward" comes last
     }
     const int64_t r = v.size() > 0 ? v[0] : -1, step = v.size() > 1 ? v[1] : 0;
     const int64_t tries = v.size() > 2 ? v[2] : 1;
     if (!ok || v.size() < 2 || v.size() > 3 || r < 0 || step < 1 || tries < 1) {
-      throw Error(strCat("BATCHDIST_FAULT_OOM: '", item, "' is not RANK:STEP or RANK:STEP:TRIES "
-                         "(STEP 1-based; e.g. 1:5 makes rank 1 fail its first try of step 5)"));
+      throw Error(strCat("BATCHDIST_FAULT_OOM: '", item, "' is not RANK:STEP[:TRIES][:forward] "
+                         "(STEP 1-based; e.g. 1:5 makes rank 1 fail its first try of step 5 in "
+                         "backward, 1:5:1:forward in forward)"));
     }
-    for (int64_t i = 0; i < tries && r == rank; ++i) out.emplace_back(step, r);
+    for (int64_t i = 0; i < tries && r == rank; ++i) out.emplace_back(step, forward);
   }
   return out;
 }
+
+/// Note [sync batchnorm failure]: this rank's forward finished, but another
+/// rank's ran out of memory; the step is abandoned on every rank.
+struct PeerOutOfMemory : std::exception {
+  const char* what() const noexcept override { return "another rank ran out of memory in forward"; }
+};
 
 /// BATCHDIST_FAULT_OOM: while it lives, the gradient of `param` (the first
 /// parameter: its gradient comes last in backward) throws the allocator's
@@ -199,9 +211,35 @@ double Trainer::computeGradients(int64_t real) {
     if (reducer_) reducer_->prepare(final_micro);
     if (batch.x.size(0) == 0) continue;  // only under last_batch: keep
     std::optional<InjectedOom> fault;
-    if (oom_.inject && final_micro) {
+    if (oom_.inject && final_micro && !oom_.inject_forward) {
       const auto params = model_->trainableParameters();
       if (!params.empty()) fault.emplace(params.front());
+    }
+    torch::Tensor weighted = forwardLoss(batch, oom_.inject && final_micro && oom_.inject_forward);
+    (weighted * (scale / denom)).backward();
+    if (noise_now_ && microNoise()) trackMicroBatch(k);
+    loss_sum += weighted.detach().to(torch::kDouble);
+    time_.compute += monotonicSeconds() - t1;
+  }
+  return loss_sum.item<double>();
+}
+
+// Note [sync batchnorm failure]: with synchronised BatchNorm every rank ends the
+// forward with one agreement; a rank that failed joins the allreduces it missed.
+torch::Tensor Trainer::forwardLoss(const Batch& batch, bool inject) {
+  SyncBatchNorm* sync = model_->syncBatchNorm();
+  torch::Tensor weighted;
+  try {
+    if (sync) sync->beginForward();
+    if (inject) {
+      // Halfway through forward: before the middle BatchNorm allreduce, or (no
+      // synchronised BatchNorm) before the forward itself.
+      if (sync && sync->synchronising()) {
+        sync->failBeforeCollective(sync->layers() / 2);
+      } else {
+        throw c10::OutOfMemoryError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                                    "out of memory (injected by BATCHDIST_FAULT_OOM in forward)");
+      }
     }
     torch::Tensor out;
     {
@@ -211,13 +249,13 @@ double Trainer::computeGradients(int64_t real) {
     auto per_sample = torch::nn::functional::cross_entropy(
         out.to(torch::kFloat), batch.y,
         torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
-    auto weighted = (per_sample * batch.w).sum();
-    (weighted * (scale / denom)).backward();
-    if (noise_now_ && microNoise()) trackMicroBatch(k);
-    loss_sum += weighted.detach().to(torch::kDouble);
-    time_.compute += monotonicSeconds() - t1;
+    weighted = (per_sample * batch.w).sum();
+  } catch (const std::exception& e) {
+    if (sync && isOutOfMemory(e)) sync->endForward(/*failed=*/true);
+    throw;
   }
-  return loss_sum.item<double>();
+  if (sync && sync->endForward(/*failed=*/false) > 0) throw PeerOutOfMemory();
+  return weighted;
 }
 
 void Trainer::clearGradients() {
@@ -571,6 +609,7 @@ bool Trainer::runStep(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_s
     const auto it = std::find_if(faults.begin(), faults.end(),
                                  [&](const auto& f) { return f.first == global_step + 1; });
     oom_.inject = it != faults.end();
+    oom_.inject_forward = oom_.inject && it->second;
     if (oom_.inject) faults.erase(it);
     if (tryStep(sharder.realSamples(s), plan_.lrAt(global_step), stop, due, loss)) {
       ++oom_.good_steps;
@@ -600,6 +639,12 @@ bool Trainer::tryStep(int64_t real, double lr, bool* stop, bool* checkpoint, dou
 bool Trainer::computeOrFail(int64_t real, double* loss) {
   try {
     *loss = computeGradients(real);
+  } catch (const PeerOutOfMemory&) {
+    // Note [sync batchnorm failure]: not this rank's failure; the side channel
+    // carries the failing rank's, and every rank discards the step.
+    oom_.inject = false;
+    if (!reducer_) clearGradients();
+    return false;
   } catch (const std::exception& e) {
     oom_.inject = false;
     if (!isOutOfMemory(e)) throw;

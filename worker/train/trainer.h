@@ -35,14 +35,17 @@
 //    to come back, each failed retry costs a wasted step and churns the
 //    allocator, and a run that changes its split back and forth is harder to
 //    reproduce (BatchNorm statistics follow the per-GPU batch).
-//  - Fault injection for tests: BATCHDIST_FAULT_OOM="R:S[:N],..." makes rank R
-//    throw c10::OutOfMemoryError (the type the real path catches) from a hook on
-//    the first parameter's gradient, i.e. halfway through the final
+//  - Fault injection for tests: BATCHDIST_FAULT_OOM="R:S[:N][:forward],..." makes
+//    rank R throw c10::OutOfMemoryError (the type the real path catches) from a
+//    hook on the first parameter's gradient, i.e. halfway through the final
 //    micro-batch's backward, in the first N (default 1) tries of global step S
-//    (1-based).
-//  - Not covered: with model.sync_batchnorm an out-of-memory inside forward
-//    leaves the other ranks in a BatchNorm allreduce; dist.timeout_s then ends
-//    the job with the stall report.
+//    (1-based); with ":forward", halfway through its forward instead (before the
+//    middle synchronised BatchNorm allreduce, or before the forward without one).
+//  - With model.sync_batchnorm an out-of-memory inside forward would leave the
+//    other ranks in a BatchNorm allreduce: Note [sync batchnorm failure] in
+//    worker/model/model.h makes every rank learn of it at the end of that
+//    forward, and all take the path above. Still not covered: one inside
+//    backward before the BatchNorm backward allreduces are done.
 
 #include <ATen/core/Tensor.h>
 
@@ -168,8 +171,9 @@ class Trainer {
   struct EpochRun;
   /// Where the out-of-memory back-off stands (Note [oom back-off]).
   struct OomState {
-    std::vector<std::pair<int64_t, int64_t>> faults;  ///< BATCHDIST_FAULT_OOM: (step, rank) tries
+    std::vector<std::pair<int64_t, bool>> faults;  ///< BATCHDIST_FAULT_OOM: (step, in forward) tries
     bool inject = false;            ///< fail the current try (this rank)
+    bool inject_forward = false;    ///< ... in forward rather than backward
     bool failed_here = false;       ///< the last try failed on this rank
     std::vector<int64_t> larger;    ///< per-GPU batches backed off from, newest last
     int64_t good_steps = 0;         ///< since the last switch of split
@@ -202,6 +206,10 @@ class Trainer {
                bool* due, TrainResult& result, double* loss);
   /// One try of a step; false (nothing applied) if any rank ran out of memory.
   bool tryStep(int64_t real, double lr, bool* stop, bool* checkpoint, double* loss);
+  /// One micro-batch's forward and weighted loss sum; with synchronised BatchNorm
+  /// ends with the agreement of Note [sync batchnorm failure] (throws
+  /// PeerOutOfMemory when another rank failed). `inject`: BATCHDIST_FAULT_OOM.
+  at::Tensor forwardLoss(const Batch& batch, bool inject);
   /// Forward and backward, an out-of-memory caught; true if this rank failed.
   bool computeOrFail(int64_t real, double* loss);
   OomFigures agreeOomFigures(bool failed);
