@@ -247,6 +247,35 @@ int runData(const CliOptions& cli, MpiScope& mpi) {
   return 0;
 }
 
+/// Note [same command]: every rank runs the same verb of the same version, or
+/// every rank exits 2 and rank 0 says which rank differs. Collective.
+int checkSameCommand(const CliOptions& cli, MpiScope& mpi) {
+  // Tests stand in for another build: BATCHDIST_FAULT_VERSION=V on some ranks.
+  const char* fault = std::getenv("BATCHDIST_FAULT_VERSION");
+  const auto problem = mpi.commandMismatch(toString(cli.verb),
+                                           fault && *fault ? fault : BATCHDIST_VERSION);
+  if (problem.empty()) return 0;
+  if (mpi.rank() == 0) std::cerr << strCat(mpi.tag(), " error: ", problem, "\n") << std::flush;
+  return 2;
+}
+
+/// `train`, `search` and `data` under MPI: the ranks agree on the command, then
+/// run the verb. An MPI call that fails on MPI_COMM_WORLD (Note [mpi errors]) ends
+/// the job with this rank's message, not with MPI's abort.
+int runMpiVerb(const CliOptions& cli, MpiScope& mpi, const EnvLookup& env) {
+  try {
+    if (const auto problem = srunWorldProblem(env, mpi.size()); !problem.empty()) {
+      return srunProblem(problem);
+    }
+    if (const int code = checkSameCommand(cli, mpi); code != 0) return code;
+    if (cli.verb == Verb::kData) return runData(cli, mpi);
+    return runTrain(cli, mpi);
+  } catch (const Error& e) {
+    std::cerr << strCat(mpi.tag(), " error: ", e.what(), "\n") << std::flush;
+    mpi.abort(e.exitCode());
+  }
+}
+
 }  // namespace
 }  // namespace batchdist::launcher
 
@@ -280,9 +309,5 @@ int main(int argc, char** argv) {
     if (!problem.empty()) return launcher::srunProblem(problem);
   }
   launcher::MpiScope mpi(&argc, &argv);
-  if (const auto problem = launcher::srunWorldProblem(env, mpi.size()); !problem.empty()) {
-    return launcher::srunProblem(problem);
-  }
-  if (cli.verb == launcher::Verb::kData) return launcher::runData(cli, mpi);
-  return launcher::runTrain(cli, mpi);
+  return launcher::runMpiVerb(cli, mpi, env);
 }

@@ -301,6 +301,41 @@ TEST(Cli, RanksWithDifferentConfigsAreToldWhatDiffers) {
       << r.out;
 }
 
+TEST(Cli, RanksThatRunDifferentVerbsOrVersionsAreRefusedBeforeAnyCollective) {
+  // Note [same command]: `train : search` ended in MPI_ERR_TRUNCATE, a corrupted
+  // heap and SIGABRT. Refused by the first collective, whatever the backend.
+  const std::string flags = BATCHDIST_MPI_FLAGS;
+  const std::string out = (fs::temp_directory_path() / "batchdist_cli_two_verbs").string();
+  for (const std::string backend : {"mpi", "gloo"}) {
+    SCOPED_TRACE(backend);
+    const std::string args = kQuickstart + " -q --output " + out + " --set dist.backend=" + backend;
+    auto r = run("train " + args + " : " + flags + " -np 1 " + BATCHDIST_BIN + " search " + args,
+                 mpirun(1));
+    expectCleanError(r, "[rank 0/2 host ");
+    expectCleanError(r, "error: the ranks of this job run different commands: rank 1 runs "
+                        "`batchdist search` of batchdist " BATCHDIST_VERSION ", rank 0 runs "
+                        "`batchdist train` of batchdist " BATCHDIST_VERSION ". Every rank must "
+                        "run the same verb of the same batchdist version");
+    expectNoTraining(r);
+    for (const char* mpi_crash : {"MPI_ERR", "MPI_ABORT", "free()", "corrupted", "backtrace"}) {
+      EXPECT_EQ(r.out.find(mpi_crash), std::string::npos) << mpi_crash << " in:\n" << r.out;
+    }
+  }
+  // Three ranks, the last two of another build: the lowest one is named.
+  const std::string args = kQuickstart + " -q --output " + out;
+  const auto r = run(args + " : " + flags + " -np 2 -x BATCHDIST_FAULT_VERSION=0.0.1-other " +
+                         BATCHDIST_BIN + " " + args,
+                     mpirun(1));
+  expectCleanError(r, "rank 1 runs `batchdist train` of batchdist 0.0.1-other, rank 0 runs "
+                      "`batchdist train` of batchdist " BATCHDIST_VERSION
+                      " (1 more rank(s) differ from rank 0)");
+  // `data` against `train` too.
+  expectCleanError(run("data " + args + " : " + flags + " -np 1 " + BATCHDIST_BIN + " " + args,
+                       mpirun(1)),
+                   "rank 1 runs `batchdist train` of batchdist " BATCHDIST_VERSION
+                   ", rank 0 runs `batchdist data`");
+}
+
 TEST(Cli, Resnet18Cifar10ConfigPlansAgainstCifarFiles) {
   // A miniature CIFAR-10 directory in the real binary layout (10 images a file).
   const auto dir = std::filesystem::temp_directory_path() / "batchdist_cli_cifar";
