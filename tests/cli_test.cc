@@ -397,12 +397,43 @@ TEST(Cli, DevZeroIsTooLargeForConfigAndData) {
   // std::bad_alloc / "terminate called" while reading forever.
   expectCleanError(run("/dev/zero -q"), "/dev/zero: config file is too large");
   expectCleanError(run("plan /dev/zero"), "/dev/zero: config file is too large");
-  // Data: a device is cut at 1 GiB (kMaxStreamBytes), not at the 16 GiB allowed a
-  // regular data file, which would first fill 16 GiB of memory.
-  const auto r = run(kQuickstart + " --set data.name=csv --set data.path=/dev/zero");
-  expectCleanError(r, "/dev/zero: data file (data.path) is too large (more than 1.0 GiB; at most "
-                      "1.0 GiB is read from a pipe or device)");
+}
+
+// Note [data files are regular files]: /dev/zero was read up to 1 GiB (2.2 GB
+// resident per rank) before it was refused, and a FIFO without a writer blocked
+// every rank in open(). Both are refused before a byte is read; ctest runs this
+// test alone as well, with a short TIMEOUT (tests/CMakeLists.txt).
+TEST(Cli, DataThatIsADeviceOrPipeIsRefusedBeforeReading) {
+  auto r = run(kQuickstart + " -q --set data.name=csv --set data.path=/dev/zero");
+  expectCleanError(r, "/dev/zero: data file (data.path) is a character device, not a regular "
+                      "file; every rank reads a data file whole");
   expectNoTraining(r);
+  expectCleanError(run("plan " + kQuickstart + " --set data.name=csv --set data.path=/dev/zero"),
+                   "/dev/zero: data file (data.path) is a character device");
+  const auto dir = freshDir("batchdist_cli_fifo");
+  const auto fifo = (dir / "rows.csv").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  r = run(kQuickstart + " -q --set data.name=csv --set data.path=" + fifo, mpirun(2));
+  expectCleanError(r, fifo + ": data file (data.path) is a pipe (FIFO), not a regular file");
+  expectNoTraining(r);
+}
+
+TEST(Cli, TooFewRowsNameTheDataFile) {
+  // "data.val_fraction: 0 leaves 1 of 1 samples for training": which file?
+  const auto csv = writeConfig("one_row.csv", "0.5,0.25,1\n");
+  auto r = run(kQuickstart + " -q --set data.name=csv --set data.path=" + csv +
+               " --set data.val_fraction=0");
+  expectCleanError(r, csv + ": holds 1 sample; training needs at least 2: add samples");
+  expectNoTraining(r);
+  r = run("plan " + kQuickstart + " --set data.name=csv --set data.path=" + csv +
+          " --set data.val_fraction=0.5");
+  expectCleanError(r, csv + ": holds 1 sample, and data.val_fraction: 0.5 keeps 1 for validation; "
+                          "training needs at least 2");
+  const auto three = writeConfig("three_rows.csv", "0.5,0.25,1\n0.1,0.2,0\n0.3,0.3,1\n");
+  expectCleanError(run(kQuickstart + " -q --set data.name=csv --set data.path=" + three +
+                       " --set data.val_fraction=0.5"),
+                   three + ": holds 3 samples, and data.val_fraction: 0.5 keeps 2 for validation; "
+                           "training needs at least 2: add samples, or lower data.val_fraction");
 }
 
 TEST(Cli, UnwritableOutputIsRefusedBeforeTraining) {
