@@ -436,6 +436,17 @@ TEST(Cli, TooFewRowsNameTheDataFile) {
                            "training needs at least 2: add samples, or lower data.val_fraction");
 }
 
+TEST(Cli, AnUnknownYamlDirectiveIsRefused) {
+  // Note [YAML directives]: "% oops" on the first line was dropped without a word.
+  const auto path = writeConfig("directive.yaml", "% oops\nbatch: {global: 64}\n");
+  const std::string message = path + ":1: '% oops' is not a YAML directive (YAML has only %YAML "
+                                     "and %TAG); a comment starts with '#'";
+  auto r = run(path + " -q", mpirun(2));
+  expectCleanError(r, message);
+  expectNoTraining(r);
+  expectCleanError(run("plan " + path), message);
+}
+
 TEST(Cli, UnwritableOutputIsRefusedBeforeTraining) {
   // A read-only output directory used to fail after training, with "File
   // .../model.pt.tmp cannot be opened." and no cause. Permissions do not stop
