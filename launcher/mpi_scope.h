@@ -29,9 +29,13 @@ class MpiScope {
   /// Note [same command]: ranks that run different verbs (`mpirun -np 1 batchdist
   /// train A : -np 1 batchdist search A`) or different batchdist versions would
   /// call different collectives with different sizes from the first set-up step
-  /// on (MPI_ERR_TRUNCATE, then a corrupted heap). So the first collective after
-  /// MPI_Init, of a fixed size whatever the command, compares every rank's
-  /// `verb` and `version` (each cut to kCommandField - 1 bytes) with rank 0's.
+  /// on (MPI_ERR_TRUNCATE, then a corrupted heap). Catching that error is no cure:
+  /// in Open MPI 4.1 a non-blocking collective that fails inside libnbc leaves
+  /// its other internal requests writing into freed memory, and MPI_Test on it
+  /// can itself crash (seen with dist.backend: mpi; open-mpi/ompi#2245). So the
+  /// mismatch must never reach one: the first collective after MPI_Init, of a
+  /// fixed size whatever the command, compares every rank's `verb` and
+  /// `version` (each cut to kCommandField - 1 bytes) with rank 0's.
   /// Returns "" when all agree; else, on every rank, the same message naming the
   /// lowest rank that differs, both commands, and what to do. Collective.
   std::string commandMismatch(const std::string& verb, const std::string& version);
