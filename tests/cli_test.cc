@@ -416,6 +416,9 @@ TEST(Cli, DataThatIsADeviceOrPipeIsRefusedBeforeReading) {
   r = run(kQuickstart + " -q --set data.name=csv --set data.path=" + fifo, mpirun(2));
   expectCleanError(r, fifo + ": data file (data.path) is a pipe (FIFO), not a regular file");
   expectNoTraining(r);
+  // An image list on /dev/zero was one endless line read into memory.
+  expectCleanError(run(kQuickstart + " -q --set data.name=image_folder --set data.list=/dev/zero"),
+                   "data.list: /dev/zero is not a regular file (a device, pipe or socket)");
 }
 
 TEST(Cli, TooFewRowsNameTheDataFile) {
