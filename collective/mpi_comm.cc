@@ -36,12 +36,6 @@ MPI_Datatype toMpi(at::ScalarType t) {
   }
 }
 
-std::string mpiError(int code) {
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(code, text, &len);
-  return std::string(text, static_cast<std::size_t>(len));
-}
 
 /// One non-blocking MPI collective. `buffer` is what MPI reads and writes; when
 /// it is a stand-in for the caller's tensor (another dtype, not contiguous),
@@ -94,7 +88,7 @@ class MpiWork : public PendingWork {
     for (int done = 0, spins = 0;; ++spins) {
       const int rc = failed_ != MPI_SUCCESS ? failed_ : MPI_Test(&request_, &done, MPI_STATUS_IGNORE);
       if (rc != MPI_SUCCESS) {
-        throw CollectiveError(strCat("mpi ", what_, " #", seq_, " failed: ", mpiError(rc)));
+        throw CollectiveError(strCat("mpi ", what_, " #", seq_, " failed: ", mpiErrorText(rc)));
       }
       if (done) break;
       // Check the clock now and then; yield so a peer on the same core can run.
@@ -141,7 +135,7 @@ class MpiCommunicator : public Communicator {
         owner_(std::this_thread::get_id()) {
     // Our own communicator: nothing else that uses the parent (the rendezvous)
     // can match our messages.
-    MPI_Comm_dup(parent, &comm_);
+    checkMpi(MPI_Comm_dup(parent, &comm_), "MPI_Comm_dup of the job's communicator");
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
@@ -234,7 +228,7 @@ class MpiCommunicator : public Communicator {
                                        at::Tensor target, const char* what) {
     ++seq_;
     if (rc != MPI_SUCCESS) {
-      throw CollectiveError(strCat("mpi ", what, " #", seq_, " could not start: ", mpiError(rc)));
+      throw CollectiveError(strCat("mpi ", what, " #", seq_, " could not start: ", mpiErrorText(rc)));
     }
     return std::make_unique<MpiWork>(req, std::move(buffer), std::move(target), what, rank_,
                                      size_, timeout_, store_, seq_);
@@ -253,6 +247,17 @@ class MpiCommunicator : public Communicator {
 }  // namespace
 
 void preferRingAllreduce() { setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", /*overwrite=*/0); }
+
+std::string mpiErrorText(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return strCat("MPI error code ", code);
+  return std::string(text, static_cast<std::size_t>(len));
+}
+
+void checkMpi(int rc, const std::string& call) {
+  if (rc != MPI_SUCCESS) throw CollectiveError(strCat(call, " failed: ", mpiErrorText(rc)));
+}
 
 bool mpiAvailable() {
   int initialized = 0;

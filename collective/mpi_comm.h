@@ -22,6 +22,7 @@
 #include <mpi.h>
 
 #include <memory>
+#include <string>
 
 #include "collective/communicator.h"
 
@@ -33,6 +34,14 @@ namespace batchdist::collective {
 
 /// Whether MPI is initialised in this process (the job was started by mpirun).
 bool mpiAvailable();
+
+/// MPI's text for error code `code` (MPI_Error_string).
+std::string mpiErrorText(int code);
+
+/// For calls on a communicator whose error handler is MPI_ERRORS_RETURN (Note
+/// [mpi errors]): throws CollectiveError "`call` failed: <MPI's text>" unless `rc`
+/// is MPI_SUCCESS.
+void checkMpi(int rc, const std::string& call);
 
 /// Before MPI_Init: Open MPI's non-blocking allreduce (libnbc) takes, for fewer
 /// than 4 ranks or any in-place call (ours are), the binomial algorithm: reduce

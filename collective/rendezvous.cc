@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "collective/error.h"
+#include "collective/mpi_comm.h"
 #include "collective/torch_compat.h"
 
 namespace batchdist::collective {
@@ -90,7 +91,7 @@ Rendezvous rendezvousOverMpi(MPI_Comm comm, const RendezvousOptions& opts) {
     // An empty address tells the other ranks that rank 0 failed, so none waits.
     std::snprintf(buf, sizeof buf, "%s", error.empty() ? r.store_address.c_str() : "");
   }
-  MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, comm);
+  checkMpi(MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, comm), "MPI_Bcast of the rendezvous store address");
   if (rank == 0 && !error.empty()) {
     throw CollectiveError(strCat("rank 0 could not open the rendezvous store on ", r.address,
                                  ": ", error.substr(0, error.find('\n'))));

@@ -272,6 +272,36 @@ int runData(const CliOptions& cli, MpiScope& mpi) {
   return 0;
 }
 
+/// Note [same command]: every rank runs the same verb of the same version, or
+/// every rank exits 2 and rank 0 says which rank differs. Collective.
+int checkSameCommand(const CliOptions& cli, MpiScope& mpi) {
+  // Tests stand in for another build: BATCHDIST_FAULT_VERSION=V on some ranks.
+  const char* fault = std::getenv("BATCHDIST_FAULT_VERSION");
+  const auto problem = mpi.commandMismatch(toString(cli.verb),
+                                           fault && *fault ? fault : BATCHDIST_VERSION);
+  if (problem.empty()) return 0;
+  if (mpi.rank() == 0) std::cerr << strCat(mpi.tag(), " error: ", problem, "\n") << std::flush;
+  return 2;
+}
+
+/// `train`, `search` and `data` under MPI: the ranks agree on the command, then
+/// run the verb. An MPI call that fails on MPI_COMM_WORLD (Note [mpi errors]) ends
+/// the job with this rank's message, not with MPI's abort.
+int runMpiVerb(const CliOptions& cli, MpiScope& mpi, const EnvLookup& env, double loaded_s,
+               double mpi_ready_s) {
+  try {
+    if (const auto problem = srunWorldProblem(env, mpi.size()); !problem.empty()) {
+      return srunProblem(problem);
+    }
+    if (const int code = checkSameCommand(cli, mpi); code != 0) return code;
+    if (cli.verb == Verb::kData) return runData(cli, mpi);
+    return runTrain(cli, mpi, loaded_s, mpi_ready_s);
+  } catch (const Error& e) {
+    std::cerr << strCat(mpi.tag(), " error: ", e.what(), "\n") << std::flush;
+    mpi.abort(e.exitCode());
+  }
+}
+
 }  // namespace
 }  // namespace batchdist::launcher
 
@@ -308,9 +338,5 @@ int main(int argc, char** argv) {
   }
   launcher::MpiScope mpi(&argc, &argv);
   const double mpi_ready_s = launcher::secondsSinceProcessStart();  // Note [phases]
-  if (const auto problem = launcher::srunWorldProblem(env, mpi.size()); !problem.empty()) {
-    return launcher::srunProblem(problem);
-  }
-  if (cli.verb == launcher::Verb::kData) return launcher::runData(cli, mpi);
-  return launcher::runTrain(cli, mpi, loaded_s, mpi_ready_s);
+  return launcher::runMpiVerb(cli, mpi, env, loaded_s, mpi_ready_s);
 }

@@ -26,6 +26,21 @@ class MpiScope {
   /// "[rank R/N host H]", the prefix of every per-rank message.
   std::string tag() const;
 
+  /// Note [same command]: ranks that run different verbs (`mpirun -np 1 batchdist
+  /// train A : -np 1 batchdist search A`) or different batchdist versions would
+  /// call different collectives with different sizes from the first set-up step
+  /// on (MPI_ERR_TRUNCATE, then a corrupted heap). Catching that error is no cure:
+  /// in Open MPI 4.1 a non-blocking collective that fails inside libnbc leaves
+  /// its other internal requests writing into freed memory, and MPI_Test on it
+  /// can itself crash (seen with dist.backend: mpi; open-mpi/ompi#2245). So the
+  /// mismatch must never reach one: the first collective after MPI_Init, of a
+  /// fixed size whatever the command, compares every rank's `verb` and
+  /// `version` (each cut to kCommandField - 1 bytes) with rank 0's.
+  /// Returns "" when all agree; else, on every rank, the same message naming the
+  /// lowest rank that differs, both commands, and what to do. Collective.
+  std::string commandMismatch(const std::string& verb, const std::string& version);
+  static constexpr int kCommandField = 32;
+
   /// Runs `fn`, which must not use collectives, on every rank, and agrees on the
   /// outcome: if it threw on any rank, the lowest such rank prints its error and
   /// every rank returns that exit code (no abort needed: all ranks stop together).
@@ -35,6 +50,8 @@ class MpiScope {
   /// Rank 0 runs `fn` and every rank returns its result (MPI_Bcast): what one rank
   /// should read from a shared file system (a folder's listing, a tar index). An
   /// Error on rank 0 is thrown on every rank, with its exit code. Collective.
+  /// Like every collective here, a failing MPI call throws CollectiveError (Note
+  /// [mpi errors]).
   std::string fromRank0(const std::function<std::string()>& fn);
 
   /// Every rank's `mine`, in rank order, on rank 0 (empty elsewhere). Collective.

@@ -373,8 +373,14 @@ std::string slurmScript(const SlurmJobSpec& job) {
         << "# SLURM_GPUS_PER_TASK would give a step of one task per node.\n"
         << "unset SLURM_GPUS_PER_TASK SLURM_GPU_BIND\n";
     }
-    s << "mpirun -np \"$SLURM_NTASKS\" --map-by ppr:" << job.tasks_per_node
-      << ":node --bind-to none \\\n  " << cmd.str() << " &\n"
+    s << "# Told to terminate (scancel, the time limit, a plain kill of this script), mpirun\n"
+      << "# cannot forward SIGTERM: it sends the ranks SIGCONT, then SIGTERM\n"
+      << "# odls_base_sigkill_timeout seconds later, then SIGKILL as long after that. Open\n"
+      << "# MPI's default, 1 s, kills the ranks before they checkpoint; 30 s gives them\n"
+      << "# Slurm's usual KillWait (30 s) to stop after the same step, as SIGUSR1 does.\n"
+      << "mpirun -np \"$SLURM_NTASKS\" --map-by ppr:" << job.tasks_per_node
+      << ":node --bind-to none \\\n  --mca odls_base_sigkill_timeout " << kMpirunStopGraceS
+      << " \\\n  " << cmd.str() << " &\n"
       << "launcher=$!\n"
       << "# Pass the stop signal (and scancel's SIGTERM) on to mpirun, then wait for the ranks;\n"
       << "# a trapped signal interrupts `wait`, so wait again until mpirun has exited.\n"

@@ -192,6 +192,23 @@ TEST(Config, SeveralYamlDocumentsAreRefused) {
   EXPECT_NE(msg.find("test.yaml:2: holds 2 YAML documents"), std::string::npos) << msg;
 }
 
+TEST(Config, UnknownYamlDirectivesAreRefused) {
+  // Note [YAML directives]: yaml-cpp dropped "% oops" and loaded the rest.
+  auto msg = errorOf("% oops\nbatch: {global: 64}\n");
+  EXPECT_NE(msg.find("test.yaml:1: '% oops' is not a YAML directive (YAML has only %YAML and "
+                     "%TAG); a comment starts with '#'"),
+            std::string::npos)
+      << msg;
+  msg = errorOf("# a comment\n\n%FOO bar\n---\nbatch: {global: 64}\n");
+  EXPECT_NE(msg.find("test.yaml:3: '%FOO bar' is not a YAML directive"), std::string::npos) << msg;
+  // The two YAML defines stay accepted, and '%' inside the document is YAML's business.
+  EXPECT_EQ(parseConfig("%YAML 1.2\n%TAG !e! tag:example.com,2000:\n---\nbatch: {global: 64}\n",
+                        "t.yaml")
+                .batch.global,
+            64);
+  EXPECT_EQ(parseConfig("batch: {global: 64}\ndata: {path: '%x'}\n", "t.yaml").data.path, "%x");
+}
+
 TEST(Config, TextAfterTheDocumentIsMalformedNotIgnoredOrEndless) {
   // Note [one YAML document]: YAML::LoadAll loops (allocating) forever on a
   // stray ',' after a document, and YAML::Load drops it. Found by the fuzzer.

@@ -2,7 +2,8 @@
 # signal_stop.sh). Source it; set mpirun, flags, bin, cfg and out first.
 
 # Starts a long 2-rank training run in the background; its pid is $launcher.
-start_long_job() { start_job "^epoch" "$cfg" "$@"; }
+# (Progress lines may start with a carriage return and an escape code: not anchored.)
+start_long_job() { start_job "epoch [0-9][0-9]*/" "$cfg" "$@"; }
 
 # Starts `batchdist ARGS... --output $out --set train.epochs=100000` on $np ranks
 # (default 2) in the background (pid $launcher) and waits until its log matches

@@ -252,6 +252,28 @@ void finishRun(const RunRequest& req, const RankPlace& place, const RunSetup& s,
                       "/report.json, report.html, metrics.jsonl and model.pt"));
 }
 
+/// Rank 0's report of a run stopped during the batch search (nothing trained, so
+/// no model, metrics or page): report.json, and --report when given.
+void finishStoppedSearch(const RunRequest& req, const RankPlace& place, const RunSetup& s,
+                         collective::Communicator& comm, int64_t last_per_gpu, double seconds,
+                         int sig) {
+  RunInfo info;
+  info.world_size = place.size;
+  info.hosts = place.host_count;
+  info.backend = comm.backendName();
+  info.device = s.device.str();
+  info.torch_version = compat::torchVersion();
+  info.data_origin = s.data.origin;
+  info.cpu_blas = s.blas.name;
+  info.stopped_by = strCat("SIG", sigabbrev_np(sig ? sig : SIGTERM));
+  const auto report =
+      searchStoppedReport(s.cfg, info, last_per_gpu, seconds)
+          .dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) +
+      "\n";
+  writeFileAtomic((fs::path(req.output) / "report.json").string(), report);
+  if (!req.report.empty()) writeFileAtomic(req.report, report);
+}
+
 /// Note [oom back-off]: the search cache entry this run used learns of every
 /// back-off, so the next run does not take the same batch blindly. Rank 0.
 void markCache(const CacheEntry& cache, const TrainResult& result) {
@@ -507,14 +529,26 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
   clock.lap("resume_plan");
   // A resumed run was planned by prepareResume, unless the search picks m for a new world size.
   if (req.search_only || s.cfg.batch.per_gpu_auto) {
+    const double search_t0 = monotonicSeconds();
     try {
       searched = searchBatch(req, s, comm, console, &cache);
       clock.lap("search");
       if (!searched->data_bound.empty()) console.line("search: " + searched->data_bound);
     } catch (const SearchStopped& e) {
+      const int own_sig = req.stop_signal();
       const int sig = agreedSignal(req, comm);
+      if (own_sig != 0) {
+        std::cerr << strCat(place.tag(), " received SIG", sigabbrev_np(own_sig),
+                            ": the batch search stopped cleanly ", e.what(),
+                            "; rank 0 writes the report\n")
+                  << std::flush;
+      }
+      if (lead) {
+        finishStoppedSearch(req, place, s, comm, e.lastPerGpu(),
+                            monotonicSeconds() - search_t0, sig);
+      }
       console.line(strCat("stop requested during the batch search: every rank stopped ", e.what(),
-                          "; nothing was trained"));
+                          "; nothing was trained; wrote ", req.output, "/report.json"));
       comm.barrier();
       return 128 + (sig ? sig : SIGTERM);
     }

@@ -240,6 +240,8 @@ TEST(SlurmScript, GpuJobWithMpirunForwardsTheSignal) {
   for (const char* line :
        {"\n#SBATCH --signal=B:USR1@120\n", "\nunset SLURM_GPUS_PER_TASK SLURM_GPU_BIND\n",
         "\nmpirun -np \"$SLURM_NTASKS\" --map-by ppr:8:node --bind-to none \\\n",
+        // The ranks get time to checkpoint when mpirun is told to terminate.
+        "\n  --mca odls_base_sigkill_timeout 30 \\\n",
         "--set train.threads=8 &\nlauncher=$!\n",
         "\ntrap 'kill -USR1 \"$launcher\" 2>/dev/null' USR1\n",
         "\ntrap 'kill -TERM \"$launcher\" 2>/dev/null' TERM\n", "\nwait \"$launcher\"\nrc=$?\n",

@@ -10,6 +10,9 @@
 #   stop_srun    SIGUSR1 to the job's steps (what --signal=USR1@T does): clean stop
 #   stop_mpirun  SIGUSR1 to the batch shell (--signal=B:USR1@T): forwarded, clean stop
 #                (both with --no-requeue: the stop alone)
+#   term_mpirun  SIGTERM to the batch shell alone (a plain kill of the script): mpirun
+#                cannot forward it; the script's odls_base_sigkill_timeout gives the
+#                ranks time for the stop checkpoint and the report
 #   requeue      SIGUSR1 to the job's steps: checkpoint, exit 138, the script requeues the
 #                job, the next start resumes (--resume auto) and completes
 # Exit 77 (ctest SKIP_RETURN_CODE) with the reason when Slurm is not installed;
@@ -96,20 +99,21 @@ check_accuracy() {
   awk -v a="$acc" 'BEGIN { exit !(a >= 0.9) }' || fail "eval_accuracy $acc < 0.9 after 3 epochs"
 }
 
-# Sends SIGUSR1 to a running training job once it is past its first step; $2 = "--batch" for
-# the batch shell (B:), empty for the job steps.
+# Sends SIGUSR1 (or signal $3) to a running training job once it is past its first step;
+# $2 = "--batch" for the batch shell (B:), empty for the job steps.
 signal_when_training() {
-  local id=$1 log="$dir/out/batchdist-quickstart-$1.out"
+  local id=$1 sig=${3:-USR1} log="$dir/out/batchdist-quickstart-$1.out"
+  # Under mpirun a rank's stdout is a terminal: its progress lines start with an escape.
   for _ in $(seq 1 240); do
-    grep -q '^epoch' "$log" 2>/dev/null && break
+    grep -q 'epoch [0-9][0-9]*/' "$log" 2>/dev/null && break
     case "$(job_field "$id" JobState)" in RUNNING | PENDING | CONFIGURING) ;;
       *) fail "job $id ended before training started" ;;
     esac
     sleep 0.25
   done
-  grep -q '^epoch' "$log" || fail "job $id did not start training within 60 s"
+  grep -q 'epoch [0-9][0-9]*/' "$log" || fail "job $id did not start training within 60 s"
   # shellcheck disable=SC2086
-  timeout 10 scancel ${2:-} --signal=USR1 "$id" || fail "scancel --signal=USR1 $id failed"
+  timeout 10 scancel ${2:-} --signal="$sig" "$id" || fail "scancel --signal=$sig $id failed"
 }
 
 case "$scenario" in
@@ -177,6 +181,27 @@ case "$scenario" in
     log="$dir/out/batchdist-quickstart-$id.out"
     grep -q 'received SIGUSR1: stopped cleanly' "$log" || fail "no clean-stop message in the job log"
     grep -q '"stopped_by": "SIGUSR1"' "$dir/out/$id/report.json" || fail "report does not name SIGUSR1"
+    check_report "$id" false
+    ;;
+  term_mpirun)
+    # A wide model: the stop (checkpoint and model, fsynced) takes longer than the
+    # second Open MPI leaves by default, so without the flag the report is lost.
+    out=$(generate --launcher mpirun --set train.epochs=100000 --set model.hidden=[3072,3072] \
+      --no-requeue --submit) || fail "batchdist slurm --submit failed: $out"
+    id=$(job_id_of "$out")
+    [ -n "$id" ] || fail "no job id in: $out"
+    grep -q -- '--mca odls_base_sigkill_timeout 30' "$dir/out/batchdist-quickstart.sbatch" ||
+      fail "the mpirun line does not give the ranks time to stop"
+    signal_when_training "$id" --batch TERM
+    wait_job "$id"
+    code=$(job_field "$id" ExitCode)
+    echo "job $id after SIGTERM to the batch shell: $(job_field "$id" JobState), ExitCode=$code"
+    # Once told to terminate, mpirun no longer forwards the ranks' output: the
+    # outcome is in the files.
+    ls -d "$dir/out/$id"/checkpoints/step-* >/dev/null 2>&1 || fail "no stop-signal checkpoint"
+    grep -q '"on_signal": true' "$dir/out/$id/report.json" || fail "report lists no stop-signal checkpoint"
+    grep -q '"stopped_by": "SIGTERM"' "$dir/out/$id/report.json" || fail "report does not name SIGTERM"
+    [ -f "$dir/out/$id/model.pt" ] || fail "no model.pt"
     check_report "$id" false
     ;;
   requeue)

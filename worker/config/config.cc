@@ -703,8 +703,38 @@ void readSearch(Context& ctx, const YAML::Node& root, SearchConfig& c) {
   c.cache = s.text("cache", "");
 }
 
+// Note [YAML directives]: YAML defines two directives, %YAML and %TAG, and asks
+// a processor to ignore any other "with an appropriate warning"; yaml-cpp ignores
+// it without one. A config is refused instead, as an unknown key is: no YAML
+// processor gives another directive a meaning, so one in a config is a mistake,
+// most likely a comment written with another language's '%' (LaTeX, MATLAB),
+// which yaml-cpp drops on the first lines but refuses as malformed anywhere else.
+// A warning would be printed by every rank and lost in the job's log.
+/// Throws ConfigError naming the line of the first directive in `text` (the lines
+/// before its document that start with '%') other than %YAML and %TAG.
+void checkDirectives(const std::string& text, const std::string& source) {
+  std::size_t pos = text.rfind("\xEF\xBB\xBF", 0) == 0 ? 3 : 0;  // a UTF-8 byte order mark
+  for (int line = 1; pos < text.size(); ++line) {
+    std::size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string l = text.substr(pos, end - pos);
+    pos = end + 1;
+    if (!l.empty() && l.back() == '\r') l.pop_back();
+    const auto first = l.find_first_not_of(" \t");
+    if (first == std::string::npos || l[first] == '#') continue;  // blank, or a comment
+    if (l[0] != '%') return;                                       // the document has begun
+    const std::string name = l.substr(1, l.find_first_of(" \t") - 1);
+    if (name == "YAML" || name == "TAG") continue;
+    if (l.size() > 40) l = l.substr(0, 37) + "...";
+    throw ConfigError(strCat(source, ":", line, ": '", l, "' is not a YAML directive (YAML has only "
+                             "%YAML and %TAG); a comment starts with '#': remove the line or "
+                             "begin it with '#'"));
+  }
+}
+
 /// The one YAML document of `text`, a mapping (or empty).
 YAML::Node loadYaml(const std::string& text, const std::string& source) {
+  checkDirectives(text, source);
   YAML::Node root;
   try {
     // Note [one YAML document]: not LoadAll.

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <sys/stat.h>
 
 #include <cerrno>
 #include <cmath>
@@ -31,7 +32,28 @@ int64_t product(const std::vector<int64_t>& v) {
 /// Largest data file read into memory (the loader keeps whole data sets in memory).
 constexpr std::uintmax_t kMaxDataBytes = std::uintmax_t{16} << 30;
 
+/// What a file of type `mode` is, for a message ("a character device").
+std::string fileKind(mode_t mode) {
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a pipe (FIFO)";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+// Note [data files are regular files]: a data file is read whole by every rank,
+// and again by `plan` and `batchdist slurm`, so it must be a file that reads the
+// same each time. A device or pipe is refused before a byte is read: /dev/zero was
+// read up to readFileBounded's 1 GiB stream bound first (2.2 GB resident per rank),
+// and a pipe could be read by one rank only.
 std::string readFile(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+    throw ConfigError(strCat(path, ": data file (data.path) is ", fileKind(st.st_mode),
+                             ", not a regular file; every rank reads a data file whole, and more "
+                             "than once, so give data.path a file (save a pipe's output to one "
+                             "first)"));
+  }
   return readFileBounded(path, kMaxDataBytes, "data file (data.path)");
 }
 
@@ -321,12 +343,17 @@ DataSplit loadMnist(const DataConfig& cfg, const std::string& base_dir) {
 
 /// Seeded split of `all` into train and validation: the same on every rank,
 /// whatever the world size.
+/// Splits `all` (from split->origin, named in errors) into train and validation.
 void splitSeeded(const Dataset& all, double val_fraction, int64_t seed, DataSplit* split) {
   const int64_t n = all.size();
   const int64_t n_val = valCount(n, val_fraction);
   if (n - n_val < 2) {
-    throw ConfigError(strCat("data.val_fraction: ", val_fraction, " leaves ", n - n_val, " of ", n,
-                             " samples for training"));
+    throw ConfigError(strCat(split->origin, ": holds ", n, n == 1 ? " sample" : " samples",
+                             n_val > 0 ? strCat(", and data.val_fraction: ", val_fraction,
+                                                " keeps ", n_val, " for validation")
+                                       : std::string(),
+                             "; training needs at least 2: add samples",
+                             n_val > 0 ? ", or lower data.val_fraction" : ""));
   }
   const auto perm = seededPermutation(n, static_cast<uint64_t>(seed), -1);
   std::vector<int64_t> val_rows(perm.begin(), perm.begin() + n_val);

@@ -176,6 +176,28 @@ nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const Trai
   return o;
 }
 
+nlohmann::ordered_json searchStoppedReport(const Config& cfg, const RunInfo& info,
+                                           int64_t last_per_gpu, double search_seconds) {
+  nlohmann::ordered_json o{{"batchdist_version", BATCHDIST_VERSION},
+                           {"torch_version", info.torch_version},
+                           {"world_size", info.world_size},
+                           {"hosts", info.hosts},
+                           {"backend", info.backend},
+                           {"device", info.device},
+                           {"cpu_blas", info.cpu_blas},
+                           {"data", info.data_origin},
+                           {"precision", toString(cfg.train.precision)},
+                           {"steps", 0},
+                           {"completed", false},
+                           {"stopped_by", info.stopped_by},
+                           {"stopped_during", "batch search"},
+                           {"search", {{"stopped_after_per_gpu", last_per_gpu},
+                                       {"seconds", search_seconds}}},
+                           {"diagnosis", info.diagnosis},
+                           {"config", cfg.resolved}};
+  return o;
+}
+
 std::string metricsJsonl(const TrainResult& r) {
   std::string out;
   for (const auto& m : r.metrics) {

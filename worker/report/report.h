@@ -39,6 +39,13 @@ struct RunInfo {
 nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const TrainResult& result,
                                  const RunInfo& info);
 
+/// The report of a run that a stop signal ended during the batch search, before
+/// any training (`search`, or `train` with per_gpu: auto): what ran where,
+/// "completed": false, info.stopped_by, "stopped_during": "batch search", steps 0,
+/// and the search's last candidate and seconds, in the same keys as runReport's.
+nlohmann::ordered_json searchStoppedReport(const Config& cfg, const RunInfo& info,
+                                           int64_t last_per_gpu, double search_seconds);
+
 /// metrics.jsonl: one JSON object per line, per logging interval ("kind": "step")
 /// and per epoch ("kind": "epoch", with the evaluation), for other plotting tools.
 std::string metricsJsonl(const TrainResult& result);

@@ -246,7 +246,7 @@ Candidate BatchSearch::agree(int64_t per_gpu, int64_t accum, const Measurement& 
                                rank == comm_.rank() && !m.detail.empty() ? ": " + m.detail
                                                                          : std::string()));
   }
-  if (v[4] > 0) throw SearchStopped(strCat("after per-GPU batch ", per_gpu));
+  if (v[4] > 0) throw SearchStopped(per_gpu);
   if (c.failed) {
     c.reason = strCat(toString(kind), " on rank ", rank);
     if (kind == FailKind::kOverBudget) c.reason += strCat(" (peak ", mb(c.peak_mb), " > budget)");

@@ -170,7 +170,13 @@ const Candidate& chooseCandidate(const std::vector<Candidate>& candidates,
 /// every rank learns it in the same per-candidate agreement.
 class SearchStopped : public Error {
  public:
-  using Error::Error;
+  explicit SearchStopped(int64_t last_per_gpu)
+      : Error(strCat("after per-GPU batch ", last_per_gpu)), last_per_gpu_(last_per_gpu) {}
+  /// The per-GPU batch of the last candidate measured.
+  int64_t lastPerGpu() const { return last_per_gpu_; }
+
+ private:
+  int64_t last_per_gpu_;
 };
 
 /// Runs the search over `comm`; collective.

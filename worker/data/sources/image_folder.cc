@@ -212,6 +212,13 @@ ImageList walkImageFolder(const std::string& root_in) {
 }
 
 std::vector<ImageEntry> readImageList(const std::string& list_path, int64_t* classes) {
+  // Note [data files are regular files]: /dev/zero is one endless line.
+  struct stat st {};
+  if (::stat(list_path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    throw ConfigError(strCat("data.list: ", list_path, " is not a regular file (",
+                             S_ISDIR(st.st_mode) ? "a directory" : "a device, pipe or socket",
+                             "); give a text file of \"relative/path label\" lines"));
+  }
   std::ifstream in(list_path, std::ios::binary);
   if (!in) {
     throw ConfigError(strCat("data.list: cannot read ", list_path, ": ", std::strerror(errno)));
