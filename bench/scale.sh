@@ -18,9 +18,12 @@
 # Oversubscription inflates everything that computes (W ranks share 2 cores):
 # read the growth between rows, not the absolute figures. Medians of REPEAT runs.
 #   bench/scale.sh [BATCHDIST_BIN] [REPEAT] [WORLDS] [BACKENDS] [OUTDIR]
+#   bench/scale.sh --summary OUTDIR      (the table and plot again, from OUTDIR/runs.jsonl)
 # Prints a table per backend and writes OUTDIR/scale.svg (each phase against W,
 # log-log) and OUTDIR/scale.json.
 set -euo pipefail
+summary_only=false
+if [ "${1:-}" = --summary ]; then summary_only=true; shift; set -- "" "" "" "" "$1"; fi
 bin=${1:-build/launcher/batchdist}
 repeat=${2:-3}
 worlds=${3:-2 4 8 16 32 64}
@@ -31,8 +34,8 @@ cfg=$here/../configs/scale.yaml
 flags=(--oversubscribe --bind-to none -x OMP_NUM_THREADS=1)
 [ "$(id -u)" = 0 ] && flags+=(--allow-run-as-root)
 mkdir -p "$outdir"
-rm -f "$outdir/runs.jsonl"
-echo "host: $(nproc) cores, $(uptime)"
+cores=$(nproc)
+$summary_only || { rm -f "$outdir/runs.jsonl"; echo "host: $cores cores, $(uptime)"; }
 now() { date +%s.%N; }
 
 # one BACKEND W REP: a fresh run and a resumed run; appends their phases to runs.jsonl.
@@ -62,6 +65,7 @@ PY
 }
 
 # Interleaved: every (backend, W) once per round, rounds repeated.
+$summary_only && repeat=0
 for rep in $(seq 1 "$repeat"); do
   for w in $worlds; do
     for backend in $backends; do
@@ -71,9 +75,9 @@ for rep in $(seq 1 "$repeat"); do
   done
 done
 
-python3 - "$outdir" <<'PY'
+python3 - "$outdir" "$cores" <<'PY'
 import json, math, statistics, sys, os
-outdir = sys.argv[1]
+outdir, cores = sys.argv[1], int(sys.argv[2])
 rows = [json.loads(l) for l in open(os.path.join(outdir, "runs.jsonl"))]
 phases = ["load", "mpi_init", "setup", "rendezvous", "search", "first_step", "steady_step",
           "checkpoint_write", "resume_read", "eval", "shutdown"]
@@ -96,11 +100,15 @@ def growth(b, p):
 
 for b in backends:
     print(f"\nbackend {b}: rank 0's median seconds per phase over the runs (1 thread per rank, oversubscribed)")
-    print("%-17s" % "phase" + "".join("%9s" % f"W={w}" for w in worlds) + "   slope")
+    print("%-17s" % "phase" + "".join("%9s" % f"W={w}" for w in worlds) + "   slope  per core")
     for p in phases:
         cells = "".join("%9.3f" % med[(b, w, p)] if med[(b, w, p)] >= 0 else "%9s" % "-" for w in worlds)
-        print("%-17s" % p + cells + "%8s" % growth(b, p))
-print("\nslope: d log(time) / d log(W) from the smallest to the largest W (0: constant, 1: linear in W)")
+        g = growth(b, p)
+        print("%-17s" % p + cells + "%8s" % g + "%10s" % ("-" if g == "-" else "%.2f" % (float(g) - 1)))
+print("\nslope: d log(time) / d log(W) from the smallest to the largest W (0: constant, 1: linear in W).")
+print(f"per core: the slope less 1. With W ranks on {cores} cores, a phase in which every rank does")
+print("the same work alone takes W/cores times as long: its slope is 1 from sharing the cores, and")
+print("what is left is the growth of each rank's own work (0: O(1) per rank, 1: O(W) per rank).")
 
 # The plot: one panel per backend, each phase against W, log-log.
 colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#000000"]

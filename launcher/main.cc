@@ -47,6 +47,19 @@ void installStopHandlers() {
   for (int sig : {SIGTERM, SIGUSR1, SIGINT}) sigaction(sig, &sa, nullptr);
 }
 
+/// Ends the whole job after this rank's error (its message already printed). A
+/// rank that has already received SIGTERM (mpirun ending the job sends it, after
+/// SIGCONT to stopped ranks) just exits: an MPI_Abort while mpirun tears the job
+/// down only adds Open MPI's notices to the log.
+[[noreturn]] void abortJob(MpiScope& mpi, int code) {
+  if (g_stop_signal.load() != 0 && mpi.size() > 1) {
+    std::cout.flush();
+    std::cerr.flush();
+    std::_Exit(code);
+  }
+  mpi.abort(code);
+}
+
 /// Seconds since this process started (the kernel's start time, in clock ticks
 /// since boot, against CLOCK_BOOTTIME); -1 if /proc cannot tell.
 double secondsSinceProcessStart() {
@@ -234,13 +247,13 @@ int runTrain(const CliOptions& cli, MpiScope& mpi, double loaded_s, double mpi_r
   } catch (const Error& e) {
     // One write per message: the ranks' lines do not interleave under mpirun.
     std::cerr << strCat(mpi.tag(), " error: ", e.what(), "\n") << std::flush;
-    mpi.abort(e.exitCode());
+    abortJob(mpi, e.exitCode());
   } catch (const std::exception& e) {
     std::string what = e.what();
     std::cerr << strCat(mpi.tag(), " error: ", what.substr(0, what.find("\nException raised from")),
                         "\n")
               << std::flush;
-    mpi.abort(1);
+    abortJob(mpi, 1);
   }
 }
 
@@ -298,7 +311,7 @@ int runMpiVerb(const CliOptions& cli, MpiScope& mpi, const EnvLookup& env, doubl
     return runTrain(cli, mpi, loaded_s, mpi_ready_s);
   } catch (const Error& e) {
     std::cerr << strCat(mpi.tag(), " error: ", e.what(), "\n") << std::flush;
-    mpi.abort(e.exitCode());
+    abortJob(mpi, e.exitCode());
   }
 }
 

@@ -36,7 +36,6 @@ echo "job ended $(( $(date +%s) - start ))s after ranks $frozen (pids ${victims[
 grep -v "^epoch .* step" "$out/log" | grep -v "^ *$" | tail -12 | cut -c1-400
 fail() { echo "FAIL: $*"; exit 1; }
 [ "$rc" -ne 0 ] || fail "exit code 0 after a rank froze"
-grep -q "Data unpack would read past end of buffer" "$out/log" && fail "Open MPI could not carry the message"
 if [ "$frozen" = 0 ]; then
   grep -q "rendezvous store on rank 0 does not answer" "$out/log" || fail "rank 0 not named"
   exit 0
@@ -54,4 +53,5 @@ verdicts=$(printf '%s\n' "$others" | grep -o "Did not reach it: .*" | sort -u)
 [ "$(printf '%s\n' "$verdicts" | wc -l)" = 1 ] || fail "the ranks that reported disagree:
 $verdicts"
 case "$verdicts" in *"$expect"*) ;; *) fail "expected '$expect', got: $verdicts" ;; esac
+[ "${#verdicts}" -lt 400 ] || fail "the verdict is ${#verdicts} characters long"
 echo "ok: $(grep -c "Did not reach it" "$out/log") report(s), all naming exactly $who"
