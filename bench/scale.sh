@@ -128,10 +128,15 @@ for i, b in enumerate(backends):
         svg.append(f'<line x1="{i * pw + m}" x2="{i * pw + pw - 20}" y1="{Y(e)}" y2="{Y(e)}" stroke="#eee"/>')
         svg.append(f'<text x="{i * pw + m - 4}" y="{Y(e) + 4}" text-anchor="end">{e:g}</text>')
         e *= 10
+    # Reference: slope 1, what sharing the cores alone gives a phase of constant work per rank.
+    y0 = ymin * 10
+    svg.append('<polyline fill="none" stroke="#888" stroke-dasharray="5,4" points="%.1f,%.1f %.1f,%.1f"/>' % (
+        X(worlds[0], i), Y(y0), X(worlds[-1], i), Y(y0 * worlds[-1] / worlds[0])))
     for j, p in enumerate(phases):
         pts = [(X(w, i), Y(med[(b, w, p)])) for w in worlds if med[(b, w, p)] > 0]
         if len(pts) > 1:
             svg.append('<polyline fill="none" stroke-width="2" stroke="%s" points="%s"/>' % (colors[j], " ".join("%.1f,%.1f" % q for q in pts)))
+svg.append(f'<line x1="{pw * len(backends) + 10}" x2="{pw * len(backends) + 30}" y1="{40 + len(phases) * 18}" y2="{40 + len(phases) * 18}" stroke="#888" stroke-dasharray="5,4"/><text x="{pw * len(backends) + 36}" y="{44 + len(phases) * 18}">slope 1: shared cores</text>')
 for j, p in enumerate(phases):
     y = 40 + j * 18
     x = pw * len(backends) + 10
