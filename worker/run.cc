@@ -180,13 +180,8 @@ void writeSearchArtifacts(const RunRequest& req, const SearchResult& result) {
   if (!req.quiet) std::cout << searchTable(result) << std::flush;
 }
 
-/// Rank 0's artifacts and summary lines after training.
-void finishRun(const RunRequest& req, const RankPlace& place, const RunSetup& s,
-               collective::Communicator& comm, Trainer& trainer, const TrainResult& result,
-               const std::optional<SearchResult>& searched,
-               const std::optional<CheckpointCheck>& resumed, int sig, Console& console) {
-  const std::string model_path = (fs::path(req.output) / "model.pt").string();
-  writeFileAtomic(model_path, trainer.model().serialize());
+/// What ran, and where: the fields every report opens with.
+RunInfo runInfo(const RankPlace& place, const RunSetup& s, collective::Communicator& comm) {
   RunInfo info;
   info.world_size = place.size;
   info.hosts = place.host_count;
@@ -195,6 +190,17 @@ void finishRun(const RunRequest& req, const RankPlace& place, const RunSetup& s,
   info.torch_version = compat::torchVersion();
   info.data_origin = s.data.origin;
   info.cpu_blas = s.blas.name;
+  return info;
+}
+
+/// Rank 0's artifacts and summary lines after training.
+void finishRun(const RunRequest& req, const RankPlace& place, const RunSetup& s,
+               collective::Communicator& comm, Trainer& trainer, const TrainResult& result,
+               const std::optional<SearchResult>& searched,
+               const std::optional<CheckpointCheck>& resumed, int sig, Console& console) {
+  const std::string model_path = (fs::path(req.output) / "model.pt").string();
+  writeFileAtomic(model_path, trainer.model().serialize());
+  RunInfo info = runInfo(place, s, comm);
   info.validation_samples = s.data.val.size();
   info.train_samples = s.data.train.size();
   info.classes = s.data.train.classes;
@@ -257,14 +263,7 @@ void finishRun(const RunRequest& req, const RankPlace& place, const RunSetup& s,
 void finishStoppedSearch(const RunRequest& req, const RankPlace& place, const RunSetup& s,
                          collective::Communicator& comm, int64_t last_per_gpu, double seconds,
                          int sig) {
-  RunInfo info;
-  info.world_size = place.size;
-  info.hosts = place.host_count;
-  info.backend = comm.backendName();
-  info.device = s.device.str();
-  info.torch_version = compat::torchVersion();
-  info.data_origin = s.data.origin;
-  info.cpu_blas = s.blas.name;
+  RunInfo info = runInfo(place, s, comm);
   info.stopped_by = strCat("SIG", sigabbrev_np(sig ? sig : SIGTERM));
   const auto report =
       searchStoppedReport(s.cfg, info, last_per_gpu, seconds)

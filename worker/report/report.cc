@@ -75,19 +75,20 @@ nlohmann::ordered_json oomJson(const TrainResult& r) {
   return out;
 }
 
+/// The keys every report opens with: what ran, and where.
+nlohmann::ordered_json reportHeader(const RunInfo& info) {
+  return {{"batchdist_version", BATCHDIST_VERSION}, {"torch_version", info.torch_version},
+          {"world_size", info.world_size},          {"hosts", info.hosts},
+          {"backend", info.backend},                {"device", info.device},
+          {"cpu_blas", info.cpu_blas},              {"data", info.data_origin}};
+}
+
 }  // namespace
 
 nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const TrainResult& r,
                                  const RunInfo& info) {
-  nlohmann::ordered_json o{{"batchdist_version", BATCHDIST_VERSION},
-                           {"torch_version", info.torch_version},
-                           {"world_size", info.world_size},
-                           {"hosts", info.hosts},
-                           {"backend", info.backend},
-                           {"device", info.device},
-                           {"cpu_blas", info.cpu_blas},
-                           {"data", info.data_origin},
-                           {"per_gpu_batch", plan.per_gpu},
+  auto o = reportHeader(info);
+  o.update(nlohmann::ordered_json{{"per_gpu_batch", plan.per_gpu},
                            {"accum_steps", plan.accum},
                            {"global_batch", plan.global},
                            {"lr", plan.lr},
@@ -104,7 +105,7 @@ nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const Trai
                            {"validation_samples", info.validation_samples},
                            {"wall_s", r.wall_s},
                            {"completed", r.completed},
-                           {"model_path", info.model_path}};
+                           {"model_path", info.model_path}});
   if (!r.completed) o["stopped_by"] = info.stopped_by;
   if (!r.failure.empty()) o["error"] = r.failure;
   o["oom_backoffs"] = oomJson(r);
@@ -178,15 +179,8 @@ nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const Trai
 
 nlohmann::ordered_json searchStoppedReport(const Config& cfg, const RunInfo& info,
                                            int64_t last_per_gpu, double search_seconds) {
-  nlohmann::ordered_json o{{"batchdist_version", BATCHDIST_VERSION},
-                           {"torch_version", info.torch_version},
-                           {"world_size", info.world_size},
-                           {"hosts", info.hosts},
-                           {"backend", info.backend},
-                           {"device", info.device},
-                           {"cpu_blas", info.cpu_blas},
-                           {"data", info.data_origin},
-                           {"precision", toString(cfg.train.precision)},
+  auto o = reportHeader(info);
+  o.update(nlohmann::ordered_json{{"precision", toString(cfg.train.precision)},
                            {"steps", 0},
                            {"completed", false},
                            {"stopped_by", info.stopped_by},
@@ -194,7 +188,7 @@ nlohmann::ordered_json searchStoppedReport(const Config& cfg, const RunInfo& inf
                            {"search", {{"stopped_after_per_gpu", last_per_gpu},
                                        {"seconds", search_seconds}}},
                            {"diagnosis", info.diagnosis},
-                           {"config", cfg.resolved}};
+                           {"config", cfg.resolved}});
   return o;
 }
 
