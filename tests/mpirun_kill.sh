@@ -23,14 +23,8 @@ grep -q "epoch 1/" "$out/log" || { echo "FAIL: no training after 30 s"; tail -c 
 start=$(date +%s)
 kill -TERM "$launcher"
 # mpirun waits `grace` s before it signals the ranks, and as long again before SIGKILL.
-for _ in $(seq 1 $(( (2 * grace + 20) * 5 ))); do
-  kill -0 "$launcher" 2>/dev/null || break
-  sleep 0.2
-done
-if kill -0 "$launcher" 2>/dev/null; then
-  echo "FAIL: mpirun still running $(( 2 * grace + 20 )) s after SIGTERM"; kill -9 "$launcher"; exit 1
-fi
-wait "$launcher"; rc=$?
+end_wait_s=$(( 2 * grace + 20 ))
+wait_for_job_end "SIGTERM to mpirun"
 echo "mpirun ended $(( $(date +%s) - start ))s after SIGTERM, exit code $rc"
 tr '\r' '\n' <"$out/log" | grep -v "epoch .* step" | tail -20
 fail() { echo "FAIL: $*"; exit 1; }
