@@ -83,7 +83,7 @@ TEST_P(CheckpointRoundTrip, ContinuesBitwiseAndDamageIsRefused) {
     auto a = buildModel(cfg.model, {4}, 3);
     auto opt_a = makeOptimizer(cfg.optim, a->trainableParameters());
     for (int i = 0; i < 3; ++i) step(*a, *opt_a);
-    Console console(false, false);
+    Console console(false, ProgressStyle::kOff);
     CheckpointIdentity id;
     id.plan.global = 16;
     id.plan.world_size = 2;

@@ -26,6 +26,7 @@
 #include "worker/model/precision.h"
 #include "worker/report/diagnose.h"
 #include "worker/report/html.h"
+#include "worker/report/metrics_log.h"
 #include "worker/report/report.h"
 #include "worker/search/cache.h"
 #include "worker/search/output.h"
@@ -48,6 +49,17 @@ int usableCpus() {
 }
 
 namespace {
+
+/// train.progress with `auto` resolved for rank 0's stdout (Note [progress output]).
+ProgressStyle progressStyle(ProgressMode mode) {
+  switch (mode) {
+    case ProgressMode::kBar: return ProgressStyle::kBar;
+    case ProgressMode::kLines: return ProgressStyle::kLines;
+    case ProgressMode::kOff: return ProgressStyle::kOff;
+    case ProgressMode::kAuto: break;
+  }
+  return progressForStdout();
+}
 
 /// Every rank must train the same thing: compares each rank's resolved config
 /// with rank 0's, key by key, skipping the keys a rank may set for itself.
@@ -226,7 +238,6 @@ void finishRun(const RunRequest& req, const RankPlace& place, const RunSetup& s,
       report_json.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
   writeFileAtomic((fs::path(req.output) / "report.json").string(), report);
   if (!req.report.empty()) writeFileAtomic(req.report, report);
-  writeFileAtomic((fs::path(req.output) / "metrics.jsonl").string(), metricsJsonl(result));
   // The page reads the documents (the search's as search.json has it), so what it
   // shows is what the files hold; invalid UTF-8 is replaced as in the report.
   const auto page_report = nlohmann::ordered_json::parse(report);
@@ -512,7 +523,7 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
   checkConfigsAgree(s.cfg, comm);
   clock.lap("rendezvous");
   const bool lead = place.rank == 0;
-  Console console(lead && !req.quiet, isatty(STDOUT_FILENO) != 0);
+  Console console(lead && !req.quiet, progressStyle(s.cfg.train.progress));
   console.line(strCat("batchdist ", BATCHDIST_VERSION, ": ", place.size, " rank(s) on ",
                       place.host_count, " host(s), backend ", comm.backendName(), ", device ",
                       s.device.str(), ", torch ", compat::torchVersion(), ", ", conn.threads,
@@ -570,6 +581,13 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
   Checkpointer checkpointer(s.cfg.checkpoint, s.checkpoint_dir,
                             {s.plan, searched ? searched->chosen : 0, s.cfg.resolved}, comm);
   trainer.setCheckpointer(&checkpointer);
+  // Note [streamed metrics]: rank 0 appends as training goes; a resume continues the file.
+  std::optional<MetricsLog> metrics_log;
+  if (lead) {
+    metrics_log.emplace((fs::path(req.output) / "metrics.jsonl").string(),
+                        resumed ? resumed->manifest["step"].get<int64_t>() : -1);
+    trainer.setMetricSink([&](const MetricPoint& m) { metrics_log->append(m); });
+  }
   clock.lap("model");
   if (resumed) {
     restoreState(*resumed, trainer.state(), place.rank, place.size);

@@ -3,8 +3,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <unistd.h>
 
+#include "collective/error.h"
 #include "worker/common/util.h"
 
 namespace batchdist::worker {
@@ -29,6 +33,42 @@ std::string formatDuration(double s) {
   return buf;
 }
 
+bool procFdIsTerminal(long pid, int fd) {
+  std::error_code ec;
+  const auto target = std::filesystem::read_symlink(strCat("/proc/", pid, "/fd/", fd), ec);
+  if (ec) return false;
+  const std::string t = target.string();
+  return t.rfind("/dev/pts/", 0) == 0 || t.rfind("/dev/tty", 0) == 0 || t == "/dev/console";
+}
+
+namespace {
+
+/// The name of process `pid` (/proc/PID/comm), "" when unreadable.
+std::string processName(long pid) {
+  std::ifstream in(strCat("/proc/", pid, "/comm"));
+  std::string name;
+  std::getline(in, name);
+  return name;
+}
+
+bool isOpenMpiLauncher(const std::string& name) {
+  for (const char* n : {"mpirun", "mpiexec", "orterun", "prterun", "orted", "prted"}) {
+    if (name == n) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+ProgressStyle progressForStdout() {
+  if (isatty(STDOUT_FILENO) == 0) return ProgressStyle::kLines;
+  const long parent = static_cast<long>(getppid());
+  if (isOpenMpiLauncher(processName(parent))) {
+    return procFdIsTerminal(parent, STDOUT_FILENO) ? ProgressStyle::kBar : ProgressStyle::kLines;
+  }
+  return ProgressStyle::kBar;
+}
+
 void Console::line(const std::string& s) {
   if (!enabled_) return;
   if (pending_) std::cout << "\r\033[K";
@@ -36,17 +76,23 @@ void Console::line(const std::string& s) {
   std::cout << s << std::endl;
 }
 
-void Console::status(const std::string& s) {
+void Console::status(const std::string& s, bool interval_end) {
   if (!enabled_) return;
   const double t = monotonicSeconds();
-  if (tty_) {
-    if (t - last_plain_ < 0.2) return;  // a terminal needs no more than 5 updates a second
-    std::cout << "\r\033[K" << s << std::flush;
-    pending_ = true;
-    last_plain_ = t;
-  } else if (t - last_plain_ >= 5.0) {
-    std::cout << s << std::endl;
-    last_plain_ = t;
+  switch (mode_) {
+    case ProgressStyle::kBar:
+      if (t - last_ < 0.2) return;  // a terminal needs no more than 5 updates a second
+      std::cout << "\r\033[K" << s << std::flush;
+      pending_ = true;
+      last_ = t;
+      return;
+    case ProgressStyle::kLines:
+      if (!interval_end || t - last_ < kLinesEverySeconds) return;
+      std::cout << s << std::endl;
+      last_ = t;
+      return;
+    case ProgressStyle::kOff:
+      return;
   }
 }
 

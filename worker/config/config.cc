@@ -408,8 +408,8 @@ class Section {
   std::vector<std::pair<std::string, YAML::Mark>> present_;
 };
 
-const std::vector<std::string> kSections = {"model", "data", "batch",  "optim",
-                                            "train", "dist", "search", "checkpoint"};
+const std::vector<std::string> kSections = {"model", "data",   "batch",      "optim", "train",
+                                            "dist",  "search", "checkpoint", "report"};
 
 std::string suggestion(const std::string& path, const std::vector<std::string>& candidates) {
   std::string best;
@@ -674,6 +674,7 @@ void readTrain(Context& ctx, const YAML::Node& root, TrainConfig& c) {
   c.loss_scale = s.real("loss_scale", 65536.0, 1.0, 1e12);
   c.scale_growth_interval = s.integer("scale_growth_interval", 2000, 1, int64_t{1} << 40);
   c.oom_recover_after_steps = s.integer("oom_recover_after_steps", 0, 0, int64_t{1} << 40);
+  c.progress = s.choice("progress", ProgressMode::kAuto);
 }
 
 void readDist(Context& ctx, const YAML::Node& root, DistConfig& c) {
@@ -767,13 +768,18 @@ void readCheckpoint(Context& ctx, const YAML::Node& root, CheckpointConfig& c) {
   c.resume = s.choice("resume", ResumeMode::kOff);
 }
 
+void readReport(Context& ctx, const YAML::Node& root, ReportConfig& c) {
+  Section s(ctx, root, "report");
+  c.tensorboard = s.boolean("tensorboard", true);
+}
+
 /// Unknown keys: sections first, then keys inside known sections.
 void checkUnknownKeys(const Context& ctx, const YAML::Node& root) {
   if (root.IsMap()) {
     for (const auto& [key, mark] : mapKeys(ctx, root, "")) {
       if (std::find(kSections.begin(), kSections.end(), key) == kSections.end()) {
         throw ConfigError(strCat(ctx.where(key, mark), ": unknown section '", key,
-                                 "' (sections: model, data, batch, optim, train, dist, search, checkpoint)",
+                                 "' (sections: model, data, batch, optim, train, dist, search, checkpoint, report)",
                                  suggestion(key, kSections)));
       }
     }
@@ -808,6 +814,7 @@ Config parseConfig(const std::string& yaml_text, const std::string& source,
   readDist(ctx, root, cfg.dist);
   readSearch(ctx, root, cfg.search);
   readCheckpoint(ctx, root, cfg.checkpoint);
+  readReport(ctx, root, cfg.report);
 
   checkUnknownKeys(ctx, root);
   validate(cfg, ctx);

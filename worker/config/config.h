@@ -31,6 +31,7 @@ enum class Precision { kFp32, kBf16, kFp16 };
 enum class DistBackend { kAuto, kGloo, kMpi, kNccl };
 enum class Objective { kThroughput, kMaxFit };
 enum class ResumeMode { kOff, kAuto };
+enum class ProgressMode { kAuto, kBar, kLines, kOff };
 
 /// The names of a closed set, in schema order (the first is not necessarily the default).
 template <typename E>
@@ -69,6 +70,8 @@ BATCHDIST_ENUM_NAMES(DistBackend, {DistBackend::kAuto, "auto"}, {DistBackend::kG
 BATCHDIST_ENUM_NAMES(Objective, {Objective::kThroughput, "throughput"},
                      {Objective::kMaxFit, "max_fit"});
 BATCHDIST_ENUM_NAMES(ResumeMode, {ResumeMode::kOff, "off"}, {ResumeMode::kAuto, "auto"});
+BATCHDIST_ENUM_NAMES(ProgressMode, {ProgressMode::kAuto, "auto"}, {ProgressMode::kBar, "bar"},
+                     {ProgressMode::kLines, "lines"}, {ProgressMode::kOff, "off"});
 #undef BATCHDIST_ENUM_NAMES
 
 /// The name of `v` ("fp16", "max_fit", ...).
@@ -183,6 +186,13 @@ struct TrainConfig {
   /// Note [oom back-off]: after a back-off, the larger per-GPU batch is tried
   /// again after this many steps (doubling after each retry that fails); 0: never.
   int64_t oom_recover_after_steps = 0;
+  /// Rank 0's progress line (Note [progress output] in worker/common/console.h).
+  ProgressMode progress = ProgressMode::kAuto;
+};
+
+/// What rank 0 writes besides report.json and metrics.jsonl.
+struct ReportConfig {
+  bool tensorboard = true;                   ///< OUTPUT/tensorboard/events.out.tfevents.*
 };
 
 struct DistConfig {
@@ -233,6 +243,7 @@ struct Config {
   DistConfig dist;
   SearchConfig search;
   CheckpointConfig checkpoint;
+  ReportConfig report;
   /// Every key with the value in force (defaults included), by section, in schema
   /// order: {"model": {"name": "mlp", ...}, ...}. The report, the search cache key
   /// and the cross-rank check read it.

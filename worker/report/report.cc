@@ -1,6 +1,7 @@
 #include "worker/report/report.h"
 
 #include "collective/error.h"
+#include "worker/report/metrics_log.h"
 
 namespace batchdist::worker {
 namespace {
@@ -194,26 +195,7 @@ nlohmann::ordered_json searchStoppedReport(const Config& cfg, const RunInfo& inf
 
 std::string metricsJsonl(const TrainResult& r) {
   std::string out;
-  for (const auto& m : r.metrics) {
-    const double total = m.time.total();
-    nlohmann::ordered_json j{{"kind", m.epoch_end ? "epoch" : "step"},
-                             {"step", m.step},
-                             {"epoch", m.epoch},
-                             {"seconds", m.seconds},
-                             {"train_loss", m.train_loss},
-                             {"lr", m.lr},
-                             {"samples_per_s", m.samples_per_s},
-                             {"data_wait_fraction", share(m.time.data_wait, total)},
-                             {"compute_fraction", share(m.time.compute, total)},
-                             {"comm_fraction", share(m.time.comm, total)},
-                             {"skew_fraction", share(m.time.skew, total)},
-                             {"noise_scale", positiveOrNull(m.noise_scale)}};
-    if (m.epoch_end) {
-      j["eval_loss"] = m.eval_loss;
-      j["eval_accuracy"] = m.eval_accuracy;
-    }
-    out += j.dump() + "\n";
-  }
+  for (const auto& m : r.metrics) out += metricsLine(m);
   return out;
 }
 

@@ -48,6 +48,10 @@ struct MetricPoint {
   double noise_scale = -1;  ///< smoothed B_simple (< 0: unknown)
   double eval_loss = 0;     ///< epoch end only
   double eval_accuracy = 0; ///< epoch end only
+  int64_t global_batch = 0; ///< the split in force at `step`
+  int64_t per_gpu = 0;
+  int64_t accum = 0;
+  double peak_memory_mb = 0;  ///< rank 0's peak so far (CUDA allocator, or CPU resident set)
 };
 
 /// The gradient noise scale over the run (Note [gradient noise scale] in

@@ -492,9 +492,18 @@ struct Trainer::EpochRun {
   TimeBreakdown logged_time;
 };
 
+// metrics.jsonl: about ten lines per epoch (every steps_per_epoch / 10 steps and
+// at the epoch's last step), from rank 0's own numbers: no collective. The
+// progress in `lines` style prints at the same steps (Note [progress output]).
+bool Trainer::metricsDue(const EpochRun& e, int64_t step) const {
+  const int64_t every = std::max<int64_t>(1, plan_.steps_per_epoch / 10);
+  return (step + 1) % every == 0 || step + 1 == e.steps || e.stop;
+}
+
 void Trainer::progress(Console& console, const EpochRun& e, int64_t step, int64_t global_step,
                        double run_started) {
-  if (!console.enabled()) return;
+  if (!console.enabled() || console.mode() == ProgressStyle::kOff) return;
+  if (console.mode() == ProgressStyle::kLines && !metricsDue(e, step)) return;
   const auto pct = [](double part, double whole) { return whole > 0 ? 100.0 * part / whole : 0.0; };
   const double now = monotonicSeconds();
   const double rate = e.samples / std::max(now - e.started, 1e-9);
@@ -510,16 +519,13 @@ void Trainer::progress(Console& console, const EpochRun& e, int64_t step, int64_
                         formatFixed(e.loss_sum * comm_.size() / std::max<int64_t>(1, e.samples), 4),
                         "  lr ", plan_.lrAt(global_step - 1), "  ", static_cast<int64_t>(rate),
                         " samples/s", extra, "  ETA ",
-                        formatDuration(per_step * (plan_.total_steps - global_step))));
+                        formatDuration(per_step * (plan_.total_steps - global_step))),
+                 metricsDue(e, step));
 }
 
-// metrics.jsonl: about ten lines per epoch (every steps_per_epoch / 10 steps and
-// at the epoch's last step), from rank 0's own numbers: no collective.
 void Trainer::logMetrics(EpochRun& e, int64_t step, int64_t global_step, double run_started,
                          TrainResult& result) {
-  if (comm_.rank() != 0) return;
-  const int64_t every = std::max<int64_t>(1, plan_.steps_per_epoch / 10);
-  if ((step + 1) % every != 0 && step + 1 != e.steps && !e.stop) return;
+  if (comm_.rank() != 0 || !metricsDue(e, step)) return;
   const double now = monotonicSeconds();
   if (e.logged_at == 0) e.logged_at = e.started;
   MetricPoint m;
@@ -536,7 +542,7 @@ void Trainer::logMetrics(EpochRun& e, int64_t step, int64_t global_step, double 
   m.time.comm -= e.logged_time.comm;
   m.time.skew -= e.logged_time.skew;
   m.noise_scale = noise_.bSimple();
-  result.metrics.push_back(m);
+  addMetric(m, result);
   e.logged_at = now;
   e.logged_loss = e.loss_sum;
   e.logged_samples = e.samples;
@@ -558,7 +564,16 @@ void Trainer::logEpochMetrics(const EpochRun& e, const EpochStats& h, int64_t gl
   m.noise_scale = h.noise_scale;
   m.eval_loss = h.eval_loss;
   m.eval_accuracy = h.eval_accuracy;
+  addMetric(m, result);
+}
+
+void Trainer::addMetric(MetricPoint m, TrainResult& result) {
+  m.global_batch = plan_.global;
+  m.per_gpu = plan_.per_gpu;
+  m.accum = plan_.accum;
+  m.peak_memory_mb = std::max(run_peak_mb_, stepPeakMb());
   result.metrics.push_back(m);
+  if (metric_sink_) metric_sink_(m);
 }
 
 void Trainer::runSteps(EpochRun& e, Sharder& sharder, int64_t* global_step,

@@ -154,6 +154,8 @@ class Trainer {
 
   /// Checkpoints during train() (Note [checkpoint]); null: none. Not owned.
   void setCheckpointer(Checkpointer* checkpointer) { checkpointer_ = checkpointer; }
+  /// Rank 0: called with each metrics point as it is made (metrics.jsonl, TensorBoard).
+  void setMetricSink(std::function<void(const MetricPoint&)> sink) { metric_sink_ = std::move(sink); }
   /// Makes train() continue from `pos` (state restored with restoreState first).
   void resumeAt(const TrainPosition& pos) { resume_ = pos; }
   /// The model, optimizer and loss scaler, for checkpoints.
@@ -233,6 +235,8 @@ class Trainer {
                   TrainResult& result);
   void progress(Console& console, const EpochRun& e, int64_t step, int64_t global_step,
                 double run_started);
+  bool metricsDue(const EpochRun& e, int64_t step) const;
+  void addMetric(MetricPoint m, TrainResult& result);
   void logMetrics(EpochRun& e, int64_t step, int64_t global_step, double run_started,
                   TrainResult& result);
   void logEpochMetrics(const EpochRun& e, const EpochStats& h, int64_t global_step,
@@ -266,6 +270,7 @@ class Trainer {
   TrainPosition resume_;
   OomState oom_;
   Console* console_ = nullptr;  ///< during train(): for the back-off lines
+  std::function<void(const MetricPoint&)> metric_sink_;
   double run_peak_mb_ = 0;      ///< CUDA: the run's peak (the step's is reset each step)
   NoiseScaleEstimator noise_;
   double grad_scale_ = 1;  // fp16 loss scale the current gradients carry
