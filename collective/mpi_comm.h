@@ -16,7 +16,7 @@
 // finish() and nothing would overlap. The reducer therefore calls
 // PendingWork::progress() (one MPI_Test per bucket in flight) from every autograd
 // hook; on bench/overlap.sh that cut the exposed communication from 0.57 to 0.22
-// of the non-overlapped path's (README, Performance).
+// of the non-overlapped path's (docs/performance.md).
 
 #include <c10/util/intrusive_ptr.h>
 #include <mpi.h>
@@ -47,7 +47,7 @@ void checkMpi(int rc, const std::string& call);
 /// than 4 ranks or any in-place call (ours are), the binomial algorithm: reduce
 /// to rank 0, then broadcast, one after the other. The ring does the two halves at
 /// once: for 80 KB on 2 ranks 26 us against 43-117 us, for 1.6 MB 180 us against
-/// 390-1700 us (README, Performance). Selects the ring
+/// 390-1700 us (docs/performance.md). Selects the ring
 /// (OMPI_MCA_coll_libnbc_iallreduce_algorithm=1) unless the environment already
 /// chooses; every rank runs this same code, so all agree, as collectives must.
 void preferRingAllreduce();

@@ -374,7 +374,7 @@ std::string resolveBackend(const std::string& requested, const at::Device& devic
       return std::find(have.begin(), have.end(), "nccl") != have.end() ? "nccl" : "gloo";
     }
     // Note [mpi backend]: within one host, MPI's shared memory beats Gloo's TCP
-    // loopback by far (README, Performance); across hosts Gloo stays the default.
+    // loopback by far (docs/performance.md); across hosts Gloo stays the default.
     return one_host && mpiAvailable() ? "mpi" : "gloo";
   }
   if (requested != "gloo" && requested != "nccl" && requested != "mpi") {

@@ -59,8 +59,8 @@ std::string probeSrunMpiList();
 std::string slurmScript(const SlurmJobSpec& job);
 
 /// Seconds mpirun leaves the ranks between SIGTERM and SIGKILL when it is told to
-/// terminate (`--mca odls_base_sigkill_timeout`; README, "Stopping a job started
-/// by mpirun"): enough for the stop-signal checkpoint and the report.
+/// terminate (`--mca odls_base_sigkill_timeout`; docs/clusters.md, "Stopping a job
+/// started by mpirun"): enough for the stop-signal checkpoint and the report.
 constexpr int kMpirunStopGraceS = 30;
 
 /// Runs `sbatch --parsable SCRIPT` (bounded by a timeout) and returns the job id;

@@ -3,16 +3,16 @@
 # Open MPI 4.1's mpirun cannot forward SIGTERM (ess_base_forward_signals refuses
 # it); it sends the ranks SIGCONT, then SIGTERM odls_base_sigkill_timeout seconds
 # later, then SIGKILL as long again. The default (1 s) kills the ranks before a
-# stop checkpoint is written. With the documented flag (README, "Stopping a job
-# started by mpirun"), every rank stops cleanly after the same step: a stop-signal
+# stop checkpoint is written. With the documented flag (docs/clusters.md, "Stopping
+# a job started by mpirun"), every rank stops cleanly after the same step: a stop-signal
 # checkpoint, report.json ("completed": false, "stopped_by": "SIGTERM"), model.pt.
 # A wide model makes the stop (checkpoint and model, fsynced) take more than the
 # default second, so the test fails without the flag.
 # usage: mpirun_kill.sh MPIRUN "MPI FLAGS" BATCHDIST CONFIG OUTDIR [SIGKILL_TIMEOUT_S]
 set -u
 mpirun=$1 flags=$2 bin=$3 cfg=$4 out=$5 grace=${6:-20}
-# The flag under test, as the README gives it (20 s here to keep the test short;
-# the README and the Slurm script use 30).
+# The flag under test, as docs/clusters.md gives it (20 s here to keep the test
+# short; the docs, the README's usage and the Slurm script use 30).
 [ "$grace" != 0 ] && flags="$flags --mca odls_base_sigkill_timeout $grace"
 . "$(dirname "$0")/mpi_job_lib.sh"
 # Under mpirun the ranks' stdout is a terminal: progress lines start with an escape.

@@ -414,7 +414,7 @@ std::string reportHtml(const nlohmann::ordered_json& report, const nlohmann::ord
            : "; eval accuracy " + formatPct(jnum(report, "eval_accuracy")) + " %, ")
      << num(jnum(report, "samples_per_s")) << " samples/s.</p>\n";
 
-  // The three numbers (README: "The three numbers").
+  // The three numbers (docs/batch-search.md, "The three numbers").
   os << "<h2>The three numbers</h2>\n<div class=\"cards\">\n";
   os << "<div class=\"card\" id=\"card-throughput\"><div class=\"what\">throughput-optimal per-GPU "
         "batch</div>";
