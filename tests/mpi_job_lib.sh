@@ -2,7 +2,7 @@
 # signal_stop.sh). Source it; set mpirun, flags, bin, cfg and out first.
 
 # Starts a long 2-rank training run in the background; its pid is $launcher.
-# (Progress lines may start with a carriage return and an escape code: not anchored.)
+# (Not anchored: with train.progress: bar a progress line starts with an escape code.)
 start_long_job() { start_job "epoch [0-9][0-9]*/" "$cfg" "$@"; }
 
 # Starts `batchdist ARGS... --output $out --set train.epochs=100000` on $np ranks

@@ -22,8 +22,7 @@ std::string joined(const std::vector<std::string>& v) {
 /// The way out that does not involve the config: another build or another node.
 std::string otherwise(const GpuInventory& gpus) {
   return gpus.cuda_build ? "or run on a node with GPUs"
-                         : "or build batchdist against a CUDA LibTorch (README: \"LibTorch 2.x / "
-                           "CUDA\")";
+                         : "or build batchdist against a CUDA LibTorch (docs/gpu.md)";
 }
 
 }  // namespace

@@ -89,6 +89,9 @@ check_report() {
   grep -q "\"completed\": $completed" "$report" || fail "report: completed is not $completed"
   local log="$dir/out/batchdist-quickstart-$id.out"
   grep -q "2 rank(s) on 1 host(s)" "$log" || fail "job log lacks '2 rank(s) on 1 host(s)'"
+  # A Slurm output file is not a terminal: plain progress lines (Note [progress output]).
+  if grep -q $'[\r\033]' "$log"; then fail "job log has carriage returns or escape codes"; fi
+  grep -q '^epoch 1/[0-9]* step [0-9]*/' "$log" || fail "job log has no plain progress line"
   echo "ok: job $id: $(grep -o '"world_size": [0-9]*\|"hosts": [0-9]*\|"completed": [a-z]*\|"eval_accuracy": [0-9.]*\|"stopped_by": "[A-Z0-9]*"' "$report" | tr '\n' ' ')"
 }
 
@@ -103,7 +106,6 @@ check_accuracy() {
 # $2 = "--batch" for the batch shell (B:), empty for the job steps.
 signal_when_training() {
   local id=$1 sig=${3:-USR1} log="$dir/out/batchdist-quickstart-$1.out"
-  # Under mpirun a rank's stdout is a terminal: its progress lines start with an escape.
   for _ in $(seq 1 240); do
     grep -q 'epoch [0-9][0-9]*/' "$log" 2>/dev/null && break
     case "$(job_field "$id" JobState)" in RUNNING | PENDING | CONFIGURING) ;;
