@@ -47,7 +47,7 @@ TEST(CheckpointRng, EveryRankResumesItsOwnGeneratorFromRecordsGatheredInChunks) 
     id.config = cfg.resolved;
     Checkpointer ck(cfg.checkpoint, dir.string(), id, comm);
     const TrainState st{model.get(), opt.get(), nullptr, at::kCPU};
-    Console quiet(false, false);
+    Console quiet(false, ProgressStyle::kOff);
     torch::manual_seed(1000 + comm.rank());  // every rank a stream of its own
     torch::rand({7});
     TrainPosition pos;

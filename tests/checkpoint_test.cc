@@ -168,7 +168,7 @@ TEST(Checkpoint, Format1RngArchiveIsStillRead) {
     id.plan.world_size = 2;
     id.config = cfg.resolved;
     Checkpointer ck(cfg.checkpoint, dir.string(), id, comm);
-    Console quiet(false, false);
+    Console quiet(false, ProgressStyle::kOff);
     TrainPosition pos;
     pos.global_step = 1;
     ASSERT_TRUE(ck.save({model.get(), opt.get(), nullptr, at::kCPU}, pos, false, quiet).error.empty());

@@ -62,7 +62,7 @@ Run trainWithFaults(const Config& cfg, const std::string& faults,
     const auto data = loadData(cfg.data, cfg.train.seed, "");
     const auto plan = makePlan(cfg, comm.size(), data.train.size(), cfg.model.batchnorm);
     Trainer trainer(cfg, comm, data, at::kCPU, plan);
-    Console quiet(false, false);
+    Console quiet(false, ProgressStyle::kOff);
     const auto result = trainer.train(quiet);
     run = {stateOf(trainer), result, trainer.plan()};  // this rank's (tests read rank 0's)
   }, "gloo", timeout);

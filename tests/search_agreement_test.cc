@@ -45,7 +45,7 @@ TEST(SearchAgreement, TheTightestRankBoundsTheChoiceAndTrainingStarts) {
     EXPECT_EQ(plan.per_gpu, 32);
     EXPECT_EQ(plan.global, 32 * P);
     Trainer trainer(cfg, comm, data, at::kCPU, plan);
-    Console quiet(false, false);
+    Console quiet(false, ProgressStyle::kOff);
     const auto result = trainer.train(quiet);
     EXPECT_EQ(result.steps, 3);
   });

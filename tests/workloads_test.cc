@@ -458,7 +458,7 @@ TEST(Trainer, FrozenParametersAreNeitherTrainedNorDecayed) {
   const auto data = loadData(cfg.data, cfg.train.seed, "");
   const auto plan = makePlan(cfg, 1, data.train.size(), true);
   Trainer trainer(cfg, *comm, data, at::kCPU, plan);
-  Console quiet(false, false);
+  Console quiet(false, ProgressStyle::kOff);
   const auto result = trainer.train(quiet);
   EXPECT_EQ(result.steps, 30);
   int frozen = 0, moved = 0;
