@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstdio>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -141,9 +142,12 @@ EventFileWriter::EventFileWriter(const std::string& dir, int64_t first_step) {
   const std::string base = strCat((fs::path(dir) / "events.out.tfevents.").string(),
                                   static_cast<int64_t>(now), ".", hostName());
   // Note [tensorboard events]: a new name each time, sorting after any file of
-  // the same second (a resume within a second of its checkpoint's run).
+  // the same second (a resume within a second of its checkpoint's run): .001 ...
+  // .999, zero-padded so that name order stays creation order.
   for (int n = 0; n < 1000 && fd_ < 0; ++n) {
-    path_ = n == 0 ? base : strCat(base, ".", n);
+    char suffix[8];
+    std::snprintf(suffix, sizeof suffix, ".%03d", n);
+    path_ = n == 0 ? base : base + suffix;
     fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
     if (fd_ < 0 && errno != EEXIST) break;
   }

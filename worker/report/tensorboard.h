@@ -50,12 +50,14 @@ namespace batchdist::worker {
 // SessionLog START at the first step it can hold: 0 for a fresh run, resumed
 // step + 1 for a run resumed from a checkpoint, which writes a NEW file (files
 // are read in name order, and the name holds the time; a name already taken in
-// the same second gets a suffix .1, .2 ... that sorts after it). On a START,
+// the same second gets a suffix .001, .002 ... that sorts after it). On a START,
 // TensorBoard's event accumulator purges every event it already holds whose step
 // is >= the START's step (event_accumulator.py, _CheckForRestartAndMaybePurge ->
 // _Purge keeps x.step < event.step): the killed run's steps after its checkpoint,
 // which the resumed run makes again, are dropped, and the steps up to the
-// checkpoint are kept, as in metrics.jsonl. A fresh run into an OUTPUT that
+// checkpoint are kept, as in metrics.jsonl (START at the resumed step itself would
+// drop that step's points, which no run writes again). TensorBoard 2.21's Python
+// loader and its Rust data server (--load_fast) both purge so. A fresh run into an OUTPUT that
 // holds an earlier run's files purges all of them (START at 0). A new search
 // file likewise replaces an earlier search. Files are never rewritten or deleted.
 //
