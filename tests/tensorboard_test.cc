@@ -176,17 +176,17 @@ TEST(TensorBoard, FileRoundTripThroughProtobuf) {
     EventFileWriter w(dir, 0);
     ASSERT_TRUE(w.ok());
     path = w.path();
-    w.append(stepPoint(10));
+    appendMetrics(w, stepPoint(10));
     auto p20 = stepPoint(20);
     p20.noise_scale = 42;
-    w.append(p20);
+    appendMetrics(w, p20);
     MetricPoint end = stepPoint(20);
     end.epoch_end = true;
     end.train_loss = 0.75;
     end.eval_loss = 0.5;
     end.eval_accuracy = 0.875;
     end.samples_per_s = 999;
-    w.append(end);
+    appendMetrics(w, end);
   }
   EXPECT_EQ(fs::path(path).parent_path().string(), dir);
   EXPECT_EQ(fs::path(path).filename().string().rfind("events.out.tfevents.", 0), 0u) << path;
@@ -233,12 +233,12 @@ TEST(TensorBoard, ResumedFileIsNewAndStartsAtTheNextStep) {
   {
     EventFileWriter w(tmp.path, 0);
     first = w.path();
-    for (int s = 10; s <= 60; s += 10) w.append(stepPoint(s));
+    for (int s = 10; s <= 60; s += 10) appendMetrics(w, stepPoint(s));
   }
   {
     EventFileWriter w(tmp.path, 41);  // resumed from the checkpoint at step 40
     second = w.path();
-    w.append(stepPoint(50));
+    appendMetrics(w, stepPoint(50));
   }
   // Same second, most likely: the second name must differ and sort after the first.
   EXPECT_NE(first, second);
@@ -291,7 +291,7 @@ TEST(TensorBoard, UncreatableFileOnlyWarns) {
   testing::internal::CaptureStderr();
   EventFileWriter w(blocker + "/tensorboard", 0);  // a directory under a regular file
   EXPECT_FALSE(w.ok());
-  EXPECT_NO_THROW(w.append(stepPoint(1)));
+  EXPECT_NO_THROW(appendMetrics(w, stepPoint(1)));
   const std::string err = testing::internal::GetCapturedStderr();
   EXPECT_NE(err.find("warning: TensorBoard events are not written"), std::string::npos) << err;
   EXPECT_NE(err.find(blocker), std::string::npos) << "the message names the path: " << err;
@@ -316,8 +316,8 @@ TEST(TensorBoard, FailedWriteWarnsOnceAndStops) {
   ASSERT_EQ(pipe(fds), 0);
   const int saved = dup(2);
   dup2(fds[1], 2);
-  w.append(stepPoint(1));
-  w.append(stepPoint(2));
+  appendMetrics(w, stepPoint(1));
+  appendMetrics(w, stepPoint(2));
   std::cerr << std::flush;
   dup2(saved, 2);
   close(saved);

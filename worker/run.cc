@@ -599,7 +599,7 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
     }
     trainer.setMetricSink([&](const MetricPoint& m) {
       metrics_log->append(m);
-      if (events) events->append(m);
+      if (events) appendMetrics(*events, m);
     });
   }
   clock.lap("model");

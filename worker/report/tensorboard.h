@@ -1,13 +1,11 @@
 #pragma once
 // TensorBoard event files written as the run goes (Note [tensorboard events]).
 
-#include <cstddef>
 #include <cstdint>
-#include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
 
+#include "worker/report/event_file.h"
 #include "worker/search/search.h"
 #include "worker/train/result.h"
 
@@ -64,18 +62,6 @@ namespace batchdist::worker {
 // A file that cannot be created or written costs the run one warning on stderr
 // (naming the file and the cause), never the run.
 
-/// CRC-32C (Castagnoli) of `n` bytes: crc32c("123456789") = 0xE3069283.
-uint32_t crc32c(const void* data, std::size_t n);
-
-/// The masked CRC TFRecord stores: ((crc >> 15) | (crc << 17)) + 0xa282ead8.
-uint32_t maskCrc(uint32_t crc);
-
-/// One TFRecord: length, masked CRC of the length, data, masked CRC of the data.
-std::string tfRecord(std::string_view data);
-
-/// One scalar of an event: a TensorBoard tag and its value.
-using Scalar = std::pair<std::string, double>;
-
 /// The scalars of one metrics point (the tags of Note [tensorboard events]).
 std::vector<Scalar> metricScalars(const MetricPoint& m);
 
@@ -83,37 +69,10 @@ std::vector<Scalar> metricScalars(const MetricPoint& m);
 /// by batch size; none when the result was cached.
 std::vector<std::pair<int64_t, std::vector<Scalar>>> searchScalars(const SearchResult& r);
 
-/// A serialised Event with one Summary value per scalar.
-std::string scalarEvent(double wall_time, int64_t step, const std::vector<Scalar>& values);
-
-/// One TensorBoard event file, appended as the run goes. Rank 0 only.
-class EventFileWriter {
- public:
-  /// Creates a new events.out.tfevents.<unix seconds>.<host> file in `dir`
-  /// (made if missing) and writes its file-version event and a SessionLog START
-  /// at `first_step`. When the file cannot be made, warns once on stderr and
-  /// writes nothing.
-  EventFileWriter(const std::string& dir, int64_t first_step);
-  ~EventFileWriter();
-  EventFileWriter(const EventFileWriter&) = delete;
-  EventFileWriter& operator=(const EventFileWriter&) = delete;
-
-  /// Appends one event of `values` at `step` (one write); after a failed
-  /// write, warns once and writes no more.
-  void scalars(int64_t step, const std::vector<Scalar>& values);
-  /// Appends the scalars of one metrics point.
-  void append(const MetricPoint& m) { scalars(m.step, metricScalars(m)); }
-  /// The file (empty when it could not be made).
-  const std::string& path() const { return path_; }
-  /// False once creating or writing the file failed.
-  bool ok() const { return fd_ >= 0; }
-
- private:
-  void writeEvent(const std::string& event);
-  void fail(const std::string& why);
-  std::string path_;
-  int fd_ = -1;
-};
+/// Appends the scalars of one metrics point to `w`.
+inline void appendMetrics(EventFileWriter& w, const MetricPoint& m) {
+  w.scalars(m.step, metricScalars(m));
+}
 
 /// Writes the search's series to `dir` (normally OUTPUT/tensorboard/search): a
 /// new file opening with START at 0, so it replaces an earlier search in
