@@ -27,6 +27,7 @@
 #include "worker/report/diagnose.h"
 #include "worker/report/html.h"
 #include "worker/report/metrics_log.h"
+#include "worker/report/tensorboard.h"
 #include "worker/report/report.h"
 #include "worker/search/cache.h"
 #include "worker/search/output.h"
@@ -562,7 +563,12 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
       comm.barrier();
       return 128 + (sig ? sig : SIGTERM);
     }
-    if (lead) writeSearchArtifacts(req, *searched);
+    if (lead) {
+      writeSearchArtifacts(req, *searched);
+      if (s.cfg.report.tensorboard) {
+        writeSearchEvents((fs::path(req.output) / "tensorboard" / "search").string(), *searched);
+      }
+    }
     // The plan (shards, lr scaling, warmup, BatchNorm minimum) follows the choice.
     s.plan = makePlan(s.cfg, place.size, s.data.train.size(), s.has_bn, searched->chosen);
     if (req.search_only) {
@@ -582,11 +588,19 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
                             {s.plan, searched ? searched->chosen : 0, s.cfg.resolved}, comm);
   trainer.setCheckpointer(&checkpointer);
   // Note [streamed metrics]: rank 0 appends as training goes; a resume continues the file.
+  // Note [tensorboard events]: a new event file, opening with START at the first step it holds.
   std::optional<MetricsLog> metrics_log;
+  std::optional<EventFileWriter> events;
   if (lead) {
-    metrics_log.emplace((fs::path(req.output) / "metrics.jsonl").string(),
-                        resumed ? resumed->manifest["step"].get<int64_t>() : -1);
-    trainer.setMetricSink([&](const MetricPoint& m) { metrics_log->append(m); });
+    const int64_t resumed_step = resumed ? resumed->manifest["step"].get<int64_t>() : -1;
+    metrics_log.emplace((fs::path(req.output) / "metrics.jsonl").string(), resumed_step);
+    if (s.cfg.report.tensorboard) {
+      events.emplace((fs::path(req.output) / "tensorboard").string(), resumed_step + 1);
+    }
+    trainer.setMetricSink([&](const MetricPoint& m) {
+      metrics_log->append(m);
+      if (events) appendMetrics(*events, m);
+    });
   }
   clock.lap("model");
   if (resumed) {

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# TensorBoard itself serving a real run's events (Note [tensorboard events]): a
+# 2-rank quickstart with the batch searched, then `tensorboard --logdir
+# OUT/run/tensorboard` from the venv of tests/tensorboard_venv.sh on a free port of
+# 127.0.0.1. Checked two ways: its HTTP data API (/data/runs, /data/plugin/scalars/
+# tags and the train/loss points) and its web app in Debian's headless chromium
+# (every other host unreachable): the runs table names both runs ("." and
+# "search") and the train/loss card holds a line chart. Leaves OUT/tensorboard.png (a screenshot) and OUT/dom.html. Fails, not
+# skips, when chromium or the venv cannot be had. TensorBoard is killed on exit.
+#   tensorboard_browser.sh MPIRUN "MPI_FLAGS" BIN SRC_DIR OUT
+set -uo pipefail
+MPIRUN=$1 MPI_FLAGS=$2 BIN=$3 SRC=$4 OUT=$5
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+CHROMIUM=$(command -v chromium || command -v chromium-browser || true)
+[ -n "$CHROMIUM" ] || fail "chromium not found; install it (Debian: apt-get install chromium, as in the README's test command)"
+rm -rf "$OUT" && mkdir -p "$OUT" || fail "cannot create $OUT"
+venv=$(bash "$SRC/tests/tensorboard_venv.sh") || fail "no TensorBoard venv (see above)"
+py=$venv/bin/python
+
+# shellcheck disable=SC2086
+$MPIRUN $MPI_FLAGS -np 2 "$BIN" "$SRC/configs/quickstart.yaml" --set batch.per_gpu=auto \
+  --set train.epochs=3 --output "$OUT/run" --quiet > "$OUT/run.log" 2>&1 \
+  || { cat "$OUT/run.log"; fail "the run failed"; }
+logdir=$OUT/run/tensorboard
+steps=$(grep -c '^{"kind":"step"' "$OUT/run/metrics.jsonl")
+[ "$steps" -ge 3 ] || fail "metrics.jsonl has $steps step lines"
+
+port=$("$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+"$venv/bin/tensorboard" --logdir "$logdir" --host 127.0.0.1 --port "$port" > "$OUT/tensorboard.log" 2>&1 &
+tb_pid=$!
+trap 'kill "$tb_pid" 2>/dev/null; wait "$tb_pid" 2>/dev/null' EXIT
+url=http://127.0.0.1:$port
+
+# The data API: both runs and their tags, once TensorBoard has loaded them (bounded).
+"$py" - "$url" "$steps" <<'PY' || { tail -n 20 "$OUT/tensorboard.log"; fail "TensorBoard's data API (above)"; }
+import json, sys, time, urllib.parse, urllib.request
+url, steps = sys.argv[1], int(sys.argv[2])
+def get(path):
+    with urllib.request.urlopen(url + path, timeout=10) as r:
+        return json.load(r)
+deadline, tags, err = time.time() + 90, {}, None
+while time.time() < deadline:
+    try:
+        tags = get("/data/plugin/scalars/tags")
+        if "train/loss" in tags.get(".", {}) and "search/samples_per_s" in tags.get("search", {}):
+            break
+    except OSError as e:
+        err = e
+    time.sleep(0.5)
+else:
+    sys.exit(f"no train/loss in run '.' and search/samples_per_s in run 'search' after 90 s: {tags or err}")
+runs = get("/data/runs")
+if sorted(runs) != [".", "search"]:
+    sys.exit(f"/data/runs lists {runs}, expected ['.', 'search']")
+q = urllib.parse.urlencode({"run": ".", "tag": "train/loss"})
+points = get("/data/plugin/scalars/scalars?" + q)
+if [p[1] for p in points] != sorted({p[1] for p in points}) or len(points) != steps:
+    sys.exit(f"train/loss has {len(points)} points at steps {[p[1] for p in points]}, expected {steps}")
+print(f"ok: {url}/data: runs {runs}, {len(tags['.'])} scalar tags in '.', "
+      f"{len(tags['search'])} in 'search', train/loss at {len(points)} steps")
+PY
+
+# The web app: no host but 127.0.0.1 resolves.
+flags=(--headless --disable-gpu --no-sandbox --user-data-dir="$OUT/profile" --disable-dev-shm-usage
+       --host-resolver-rules="MAP * ~NOTFOUND, EXCLUDE 127.0.0.1" --window-size=1400,1000
+       --virtual-time-budget=60000 --run-all-compositor-stages-before-draw)
+# The Time Series dashboard with its tag filter (a URL parameter) on train/loss: the
+# card is rendered at the top instead of below the other groups' (cards out of view
+# are rendered lazily, so they would not be in the DOM).
+page="$url/?forceSVG=true&tagFilter=train%2Floss#timeseries"
+# The app loads its data in a chain of requests; under virtual time a dump now and
+# then comes before the last answer (the card still a spinner), so up to 4 tries.
+for try in 1 2 3 4; do
+  timeout 120 "$CHROMIUM" "${flags[@]}" --dump-dom "$page" > "$OUT/dom.html" 2> "$OUT/chromium.log" \
+    || { tail -n 20 "$OUT/chromium.log"; fail "chromium --dump-dom $page failed"; }
+  grep -q 'title="train/loss"' "$OUT/dom.html" && grep -q '<scalar-card' "$OUT/dom.html" && break
+  echo "try $try: the train/loss card was not rendered yet; again"
+done
+timeout 120 "$CHROMIUM" "${flags[@]}" --screenshot="$OUT/tensorboard.png" "$page" >> "$OUT/chromium.log" 2>&1 \
+  || { tail -n 20 "$OUT/chromium.log"; fail "chromium --screenshot $page failed"; }
+grep -q '<tb-webapp' "$OUT/dom.html" || fail "TensorBoard's app did not load ($OUT/dom.html)"
+# The runs table: one row per run, named by data-id ("<experiment>/<run>").
+for run in . search; do
+  grep -q "data-id=\"defaultExperimentId/$run\"" "$OUT/dom.html" \
+    || fail "run '$run' is not in TensorBoard's runs table ($OUT/dom.html)"
+done
+grep -q '<scalar-card' "$OUT/dom.html" || fail "no scalar card was rendered ($OUT/dom.html)"
+grep -q 'title="train/loss"' "$OUT/dom.html" || fail "no train/loss chart in the DOM ($OUT/dom.html)"
+# forceSVG=true (a TensorBoard URL flag): the lines are SVG paths, so the DOM shows
+# what was drawn (headless chromium has no GPU for the WebGL renderer).
+"$py" - "$OUT/dom.html" "$steps" <<'PY' || fail "the train/loss chart (above, $OUT/dom.html)"
+import re, sys
+dom, steps = open(sys.argv[1]).read(), int(sys.argv[2])
+at = dom.find("<line-chart")
+if at < 0:
+    sys.exit("the train/loss card has no line chart")
+lines = re.findall(r'<path d="(M[-0-9.,]+(?:L[-0-9.,]+)+)"', dom[at:])
+if not lines:
+    sys.exit("the line chart has no line drawn")
+vertices = lines[0].count("L") + 1
+if vertices != steps:
+    sys.exit(f"the train/loss line has {vertices} points, metrics.jsonl has {steps} steps")
+print(f"ok: the train/loss chart draws {vertices} points")
+PY
+size=$(stat -c %s "$OUT/tensorboard.png" 2>/dev/null || echo 0)
+[ "$size" -gt 20000 ] || fail "the screenshot $OUT/tensorboard.png is $size bytes: blank?"
+echo "ok: TensorBoard $("$venv/bin/tensorboard" --version 2>/dev/null | tail -1) shows the run in" \
+  "$("$CHROMIUM" --version 2>/dev/null | head -1); screenshot $OUT/tensorboard.png ($size bytes)"

@@ -1,0 +1,58 @@
+#include "worker/report/tensorboard.h"
+
+#include <algorithm>
+
+namespace batchdist::worker {
+
+namespace {
+
+double share(double part, double whole) { return whole > 0 ? part / whole : 0.0; }
+
+}  // namespace
+
+std::vector<Scalar> metricScalars(const MetricPoint& m) {
+  if (m.epoch_end) {
+    return {{"eval/loss", m.eval_loss},
+            {"eval/accuracy", m.eval_accuracy},
+            {"train/epoch_loss", m.train_loss},
+            {"train/epoch_samples_per_s", m.samples_per_s}};
+  }
+  const double total = m.time.total();
+  std::vector<Scalar> v{{"train/loss", m.train_loss},
+                        {"train/lr", m.lr},
+                        {"train/samples_per_s", m.samples_per_s},
+                        {"batch/global", static_cast<double>(m.global_batch)},
+                        {"batch/per_gpu", static_cast<double>(m.per_gpu)},
+                        {"batch/accum", static_cast<double>(m.accum)},
+                        {"time/data_wait", share(m.time.data_wait, total)},
+                        {"time/compute", share(m.time.compute, total)},
+                        {"time/communication", share(m.time.comm, total)},
+                        {"time/skew", share(m.time.skew, total)},
+                        {"memory/peak_mb", m.peak_memory_mb}};
+  if (m.noise_scale > 0) v.emplace_back("noise/B_simple", m.noise_scale);
+  return v;
+}
+
+std::vector<std::pair<int64_t, std::vector<Scalar>>> searchScalars(const SearchResult& r) {
+  std::vector<std::pair<int64_t, std::vector<Scalar>>> out;
+  if (r.cached) return out;
+  for (const auto& c : r.candidates) {
+    if (c.failed) continue;
+    out.push_back({c.per_gpu, {{"search/samples_per_s", c.global_sps},
+                               {"search/peak_memory_mb", c.peak_mb}}});
+  }
+  // Measured in the walk's order (doubling, then the boundary); TensorBoard draws
+  // a series in the order written, so by batch size.
+  std::stable_sort(out.begin(), out.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  return out;
+}
+
+void writeSearchEvents(const std::string& dir, const SearchResult& r) {
+  const auto series = searchScalars(r);
+  if (series.empty()) return;
+  EventFileWriter w(dir, 0);
+  for (const auto& [per_gpu, values] : series) w.scalars(per_gpu, values);
+}
+
+}  // namespace batchdist::worker
