@@ -254,6 +254,31 @@ double Plan::lrAt(int64_t step) const {
   return lr;
 }
 
+double Plan::lrAtProgress(double progress) const {
+  if (progress < warmup_steps) {
+    // lrAt(s) is lr (s + 1) / warmup at whole steps; between them the line goes
+    // on, but never above the peak.
+    return lr * std::min(1.0, (progress + 1.0) / static_cast<double>(warmup_steps));
+  }
+  switch (schedule) {
+    case Schedule::kConstant: return lr;
+    case Schedule::kStep: {
+      const double epoch = std::floor(progress / static_cast<double>(std::max<int64_t>(1, steps_per_epoch)));
+      double r = lr;
+      for (auto m : milestones) {
+        if (epoch >= static_cast<double>(m)) r *= step_gamma;
+      }
+      return r;
+    }
+    case Schedule::kCosine: {
+      const double span = std::max<int64_t>(1, total_steps - warmup_steps);
+      const double t = std::min(1.0, (progress - warmup_steps) / span);
+      return min_lr + (lr - min_lr) * 0.5 * (1.0 + std::cos(M_PI * t));
+    }
+  }
+  return lr;
+}
+
 int64_t Plan::rankSamplesPerEpoch(int64_t rank) const {
   if (last_batch != LastBatch::kKeep || dataset_size % global == 0) {
     return steps_per_epoch * accum * per_gpu;
