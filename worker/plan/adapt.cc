@@ -53,6 +53,11 @@ std::string splitText(const AdaptSplit& s, int64_t world) {
 
 }  // namespace
 
+int64_t dataCeiling(int64_t n, int64_t min_steps) {
+  if (n <= 0) return 0;
+  return n / std::max<int64_t>(1, min_steps);
+}
+
 double statisticalEfficiency(double g, double g0, double b_noise) {
   if (!known(b_noise)) return g0 / g;
   return (b_noise + g0) / (b_noise + g);
@@ -185,7 +190,7 @@ void checkAdaptReachable(AdaptSpace& s, const std::string& source) {
                              " (batch.global); raise it above ", s.g0,
                              ", or set 0 for 16 x G0 = ", sixteenTimes(s.g0)));
   }
-  const int64_t limit = s.min_steps > 0 ? s.dataset_size / s.min_steps : s.dataset_size;
+  const int64_t limit = dataCeiling(s.dataset_size, s.min_steps);
   if (s.g0 > limit) {
     throw ConfigError(strCat(source, ": batch.adapt: goodput: the starting global batch G0=", s.g0,
                              " already leaves ", s.dataset_size / s.g0, " step(s) an epoch of the ",

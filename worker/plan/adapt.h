@@ -71,6 +71,12 @@ constexpr double kAdaptMargin = 0.05;
 /// paid once per optimizer step (Note [goodput]).
 constexpr double kMaxFixedShare = 0.5;
 
+/// The largest global batch that leaves an epoch of `n` training samples at
+/// least `min_steps` steps (batch.adapt_min_steps): n / min_steps. The adaptive
+/// batch never exceeds it, and the noise-scale advice (worker/report) caps B_simple
+/// with it. 0 when `n` is unknown (<= 0).
+int64_t dataCeiling(int64_t n, int64_t min_steps);
+
 /// Statistical efficiency of global batch `g` against `g0` for noise scale
 /// `b_noise`: (B + G0) / (B + G), the worth of a sample at G in samples at G0.
 /// B unknown (<= 0, or not finite): G0 / G, i.e. a gain of 1.
