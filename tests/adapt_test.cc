@@ -229,7 +229,6 @@ TEST(Adapt, EveryCandidateAndDecisionIsAnEqualShardSplitInRange) {
     cfg.batch.last_batch = pick(0, 1) ? LastBatch::kDrop : LastBatch::kPad;
     cfg.train.epochs = 1;
     const int64_t n = g0 * pick(1, 200) + pick(0, g0 - 1);
-    const Plan plan = makePlan(cfg, w, n, has_bn, m0);
     // What is reachable, by brute force: some G in (G0, ceiling] with G / W a multiple
     // of q and at least the minimum (m = G / W, a = 1 is then a split).
     const int64_t cap = std::min(cfg.batch.adapt_max > 0 ? cfg.batch.adapt_max : 16 * g0,
@@ -240,7 +239,8 @@ TEST(Adapt, EveryCandidateAndDecisionIsAnEqualShardSplitInRange) {
     }
     AdaptSpace s;
     try {
-      s = adaptSpace(cfg, plan, has_bn);
+      // makePlan checks the range too (the same ConfigError).
+      s = adaptSpace(cfg, makePlan(cfg, w, n, has_bn, m0), has_bn);
     } catch (const ConfigError& e) {
       EXPECT_FALSE(reachable) << e.what();
       ++unreachable;
@@ -409,4 +409,18 @@ TEST(AdaptConfig, UnreachableCeilingsNameTheNearestSplit) {
   EXPECT_TRUE(contains(s.warnings[0], "batch.adapt_max=4096 is more than the 10000 training samples "
                                       "allow with batch.adapt_min_steps=8 steps an epoch; the global "
                                       "batch stays at or below 10000 / 8 = 1250")) << s.warnings[0];
+}
+
+TEST(AdaptConfig, ThePlanChecksTheAdaptiveRange) {
+  // makePlan runs adaptSpace(): its errors and warnings reach `batchdist plan`.
+  const auto cfg = parseConfig("batch: {global: 256, adapt: goodput}\nmodel: {batchnorm: false}\n",
+                               "test.yaml");
+  const auto p = makePlan(cfg, 8, 10000, false);
+  ASSERT_GE(p.warnings.size(), 2u);
+  EXPECT_TRUE(contains(p.warnings[p.warnings.size() - 2], "the global batch stays at or below 10000 / 8 = 1250"));
+  EXPECT_TRUE(contains(p.warnings.back(), "G from 256 up to 1250")) << p.warnings.back();
+  EXPECT_THROW(makePlan(cfg, 8, 2000, false), ConfigError);  // 2000 / 256 = 7 steps < 8
+  // adapt off: no check, no warning about it.
+  const auto off = makePlan(parseConfig("batch: {global: 256}\n", "test.yaml"), 8, 2000, false);
+  for (const auto& w : off.warnings) EXPECT_FALSE(contains(w, "adapt")) << w;
 }

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "collective/error.h"
+#include "worker/plan/adapt.h"
 
 namespace batchdist::worker {
 namespace {
@@ -203,6 +204,15 @@ Plan makePlan(const Config& cfg, int64_t world, int64_t n, bool has_bn, int64_t 
   planEpochs(cfg, n, p);
   planLr(cfg, p);
   planWarnings(cfg, p);
+  if (cfg.batch.adapt == BatchAdapt::kGoodput) {
+    // Note [goodput]: is any G above G0 reachable with this world and data set?
+    // (ConfigError naming the nearest split when not.)
+    const auto space = adaptSpace(cfg, p, has_bn);
+    p.warnings.insert(p.warnings.end(), space.warnings.begin(), space.warnings.end());
+    p.warnings.push_back(strCat("batch.adapt: goodput is checked (G from ", space.g0, " up to ",
+                                space.ceiling, ") but training does not change the global batch "
+                                "yet: this run keeps ", space.g0));
+  }
   return p;
 }
 
