@@ -162,3 +162,63 @@ TEST(Diagnose, GlobalBatchFarAboveTheNoiseScaleIsReportedWithItsNumbers) {
   EXPECT_NE(found.back().find("too large to measure at global batch 512"), std::string::npos)
       << found.back();
 }
+
+// Note [goodput] (worker/plan/adapt.h): the advice never names a global batch that
+// leaves an epoch fewer than batch.adapt_min_steps steps (the quickstart's digits:
+// B_simple ~ 1720 for 1438 training samples, at most 1438 / 8 = 179).
+TEST(Diagnose, NoiseAdviceRespectsTheTrainingSetSize) {
+  Config cfg;  // batch.adapt_min_steps: 8
+  auto r = sampleResult();
+  r.noise.b_big = 64;
+  r.history.back().noise_scale = 1720;  // 64 is well below it
+  auto found = diagnose(cfg, r, false, "cpu", 1438);
+  ASSERT_FALSE(found.empty());
+  EXPECT_NE(found.back().find("toward 179 (B_simple capped by the data: 1438 training samples / 8 "
+                              "steps an epoch"),
+            std::string::npos)
+      << found.back();
+  EXPECT_EQ(found.back().find("toward 1720"), std::string::npos) << found.back();
+  // The training set size unknown: B_simple itself.
+  found = diagnose(cfg, r, false, "cpu");
+  EXPECT_NE(found.back().find("toward 1720 (more ranks"), std::string::npos) << found.back();
+  // Already at the data's ceiling: no larger batch is advised.
+  r.noise.b_big = 256;
+  found = diagnose(cfg, r, false, "cpu", 1438);
+  EXPECT_NE(found.back().find("the 1438 training samples allow no larger batch with 8 steps"),
+            std::string::npos)
+      << found.back();
+  EXPECT_EQ(found.back().find("toward"), std::string::npos) << found.back();
+  // Far above B_simple: lower toward B_simple, or the cap when that is smaller.
+  r.noise.b_big = 512;
+  r.history.back().noise_scale = 100;
+  cfg.batch.adapt_min_steps = 10;
+  found = diagnose(cfg, r, false, "cpu", 600);  // 600 / 10 = 60 < 100
+  EXPECT_NE(found.back().find("lower batch.global toward 60 (B_simple capped by the data: 600 "
+                              "training samples / 10 steps"),
+            std::string::npos)
+      << found.back();
+}
+
+TEST(ReportHtml, NoiseCardCapsTheAdviceByTheTrainingSet) {
+  const auto r = sampleResult();
+  const auto card = [&](const Json& report) {
+    const auto page = reportHtml(report, Json(), r.metrics);
+    const auto at = page.find("id=\"card-noise\"");
+    EXPECT_NE(at, std::string::npos);
+    return page.substr(at, page.find("</div>\n</div>", at) - at);
+  };
+  Json report{{"world_size", 2}, {"global_batch", 64}, {"per_gpu_batch", 32},
+              {"noise_scale", {{"measured", true}, {"b_simple", 1720}, {"global_batch", 64}}},
+              {"plan", {{"dataset_size", 1438}}}};
+  auto c = card(report);
+  EXPECT_NE(c.find("<div class=\"big\">~179</div>"), std::string::npos) << c;
+  EXPECT_NE(c.find("B_simple ~1720, capped by the data: 1438 training samples / 8 steps"),
+            std::string::npos)
+      << c;
+  report["config"] = {{"batch", {{"adapt_min_steps", 4}}}};  // 1438 / 4 = 359
+  EXPECT_NE(card(report).find("<div class=\"big\">~359</div>"), std::string::npos);
+  report["plan"]["dataset_size"] = 100000;  // 12500 > 1720: B_simple stands
+  c = card(report);
+  EXPECT_NE(c.find("<div class=\"big\">~1720</div>"), std::string::npos) << c;
+  EXPECT_EQ(c.find("capped"), std::string::npos) << c;
+}

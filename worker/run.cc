@@ -229,7 +229,7 @@ void finishRun(const RunRequest& req, const RankPlace& place, const RunSetup& s,
     info.resumed_world = resumed->manifest["plan"]["world_size"];
   }
   const auto name = s.device.is_cuda() ? compat::cudaDeviceName(s.device.index()) : "cpu";
-  info.diagnosis = diagnose(s.cfg, result, s.device.is_cuda(), name);
+  info.diagnosis = diagnose(s.cfg, result, s.device.is_cuda(), name, info.train_samples);
   if (searched && !searched->data_bound.empty()) info.diagnosis.push_back(searched->data_bound);
   // Paths from the command line (--output, the config's directory) may hold bytes
   // that are not UTF-8; the report must still be written once the run is done.

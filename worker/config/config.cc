@@ -570,6 +570,36 @@ void validate(const Config& cfg, const Context& ctx) {
                      "normalise fewer than 2 samples per micro-batch (NaN statistics); use 2 or "
                      "more, or model.batchnorm: false"));
   }
+  // Note [goodput] (worker/plan/adapt.h): G0 anchors the efficiency and the
+  // learning rate, so it must be a number before the run; the rest (is any G above
+  // G0 reachable?) needs the world size and the data set: adaptSpace() checks it.
+  if (b.adapt == BatchAdapt::kGoodput) {
+    if (b.global_auto || (b.global == 0 && (b.per_gpu_auto || b.per_gpu == 0))) {
+      throw err("batch.adapt",
+                strCat("goodput starts from batch.global (G0) and adapts from there, but "
+                       "batch.global is ", b.global_auto ? "auto" : "not given",
+                       "; set batch.global to the starting batch (e.g. 256), or give "
+                       "batch.per_gpu as a number so that G0 = per_gpu x accum x world size"));
+    }
+    if (b.adapt_max > 0 && b.global > 0 && b.adapt_max <= b.global) {
+      throw err("batch.adapt_max",
+                strCat(b.adapt_max, " is not above batch.global (", b.global,
+                       "), the starting batch, so there is nothing to adapt; raise it (0 means "
+                       "16 x batch.global = ",
+                       b.global > kMaxInt / 16 ? kMaxInt : 16 * b.global, ") or use batch.adapt: off"));
+    }
+    if (b.last_batch == LastBatch::kKeep) {
+      throw err("batch.last_batch",
+                "keep cannot be used with batch.adapt: goodput: the short last batch's uneven "
+                "shards are not a split of the global batch (G = per_gpu x accum x world size) "
+                "that the adaptive batch models and re-cuts; use drop or pad");
+    }
+    if (!cfg.train.noise_scale) {
+      throw err("train.noise_scale",
+                "false, but batch.adapt: goodput decides the global batch from the gradient "
+                "noise scale; set train.noise_scale: true, or batch.adapt: off");
+    }
+  }
   if (builtin_bn && !b.per_gpu_auto && b.per_gpu == 1) {
     throw err("batch.per_gpu", "1 is too small for a model with BatchNorm, which cannot "
                                "normalise one sample per micro-batch (NaN statistics); use 2 or "
@@ -637,6 +667,10 @@ void readBatch(Context& ctx, const YAML::Node& root, BatchConfig& c) {
   c.last_batch = s.choice("last_batch", LastBatch::kDrop);
   c.min_per_gpu = s.integer("min_per_gpu", 2, 1, 1 << 20);
   c.eval_per_gpu = s.integer("eval_per_gpu", 0, 0, 1 << 24);
+  c.adapt = s.choice("adapt", BatchAdapt::kOff);
+  c.adapt_max = s.integer("adapt_max", 0, 0, kMaxInt);
+  c.adapt_every_steps = s.integer("adapt_every_steps", 100, 1, kMaxInt);
+  c.adapt_min_steps = s.integer("adapt_min_steps", 8, 1, kMaxInt);
 }
 
 void readOptim(Context& ctx, const YAML::Node& root, OptimConfig& c) {

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "collective/error.h"
+#include "worker/plan/adapt.h"
 
 namespace batchdist::worker {
 namespace {
@@ -203,6 +204,15 @@ Plan makePlan(const Config& cfg, int64_t world, int64_t n, bool has_bn, int64_t 
   planEpochs(cfg, n, p);
   planLr(cfg, p);
   planWarnings(cfg, p);
+  if (cfg.batch.adapt == BatchAdapt::kGoodput) {
+    // Note [goodput]: is any G above G0 reachable with this world and data set?
+    // (ConfigError naming the nearest split when not.)
+    const auto space = adaptSpace(cfg, p, has_bn);
+    p.warnings.insert(p.warnings.end(), space.warnings.begin(), space.warnings.end());
+    p.warnings.push_back(strCat("batch.adapt: goodput is checked (G from ", space.g0, " up to ",
+                                space.ceiling, ") but training does not change the global batch "
+                                "yet: this run keeps ", space.g0));
+  }
   return p;
 }
 
@@ -248,6 +258,31 @@ double Plan::lrAt(int64_t step) const {
     case Schedule::kCosine: {
       const double span = std::max<int64_t>(1, total_steps - warmup_steps);
       const double t = std::min(1.0, (step - warmup_steps) / span);
+      return min_lr + (lr - min_lr) * 0.5 * (1.0 + std::cos(M_PI * t));
+    }
+  }
+  return lr;
+}
+
+double Plan::lrAtProgress(double progress) const {
+  if (progress < warmup_steps) {
+    // lrAt(s) is lr (s + 1) / warmup at whole steps; between them the line goes
+    // on, but never above the peak.
+    return lr * std::min(1.0, (progress + 1.0) / static_cast<double>(warmup_steps));
+  }
+  switch (schedule) {
+    case Schedule::kConstant: return lr;
+    case Schedule::kStep: {
+      const double epoch = std::floor(progress / static_cast<double>(std::max<int64_t>(1, steps_per_epoch)));
+      double r = lr;
+      for (auto m : milestones) {
+        if (epoch >= static_cast<double>(m)) r *= step_gamma;
+      }
+      return r;
+    }
+    case Schedule::kCosine: {
+      const double span = std::max<int64_t>(1, total_steps - warmup_steps);
+      const double t = std::min(1.0, (progress - warmup_steps) / span);
       return min_lr + (lr - min_lr) * 0.5 * (1.0 + std::cos(M_PI * t));
     }
   }

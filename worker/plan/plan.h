@@ -51,6 +51,10 @@ struct Plan {
 
   /// Learning rate of optimizer step `step` (0-based, counted over the whole run).
   double lrAt(int64_t step) const;
+  /// The same schedule at a fractional step (Note [goodput] in worker/plan/adapt.h:
+  /// the adaptive batch counts progress in steps at G0): equal to lrAt(s) at every
+  /// whole step s; warmup capped at `lr`; cosine reaches min_lr at total_steps.
+  double lrAtProgress(double progress) const;
   /// Slots (samples incl. padding) each rank processes per epoch; equal on all
   /// ranks except under `keep`.
   int64_t rankSamplesPerEpoch(int64_t rank) const;

@@ -1,9 +1,11 @@
 #include "worker/report/diagnose.h"
 
+#include <cmath>
 #include <optional>
 
 #include "collective/error.h"
 #include "worker/common/console.h"
+#include "worker/plan/adapt.h"
 
 namespace batchdist::worker {
 namespace {
@@ -15,7 +17,28 @@ double pct(double part, double whole) { return whole > 0 ? 100.0 * part / whole 
 /// B_simple samples cost 2.5x what they cost at B_simple (5 vs 2).
 constexpr double kFarAbove = 4.0;
 
-std::optional<std::string> noiseFinding(const TrainResult& r) {
+/// The advice never names a global batch the training set cannot take: at most
+/// dataCeiling(N, batch.adapt_min_steps) (Note [goodput] in worker/plan/adapt.h),
+/// so that an epoch keeps that many steps. B_simple can exceed it on a small data
+/// set (digits: ~1720 for 1438 training samples).
+struct BatchAdvice {
+  int64_t target = 0;   ///< the global batch to move toward: B_simple, capped
+  std::string cap_note; ///< why it is below B_simple, or empty
+};
+
+BatchAdvice advice(double b, int64_t n, int64_t min_steps) {
+  BatchAdvice a;
+  a.target = static_cast<int64_t>(std::llround(b));
+  const int64_t cap = dataCeiling(n, min_steps);
+  if (cap > 0 && cap < a.target) {
+    a.target = cap;
+    a.cap_note = strCat(" (B_simple capped by the data: ", n, " training samples / ", min_steps,
+                        " steps an epoch, batch.adapt_min_steps)");
+  }
+  return a;
+}
+
+std::optional<std::string> noiseFinding(const Config& cfg, const TrainResult& r, int64_t n) {
   double b = -1;
   std::string when = "last epoch";
   if (!r.history.empty() && r.history.back().noise_scale > 0) {
@@ -24,16 +47,29 @@ std::optional<std::string> noiseFinding(const TrainResult& r) {
     b = r.noise.b_simple;
     when = "smoothed";
   }
+  const int64_t min_steps = cfg.batch.adapt_min_steps;
+  const int64_t cap = dataCeiling(n, min_steps);
   if (b <= 0 && r.noise.measured && r.noise.grad_sq <= 0 && r.noise.trace > 0) {
+    if (cap > 0 && r.noise.b_big >= cap) {
+      return strCat("noise scale: too large to measure at global batch ", r.noise.b_big,
+                    " (the smoothed |G|^2 estimate is not positive: the gradient is small next "
+                    "to its noise), but the ", n, " training samples allow no larger batch with ",
+                    min_steps, " steps an epoch (batch.adapt_min_steps); the data, not the "
+                    "batch, limits the steps saved");
+    }
     return strCat("noise scale: too large to measure at global batch ", r.noise.b_big,
                   " (the smoothed |G|^2 estimate is not positive: the gradient is small next to "
                   "its noise), so B_simple is far above it; a larger global batch (more ranks, a "
-                  "larger per-GPU batch or batch.accum) would take fewer steps for nearly the "
-                  "same number of samples");
+                  "larger per-GPU batch or batch.accum",
+                  cap > 0 ? strCat(", up to ", cap, " for ", n, " training samples at ", min_steps,
+                                   " steps an epoch")
+                          : std::string(),
+                  ") would take fewer steps for nearly the same number of samples");
   }
   if (b <= 0 || r.noise.b_big <= 0) return std::nullopt;
   const double g = static_cast<double>(r.noise.b_big);
   const std::string bs = formatFixed(b, 0);
+  const auto a = advice(b, n, min_steps);
   if (g >= kFarAbove * b) {
     return strCat("noise scale: the global batch ", r.noise.b_big, " is ", formatFixed(g / b, 1),
                   "x the gradient noise scale B_simple ~ ", bs, " (", when,
@@ -41,14 +77,22 @@ std::optional<std::string> noiseFinding(const TrainResult& r) {
                   "samples, so reaching the same loss takes about (1 + ", r.noise.b_big, "/", bs,
                   ") / 2 = ", formatFixed((1 + g / b) / 2, 1),
                   "x the epochs of a global batch near ", bs,
-                  " (McCandlish et al. 2018); lower batch.global toward ", bs,
+                  " (McCandlish et al. 2018); lower batch.global toward ", a.target, a.cap_note,
                   " (fewer ranks or a smaller per-GPU batch), or train more epochs");
   }
   if (g * kFarAbove <= b) {
+    if (cap > 0 && r.noise.b_big >= cap) {
+      return strCat("noise scale: the global batch ", r.noise.b_big,
+                    " is well below the gradient noise scale B_simple ~ ", bs, " (", when,
+                    "), but the ", n, " training samples allow no larger batch with ", min_steps,
+                    " steps an epoch (batch.adapt_min_steps); the data, not the batch, limits the "
+                    "steps saved");
+    }
     return strCat("noise scale: the global batch ", r.noise.b_big,
                   " is well below the gradient noise scale B_simple ~ ", bs, " (", when,
-                  "); a larger global batch (more ranks, a larger per-GPU batch or batch.accum) "
-                  "would take fewer steps for nearly the same number of samples");
+                  "); a larger global batch, toward ", a.target, a.cap_note,
+                  " (more ranks, a larger per-GPU batch or batch.accum), would take fewer steps "
+                  "for nearly the same number of samples");
   }
   return std::nullopt;
 }
@@ -56,7 +100,7 @@ std::optional<std::string> noiseFinding(const TrainResult& r) {
 }  // namespace
 
 std::vector<std::string> diagnose(const Config& cfg, const TrainResult& r, bool cuda,
-                                  const std::string& device_name) {
+                                  const std::string& device_name, int64_t train_samples) {
   std::vector<std::string> out;
   const double total = r.time.total();
   if (total <= 0) return out;
@@ -92,7 +136,7 @@ std::vector<std::string> diagnose(const Config& cfg, const TrainResult& r, bool 
                          ", whose tensor cores run bf16/fp16 far faster; try train.precision: bf16 "
                          "(or fp16), which also halves activation memory"));
   }
-  if (auto noise = noiseFinding(r)) out.push_back(*noise);
+  if (auto noise = noiseFinding(cfg, r, train_samples)) out.push_back(*noise);
   if (r.gpu_utilization >= 0 && r.gpu_utilization < 70) {
     out.push_back(strCat("utilization: the GPU was busy ", formatFixed(r.gpu_utilization, 0),
                          " % of the time (NVML); see the data and communication shares above"));

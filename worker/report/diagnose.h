@@ -11,7 +11,9 @@ namespace batchdist::worker {
 
 /// One line per finding, each quoting the numbers it rests on; empty when
 /// nothing stands out. `cuda`: the run was on a GPU named `device_name`.
+/// `train_samples` (N, 0: unknown) caps the global batch the noise-scale finding
+/// advises at N / batch.adapt_min_steps (dataCeiling in worker/plan/adapt.h).
 std::vector<std::string> diagnose(const Config& cfg, const TrainResult& r, bool cuda,
-                                  const std::string& device_name);
+                                  const std::string& device_name, int64_t train_samples = 0);
 
 }  // namespace batchdist::worker

@@ -7,6 +7,7 @@
 
 #include "collective/error.h"
 #include "worker/common/console.h"
+#include "worker/plan/adapt.h"
 #include "worker/search/output.h"
 
 namespace batchdist::worker {
@@ -448,7 +449,21 @@ std::string reportHtml(const nlohmann::ordered_json& report, const nlohmann::ord
   os << "</div>\n<div class=\"card\" id=\"card-noise\"><div class=\"what\">statistically efficient "
         "global batch</div>";
   const double bs = jnum(noise, "b_simple", -1);
-  if (bs > 0) {
+  // The advice respects the data (dataCeiling, Note [goodput]): never a batch that
+  // leaves an epoch fewer than batch.adapt_min_steps steps.
+  const auto* plan = report.contains("plan") ? &report["plan"] : nullptr;
+  const auto n = plan ? static_cast<int64_t>(jnum(*plan, "dataset_size")) : 0;
+  const auto min_steps = report.contains("config") && report["config"].contains("batch")
+                             ? static_cast<int64_t>(jnum(report["config"]["batch"], "adapt_min_steps", 8))
+                             : int64_t{8};
+  const int64_t cap = dataCeiling(n, min_steps);
+  if (bs > 0 && cap > 0 && cap < std::round(bs)) {
+    os << "<div class=\"big\">~" << num(static_cast<double>(cap)) << "</div>gradient noise scale "
+       << "B_simple ~" << num(std::round(bs)) << ", capped by the data: " << n
+       << " training samples / " << min_steps << " steps an epoch (batch.adapt_min_steps); this run's "
+       << "global batch " << num(G) << " is " << formatFixed(G / bs, G / bs < 1 ? 2 : 1) << "x B_simple";
+    if (G >= 4 * bs) os << " <span class=\"warn\">(samples are being wasted)</span>";
+  } else if (bs > 0) {
     os << "<div class=\"big\">~" << num(std::round(bs)) << "</div>gradient noise scale B_simple; this run's "
        << "global batch " << num(G) << " is " << formatFixed(G / bs, G / bs < 1 ? 2 : 1) << "x it";
     if (G >= 4 * bs) os << " <span class=\"warn\">(samples are being wasted)</span>";

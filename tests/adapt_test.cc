@@ -1,0 +1,426 @@
+// The adaptive global batch (Note [goodput] in worker/plan/adapt.h): pure logic.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "collective/error.h"
+#include "worker/config/config.h"
+#include "worker/plan/adapt.h"
+#include "worker/plan/plan.h"
+
+using batchdist::ConfigError;
+using namespace batchdist::worker;
+
+namespace {
+
+std::string configErrorOf(const std::string& yaml) {
+  try {
+    parseConfig(yaml, "test.yaml");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+/// The ConfigError of adaptSpace() for `yaml` on `world` ranks and `n` samples.
+std::string spaceErrorOf(const std::string& yaml, int64_t world, int64_t n,
+                         AdaptSpace* out = nullptr) {
+  try {
+    const auto cfg = parseConfig(yaml, "test.yaml");
+    const auto space = adaptSpace(cfg, makePlan(cfg, world, n, false), false);
+    if (out) *out = space;
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+/// W = 4, G0 = 256, no BatchNorm, m free (multiples of 1), plenty of data.
+AdaptSpace space4() {
+  AdaptSpace s;
+  s.world_size = 4;
+  s.g0 = 256;
+  s.adapt_max = 4096;
+  s.dataset_size = 1'000'000;
+  s.ceiling = 4096;
+  return s;
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+}  // namespace
+
+TEST(Adapt, EfficiencyAndGainByHand) {
+  // G0 = 256, G = 1024, B = 768: E = (768 + 256) / (768 + 1024) = 1024 / 1792 = 4/7;
+  // r = (1024 / 256) x 4/7 = 16/7.
+  EXPECT_NEAR(statisticalEfficiency(1024, 256, 768), 4.0 / 7.0, 1e-15);
+  EXPECT_NEAR(adascaleGain(1024, 256, 768), 16.0 / 7.0, 1e-14);
+  // At G0 nothing changes: E = 1, r = 1.
+  EXPECT_DOUBLE_EQ(statisticalEfficiency(256, 256, 100), 1.0);
+  EXPECT_DOUBLE_EQ(adascaleGain(256, 256, 100), 1.0);
+  // B >> G: perfect scaling, r -> G / G0 = 4 (B = 1e9: r = 4 x (1e9 + 256) / (1e9 + 1024)).
+  EXPECT_NEAR(adascaleGain(1024, 256, 1e9), 4.0 * (1e9 + 256) / (1e9 + 1024), 1e-12);
+  EXPECT_GT(adascaleGain(1024, 256, 1e9), 3.99999);
+  // B << G0: no gain from the larger batch, r -> 1 (B = 1: r = 4 x 257 / 1025 = 1.00293).
+  EXPECT_NEAR(adascaleGain(1024, 256, 1), 4.0 * 257 / 1025, 1e-15);
+  // B = 256 = G0, G = 768: E = 512 / 1024 = 0.5, r = 3 x 0.5 = 1.5.
+  EXPECT_DOUBLE_EQ(statisticalEfficiency(768, 256, 256), 0.5);
+  EXPECT_DOUBLE_EQ(adascaleGain(768, 256, 256), 1.5);
+  // B unknown (0, negative, NaN, inf): gain 1, efficiency G0 / G = 0.25.
+  for (double b : {0.0, -5.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    EXPECT_DOUBLE_EQ(adascaleGain(1024, 256, b), 1.0) << b;
+    EXPECT_DOUBLE_EQ(statisticalEfficiency(1024, 256, b), 0.25) << b;
+  }
+}
+
+TEST(Adapt, ThroughputModelByHand) {
+  auto s = space4();
+  s.throughput = {{32, 1280}};  // T1 = 32 x 4 / 1280 = 0.1 s
+  // c unknown: every accumulation runs at the measured per-sample rate.
+  EXPECT_DOUBLE_EQ(modelledSamplesPerSecond(s, {512, 32, 4}), 1280);
+  // c = 0.02 s: T(32, 4) = 4 x 0.08 + 0.02 = 0.34 s for 512 samples: 1505.88/s.
+  s.fixed_step_s = 0.02;
+  EXPECT_NEAR(modelledSamplesPerSecond(s, {512, 32, 4}), 512 / 0.34, 1e-9);
+  EXPECT_NEAR(modelledSamplesPerSecond(s, {128, 32, 1}), 1280, 1e-9);  // a = 1: as measured
+  // c = 0.08 s is capped at half of T1 (0.05 s): T(32, 2) = 2 x 0.05 + 0.05 = 0.15 s for 256.
+  s.fixed_step_s = 0.08;
+  EXPECT_NEAR(modelledSamplesPerSecond(s, {256, 32, 2}), 256 / 0.15, 1e-9);
+  // Per-GPU batches not measured have no figure.
+  EXPECT_EQ(modelledSamplesPerSecond(s, {512, 64, 2}), 0);
+  // Measured twice: the lower figure.
+  s.fixed_step_s = 0;
+  s.throughput = {{32, 1280}, {32, 1200}};
+  EXPECT_DOUBLE_EQ(modelledSamplesPerSecond(s, {128, 32, 1}), 1200);
+}
+
+TEST(Adapt, LargerFasterPerGpuBatchIsChosenWhenItPays) {
+  auto s = space4();
+  s.g0 = 128;
+  s.throughput = {{32, 1000}, {64, 1600}};
+  // B = 1000: G = 256 (64 x 1 x 4) runs 1600/s at E = 1128 / 1256 = 0.898: goodput 1437,
+  // against 1000 at G0 = 128 (32 x 1 x 4).
+  const auto d = decideGlobalBatch(s, {128, 32, 1}, 1000);
+  EXPECT_TRUE(d.change) << d.why;
+  EXPECT_EQ(d.chosen, (AdaptSplit{256, 64, 1})) << d.why;
+  EXPECT_NEAR(d.chosen_goodput, 1600.0 * 1128 / 1256, 1e-9);
+  EXPECT_NEAR(d.gain, 1.6 * 1128 / 1256, 1e-12);
+  EXPECT_TRUE(contains(d.why, "128 (32 x 1 x 4) -> 256 (64 x 1 x 4)")) << d.why;
+  // Small B: larger batches are worth little; 256 still runs 1.6x faster per sample,
+  // but at B = 10 its efficiency is 138 / 266 = 0.52 < 1 / 1.6: G stays.
+  const auto small = decideGlobalBatch(s, {128, 32, 1}, 10);
+  EXPECT_FALSE(small.change) << small.why;
+  EXPECT_EQ(small.chosen, (AdaptSplit{128, 32, 1}));
+}
+
+TEST(Adapt, AccumulationPaysOnlyWhenTheStepHasAFixedCost) {
+  auto s = space4();
+  s.throughput = {{64, 1600}};  // G0 = 256 = 64 x 1 x 4; T1 = 0.16 s
+  // c unknown: accumulation is no faster per sample and E < 1: G stays at G0.
+  auto d = decideGlobalBatch(s, {256, 64, 1}, 5000);
+  EXPECT_FALSE(d.change) << d.why;
+  // c = 0.06 s of each step is the allreduce: with B = 5000, a = 4 gives
+  // T = 4 x 0.10 + 0.06 = 0.46 s for 1024 samples (2226/s) at E = 5256 / 6024 = 0.8725.
+  s.fixed_step_s = 0.06;
+  d = decideGlobalBatch(s, {256, 64, 1}, 5000);
+  ASSERT_TRUE(d.change) << d.why;
+  EXPECT_EQ(d.chosen.per_gpu, 64);
+  EXPECT_GT(d.chosen.accum, 1);
+  // The chosen split is the best of all candidates.
+  for (const auto& c : adaptCandidates(s, 5000)) EXPECT_LE(c.goodput, d.chosen_goodput);
+}
+
+TEST(Adapt, UnknownNoiseScaleOrThroughputKeepsTheBatch) {
+  auto s = space4();
+  s.throughput = {{64, 1600}, {128, 4000}};
+  for (double b : {0.0, -1.0, std::nan("")}) {
+    const auto d = decideGlobalBatch(s, {256, 64, 1}, b);
+    EXPECT_FALSE(d.change) << b;
+    EXPECT_EQ(d.chosen, (AdaptSplit{256, 64, 1}));
+    EXPECT_DOUBLE_EQ(d.gain, 1.0);
+    EXPECT_TRUE(contains(d.why, "noise scale is not known")) << d.why;
+  }
+  // The same figures with B known: 128 x 1 x 4 = 512 is 2.5x faster, so it changes.
+  EXPECT_TRUE(decideGlobalBatch(s, {256, 64, 1}, 1000).change);
+  // The current per-GPU batch never measured: no comparison, no change.
+  const auto d = decideGlobalBatch(s, {256, 32, 2}, 1000);
+  EXPECT_FALSE(d.change);
+  EXPECT_TRUE(contains(d.why, "no measured samples/s for per-GPU batch 32")) << d.why;
+}
+
+TEST(Adapt, HysteresisStopsFlappingWhileTheNoiseScaleWobbles) {
+  // Two candidates of equal goodput at B0 = 2000: G = 256 (64 x 1 x 4, 1600/s, E = 1) and
+  // G = 512 (128 x 1 x 4) at s2 = 1600 x 2512 / 2256 (E = 2256 / 2512). B +-3 % moves
+  // their ratio by about +-0.3 %: the best flips, but never by more than 5 %.
+  const double b0 = 2000;
+  auto s = space4();
+  s.throughput = {{64, 1600}, {128, 1600.0 * (b0 + 512) / (b0 + 256)}};
+  const auto run = [&](double margin) {
+    s.margin = margin;
+    AdaptSplit current{256, 64, 1};
+    int changes = 0;
+    for (int k = 0; k < 200; ++k) {
+      const double b = b0 * (1.0 + 0.03 * std::sin(0.7 * k));
+      const auto d = decideGlobalBatch(s, current, b);
+      if (d.change) ++changes;
+      current = d.chosen;
+    }
+    return changes;
+  };
+  EXPECT_GT(run(0.0), 10);  // without a margin it flaps with B
+  EXPECT_EQ(run(kAdaptMargin), 0);
+  // Started at 512, it stays at 512 as well.
+  s.margin = kAdaptMargin;
+  AdaptSplit current{512, 128, 1};
+  for (int k = 0; k < 200; ++k) {
+    const auto d = decideGlobalBatch(s, current, b0 * (1.0 + 0.03 * std::sin(0.7 * k)));
+    EXPECT_FALSE(d.change) << k << ": " << d.why;
+  }
+}
+
+TEST(Adapt, TiesGoToTheSmallerGlobalBatch) {
+  // B = 768: E(512) = 1024 / 1280 = 0.8; 128 x 1 x 4 at 2000/s gives goodput 1600, as
+  // 64 x 1 x 4 = 256 at 1600/s (E = 1) does.
+  auto s = space4();
+  s.throughput = {{64, 1600}, {128, 2000}};
+  const auto cands = adaptCandidates(s, 768);
+  ASSERT_GE(cands.size(), 2u);
+  ASSERT_EQ(cands[0].split, (AdaptSplit{256, 64, 1}));
+  ASSERT_EQ(cands[1].split, (AdaptSplit{512, 128, 1}));
+  ASSERT_EQ(cands[0].goodput, cands[1].goodput);  // the premise: an exact tie
+  // From 768 (64 x 3 x 4: 1600/s, E = 1024 / 1536) both beat the current split by 50 %.
+  const auto d = decideGlobalBatch(s, {768, 64, 3}, 768);
+  EXPECT_TRUE(d.change);
+  EXPECT_EQ(d.chosen.global, 256);
+  // Within one G, the larger per-GPU batch wins a tie of samples/s: 512 = 64 x 2 x 4 and
+  // 128 x 1 x 4 both at 1600/s (c = 0).
+  s.throughput = {{64, 1600}, {128, 1600}};
+  for (const auto& c : adaptCandidates(s, 768)) {
+    if (c.split.global == 512) {
+      EXPECT_EQ(c.split.per_gpu, 128);
+    }
+  }
+}
+
+TEST(Adapt, EveryCandidateAndDecisionIsAnEqualShardSplitInRange) {
+  std::mt19937_64 gen(21);
+  const auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(gen);
+  };
+  int spaces = 0, decisions = 0, unreachable = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    Config cfg;
+    const bool has_bn = pick(0, 1) == 1;
+    const int64_t w = pick(1, 16);
+    const int64_t q = std::vector<int64_t>{1, 2, 4, 8}[pick(0, 3)];
+    cfg.batch.min_per_gpu = pick(1, 4);
+    cfg.batch.per_gpu_auto = true;
+    cfg.search.multiple_of = q;
+    const int64_t min_m = minPerGpu(cfg, has_bn);
+    const int64_t m0 = q * ((min_m + q - 1) / q) * pick(1, 4);
+    const int64_t g0 = m0 * pick(1, 3) * w;
+    cfg.batch.global = g0;
+    cfg.batch.adapt = BatchAdapt::kGoodput;
+    cfg.batch.adapt_max = pick(0, 1) ? 0 : g0 + pick(0, 20 * g0);
+    cfg.batch.adapt_min_steps = pick(1, 16);
+    cfg.batch.last_batch = pick(0, 1) ? LastBatch::kDrop : LastBatch::kPad;
+    cfg.train.epochs = 1;
+    const int64_t n = g0 * pick(1, 200) + pick(0, g0 - 1);
+    // What is reachable, by brute force: some G in (G0, ceiling] with G / W a multiple
+    // of q and at least the minimum (m = G / W, a = 1 is then a split).
+    const int64_t cap = std::min(cfg.batch.adapt_max > 0 ? cfg.batch.adapt_max : 16 * g0,
+                                 n / cfg.batch.adapt_min_steps);
+    bool reachable = false;
+    for (int64_t g = g0 + 1; g <= cap && !reachable; ++g) {
+      reachable = g % w == 0 && (g / w) % q == 0 && g / w >= min_m;
+    }
+    AdaptSpace s;
+    try {
+      // makePlan checks the range too (the same ConfigError).
+      s = adaptSpace(cfg, makePlan(cfg, w, n, has_bn, m0), has_bn);
+    } catch (const ConfigError& e) {
+      EXPECT_FALSE(reachable) << e.what();
+      ++unreachable;
+      continue;
+    }
+    ASSERT_TRUE(reachable) << "W " << w << " G0 " << g0 << " cap " << cap;
+    ++spaces;
+    // Measured per-GPU batches: the search's ladder and some it would not offer.
+    for (int64_t m = 1; m <= 8 * m0; m *= 2) {
+      s.throughput.push_back({m, 100.0 * m / (m + 16.0) * static_cast<double>(pick(90, 110))});
+    }
+    s.throughput.push_back({m0, 90.0 * static_cast<double>(m0)});  // the current split's
+    s.throughput.push_back({m0 + 1, 1e6});  // not a multiple of q (unless q is 1)
+    s.fixed_step_s = pick(0, 1) ? 0.0 : 0.001 * static_cast<double>(pick(0, 50));
+    const double b = static_cast<double>(pick(1, 100000));
+    const auto check = [&](const AdaptSplit& x, const std::string& what) {
+      EXPECT_EQ(x.global, x.per_gpu * x.accum * w) << what;
+      EXPECT_GE(x.accum, 1) << what;
+      EXPECT_GE(x.per_gpu, min_m) << what;
+      EXPECT_EQ(x.per_gpu % q, 0) << what;
+      EXPECT_GE(x.global, g0) << what;
+      EXPECT_LE(x.global, cfg.batch.adapt_max > 0 ? cfg.batch.adapt_max : 16 * g0) << what;
+      EXPECT_GE(n / x.global, cfg.batch.adapt_min_steps) << what;
+    };
+    const auto cands = adaptCandidates(s, b);
+    for (const auto& c : cands) check(c.split, "candidate");
+    const AdaptSplit current{g0, m0, g0 / (m0 * w)};
+    const auto d = decideGlobalBatch(s, current, b);
+    if (d.change) {
+      ++decisions;
+      check(d.chosen, "decision");
+      EXPECT_GT(d.chosen_goodput, d.current_goodput * (1 + kAdaptMargin));
+    } else {
+      EXPECT_EQ(d.chosen, current);
+    }
+  }
+  // The generator covers every branch.
+  EXPECT_GT(spaces, 50);
+  EXPECT_GT(decisions, 10);
+  EXPECT_GT(unreachable, 10);
+}
+
+TEST(Adapt, LrAtProgressIsLrAtOnWholeSteps) {
+  for (const char* yaml : {"optim: {warmup_steps: 7, schedule: cosine, min_lr: 0.001}\n",
+                           "optim: {warmup_steps: 3, schedule: step, milestones: [2, 4]}\n",
+                           "optim: {schedule: constant}\n"}) {
+    const auto p = makePlan(parseConfig(std::string(yaml) + "batch: {global: 64}\n", "t.yaml"), 2,
+                            2000, false);
+    for (int64_t step = 0; step <= p.total_steps + 3; ++step) {
+      EXPECT_DOUBLE_EQ(p.lrAtProgress(static_cast<double>(step)), p.lrAt(step)) << yaml << step;
+    }
+    // Between whole steps of the warmup the rate never passes the peak.
+    for (double x = 0; x < p.warmup_steps + 1.0; x += 0.25) EXPECT_LE(p.lrAtProgress(x), p.lr);
+  }
+}
+
+TEST(Adapt, AdaScaleScheduleEndsWhenTheProgressReachesThePlannedSteps) {
+  // G0 = 64 on 2 ranks, 2000 samples: 31 steps an epoch, 5 epochs, 155 steps at G0.
+  const auto cfg = parseConfig(
+      "batch: {global: 64}\ntrain: {epochs: 5}\n"
+      "optim: {lr: 0.1, base_batch: 64, warmup_steps: 10, schedule: cosine, min_lr: 0.001}\n",
+      "t.yaml");
+  const auto p = makePlan(cfg, 2, 2000, false);
+  ASSERT_EQ(p.total_steps, 155);
+  // An adaptive run: G0 for 20 steps, then 128, then 256 (B = 300).
+  const double b = 300;
+  std::vector<AdaptSegment> history{{0, 64, 1.0}};
+  double progress = 0;
+  int64_t step = 0, g = 64;
+  double last_lr = -1;
+  while (progress < static_cast<double>(p.total_steps)) {
+    if (step == 20) g = 128, history.push_back({step, g, adascaleGain(128, 64, b)});
+    if (step == 50) g = 256, history.push_back({step, g, adascaleGain(256, 64, b)});
+    last_lr = adaptLr(p, OptimName::kSgd, progress, g, b);
+    EXPECT_GT(last_lr, 0.001 * adascaleGain(static_cast<double>(g), 64, b) - 1e-12);
+    progress += history.back().gain;
+    ++step;
+    EXPECT_NEAR(adaptProgress(history, step), progress, 1e-9);
+  }
+  // 20 steps at gain 1, 30 at r(128) = 2 x 364 / 428 = 1.7009, then r(256) = 4 x 364 / 556
+  // = 2.6187: 20 + 51.03 = 71.03 after step 50, then ceil(83.97 / 2.6187) = 33 more.
+  EXPECT_EQ(step, 83);
+  EXPECT_NEAR(adaptProgress(history, 50), 20 + 30 * 2.0 * 364 / 428, 1e-9);
+  // The cosine reaches min_lr exactly at the planned progress, not before.
+  EXPECT_DOUBLE_EQ(p.lrAtProgress(static_cast<double>(p.total_steps)), 0.001);
+  EXPECT_GT(p.lrAtProgress(static_cast<double>(p.total_steps) - 0.5), 0.001);
+  EXPECT_GT(last_lr, 0.001);
+  // AdamW: the square-root rule on the same clock: G = 256 -> x sqrt(4) = 2.
+  EXPECT_DOUBLE_EQ(adaptLr(p, OptimName::kAdamw, 60.5, 256, b), 2.0 * p.lrAtProgress(60.5));
+  // B unknown: gain 1, the plan's rate.
+  EXPECT_DOUBLE_EQ(adaptLr(p, OptimName::kLars, 60.5, 256, -1), p.lrAtProgress(60.5));
+}
+
+TEST(Adapt, ProgressHistoryMustStartAtZeroInOrder) {
+  EXPECT_DOUBLE_EQ(adaptProgress({}, 12), 12);
+  EXPECT_DOUBLE_EQ(adaptProgress({{0, 64, 1.0}, {10, 128, 1.5}}, 14), 10 + 4 * 1.5);
+  EXPECT_DOUBLE_EQ(adaptProgress({{0, 64, 1.0}, {10, 128, 1.5}}, 6), 6);
+  EXPECT_THROW(adaptProgress({{3, 64, 1.0}}, 5), batchdist::Error);
+  EXPECT_THROW(adaptProgress({{0, 64, 1.0}, {10, 128, 1.5}, {10, 256, 2.0}}, 20), batchdist::Error);
+}
+
+TEST(AdaptConfig, ReadsTheKeysAndDefaults) {
+  auto cfg = parseConfig("batch: {global: 256}\n", "t.yaml");
+  EXPECT_EQ(cfg.batch.adapt, BatchAdapt::kOff);
+  EXPECT_EQ(cfg.batch.adapt_max, 0);
+  EXPECT_EQ(cfg.batch.adapt_every_steps, 100);
+  EXPECT_EQ(cfg.batch.adapt_min_steps, 8);
+  EXPECT_EQ(cfg.resolved["batch"]["adapt"], "off");
+  cfg = parseConfig("batch: {global: 256, adapt: goodput, adapt_max: 2048, adapt_every_steps: 50, "
+                    "adapt_min_steps: 4}\n", "t.yaml");
+  EXPECT_EQ(cfg.batch.adapt, BatchAdapt::kGoodput);
+  EXPECT_EQ(cfg.batch.adapt_max, 2048);
+  EXPECT_EQ(cfg.batch.adapt_every_steps, 50);
+  EXPECT_EQ(cfg.batch.adapt_min_steps, 4);
+  // G0 derivable from a numeric per_gpu is enough.
+  EXPECT_NO_THROW(parseConfig("batch: {per_gpu: 32, adapt: goodput}\n", "t.yaml"));
+}
+
+TEST(AdaptConfig, ErrorsNameTheKeyTheValueAndTheFix) {
+  auto msg = configErrorOf("batch: {global: auto, adapt: goodput}\n");
+  EXPECT_TRUE(contains(msg, "test.yaml: batch.adapt: goodput starts from batch.global")) << msg;
+  EXPECT_TRUE(contains(msg, "batch.global is auto; set batch.global")) << msg;
+  msg = configErrorOf("batch: {per_gpu: auto, adapt: goodput}\n");
+  EXPECT_TRUE(contains(msg, "batch.global is not given")) << msg;
+  msg = configErrorOf("batch: {global: 256, adapt: goodput, adapt_max: 128}\n");
+  EXPECT_TRUE(contains(msg, "test.yaml: batch.adapt_max: 128 is not above batch.global (256)")) << msg;
+  EXPECT_TRUE(contains(msg, "0 means 16 x batch.global = 4096")) << msg;
+  msg = configErrorOf("batch: {global: 256, adapt: goodput, last_batch: keep}\n"
+                      "model: {batchnorm: false}\n");
+  EXPECT_TRUE(contains(msg, "batch.last_batch: keep cannot be used with batch.adapt: goodput")) << msg;
+  EXPECT_TRUE(contains(msg, "use drop or pad")) << msg;
+  msg = configErrorOf("batch: {global: 256, adapt: goodput}\ntrain: {noise_scale: false}\n");
+  EXPECT_TRUE(contains(msg, "train.noise_scale: false, but batch.adapt: goodput")) << msg;
+  msg = configErrorOf("batch: {global: 256, adapt: godput}\n");
+  EXPECT_TRUE(contains(msg, "did you mean 'goodput'")) << msg;
+  msg = configErrorOf("batch: {global: 256, adapt_every_steps: 0}\n");
+  EXPECT_TRUE(contains(msg, "batch.adapt_every_steps: must be >= 1, got 0")) << msg;
+  // adapt off: the adapt keys are read, nothing is required.
+  EXPECT_EQ(configErrorOf("batch: {global: auto, adapt_max: 16}\n"), "<no error>");
+}
+
+TEST(AdaptConfig, UnreachableCeilingsNameTheNearestSplit) {
+  // W = 8, per_gpu fixed at 32: G = 32 x a x 8, so after 256 comes 512.
+  auto msg = spaceErrorOf("batch: {global: 256, per_gpu: 32, adapt: goodput, adapt_max: 300}\n"
+                          "model: {batchnorm: false}\n", 8, 100000);
+  EXPECT_TRUE(contains(msg, "no global batch in (256, 300]")) << msg;
+  EXPECT_TRUE(contains(msg, "the nearest above G0=256 is 512 (64 per rank)")) << msg;
+  EXPECT_TRUE(contains(msg, "raise batch.adapt_max to at least 512")) << msg;
+  // The data caps the ceiling: 3000 samples / 8 steps = 375 < 512.
+  msg = spaceErrorOf("batch: {global: 256, per_gpu: 32, adapt: goodput}\nmodel: {batchnorm: false}\n",
+                     8, 3000);
+  EXPECT_TRUE(contains(msg, "3000 training samples cap it at 375 for batch.adapt_min_steps=8; "
+                            "lower that to 5 to reach 512")) << msg;
+  // G0 itself leaves fewer than 8 steps an epoch: 2000 / 256 = 7.
+  msg = spaceErrorOf("batch: {global: 256, adapt: goodput}\nmodel: {batchnorm: false}\n", 8, 2000);
+  EXPECT_TRUE(contains(msg, "G0=256 already leaves 7 step(s) an epoch")) << msg;
+  EXPECT_TRUE(contains(msg, "lower batch.adapt_min_steps to 7")) << msg;
+  // Reachable, but adapt_max beyond the data: a warning naming what is used.
+  AdaptSpace s;
+  EXPECT_EQ(spaceErrorOf("batch: {global: 256, adapt: goodput}\nmodel: {batchnorm: false}\n", 8,
+                         10000, &s),
+            "<no error>");
+  EXPECT_EQ(s.adapt_max, 4096);
+  EXPECT_EQ(s.ceiling, 1250);
+  ASSERT_EQ(s.warnings.size(), 1u);
+  EXPECT_TRUE(contains(s.warnings[0], "batch.adapt_max=4096 is more than the 10000 training samples "
+                                      "allow with batch.adapt_min_steps=8 steps an epoch; the global "
+                                      "batch stays at or below 10000 / 8 = 1250")) << s.warnings[0];
+}
+
+TEST(AdaptConfig, ThePlanChecksTheAdaptiveRange) {
+  // makePlan runs adaptSpace(): its errors and warnings reach `batchdist plan`.
+  const auto cfg = parseConfig("batch: {global: 256, adapt: goodput}\nmodel: {batchnorm: false}\n",
+                               "test.yaml");
+  const auto p = makePlan(cfg, 8, 10000, false);
+  ASSERT_GE(p.warnings.size(), 2u);
+  EXPECT_TRUE(contains(p.warnings[p.warnings.size() - 2], "the global batch stays at or below 10000 / 8 = 1250"));
+  EXPECT_TRUE(contains(p.warnings.back(), "G from 256 up to 1250")) << p.warnings.back();
+  EXPECT_THROW(makePlan(cfg, 8, 2000, false), ConfigError);  // 2000 / 256 = 7 steps < 8
+  // adapt off: no check, no warning about it.
+  const auto off = makePlan(parseConfig("batch: {global: 256}\n", "test.yaml"), 8, 2000, false);
+  for (const auto& w : off.warnings) EXPECT_FALSE(contains(w, "adapt")) << w;
+}

@@ -1,0 +1,259 @@
+#include "worker/plan/adapt.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
+
+#include "collective/error.h"
+
+namespace batchdist::worker {
+namespace {
+
+/// 16 x G0, the default ceiling, saturating.
+int64_t sixteenTimes(int64_t g0) {
+  return g0 > std::numeric_limits<int64_t>::max() / 16 ? std::numeric_limits<int64_t>::max() : 16 * g0;
+}
+
+bool known(double b_noise) { return std::isfinite(b_noise) && b_noise > 0; }
+
+/// The measured samples/s of each usable per-GPU batch; a per-GPU batch measured
+/// twice keeps its lower figure (the model stays a lower bound).
+std::map<int64_t, double> measured(const AdaptSpace& s) {
+  std::map<int64_t, double> out;
+  for (const auto& p : s.throughput) {
+    if (p.per_gpu < s.min_per_gpu || !(p.samples_per_s > 0) || !std::isfinite(p.samples_per_s)) continue;
+    if (s.fixed_per_gpu > 0 ? p.per_gpu != s.fixed_per_gpu : p.per_gpu % s.multiple_of != 0) continue;
+    const auto [it, fresh] = out.emplace(p.per_gpu, p.samples_per_s);
+    if (!fresh) it->second = std::min(it->second, p.samples_per_s);
+  }
+  return out;
+}
+
+/// Note [goodput], throughput model: samples/s of m x a x W from the rate at a = 1.
+double splitRate(const AdaptSpace& s, int64_t m, int64_t a, double sps1) {
+  const double rank_batch = static_cast<double>(m) * static_cast<double>(s.world_size);
+  const double t1 = rank_batch / sps1;
+  const double c = std::clamp(s.fixed_step_s, 0.0, kMaxFixedShare * t1);
+  const double t = static_cast<double>(a) * (t1 - c) + c;
+  return rank_batch * static_cast<double>(a) / t;
+}
+
+/// Four significant digits, for the decision's log line.
+std::string formatNumber(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g", v);
+  return buf;
+}
+
+std::string splitText(const AdaptSplit& s, int64_t world) {
+  return strCat(s.global, " (", s.per_gpu, " x ", s.accum, " x ", world, ")");
+}
+
+}  // namespace
+
+int64_t dataCeiling(int64_t n, int64_t min_steps) {
+  if (n <= 0) return 0;
+  return n / std::max<int64_t>(1, min_steps);
+}
+
+double statisticalEfficiency(double g, double g0, double b_noise) {
+  if (!known(b_noise)) return g0 / g;
+  return (b_noise + g0) / (b_noise + g);
+}
+
+double adascaleGain(double g, double g0, double b_noise) {
+  if (!known(b_noise)) return 1.0;
+  return g / g0 * statisticalEfficiency(g, g0, b_noise);
+}
+
+double modelledSamplesPerSecond(const AdaptSpace& space, const AdaptSplit& split) {
+  if (split.per_gpu <= 0 || split.accum <= 0) return 0;
+  const auto rates = measured(space);
+  const auto it = rates.find(split.per_gpu);
+  return it == rates.end() ? 0.0 : splitRate(space, split.per_gpu, split.accum, it->second);
+}
+
+bool isAdaptSplit(const AdaptSpace& s, const AdaptSplit& x) {
+  if (x.per_gpu < s.min_per_gpu || x.accum < 1) return false;
+  if (s.fixed_per_gpu > 0 ? x.per_gpu != s.fixed_per_gpu : x.per_gpu % s.multiple_of != 0) {
+    return false;
+  }
+  if (x.global != x.per_gpu * x.accum * s.world_size) return false;
+  return x.global >= s.g0 && x.global <= s.ceiling;
+}
+
+std::vector<AdaptCandidate> adaptCandidates(const AdaptSpace& s, double b_noise) {
+  std::vector<AdaptCandidate> out;
+  const auto rates = measured(s);
+  if (rates.empty() || s.world_size < 1) return out;
+  const int64_t w = s.world_size;
+  const int64_t first = (s.g0 + w - 1) / w * w;
+  for (int64_t g = first; g <= s.ceiling; g += w) {
+    const int64_t rank_batch = g / w;
+    AdaptCandidate best;
+    // Descending m: on equal samples/s the larger per-GPU batch (fewer micro-batches) wins.
+    for (auto it = rates.rbegin(); it != rates.rend(); ++it) {
+      const int64_t m = it->first;
+      if (m > rank_batch || rank_batch % m != 0) continue;
+      const int64_t a = rank_batch / m;
+      const double sps = splitRate(s, m, a, it->second);
+      if (sps > best.samples_per_s) {
+        best.split = {g, m, a};
+        best.samples_per_s = sps;
+      }
+    }
+    if (best.samples_per_s <= 0) continue;
+    best.efficiency = statisticalEfficiency(static_cast<double>(g), static_cast<double>(s.g0), b_noise);
+    best.goodput = best.samples_per_s * best.efficiency;
+    out.push_back(best);
+  }
+  return out;
+}
+
+AdaptDecision decideGlobalBatch(const AdaptSpace& s, const AdaptSplit& current, double b_noise) {
+  AdaptDecision d;
+  d.current = current;
+  d.chosen = current;
+  if (!known(b_noise)) {
+    d.why = strCat("global batch stays ", splitText(current, s.world_size),
+                   ": the gradient noise scale is not known yet");
+    return d;
+  }
+  const double cur_sps = modelledSamplesPerSecond(s, current);
+  if (cur_sps <= 0) {
+    d.why = strCat("global batch stays ", splitText(current, s.world_size),
+                   ": no measured samples/s for per-GPU batch ", current.per_gpu);
+    return d;
+  }
+  d.current_goodput = cur_sps * statisticalEfficiency(static_cast<double>(current.global),
+                                                      static_cast<double>(s.g0), b_noise);
+  const auto candidates = adaptCandidates(s, b_noise);
+  const AdaptCandidate* best = nullptr;
+  for (const auto& c : candidates) {  // ascending G, strictly better: ties keep the smaller G
+    if (best == nullptr || c.goodput > best->goodput) best = &c;
+  }
+  if (best == nullptr) {
+    d.why = strCat("global batch stays ", splitText(current, s.world_size),
+                   ": no measured split in [", s.g0, ", ", s.ceiling, "]");
+    return d;
+  }
+  d.chosen_goodput = best->goodput;
+  d.gain = best->goodput / d.current_goodput;
+  const std::string figures =
+      strCat("B_simple ", formatNumber(b_noise), ", goodput ", formatNumber(best->goodput),
+             " vs ", formatNumber(d.current_goodput), " (x", formatNumber(d.gain), ")");
+  if (!isAdaptSplit(s, current)) {
+    d.chosen = best->split;
+    d.change = d.chosen != current;
+    d.why = strCat("global batch ", splitText(current, s.world_size), " -> ",
+                   splitText(d.chosen, s.world_size), ": the current split is outside [", s.g0,
+                   ", ", s.ceiling, "]; ", figures);
+    return d;
+  }
+  if (best->split != current && best->goodput > d.current_goodput * (1.0 + s.margin)) {
+    d.chosen = best->split;
+    d.change = true;
+    d.why = strCat("global batch ", splitText(current, s.world_size), " -> ",
+                   splitText(d.chosen, s.world_size), ": ", figures);
+  } else {
+    d.why = strCat("global batch stays ", splitText(current, s.world_size), ": best ",
+                   splitText(best->split, s.world_size), " is within the ",
+                   formatNumber(100 * s.margin), " % margin; ", figures);
+  }
+  return d;
+}
+
+AdaptSpace adaptSpace(const Config& cfg, const Plan& p, bool has_batchnorm) {
+  AdaptSpace s;
+  s.world_size = p.world_size;
+  s.g0 = p.global;
+  s.dataset_size = p.dataset_size;
+  s.min_steps = cfg.batch.adapt_min_steps;
+  s.min_per_gpu = minPerGpu(cfg, has_batchnorm);
+  if (cfg.batch.per_gpu_auto) {
+    s.multiple_of = cfg.search.multiple_of;
+  } else if (cfg.batch.per_gpu > 0) {
+    s.fixed_per_gpu = p.per_gpu;
+  }
+  s.adapt_max = cfg.batch.adapt_max > 0 ? cfg.batch.adapt_max : sixteenTimes(p.global);
+  checkAdaptReachable(s, cfg.source);
+  return s;
+}
+
+void checkAdaptReachable(AdaptSpace& s, const std::string& source) {
+  const int64_t w = s.world_size;
+  if (s.adapt_max < s.g0) {
+    throw ConfigError(strCat(source, ": batch.adapt_max=", s.adapt_max,
+                             " is below the starting global batch G0=", s.g0,
+                             " (batch.global); raise it above ", s.g0,
+                             ", or set 0 for 16 x G0 = ", sixteenTimes(s.g0)));
+  }
+  const int64_t limit = dataCeiling(s.dataset_size, s.min_steps);
+  if (s.g0 > limit) {
+    throw ConfigError(strCat(source, ": batch.adapt: goodput: the starting global batch G0=", s.g0,
+                             " already leaves ", s.dataset_size / s.g0, " step(s) an epoch of the ",
+                             s.dataset_size, " training samples, fewer than batch.adapt_min_steps=",
+                             s.min_steps, ", so no larger batch is allowed; lower "
+                             "batch.adapt_min_steps to ", std::max<int64_t>(1, s.dataset_size / s.g0),
+                             ", lower batch.global, or use batch.adapt: off"));
+  }
+  s.ceiling = std::min(s.adapt_max, limit);
+  if (s.adapt_max > limit) {
+    s.warnings.push_back(strCat("batch.adapt_max=", s.adapt_max, " is more than the ",
+                                s.dataset_size, " training samples allow with batch.adapt_min_steps=",
+                                s.min_steps, " steps an epoch; the global batch stays at or below ",
+                                s.dataset_size, " / ", s.min_steps, " = ", limit));
+  }
+  // The smallest equal-shard G above G0 (throughput aside: the search has not run yet).
+  const int64_t unit = s.fixed_per_gpu > 0 ? s.fixed_per_gpu * w : s.multiple_of * w;
+  int64_t next = (s.g0 / unit + 1) * unit;
+  while (s.fixed_per_gpu == 0 && next / w < s.min_per_gpu) next += unit;
+  if (next > s.ceiling) {
+    const std::string rule =
+        s.fixed_per_gpu > 0
+            ? strCat("batch.per_gpu ", s.fixed_per_gpu, " x accumulation x world size ", w)
+            : strCat("per-GPU batch (a multiple of ", s.multiple_of, ", at least ", s.min_per_gpu,
+                     ") x accumulation x world size ", w);
+    const std::string by_data =
+        s.ceiling < s.adapt_max
+            ? strCat(" (the ", s.dataset_size, " training samples cap it at ", limit,
+                     " for batch.adapt_min_steps=", s.min_steps, "; lower that to ",
+                     std::max<int64_t>(1, s.dataset_size / next), " to reach ", next, ")")
+            : "";
+    throw ConfigError(strCat(source, ": batch.adapt: goodput has nothing to adapt: no global batch in (",
+                             s.g0, ", ", s.ceiling, "]", by_data, " is ", rule,
+                             "; the nearest above G0=", s.g0, " is ", next, " (", next / w,
+                             " per rank); raise batch.adapt_max to at least ", next,
+                             " or use batch.adapt: off"));
+  }
+}
+
+double adaptProgress(const std::vector<AdaptSegment>& h, int64_t steps) {
+  if (h.empty()) return static_cast<double>(std::max<int64_t>(0, steps));
+  if (h.front().begin_step != 0) {
+    throw Error(strCat("adaptive batch history starts at step ", h.front().begin_step,
+                       ", not 0"));
+  }
+  double progress = 0;
+  for (std::size_t i = 0; i < h.size(); ++i) {
+    if (i + 1 < h.size() && h[i + 1].begin_step <= h[i].begin_step) {
+      throw Error(strCat("adaptive batch history is not in step order: segment ", i + 1,
+                         " begins at step ", h[i + 1].begin_step, ", segment ", i, " at ",
+                         h[i].begin_step));
+    }
+    const int64_t end = std::min(steps, i + 1 < h.size() ? h[i + 1].begin_step : steps);
+    if (end > h[i].begin_step) progress += h[i].gain * static_cast<double>(end - h[i].begin_step);
+  }
+  return progress;
+}
+
+double adaptLr(const Plan& p, OptimName optimizer, double progress, int64_t g, double b_noise) {
+  const double base = p.lrAtProgress(progress);
+  const double gd = static_cast<double>(g), g0 = static_cast<double>(p.global);
+  if (optimizer == OptimName::kAdamw) return base * std::sqrt(gd / g0);
+  return base * adascaleGain(gd, g0, b_noise);
+}
+
+}  // namespace batchdist::worker
