@@ -145,6 +145,15 @@ TEST(Cli, UnknownKeyWrongTypeNegativeBatch) {
                    "--set batch.global: must be >= 1, got -64");
 }
 
+TEST(Cli, AdaptiveBatchIsPlannedButNotYetTrained) {
+  // Note [goodput]: `plan` checks the range; `train` refuses rather than ignore the key.
+  const auto planned = run("plan " + kQuickstart + " --world 2 --set batch.adapt=goodput");
+  EXPECT_EQ(planned.code, 0) << planned.out;
+  EXPECT_NE(planned.out.find("batch.adapt: goodput is checked"), std::string::npos) << planned.out;
+  expectCleanError(run(kQuickstart + " -q --set batch.adapt=goodput"),
+                   "batch.adapt: goodput: training does not change the global batch yet");
+}
+
 TEST(Cli, MissingFiles) {
   expectCleanError(run("/no/such/config.yaml"), "/no/such/config.yaml: cannot open config file");
   expectCleanError(run(kQuickstart + " -q --set data.name=csv --set data.path=/no/such.csv"),

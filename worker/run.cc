@@ -440,6 +440,13 @@ std::optional<CheckpointCheck> prepareResume(const RunRequest& req, RunSetup& s,
 RunSetup prepareRun(const RunRequest& req, const RankPlace& place) {
   RunSetup s;
   s.cfg = loadConfig(req.config_path, req.sets);
+  if (s.cfg.batch.adapt == BatchAdapt::kGoodput) {
+    // Note [goodput]: the decision is built and tested; the trainer does not apply it yet.
+    throw ConfigError(strCat(s.cfg.source, ": batch.adapt: goodput: training does not change the "
+                             "global batch yet; `batchdist plan ", req.config_path,
+                             " --world N` checks the range it would use. Set batch.adapt: off "
+                             "to train at batch.global"));
+  }
   if (place.rank == 0) {
     // Before anything long: a run whose results cannot be saved is not started.
     checkWritableDirectory(req.output, "the results (--output)");

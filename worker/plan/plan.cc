@@ -211,7 +211,7 @@ Plan makePlan(const Config& cfg, int64_t world, int64_t n, bool has_bn, int64_t 
     p.warnings.insert(p.warnings.end(), space.warnings.begin(), space.warnings.end());
     p.warnings.push_back(strCat("batch.adapt: goodput is checked (G from ", space.g0, " up to ",
                                 space.ceiling, ") but training does not change the global batch "
-                                "yet: this run keeps ", space.g0));
+                                "yet, so train and search refuse it"));
   }
   return p;
 }
