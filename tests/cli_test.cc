@@ -145,13 +145,21 @@ TEST(Cli, UnknownKeyWrongTypeNegativeBatch) {
                    "--set batch.global: must be >= 1, got -64");
 }
 
-TEST(Cli, AdaptiveBatchIsPlannedButNotYetTrained) {
-  // Note [goodput]: `plan` checks the range; `train` refuses rather than ignore the key.
+TEST(Cli, AdaptiveBatchIsPlannedAndTrained) {
+  // Note [goodput]: `plan` checks the range and says where the data caps it.
   const auto planned = run("plan " + kQuickstart + " --world 2 --set batch.adapt=goodput");
   EXPECT_EQ(planned.code, 0) << planned.out;
-  EXPECT_NE(planned.out.find("batch.adapt: goodput is checked"), std::string::npos) << planned.out;
-  expectCleanError(run(kQuickstart + " -q --set batch.adapt=goodput"),
-                   "batch.adapt: goodput: training does not change the global batch yet");
+  EXPECT_NE(planned.out.find("the global batch stays at or below 1438 / 8 = 179"), std::string::npos)
+      << planned.out;
+  // One rank, no accumulation: no noise scale, so G stays at G0 and the run ends
+  // at the plan's steps (tests/adaptive.sh has the multi-rank runs).
+  const auto out = std::filesystem::temp_directory_path() / "batchdist_cli_test" / "adapt";
+  const auto trained = run(kQuickstart + " --output " + out.string() +
+                           " --set batch.adapt=goodput --set train.epochs=2");
+  EXPECT_EQ(trained.code, 0) << trained.out;
+  EXPECT_NE(trained.out.find("done: 44 steps, 44.0 at G0 = 64 (batch.adapt)"), std::string::npos)
+      << trained.out;
+  EXPECT_EQ(trained.out.find("adapt: step"), std::string::npos) << trained.out;
 }
 
 TEST(Cli, MissingFiles) {

@@ -258,10 +258,14 @@ void finishRun(const RunRequest& req, const RankPlace& place, const RunSetup& s,
   for (const auto& f : info.diagnosis) console.line("diagnosis: " + f);
   if (result.noise.b_simple > 0) {
     console.line(strCat("gradient noise scale: B_simple ~ ", formatFixed(result.noise.b_simple, 0),
-                        " samples (smoothed), global batch ", s.plan.global));
+                        " samples (smoothed), global batch ", trainer.plan().global));
   }
   console.line(strCat(result.completed ? "done: " : "stopped early: ", result.steps,
                       " steps, ",
+                      result.progress >= 0
+                          ? strCat(formatFixed(result.progress, 1), " at G0 = ", s.plan.global,
+                                   " (batch.adapt), ")
+                          : std::string(),
                       s.data.val.size() > 0
                           ? strCat("eval accuracy ", formatFixed(100.0 * result.eval_accuracy, 2), " %, ")
                           : std::string("no validation set, "),
@@ -440,13 +444,6 @@ std::optional<CheckpointCheck> prepareResume(const RunRequest& req, RunSetup& s,
 RunSetup prepareRun(const RunRequest& req, const RankPlace& place) {
   RunSetup s;
   s.cfg = loadConfig(req.config_path, req.sets);
-  if (s.cfg.batch.adapt == BatchAdapt::kGoodput) {
-    // Note [goodput]: the decision is built and tested; the trainer does not apply it yet.
-    throw ConfigError(strCat(s.cfg.source, ": batch.adapt: goodput: training does not change the "
-                             "global batch yet; `batchdist plan ", req.config_path,
-                             " --world N` checks the range it would use. Set batch.adapt: off "
-                             "to train at batch.global"));
-  }
   if (place.rank == 0) {
     // Before anything long: a run whose results cannot be saved is not started.
     checkWritableDirectory(req.output, "the results (--output)");
@@ -588,6 +585,23 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
   if (console.enabled()) std::cout << planText(s.plan) << std::flush;
 
   Trainer trainer(s.cfg, comm, s.data, s.device, s.plan);
+  if (s.cfg.batch.adapt == BatchAdapt::kGoodput) {
+    // Note [adaptive training]: the search's samples/s per per-GPU batch (a
+    // resume on the same world size takes back its checkpoint's table instead).
+    auto space = adaptSpace(s.cfg, s.plan, s.has_bn);
+    if (searched) {
+      for (const auto* list : {&searched->candidates, &searched->adapt_range}) {
+        for (const auto& c : *list) {
+          if (!c.failed) space.throughput.push_back({c.per_gpu, c.global_sps});
+        }
+      }
+    }
+    trainer.setAdaptive(space);
+    console.line(strCat("adapt: batch.adapt: goodput: global batch from ", space.g0, " up to ",
+                        space.ceiling, ", re-decided every ", s.cfg.batch.adapt_every_steps,
+                        " steps and at epoch ends; the run ends at ", s.plan.total_steps,
+                        " G0-equivalent steps"));
+  }
   console.line(strCat("model: ", trainer.model().describe(), ", precision ",
                       toString(s.cfg.train.precision),
                       s.cfg.model.sync_batchnorm ? ", synchronised BatchNorm" : ""));

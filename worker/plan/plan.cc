@@ -209,9 +209,6 @@ Plan makePlan(const Config& cfg, int64_t world, int64_t n, bool has_bn, int64_t 
     // (ConfigError naming the nearest split when not.)
     const auto space = adaptSpace(cfg, p, has_bn);
     p.warnings.insert(p.warnings.end(), space.warnings.begin(), space.warnings.end());
-    p.warnings.push_back(strCat("batch.adapt: goodput is checked (G from ", space.g0, " up to ",
-                                space.ceiling, ") but training does not change the global batch "
-                                "yet, so train and search refuse it"));
   }
   return p;
 }
@@ -237,6 +234,29 @@ Plan withPerGpu(const Plan& plan, int64_t per_gpu) {
   Plan p = plan;
   p.per_gpu = per_gpu;
   p.accum = rank_batch / per_gpu;
+  return p;
+}
+
+Plan withGlobal(const Plan& plan, int64_t global, int64_t per_gpu, int64_t accum) {
+  if (per_gpu <= 0 || accum <= 0 || global != per_gpu * accum * plan.world_size ||
+      global > plan.dataset_size) {
+    throw Error(strCat("global batch ", global, " is not per-GPU batch ", per_gpu,
+                       " x accumulation ", accum, " x ", plan.world_size, " ranks within the ",
+                       plan.dataset_size, " training samples"));
+  }
+  Plan p = plan;
+  p.global = global;
+  p.per_gpu = per_gpu;
+  p.accum = accum;
+  const int64_t n = p.dataset_size;
+  p.samples_dropped = p.samples_padded = 0;
+  if (p.last_batch == LastBatch::kDrop) {
+    p.steps_per_epoch = n / global;
+    p.samples_dropped = n % global;
+  } else {
+    p.steps_per_epoch = n / global + (n % global != 0 ? 1 : 0);
+    if (p.last_batch == LastBatch::kPad) p.samples_padded = (global - n % global) % global;
+  }
   return p;
 }
 
@@ -369,10 +389,41 @@ std::vector<int64_t> seededPermutation(int64_t n, uint64_t seed, int64_t epoch) 
 
 Sharder::Sharder(const Plan& plan, uint64_t seed) : plan_(plan), seed_(seed) { setEpoch(0); }
 
-void Sharder::setEpoch(int64_t epoch) { perm_ = seededPermutation(plan_.dataset_size, seed_, epoch); }
+void Sharder::setEpoch(int64_t epoch) {
+  perm_ = seededPermutation(plan_.dataset_size, seed_, epoch);
+  cut_step_ = cut_begin_ = 0;
+}
+
+// Note [adaptive cut]: an adaptive run (Note [goodput] in worker/plan/adapt.h)
+// changes G at a step boundary, possibly mid-epoch. The epoch's permutation stays;
+// the rest of it, from the position the next step would have begun at, is cut
+// into steps of the new G. So the order of the samples is a function of (seed,
+// epoch, sample position) alone, whatever the history of G, every step still has
+// exactly G slots (Note [equal shards]), and the tail that drop leaves out (or pad
+// fills) is the one the last G leaves.
+void Sharder::setCut(int64_t first_step, int64_t begin) {
+  if (first_step < 0 || begin < 0 || begin > plan_.dataset_size) {
+    throw Error(strCat("sharder: cut at step ", first_step, ", sample ", begin, " of ",
+                       plan_.dataset_size));
+  }
+  cut_step_ = first_step;
+  cut_begin_ = begin;
+}
+
+Sharder Sharder::withPlan(const Plan& plan) const {
+  Sharder out = *this;
+  out.plan_ = plan;
+  return out;
+}
+
+int64_t Sharder::stepsInEpoch() const {
+  const int64_t rest = plan_.dataset_size - cut_begin_;
+  const int64_t g = std::max<int64_t>(1, plan_.global);
+  return cut_step_ + (plan_.last_batch == LastBatch::kDrop ? rest / g : (rest + g - 1) / g);
+}
 
 int64_t Sharder::realSamples(int64_t step) const {
-  const int64_t begin = step * plan_.global;
+  const int64_t begin = position(step);
   return std::max<int64_t>(0, std::min(plan_.global, plan_.dataset_size - begin));
 }
 
@@ -380,7 +431,7 @@ MicroBatch Sharder::micro(int64_t step, int64_t k, int64_t rank) const {
   const int64_t n = plan_.dataset_size;
   const int64_t m = plan_.per_gpu;
   const int64_t slot = rank * plan_.accum + k;
-  const int64_t step_begin = step * plan_.global;
+  const int64_t step_begin = position(step);
   MicroBatch mb;
   if (plan_.last_batch == LastBatch::kKeep && realSamples(step) < plan_.global) {
     // Short last batch split as evenly as possible over the W x a slots.

@@ -81,6 +81,12 @@ int64_t backedOffPerGpu(int64_t per_gpu, int64_t min_per_gpu);
 /// steps and the learning rate stay.
 Plan withPerGpu(const Plan& plan, int64_t per_gpu);
 
+/// `plan` at another global batch (Note [goodput] in worker/plan/adapt.h): G =
+/// per_gpu x accum x W, with the steps per epoch and the dropped or padded samples
+/// of that G; the learning-rate fields and the run's length stay (an adaptive run
+/// takes its lr and its end from the plan at G0). Error when the split is not one.
+Plan withGlobal(const Plan& plan, int64_t global, int64_t per_gpu, int64_t accum);
+
 /// The scaled peak learning rate for global batch G.
 double scaledLr(double base_lr, int64_t base_batch, int64_t global, LrScaling rule);
 
@@ -100,8 +106,26 @@ class Sharder {
  public:
   Sharder(const Plan& plan, uint64_t seed);
 
-  /// Builds the permutation of `epoch` (same on every rank).
+  /// Builds the permutation of `epoch` (same on every rank); the cut starts again at step 0.
   void setEpoch(int64_t epoch);
+  /// Note [adaptive cut]: steps from `first_step` of the epoch on begin at sample
+  /// position `begin` of its permutation and follow each other G apart. The
+  /// default cut (0, 0) is Note [equal shards]'s: step s begins at s x G.
+  void setCut(int64_t first_step, int64_t begin);
+  /// The same permutation and cut with another split of the same G, or (at the
+  /// cut's first step) another G.
+  Sharder withPlan(const Plan& plan) const;
+  int64_t cutFirstStep() const { return cut_step_; }
+  int64_t cutBegin() const { return cut_begin_; }
+  /// Sample position of step `step` (>= the cut's first step) in the permutation.
+  int64_t position(int64_t step) const { return cut_begin_ + (step - cut_step_) * plan_.global; }
+  /// Steps of the epoch under the current cut: drop leaves out a tail shorter
+  /// than G, pad fills the last step. plan.steps_per_epoch for the default cut.
+  int64_t stepsInEpoch() const;
+  /// The loader's index of step `step`'s first micro-batch (the transform seeds
+  /// follow it): step x accum under the default cut; a later cut counts on from
+  /// its begin position, past every index the epoch used before it.
+  int64_t jobIndex(int64_t step) const { return cut_begin_ + (step - cut_step_) * plan_.accum; }
   const std::vector<int64_t>& permutation() const { return perm_; }
 
   /// Micro-batch `k` (0 <= k < accum) of rank `rank` in step `step` of the current epoch.
@@ -115,6 +139,8 @@ class Sharder {
   Plan plan_;
   uint64_t seed_;
   std::vector<int64_t> perm_;
+  int64_t cut_step_ = 0;   ///< Note [adaptive cut]
+  int64_t cut_begin_ = 0;
 };
 
 /// The seeded permutation of 0..n-1 for (seed, epoch), identical everywhere.

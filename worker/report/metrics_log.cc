@@ -40,6 +40,7 @@ std::string metricsLine(const MetricPoint& m) {
                            {"per_gpu_batch", m.per_gpu},
                            {"accum", m.accum},
                            {"peak_memory_mb", m.peak_memory_mb}};
+  if (m.progress >= 0) j["progress"] = m.progress;  // batch.adapt: G0-equivalent steps
   if (m.epoch_end) {
     j["eval_loss"] = m.eval_loss;
     j["eval_accuracy"] = m.eval_accuracy;

@@ -115,6 +115,22 @@ nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const Trai
   o["history"] = historyJson(r);
   o["time_breakdown"] = timeJson(r.time);
   o["noise_scale"] = noiseJson(r.noise);
+  if (!r.batch_history.empty()) {
+    // batch.adapt: goodput (Note [adaptive training] in worker/train/trainer.h).
+    auto changes = nlohmann::ordered_json::array();
+    for (const auto& c : r.batch_history) {
+      changes.push_back({{"step", c.step},
+                         {"global_batch", c.global},
+                         {"per_gpu_batch", c.per_gpu},
+                         {"accum", c.accum},
+                         {"lr_gain", c.gain},
+                         {"noise_scale", positiveOrNull(c.noise_scale)},
+                         {"efficiency", c.efficiency},
+                         {"why", c.why}});
+    }
+    o["batch_history"] = changes;
+    o["progress"] = r.progress;
+  }
   o["diagnosis"] = info.diagnosis;
   if (cfg.data.decoded()) {
     const auto& d = r.data;

@@ -28,29 +28,59 @@ std::string xmlEscape(const std::string& s) {
   return out;
 }
 
+namespace {
+
+nlohmann::ordered_json candidateJson(const Candidate& c, bool chosen) {
+  return {{"per_gpu_batch", c.per_gpu},
+          {"accum_steps", c.accum},
+          {"global_batch", c.global},
+          {"failed", c.failed},
+          {"reason", c.reason},
+          {"samples_per_s", c.global_sps},
+          {"rank_samples_per_s_min", c.min_rank_sps},
+          {"rank_samples_per_s_max", c.max_rank_sps},
+          {"ci_low", c.sps_low},
+          {"ci_high", c.sps_high},
+          {"relative_to_best", c.relative},
+          {"round_samples_per_s", c.round_sps},
+          {"peak_memory_mb", c.peak_mb},
+          {"rank_peak_memory_mb", c.rank_peak_mb},
+          {"measurements", c.measurements},
+          {"timed_steps", c.timed_steps},
+          {"step_seconds", c.step_seconds},
+          {"chosen", chosen}};
+}
+
+Candidate candidateFromJson(const nlohmann::json& c) {
+  Candidate k;
+  k.per_gpu = c.at("per_gpu_batch").get<int64_t>();
+  k.accum = c.at("accum_steps").get<int64_t>();
+  k.global = c.at("global_batch").get<int64_t>();
+  k.failed = c.at("failed").get<bool>();
+  k.reason = c.at("reason").get<std::string>();
+  k.global_sps = c.at("samples_per_s").get<double>();
+  k.min_rank_sps = c.at("rank_samples_per_s_min").get<double>();
+  k.max_rank_sps = c.at("rank_samples_per_s_max").get<double>();
+  k.peak_mb = c.at("peak_memory_mb").get<double>();
+  k.measurements = c.value("measurements", int64_t{1});
+  k.sps_low = c.value("ci_low", 0.0);
+  k.sps_high = c.value("ci_high", 0.0);
+  k.relative = c.value("relative_to_best", 0.0);
+  k.round_sps = c.value("round_samples_per_s", std::vector<double>{});
+  k.timed_steps = c.value("timed_steps", int64_t{0});
+  k.step_seconds = c.value("step_seconds", std::vector<double>{});
+  k.rank_peak_mb = c.value("rank_peak_memory_mb", std::vector<double>{});
+  return k;
+}
+
+}  // namespace
+
 nlohmann::ordered_json searchJson(const SearchResult& r) {
   auto cands = nlohmann::ordered_json::array();
-  for (const auto& c : r.candidates) {
-    cands.push_back({{"per_gpu_batch", c.per_gpu},
-                     {"accum_steps", c.accum},
-                     {"global_batch", c.global},
-                     {"failed", c.failed},
-                     {"reason", c.reason},
-                     {"samples_per_s", c.global_sps},
-                     {"rank_samples_per_s_min", c.min_rank_sps},
-                     {"rank_samples_per_s_max", c.max_rank_sps},
-                     {"ci_low", c.sps_low},
-                     {"ci_high", c.sps_high},
-                     {"relative_to_best", c.relative},
-                     {"round_samples_per_s", c.round_sps},
-                     {"peak_memory_mb", c.peak_mb},
-                     {"rank_peak_memory_mb", c.rank_peak_mb},
-                     {"measurements", c.measurements},
-                     {"timed_steps", c.timed_steps},
-                     {"step_seconds", c.step_seconds},
-                     {"chosen", c.per_gpu == r.chosen}});
-  }
-  return {{"chosen", r.chosen},
+  for (const auto& c : r.candidates) cands.push_back(candidateJson(c, c.per_gpu == r.chosen));
+  auto range = nlohmann::ordered_json::array();
+  for (const auto& c : r.adapt_range) range.push_back(candidateJson(c, false));
+  nlohmann::ordered_json j{{"chosen", r.chosen},
           {"chosen_accum", r.chosen_accum},
           {"why", r.why},
           {"rule", r.rule},
@@ -64,6 +94,8 @@ nlohmann::ordered_json searchJson(const SearchResult& r) {
           {"timed_steps", r.timed_steps},
           {"seconds", r.seconds},
           {"candidates", cands}};
+  if (!range.empty()) j["adapt_range"] = range;
+  return j;
 }
 
 SearchResult searchFromJson(const nlohmann::json& j) {
@@ -80,26 +112,9 @@ SearchResult searchFromJson(const nlohmann::json& j) {
   r.memory_budget_mb = j.at("memory_budget_mb").get<double>();
   r.device = j.at("device").get<std::string>();
   r.world_size = j.at("world_size").get<int64_t>();
-  for (const auto& c : j.at("candidates")) {
-    Candidate k;
-    k.per_gpu = c.at("per_gpu_batch").get<int64_t>();
-    k.accum = c.at("accum_steps").get<int64_t>();
-    k.global = c.at("global_batch").get<int64_t>();
-    k.failed = c.at("failed").get<bool>();
-    k.reason = c.at("reason").get<std::string>();
-    k.global_sps = c.at("samples_per_s").get<double>();
-    k.min_rank_sps = c.at("rank_samples_per_s_min").get<double>();
-    k.max_rank_sps = c.at("rank_samples_per_s_max").get<double>();
-    k.peak_mb = c.at("peak_memory_mb").get<double>();
-    k.measurements = c.value("measurements", int64_t{1});
-    k.sps_low = c.value("ci_low", 0.0);
-    k.sps_high = c.value("ci_high", 0.0);
-    k.relative = c.value("relative_to_best", 0.0);
-    k.round_sps = c.value("round_samples_per_s", std::vector<double>{});
-    k.timed_steps = c.value("timed_steps", int64_t{0});
-    k.step_seconds = c.value("step_seconds", std::vector<double>{});
-    k.rank_peak_mb = c.value("rank_peak_memory_mb", std::vector<double>{});
-    r.candidates.push_back(std::move(k));
+  for (const auto& c : j.at("candidates")) r.candidates.push_back(candidateFromJson(c));
+  if (j.contains("adapt_range")) {
+    for (const auto& c : j.at("adapt_range")) r.adapt_range.push_back(candidateFromJson(c));
   }
   return r;
 }

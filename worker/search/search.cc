@@ -1,5 +1,7 @@
 #include "worker/search/search.h"
 
+#include "worker/plan/adapt.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -7,6 +9,7 @@
 #include "collective/error.h"
 #include "worker/common/console.h"
 #include "worker/common/util.h"
+#include "worker/plan/adapt.h"
 #include "worker/plan/plan.h"
 
 namespace batchdist::worker {
@@ -264,14 +267,15 @@ Candidate BatchSearch::agree(int64_t per_gpu, int64_t accum, const Measurement& 
 }
 
 const Candidate& BatchSearch::measureOne(SearchResult& r, const Space& sp, int64_t m,
-                                         Console* console) {
-  const int64_t a = sp.accumFor(m);
+                                         Console* console, bool adapt_range) {
+  const int64_t a = adapt_range ? 1 : sp.accumFor(m);
   // The first candidate also pays for a cold process (allocator, thread pools).
   const auto local = measurer_.measure(m, a, TimingRule::fromConfig(cfg_.search),
                                        r.candidates.empty() ? cfg_.search.warmup_steps + 2 : 0);
   r.timed_steps += local.timed_steps;
-  r.candidates.push_back(agree(m, a, local));
-  const auto& c = r.candidates.back();
+  auto& into = adapt_range ? r.adapt_range : r.candidates;
+  into.push_back(agree(m, a, local));
+  const auto& c = into.back();
   if (console) {
     console->line(strCat("  per-GPU ", m, " x accum ", a, ": ",
                          c.failed ? "FAILED " + c.reason
@@ -460,8 +464,51 @@ SearchResult BatchSearch::run(Console* console) {
   r.chosen = pick.per_gpu;
   r.chosen_accum = pick.accum;
   dataBound(r, pick);
+  if (cfg_.batch.adapt == BatchAdapt::kGoodput) adaptRangePhase(r, sp, console);
   r.seconds = monotonicSeconds() - t0;
   return r;
+}
+
+// Note [adapt range]: with batch.adapt: goodput the global batch may grow from G0
+// to the adaptive ceiling (Note [goodput] in worker/plan/adapt.h), and a larger G
+// is only worth it where a step of it is faster per sample. The walk above
+// measured the per-GPU batches that divide G0 / W; here the doubling goes on past
+// the largest that fitted, at accumulation 1, in multiples of search.multiple_of,
+// up to the ceiling / W (and search.max), until a size fails or two doublings in
+// a row gain less than the tolerance. The sizes are kept apart (adapt_range in
+// search.json): they are not choices for G0, only throughput figures for the
+// adaptive decision, which reaches a G between them by accumulation.
+void BatchSearch::adaptRangePhase(SearchResult& r, const Space& sp, Console* console) {
+  const int64_t W = comm_.size();
+  const int64_t g0 = cfg_.batch.global;
+  const int64_t adapt_max = cfg_.batch.adapt_max > 0 ? cfg_.batch.adapt_max : 16 * g0;
+  const int64_t ceiling = std::min(adapt_max, dataCeiling(train_size_, cfg_.batch.adapt_min_steps));
+  const int64_t hi = std::min(sp.hi, ceiling / W);
+  int64_t top = 0;
+  double best = 0;
+  for (const auto& c : r.candidates) {
+    if (c.failed || c.accum != 1) continue;
+    top = std::max(top, c.per_gpu);
+    best = std::max(best, c.global_sps);
+  }
+  if (top == 0) return;
+  const int64_t unit = std::max<int64_t>(1, sp.multiple_of);
+  if (console && 2 * top <= hi) {
+    console->line(strCat("batch search: batch.adapt: goodput: per-GPU batches above ", top,
+                         " up to ", hi, " (global ", hi * W, ") for the adaptive global batch"));
+  }
+  int flat = 0;
+  for (int64_t m = 2 * top; top < hi; m = std::min(2 * m, std::max(hi, m + 1))) {
+    // Doubling, and the ceiling itself last (rounded to multiple_of).
+    const int64_t size = std::min(m, hi) / unit * unit;
+    if (size <= top) break;
+    const auto& c = measureOne(r, sp, size, console, /*adapt_range=*/true);
+    if (c.failed) return;
+    flat = c.global_sps > best * (1.0 + cfg_.search.tolerance) ? 0 : flat + 1;
+    best = std::max(best, c.global_sps);
+    if (flat >= 2) return;
+    top = size;
+  }
 }
 
 // Note [data-bound search]: every candidate is timed on the real training step,

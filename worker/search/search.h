@@ -143,6 +143,9 @@ struct SearchResult {
   int64_t timed_steps = 0;  ///< timed steps per rank, warmups excluded
   double seconds = 0;
   std::vector<Candidate> candidates;
+  /// batch.adapt: goodput: per-GPU batches above G0 / W measured at accumulation 1
+  /// for the adaptive global batch (Note [adapt range]); not choices for G0.
+  std::vector<Candidate> adapt_range;
   std::string why;  ///< one sentence: why this candidate
   std::string rule; ///< the selection rule that decided, in words
   int64_t rounds = 0;  ///< interleaved rounds over the contenders
@@ -193,12 +196,17 @@ class BatchSearch {
   struct Space;
   Space space() const;
   Candidate agree(int64_t per_gpu, int64_t accum, const Measurement& m);
-  const Candidate& measureOne(SearchResult& r, const Space& sp, int64_t per_gpu, Console* console);
+  /// Measures `per_gpu` (at the space's accumulation, or 1 for the adapt range)
+  /// and appends it to r.candidates (or r.adapt_range).
+  const Candidate& measureOne(SearchResult& r, const Space& sp, int64_t per_gpu, Console* console,
+                              bool adapt_range = false);
   void doublingPhase(SearchResult& r, const Space& sp, Console* console, int64_t* last_ok,
                      int64_t* first_fail, double* best);
   void boundaryPhase(SearchResult& r, const Space& sp, Console* console, int64_t last_ok,
                      int64_t first_fail, double best);
   void interleavePhase(SearchResult& r, Console* console);
+  /// Note [adapt range]
+  void adaptRangePhase(SearchResult& r, const Space& sp, Console* console);
   void addMeasurement(Candidate& c, const Candidate& again) const;
   /// Note [data-bound search]: the loader's rate and, if the pick waited for data, why.
   void dataBound(SearchResult& r, const Candidate& pick);

@@ -390,6 +390,7 @@ int64_t Checkpointer::writeInto(const std::string& tmp, const TrainState& state,
       {"parameters", namesOf(state.model->namedParameters())},
       {"buffers", namesOf(state.model->namedBuffers())},
       {"rng", rng}};
+  if (!pos.adapt.is_null()) m["adapt"] = pos.adapt;
   if (state.scaler) {
     m["loss_scaler"] = {{"scale", state.scaler->scale()},
                         {"tracker", state.scaler->growthTracker()},
@@ -521,6 +522,7 @@ TrainPosition positionOf(const nlohmann::ordered_json& m) {
   p.samples = m["samples"].get<int64_t>();
   p.epoch_samples = m["epoch_samples"].get<int64_t>();
   p.epoch_loss_sum = m["epoch_loss_sum"].get<double>();
+  if (m.contains("adapt")) p.adapt = m["adapt"];
   for (const auto& h : m["history"]) {
     EpochStats e;
     e.epoch = h[0].get<int64_t>();
@@ -666,6 +668,10 @@ void checkResumable(const nlohmann::ordered_json& m, const Config& cfg, const st
   }
   if (cfg.resolved["batch"]["last_batch"] != then["batch"].value("last_batch", nlohmann::ordered_json())) {
     diff += strCat(diff.empty() ? "" : "; ", "batch.last_batch differs from the checkpoint's");
+  }
+  if (m.contains("adapt") && cfg.batch.adapt != BatchAdapt::kGoodput) {
+    diff += strCat(diff.empty() ? "" : "; ", "batch.adapt = ", toString(cfg.batch.adapt),
+                   " now, goodput in the checkpoint (its global batch and progress are adaptive)");
   }
   const int64_t g = m["plan"]["global"];
   if (cfg.batch.global > 0 && cfg.batch.global != g) {

@@ -63,6 +63,27 @@ class NoiseScaleEstimator {
   int64_t windowSteps() const { return window_steps_; }
   void resetWindow();
 
+  /// Everything the estimator holds, for checkpoints: a resumed run continues
+  /// the same averages (the adaptive batch decides from them).
+  struct State {
+    int64_t steps = 0;
+    double ema_g2 = 0, ema_tr = 0, weight = 0;
+    int64_t window_steps = 0;
+    double window_g2 = 0, window_tr = 0;
+  };
+  State state() const {
+    return {steps_, ema_g2_, ema_tr_, weight_, window_steps_, window_g2_, window_tr_};
+  }
+  void restore(const State& s) {
+    steps_ = s.steps;
+    ema_g2_ = s.ema_g2;
+    ema_tr_ = s.ema_tr;
+    weight_ = s.weight;
+    window_steps_ = s.window_steps;
+    window_g2_ = s.window_g2;
+    window_tr_ = s.window_tr;
+  }
+
  private:
   double decay_;
   int64_t steps_ = 0;

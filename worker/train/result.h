@@ -2,6 +2,8 @@
 // What a training run produced: the trainer fills it, the report writes it.
 // Pure data (no torch), so the report does not depend on the trainer.
 
+#include <nlohmann/json.hpp>
+
 #include "worker/data/pipeline.h"
 #include <cstdint>
 #include <string>
@@ -52,6 +54,20 @@ struct MetricPoint {
   int64_t per_gpu = 0;
   int64_t accum = 0;
   double peak_memory_mb = 0;  ///< rank 0's peak so far (CUDA allocator, or CPU resident set)
+  double progress = -1;     ///< batch.adapt: G0-equivalent steps done (< 0: not adaptive)
+};
+
+/// batch.adapt: goodput: the split and AdaScale gain in force from optimizer step
+/// `step` (0-based) on (Note [goodput] in worker/plan/adapt.h).
+struct BatchChange {
+  int64_t step = 0;
+  int64_t global = 0;
+  int64_t per_gpu = 0;
+  int64_t accum = 0;
+  double gain = 1;          ///< AdaScale gain r: one step is worth r steps at G0
+  double noise_scale = -1;  ///< the B_simple the decision used (< 0: unknown)
+  double efficiency = 1;    ///< (B + G0) / (B + G)
+  std::string why;          ///< the decision's line
 };
 
 /// The gradient noise scale over the run (Note [gradient noise scale] in
@@ -86,6 +102,9 @@ struct TrainPosition {
   int64_t epoch_samples = 0;    ///< real samples of the current epoch so far
   double epoch_loss_sum = 0;    ///< their weighted loss sum, all ranks
   std::vector<EpochStats> history;  ///< completed epochs
+  /// batch.adapt: goodput: the trainer's own record (Note [adaptive checkpoint]
+  /// in trainer.h); null otherwise.
+  nlohmann::ordered_json adapt;
 };
 
 /// One back-off after an out-of-memory (Note [oom back-off] in trainer.h).
@@ -145,6 +164,8 @@ struct TrainResult {
   std::string failure;       ///< why training stopped early without a signal (completed false)
   DataFigures data;
   PhaseSeconds phases;
+  std::vector<BatchChange> batch_history;  ///< batch.adapt: goodput: every split used, in order
+  double progress = -1;      ///< batch.adapt: G0-equivalent steps done (< 0: not adaptive)
 };
 
 }  // namespace batchdist::worker

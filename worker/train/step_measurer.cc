@@ -53,6 +53,7 @@ class TrainStepMeasurer : public Measurer {
     cfg.batch.global = 0;
     cfg.batch.global_auto = false;
     cfg.batch.accum = accum;
+    cfg.batch.adapt = BatchAdapt::kOff;  // a candidate's own plan: its G is not an adaptive start
     const auto plan = makePlan(cfg, comm_.size(), data_.train.size(), has_bn_, per_gpu);
     trainer_->setPlan(plan);
     Sharder sharder(plan, static_cast<uint64_t>(cfg.train.seed));

@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <thread>
 
 #include "collective/error.h"
 #include "worker/common/util.h"
@@ -136,6 +137,7 @@ Trainer::Trainer(const Config& cfg, collective::Communicator& comm, const DataSp
     scaler_ = std::make_unique<LossScaler>(cfg.train.loss_scale, cfg.train.scale_growth_interval);
   }
   oom_.faults = parseOomFaults(std::getenv("BATCHDIST_FAULT_OOM"), comm_.rank());
+  if (const char* v = std::getenv("BATCHDIST_FAULT_SLOW_UPDATE_US")) slow_update_us_ = std::atoll(v);
   oom_.recover_after = cfg.train.oom_recover_after_steps;
   if (!device_.is_cuda()) oom_.limit_mb = static_cast<double>(cfg.search.memory_limit_mb);
 }
@@ -384,7 +386,10 @@ void Trainer::applyUpdate(double lr) {
     return;  // skipped: the scale backed off
   }
   optimizer_->step(lr);
-  time_.compute += monotonicSeconds() - t0;
+  if (slow_update_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(slow_update_us_));
+  const double spent = monotonicSeconds() - t0;
+  time_.compute += spent;
+  update_s_ += spent;
 }
 
 EvalResult Trainer::evaluate() {
@@ -485,6 +490,9 @@ struct Trainer::EpochRun {
   bool checkpoint_due = false;  ///< at the epoch's last step: written after the evaluation
   double checkpoint_s = 0;  ///< spent writing checkpoints during the steps
   bool failed = false;      ///< out of memory with nothing left to back off to
+  int64_t next = 0;         ///< the next step to run (after the last one done)
+  int64_t cut_step = 0;     ///< Note [adaptive cut]: where the epoch's current cut begins
+  int64_t cut_begin = 0;
   // At the last metrics line (metrics.jsonl): its interval starts there.
   double logged_at = 0;
   double logged_loss = 0;
@@ -514,12 +522,17 @@ void Trainer::progress(Console& console, const EpochRun& e, int64_t step, int64_
     // The run's peak so far (each step resets the allocator's: Note [oom back-off]).
     extra += strCat("  mem ", formatFixed(std::max(run_peak_mb_, stepPeakMb()) / 1024, 1), " GiB");
   }
-  console.status(strCat("epoch ", e.epoch + 1, "/", plan_.epochs, " step ", step + 1, "/",
-                        plan_.steps_per_epoch, "  loss ",
+  // Adaptive: the steps left at the current gain (Note [adaptive training]).
+  const double left = adapt_.on ? (adapt_.plan0.total_steps - adapt_.progress) /
+                                      std::max(1.0, adapt_.segments.back().gain)
+                                : static_cast<double>(plan_.total_steps - global_step);
+  console.status(strCat(epochLabel(e.epoch), " step ", step + 1, "/",
+                        adapt_.on ? e.steps : plan_.steps_per_epoch,
+                        adapt_.on ? strCat("  G ", plan_.global) : std::string(), "  loss ",
                         formatFixed(e.loss_sum * comm_.size() / std::max<int64_t>(1, e.samples), 4),
-                        "  lr ", plan_.lrAt(global_step - 1), "  ", static_cast<int64_t>(rate),
+                        "  lr ", last_lr_, "  ", static_cast<int64_t>(rate),
                         " samples/s", extra, "  ETA ",
-                        formatDuration(per_step * (plan_.total_steps - global_step))),
+                        formatDuration(per_step * std::max(0.0, left))),
                  metricsDue(e, step));
 }
 
@@ -534,7 +547,7 @@ void Trainer::logMetrics(EpochRun& e, int64_t step, int64_t global_step, double 
   m.seconds = now - run_started;
   const int64_t samples = e.samples - e.logged_samples;
   m.train_loss = (e.loss_sum - e.logged_loss) * comm_.size() / std::max<int64_t>(1, samples);
-  m.lr = plan_.lrAt(global_step - 1);
+  m.lr = last_lr_;
   m.samples_per_s = samples / std::max(now - e.logged_at, 1e-9);
   m.time = e.time;
   m.time.data_wait -= e.logged_time.data_wait;
@@ -558,7 +571,7 @@ void Trainer::logEpochMetrics(const EpochRun& e, const EpochStats& h, int64_t gl
   m.epoch = h.epoch + 1;
   m.seconds = monotonicSeconds() - run_started;
   m.train_loss = h.train_loss;
-  m.lr = plan_.lrAt(global_step - 1);
+  m.lr = last_lr_;
   m.samples_per_s = h.samples_per_s;
   m.time = e.time;
   m.noise_scale = h.noise_scale;
@@ -572,6 +585,7 @@ void Trainer::addMetric(MetricPoint m, TrainResult& result) {
   m.per_gpu = plan_.per_gpu;
   m.accum = plan_.accum;
   m.peak_memory_mb = std::max(run_peak_mb_, stepPeakMb());
+  if (adapt_.on) m.progress = adapt_.progress;
   result.metrics.push_back(m);
   if (metric_sink_) metric_sink_(m);
 }
@@ -582,6 +596,8 @@ void Trainer::runSteps(EpochRun& e, Sharder& sharder, int64_t* global_step,
   for (int64_t s = e.first; s < e.steps && !e.stop; ++s) {
     e.stop = stop_requested && stop_requested();
     bool due = checkpointer_ && checkpointer_->dueByTime();  // rank 0's clock decides
+    maybeAdapt(e, sharder, s, *global_step, result);
+    if (s >= e.steps) break;  // a larger G left no full step in the rest of the epoch
     maybeRecover(e, sharder, s, *global_step, result);
     double loss = 0;
     const double step_started = monotonicSeconds();
@@ -594,7 +610,20 @@ void Trainer::runSteps(EpochRun& e, Sharder& sharder, int64_t* global_step,
     e.loss_sum += loss;
     e.samples += sharder.realSamples(s);
     ++*global_step;
-    e.time.add(takeTime());
+    e.next = s + 1;
+    const auto step_time = takeTime();
+    e.time.add(step_time);
+    if (adapt_.on) {
+      // Note [adaptive training]: the step counts r steps at G0.
+      adapt_.progress += adapt_.segments.back().gain;
+      adapt_.fixed_sum += step_time.comm + update_s_;
+      ++adapt_.fixed_steps;
+      if (adapt_.progress >= static_cast<double>(adapt_.plan0.total_steps) - 1e-9) {
+        adapt_.done = true;
+        e.steps = s + 1;  // the epoch ends here: evaluation, last metrics
+      }
+    }
+    update_s_ = 0;
     gpu.sample(*global_step);
     progress(console, e, s, *global_step, run_started);
     logMetrics(e, s, *global_step, run_started, result);
@@ -626,7 +655,8 @@ bool Trainer::runStep(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_s
     oom_.inject = it != faults.end();
     oom_.inject_forward = oom_.inject && it->second;
     if (oom_.inject) faults.erase(it);
-    if (tryStep(sharder.realSamples(s), plan_.lrAt(global_step), stop, due, loss)) {
+    last_lr_ = stepLr(global_step);
+    if (tryStep(sharder.realSamples(s), last_lr_, stop, due, loss)) {
       ++oom_.good_steps;
       return true;
     }
@@ -758,12 +788,12 @@ bool Trainer::backOff(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_s
 
 void Trainer::switchSplit(EpochRun& e, Sharder& sharder, int64_t s, int64_t per_gpu) {
   plan_ = withPerGpu(plan_, per_gpu);
-  sharder = Sharder(plan_, static_cast<uint64_t>(cfg_.train.seed));
-  sharder.setEpoch(e.epoch);
+  sharder = sharder.withPlan(plan_);  // same G: the same positions
   // The rest of the epoch, cut the new way; job indices as in an uninterrupted
   // epoch with this split.
-  loader_->start(jobs(sharder, s, e.steps - s), e.epoch, s * plan_.accum);
-  if (checkpointer_) checkpointer_->setPlan(plan_);
+  loader_->start(jobs(sharder, s, e.steps - s), e.epoch, sharder.jobIndex(s));
+  // Adaptive: the manifest's plan stays the plan at G0 (Note [adaptive checkpoint]).
+  if (checkpointer_ && !adapt_.on) checkpointer_->setPlan(plan_);
   oom_.good_steps = 0;
 }
 
@@ -849,6 +879,10 @@ void Trainer::checkpoint(const EpochRun& e, int64_t global_step, bool mid_epoch,
     pos.epoch_samples = e.samples;
     pos.epoch_loss_sum = comm_.allreduce(e.loss_sum, collective::ReduceOp::kSum);
   }
+  if (adapt_.on) {
+    pos.adapt = mid_epoch ? adaptRecord(e.epoch, e.next, e.cut_step, e.cut_begin)
+                          : adaptRecord(e.epoch + 1, 0, 0, 0);
+  }
   auto rec = checkpointer_->save(state(), pos, e.stop, console);
   result.checkpoint_s += rec.seconds;
   result.checkpoints.push_back(std::move(rec));
@@ -875,7 +909,7 @@ EpochStats Trainer::finishEpoch(const EpochRun& e, Console& console) {
   EpochStats st{e.epoch, train_loss, ev.loss, ev.accuracy, e.samples / std::max(train_secs, 1e-9),
                 monotonicSeconds() - e.started, noise_.windowBSimple()};
   noise_.resetWindow();
-  console.line(strCat("epoch ", e.epoch + 1, "/", plan_.epochs, "  train_loss ",
+  console.line(strCat(epochLabel(e.epoch), "  train_loss ",
                       formatFixed(train_loss, 4),
                       ev.samples > 0 ? strCat("  eval_loss ", formatFixed(ev.loss, 4), "  eval_acc ",
                                               formatFixed(100.0 * ev.accuracy, 2), " %  ")
@@ -918,6 +952,241 @@ PhaseSeconds Trainer::phaseSeconds(const TrainResult& result) const {
   return p;
 }
 
+// ---------------------------------------------------------------------------
+// Note [adaptive training]
+
+void Trainer::setAdaptive(const AdaptSpace& space) {
+  adapt_ = AdaptState{};
+  adapt_.on = true;
+  adapt_.plan0 = plan_;
+  adapt_.space = space;
+  adapt_.space.fixed_step_s = -1;  // measured until the first decision
+}
+
+std::string Trainer::epochLabel(int64_t epoch) const {
+  return adapt_.on ? strCat("epoch ", epoch + 1) : strCat("epoch ", epoch + 1, "/", plan_.epochs);
+}
+
+double Trainer::stepLr(int64_t global_step) const {
+  if (!adapt_.on) return plan_.lrAt(global_step);
+  return adaptLr(adapt_.plan0, cfg_.optim.name, adapt_.progress, plan_.global, adapt_.b_noise);
+}
+
+void Trainer::beginSegment(int64_t global_step, double b_noise, double efficiency,
+                           const std::string& why, TrainResult& result) {
+  const double gain = adascaleGain(static_cast<double>(plan_.global),
+                                   static_cast<double>(adapt_.plan0.global), b_noise);
+  if (!adapt_.segments.empty() && adapt_.segments.back().begin_step == global_step) {
+    adapt_.segments.back() = {global_step, plan_.global, gain};
+  } else {
+    adapt_.segments.push_back({global_step, plan_.global, gain});
+  }
+  adapt_.b_noise = b_noise;
+  BatchChange c;
+  c.step = global_step;
+  c.global = plan_.global;
+  c.per_gpu = plan_.per_gpu;
+  c.accum = plan_.accum;
+  c.gain = gain;
+  c.noise_scale = b_noise > 0 ? b_noise : -1;
+  c.efficiency = efficiency;
+  c.why = why;
+  adapt_.history.push_back(c);
+  result.batch_history = adapt_.history;
+}
+
+void Trainer::applySplit(EpochRun& e, Sharder& sharder, int64_t s, const AdaptSplit& to) {
+  const int64_t pos = sharder.position(s);
+  plan_ = withGlobal(plan_, to.global, to.per_gpu, to.accum);
+  sharder = sharder.withPlan(plan_);
+  sharder.setCut(s, pos);
+  e.steps = sharder.stepsInEpoch();
+  e.cut_step = s;
+  e.cut_begin = pos;
+  loader_->start(jobs(sharder, s, std::max<int64_t>(0, e.steps - s)), e.epoch, sharder.jobIndex(s));
+  oom_.good_steps = 0;
+}
+
+void Trainer::maybeAdapt(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_step,
+                         TrainResult& result) {
+  if (!adapt_.on) return;
+  const bool epoch_start = s == 0 && global_step > 0;
+  if (!epoch_start && global_step - adapt_.last_decision < cfg_.batch.adapt_every_steps) return;
+  adapt_.last_decision = global_step;
+  // The same figures on every rank: B from the allreduced norms (MAX only makes
+  // that certain), the slowest rank's fixed cost and step time.
+  const double fixed = adapt_.fixed_steps > 0 ? adapt_.fixed_sum / adapt_.fixed_steps : 0.0;
+  double step_s = 0;
+  if (!step_seconds_.empty()) {
+    for (double t : step_seconds_) step_s += t;
+    step_s /= static_cast<double>(step_seconds_.size());
+  }
+  const auto v = comm_.allreduce({noise_.bSimple(), fixed, step_s}, collective::ReduceOp::kMax);
+  const double b = v[0];
+  auto& space = adapt_.space;
+  if (space.fixed_step_s < 0) {
+    // Frozen from here on: later decisions rest on B alone (Note [adaptive training]).
+    space.fixed_step_s = v[1];
+    const bool have = std::any_of(space.throughput.begin(), space.throughput.end(),
+                                  [&](const ThroughputPoint& p) { return p.per_gpu == plan_.per_gpu; });
+    if (!have && v[2] > 0) {
+      // No search figure for the split in force (a fixed batch.per_gpu): its own
+      // steps, as if at accumulation 1 (the model's lower bound).
+      space.throughput.push_back({plan_.per_gpu, static_cast<double>(plan_.global) / v[2]});
+    }
+  }
+  AdaptSpace now = space;
+  if (!oom_.larger.empty()) {
+    // Not back to a per-GPU batch that ran out of memory (Note [oom back-off]).
+    const int64_t limit = *std::min_element(oom_.larger.begin(), oom_.larger.end());
+    auto& t = now.throughput;
+    t.erase(std::remove_if(t.begin(), t.end(),
+                           [&](const ThroughputPoint& p) { return p.per_gpu >= limit; }),
+            t.end());
+  }
+  const AdaptSplit current{plan_.global, plan_.per_gpu, plan_.accum};
+  const auto d = decideGlobalBatch(now, current, b);
+  const double g0 = static_cast<double>(adapt_.plan0.global);
+  if (d.change) {
+    applySplit(e, sharder, s, d.chosen);
+    const double eff = statisticalEfficiency(static_cast<double>(plan_.global), g0, b);
+    const double old_gain = adapt_.segments.back().gain;
+    beginSegment(global_step, b, eff, d.why, result);
+    if (console_) {
+      console_->line(strCat("adapt: step ", global_step + 1, ": ", d.why, "; efficiency ",
+                            formatFixed(eff, 3), ", lr gain ", formatFixed(old_gain, 3), " -> ",
+                            formatFixed(adapt_.segments.back().gain, 3)));
+    }
+    return;
+  }
+  // G stays; its AdaScale gain follows B (a new segment when it moved by 1 %).
+  const double gain = adascaleGain(static_cast<double>(plan_.global), g0, b);
+  if (std::abs(gain - adapt_.segments.back().gain) > 0.01 * adapt_.segments.back().gain) {
+    beginSegment(global_step, b, statisticalEfficiency(static_cast<double>(plan_.global), g0, b),
+                 d.why, result);
+  }
+}
+
+nlohmann::ordered_json Trainer::adaptRecord(int64_t epoch, int64_t next_step, int64_t cut_step,
+                                            int64_t cut_begin) const {
+  auto throughput = nlohmann::ordered_json::array();
+  for (const auto& p : adapt_.space.throughput) throughput.push_back({p.per_gpu, p.samples_per_s});
+  auto segments = nlohmann::ordered_json::array();
+  for (const auto& g : adapt_.segments) segments.push_back({g.begin_step, g.global, g.gain});
+  auto history = nlohmann::ordered_json::array();
+  for (const auto& c : adapt_.history) {
+    history.push_back({c.step, c.global, c.per_gpu, c.accum, c.gain, c.noise_scale, c.efficiency, c.why});
+  }
+  const auto n = noise_.state();
+  return {{"world_size", comm_.size()},
+          {"global", plan_.global},
+          {"per_gpu", plan_.per_gpu},
+          {"accum", plan_.accum},
+          {"epoch", epoch},
+          {"step_in_epoch", next_step},
+          {"cut_step", cut_step},
+          {"cut_begin", cut_begin},
+          {"progress", adapt_.progress},
+          {"b_noise", adapt_.b_noise},
+          {"last_decision", adapt_.last_decision},
+          {"fixed_step_s", adapt_.space.fixed_step_s},
+          {"fixed_per_gpu", adapt_.space.fixed_per_gpu},
+          {"multiple_of", adapt_.space.multiple_of},
+          {"throughput", throughput},
+          {"segments", segments},
+          {"history", history},
+          {"noise", {n.steps, n.ema_g2, n.ema_tr, n.weight, n.window_steps, n.window_g2, n.window_tr}},
+          {"noise_ticks", noise_ticks_}};
+}
+
+void Trainer::restoreAdaptive(const nlohmann::ordered_json& rec, TrainResult& result) {
+  auto& a = adapt_;
+  const int64_t step = resume_.global_step;
+  if (rec.is_null()) {
+    // A fresh run, or a checkpoint of a run at G0 only: its steps were all at G0.
+    a.progress = static_cast<double>(step);
+    a.last_decision = step;
+    const int64_t spe = std::max<int64_t>(1, plan_.steps_per_epoch);
+    a.resume_epoch = step / spe;
+    a.resume_step = a.resume_cut_step = step % spe;
+    a.resume_cut_begin = a.resume_step * plan_.global;
+    beginSegment(0, -1, 1.0, "start at G0", result);
+    return;
+  }
+  try {
+    a.progress = rec.at("progress").get<double>();
+    a.last_decision = rec.at("last_decision").get<int64_t>();
+    a.resume_epoch = rec.at("epoch").get<int64_t>();
+    a.resume_step = rec.at("step_in_epoch").get<int64_t>();
+    a.resume_cut_step = rec.at("cut_step").get<int64_t>();
+    a.resume_cut_begin = rec.at("cut_begin").get<int64_t>();
+    for (const auto& g : rec.at("segments")) {
+      a.segments.push_back({g.at(0).get<int64_t>(), g.at(1).get<int64_t>(), g.at(2).get<double>()});
+    }
+    const auto& n = rec.at("noise");
+    noise_.restore({n.at(0).get<int64_t>(), n.at(1).get<double>(), n.at(2).get<double>(),
+                    n.at(3).get<double>(), n.at(4).get<int64_t>(), n.at(5).get<double>(),
+                    n.at(6).get<double>()});
+    noise_ticks_ = rec.at("noise_ticks").get<int64_t>();
+    a.b_noise = rec.at("b_noise").get<double>();
+    const int64_t g = rec.at("global").get<int64_t>();
+    if (rec.at("world_size").get<int64_t>() == comm_.size()) {
+      // The same world: the same split and figures, so the run continues bitwise.
+      a.space.fixed_step_s = rec.at("fixed_step_s").get<double>();
+      a.space.fixed_per_gpu = rec.at("fixed_per_gpu").get<int64_t>();
+      a.space.multiple_of = rec.at("multiple_of").get<int64_t>();
+      a.space.throughput.clear();
+      for (const auto& p : rec.at("throughput")) {
+        a.space.throughput.push_back({p.at(0).get<int64_t>(), p.at(1).get<double>()});
+      }
+      plan_ = withGlobal(plan_, g, rec.at("per_gpu").get<int64_t>(), rec.at("accum").get<int64_t>());
+    } else {
+      // Another world: G kept where it splits over it with this search's sizes,
+      // else the best candidate now; the rest of the epoch is cut anew.
+      const int64_t pos = a.resume_cut_begin + (a.resume_step - a.resume_cut_step) * g;
+      const auto candidates = adaptCandidates(a.space, a.b_noise);
+      const AdaptCandidate* pick = nullptr;
+      for (const auto& c : candidates) {
+        if (c.split.global == g) pick = &c;
+      }
+      for (const auto& c : candidates) {
+        if (pick == nullptr || (pick->split.global != g && c.goodput > pick->goodput)) pick = &c;
+      }
+      if (pick) plan_ = withGlobal(plan_, pick->split.global, pick->split.per_gpu, pick->split.accum);
+      a.resume_cut_step = a.resume_step;
+      a.resume_cut_begin = pos;
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(strCat("checkpoint: the adaptive batch record is damaged: ", e.what()));
+  }
+  if (a.segments.empty() || a.segments.front().begin_step != 0) {
+    throw Error("checkpoint: the adaptive batch record has no history from step 0");
+  }
+  try {
+    for (const auto& h : rec.at("history")) {
+      a.history.push_back({h.at(0).get<int64_t>(), h.at(1).get<int64_t>(), h.at(2).get<int64_t>(),
+                           h.at(3).get<int64_t>(), h.at(4).get<double>(), h.at(5).get<double>(),
+                           h.at(6).get<double>(), h.at(7).get<std::string>()});
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(strCat("checkpoint: the adaptive batch record is damaged: ", e.what()));
+  }
+  result.batch_history = a.history;
+  if (plan_.global != a.segments.back().global) {
+    if (console_) {
+      console_->line(strCat("adapt: resumed on ", comm_.size(), " ranks: global batch ",
+                            a.segments.back().global, " does not split over them with the "
+                            "measured per-GPU batches; ", plan_.global, " (", plan_.per_gpu, " x ",
+                            plan_.accum, " x ", comm_.size(), ") from step ", step + 1));
+    }
+    beginSegment(step, a.b_noise,
+                 statisticalEfficiency(static_cast<double>(plan_.global),
+                                       static_cast<double>(a.plan0.global), a.b_noise),
+                 strCat("resumed on ", comm_.size(), " ranks"), result);
+  }
+  a.done = a.progress >= static_cast<double>(a.plan0.total_steps) - 1e-9;
+}
+
 TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_requested) {
   TrainResult result;
   console_ = &console;
@@ -936,22 +1205,42 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
   result.samples = resume_.samples;
   const int64_t spe = std::max<int64_t>(1, plan_.steps_per_epoch);
   double train_time = 0;
-  for (int64_t epoch = global_step / spe; epoch < plan_.epochs && global_step < plan_.total_steps;
-       ++epoch) {
+  int64_t epoch = global_step / spe;
+  if (adapt_.on) {
+    restoreAdaptive(resume_.adapt, result);
+    epoch = adapt_.resume_epoch;
+  }
+  // Adaptive: until the G0-equivalent progress reaches the plan's end (Note
+  // [adaptive training]); else the plan's epochs and steps.
+  const auto finished = [&] {
+    return adapt_.on ? adapt_.done : !(epoch < plan_.epochs && global_step < plan_.total_steps);
+  };
+  for (; !finished(); ++epoch) {
     EpochRun e;
     e.epoch = epoch;
-    e.first = global_step - epoch * spe;
-    e.steps = std::min(plan_.steps_per_epoch, plan_.total_steps - epoch * spe);
+    sharder = Sharder(plan_, static_cast<uint64_t>(cfg_.train.seed));  // the split may have changed
+    sharder.setEpoch(epoch);
+    if (adapt_.on) {
+      if (epoch == adapt_.resume_epoch) {
+        sharder.setCut(adapt_.resume_cut_step, adapt_.resume_cut_begin);
+        e.first = adapt_.resume_step;
+      }
+      e.steps = sharder.stepsInEpoch();
+    } else {
+      e.first = global_step - epoch * spe;
+      e.steps = std::min(plan_.steps_per_epoch, plan_.total_steps - epoch * spe);
+    }
+    e.cut_step = sharder.cutFirstStep();
+    e.cut_begin = sharder.cutBegin();
+    e.next = e.first;
     if (e.first > 0) {
       e.samples = resume_.epoch_samples;
       if (comm_.rank() == 0) e.loss_sum = resume_.epoch_loss_sum;
       e.logged_loss = e.loss_sum;  // metrics.jsonl: intervals start at the resume
       e.logged_samples = e.samples;
     }
-    sharder = Sharder(plan_, static_cast<uint64_t>(cfg_.train.seed));  // the split may have changed
-    sharder.setEpoch(epoch);
     // Job indices as in an uninterrupted epoch: the loader's transform seeds follow them.
-    loader_->start(jobs(sharder, e.first, e.steps - e.first), epoch, e.first * plan_.accum);
+    loader_->start(jobs(sharder, e.first, e.steps - e.first), epoch, sharder.jobIndex(e.first));
     e.started = monotonicSeconds();
     runSteps(e, sharder, &global_step, stop_requested, console, t0, gpu, result);
     train_time += monotonicSeconds() - e.started - e.checkpoint_s;
@@ -966,17 +1255,22 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
     result.history.push_back(finishEpoch(e, console));
     logEpochMetrics(e, result.history.back(), global_step, t0, result);
     result.samples += e.samples;
-    if (e.checkpoint_due && (e.stop || global_step < plan_.total_steps)) {
+    if (e.checkpoint_due && (e.stop || !finished())) {
       checkpoint(e, global_step, /*mid_epoch=*/false, console, result);
     }
     if (e.stop) {
       result.completed = false;
-      console.line(strCat("stop requested: every rank stopped after step ", global_step, " of ",
-                          plan_.total_steps, " (epoch ", epoch + 1, ")"));
+      console.line(strCat("stop requested: every rank stopped after step ", global_step,
+                          adapt_.on ? strCat(" (G0-equivalent progress ",
+                                             formatFixed(adapt_.progress, 1), " of ",
+                                             adapt_.plan0.total_steps, ")")
+                                    : strCat(" of ", plan_.total_steps),
+                          " (epoch ", epoch + 1, ")"));
       break;
     }
   }
   result.steps = global_step;
+  if (adapt_.on) result.progress = adapt_.progress;
   result.epochs = static_cast<int64_t>(result.history.size());
   result.wall_s = monotonicSeconds() - t0;
   result.phases = phaseSeconds(result);

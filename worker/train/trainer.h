@@ -61,6 +61,7 @@
 #include "worker/data/data.h"
 #include "worker/data/loader.h"
 #include "worker/model/model.h"
+#include "worker/plan/adapt.h"
 #include "worker/plan/plan.h"
 #include "worker/model/optimizer.h"
 #include "worker/model/precision.h"
@@ -69,6 +70,44 @@
 #include "worker/train/result.h"
 
 namespace batchdist::worker {
+
+// Note [adaptive training]: batch.adapt: goodput in the training loop (the
+// decision itself is Note [goodput] in worker/plan/adapt.h).
+//  - The trainer keeps the plan at G0 (plan0: the lr schedule and the run's
+//    length) apart from the split in force (plan_). Every batch.adapt_every_steps
+//    steps and at the first step of every epoch after the first, all ranks meet
+//    in one small allreduce (MAX of the smoothed B_simple and of the per-step
+//    fixed cost) and call decideGlobalBatch() with the same figures, so they
+//    reach the same split without a further exchange. The throughput table is
+//    the batch search's (identical on every rank: agreed in the search, or read
+//    from the checkpoint): the sizes dividing G0 / W, measured at their
+//    accumulation G0 / (m W) and taken as the rate at accumulation 1 (slightly
+//    optimistic for the smaller ones), and Note [adapt range]'s larger ones at
+//    accumulation 1; with a fixed batch.per_gpu, the run's own steps up to the
+//    first decision. The fixed cost c (exposed allreduce + optimizer
+//    update per step, the slowest rank's mean) is measured until the first
+//    decision and then frozen: later decisions depend on B alone, which every
+//    rank computes from the same allreduced norms, so a resumed run decides as
+//    the uninterrupted one would.
+//  - A new G takes effect at the next step: the rest of the epoch is cut again
+//    from the position that step would have begun at (Note [adaptive cut] in
+//    worker/plan/plan.h), the loader restarted with the new jobs. An
+//    out-of-memory back-off (Note [oom back-off]) halves m under the current G,
+//    and a later decision starts from the split it left.
+//  - The AdaScale gain r of each segment is fixed at its decision (a new segment
+//    also when G stays but r moved); the progress, in G0-equivalent steps, grows
+//    by r per step; the lr is adaptLr(plan0, progress, G, B) and training ends
+//    when the progress reaches plan0.total_steps, so the schedule ends where the
+//    plan at G0 put it and an epoch is one pass over the data at whatever G.
+//  - Note [adaptive checkpoint]: the manifest's `plan` stays plan0 (so resume's
+//    checks and its planning at G0 hold); `adapt` records the split in force,
+//    the epoch and its cut, the progress, the history, the throughput table, c
+//    and the noise estimator (with the count of steps started, so the noise
+//    cadence resumes in phase). On the same world size the split and figures are
+//    taken back and the run continues bitwise; on another, G is kept if it
+//    splits over the new world with the new search's sizes, else decided anew.
+//  - One line on rank 0 per change; report.json's batch_history; metrics.jsonl
+//    lines carry `progress`.
 
 class Console;
 class Checkpointer;
@@ -158,6 +197,11 @@ class Trainer {
   void setMetricSink(std::function<void(const MetricPoint&)> sink) { metric_sink_ = std::move(sink); }
   /// Makes train() continue from `pos` (state restored with restoreState first).
   void resumeAt(const TrainPosition& pos) { resume_ = pos; }
+  /// batch.adapt: goodput (Note [adaptive training]): `space` from adaptSpace()
+  /// with the search's throughput table. Call before train() and resumeAt's train.
+  void setAdaptive(const AdaptSpace& space);
+  /// The adaptive run's throughput table in force (for a checkpoint's resume).
+  bool adaptive() const { return adapt_.on; }
   /// The model, optimizer and loss scaler, for checkpoints.
   TrainState state();
 
@@ -242,6 +286,24 @@ class Trainer {
   void logEpochMetrics(const EpochRun& e, const EpochStats& h, int64_t global_step,
                        double run_started, TrainResult& result);
   void recordNoise();
+  /// Note [adaptive training]: before step `s`, every rank's same decision.
+  void maybeAdapt(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_step,
+                  TrainResult& result);
+  /// Applies split `to` from step `s` (the rest of the epoch cut anew).
+  void applySplit(EpochRun& e, Sharder& sharder, int64_t s, const AdaptSplit& to);
+  /// Starts a history segment at `global_step` with the split in force.
+  void beginSegment(int64_t global_step, double b_noise, double efficiency,
+                    const std::string& why, TrainResult& result);
+  /// The learning rate of the next step (adaptive: AdaScale on the progress).
+  double stepLr(int64_t global_step) const;
+  /// Note [adaptive checkpoint]: the record for a resume at step `next_step` of
+  /// epoch `epoch` whose cut begins at (cut_step, cut_begin).
+  nlohmann::ordered_json adaptRecord(int64_t epoch, int64_t next_step, int64_t cut_step,
+                                     int64_t cut_begin) const;
+  /// The epoch's label on the console: "epoch 3/20", or "epoch 3" when adaptive.
+  std::string epochLabel(int64_t epoch) const;
+  /// Takes back a checkpoint's adaptive record (or starts the history at G0).
+  void restoreAdaptive(const nlohmann::ordered_json& rec, TrainResult& result);
   PhaseSeconds phaseSeconds(const TrainResult& result) const;
   void trackMicroBatch(int64_t k);
   NoiseScaleResult noiseResult() const;
@@ -268,6 +330,28 @@ class Trainer {
   TimeBreakdown time_;
   Checkpointer* checkpointer_ = nullptr;
   TrainPosition resume_;
+  /// Note [adaptive training]
+  struct AdaptState {
+    bool on = false;
+    Plan plan0;                       ///< the plan at G0
+    AdaptSpace space;                 ///< fixed_step_s < 0 until frozen
+    std::vector<AdaptSegment> segments;
+    std::vector<BatchChange> history;  ///< report.json's batch_history
+    double b_noise = -1;              ///< the current segment's B (its gain's)
+    double progress = 0;              ///< G0-equivalent steps done
+    int64_t last_decision = 0;        ///< global step of the last decision
+    double fixed_sum = 0;             ///< this rank: comm + update seconds of good steps
+    int64_t fixed_steps = 0;
+    bool done = false;                ///< progress reached plan0.total_steps
+    // Resume: where the epoch stands (Note [adaptive checkpoint]).
+    int64_t resume_epoch = -1, resume_step = 0, resume_cut_step = 0, resume_cut_begin = 0;
+  };
+  AdaptState adapt_;
+  double update_s_ = 0;  ///< optimizer update seconds (this rank), for the fixed cost
+  double last_lr_ = 0;   ///< the lr of the last step run
+  /// Fault injection for the tests: BATCHDIST_FAULT_SLOW_UPDATE_US=N makes this
+  /// rank's optimizer update N us slower (a rank with its own timings).
+  int64_t slow_update_us_ = 0;
   OomState oom_;
   Console* console_ = nullptr;  ///< during train(): for the back-off lines
   std::function<void(const MetricPoint&)> metric_sink_;

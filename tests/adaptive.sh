@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# The adaptive global batch with real ranks (Note [adaptive training] in
+# worker/train/trainer.h): the quickstart with batch.adapt: goodput.
+#
+# usage: adaptive.sh MPIRUN "MPI FLAGS" BATCHDIST MODEL_DIFF CONFIG OUTDIR SCENARIO
+#   ranks   3 ranks, rank 0's optimizer update 2 ms slower (BATCHDIST_FAULT_SLOW_UPDATE_US:
+#           its steps and its fixed cost differ from the others'): G grows; every split in batch_history is m x a x 3 within
+#           [G0, N / adapt_min_steps]; one console line per change; metrics.jsonl's
+#           progress rises to the plan's end; parameters agree (train.check_finite)
+#   resume  2 ranks; a run's checkpoint after its first change, resumed on the same
+#           world: the same final model bit for bit, the same history, steps, progress
+#   world   the same checkpoint resumed on 3 ranks (G0 = 48): the split is planned
+#           for 3 ranks, the history before the resume kept, the run ends at the
+#           same G0-equivalent budget
+#   oom     an out-of-memory after the change halves m under the adaptive G; no later
+#           decision goes back to the per-GPU batch that failed
+set -u
+mpirun=$1 flags=$2 bin=$3 diff=$4 cfg=$5 out=$6 scenario=$7
+rm -rf "$out"; mkdir -p "$out"
+fail() { echo "FAIL: $*"; exit 1; }
+
+# run NAME NP ARGS...: one batchdist run into $out/NAME (log in $out/NAME.log); sets rc.
+run() {
+  local name=$1 np=$2; shift 2
+  # shellcheck disable=SC2086
+  "$mpirun" $flags -np "$np" "$bin" "$cfg" --output "$out/$name" "$@" >"$out/$name.log" 2>&1
+  rc=$?
+  grep -aE '^(adapt|resume|done|oom)' "$out/$name.log" | head -n 12
+}
+
+# check NAME WORLD G0 [FROM_STEP]: report.json and metrics.jsonl of an adaptive run.
+check() {
+  python3 - "$out/$1" "$2" "$3" "${4:-0}" <<'EOF' || fail "$1: see above"
+import json, sys
+d, world, g0, from_step = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+r = json.load(open(d + "/report.json"))
+def need(ok, what):
+    if not ok:
+        print("FAIL:", what); sys.exit(1)
+need(r["completed"], "run not completed")
+h = r["batch_history"]
+total = r["plan"]["total_steps"]
+ceiling = 1438 // 8
+need(h[0]["step"] == 0 and h[0]["global_batch"] == g0, f"history does not start at G0 {g0}: {h[0]}")
+for c in h:
+    if c["step"] < from_step:
+        continue
+    g, m, a = c["global_batch"], c["per_gpu_batch"], c["accum"]
+    need(g == m * a * world, f"{c}: not m x a x {world}")
+    need(g0 <= g <= ceiling, f"{c}: outside [{g0}, {ceiling}]")
+need(any(c["global_batch"] > g0 for c in h), "G never grew")
+steps = [c["step"] for c in h]
+need(steps == sorted(steps), f"history not in step order: {steps}")
+p = r["progress"]
+gain = h[-1]["lr_gain"]
+need(total <= p < total + gain + 1e-9, f"progress {p} does not end at the budget {total}")
+need(r["eval_accuracy"] > 0.9, f"eval accuracy {r['eval_accuracy']}")
+lines = [json.loads(l) for l in open(d + "/metrics.jsonl")]
+prog = [l["progress"] for l in lines]
+need(all(b >= a for a, b in zip(prog, prog[1:])), "metrics.jsonl progress goes back")
+need(abs(prog[-1] - p) < 1e-6, f"last metrics progress {prog[-1]} != report {p}")
+seen = {l["global_batch"] for l in lines}
+need(seen <= {c["global_batch"] for c in h}, f"metrics G {seen} not in the history")
+changes = sum(1 for c in h if "->" in c["why"])
+print(f"{d.split('/')[-1]}: {len(h)} history entries, {changes} changes, G {sorted(seen)}, "
+      f"{r['steps']} steps, progress {p:.1f} of {total}, accuracy {100 * r['eval_accuracy']:.2f} %")
+open(d + "/changes", "w").write(str(changes))
+EOF
+}
+
+adapt=(--set batch.adapt=goodput --set batch.per_gpu=auto --set train.progress=off
+       --set search.cache="" )
+
+case "$scenario" in
+  ranks)
+    # MPMD: rank 0 slower in every update.
+    # shellcheck disable=SC2086
+    "$mpirun" $flags -np 1 -x BATCHDIST_FAULT_SLOW_UPDATE_US=2000 "$bin" "$cfg" --output "$out/ranks" "${adapt[@]}" \
+      --set batch.global=48 --set train.check_finite=true : \
+      -np 2 "$bin" "$cfg" --output "$out/ranks" "${adapt[@]}" --set batch.global=48 \
+      --set train.check_finite=true >"$out/ranks.log" 2>&1
+    rc=$?
+    grep -aE '^(adapt|done)' "$out/ranks.log" | head -n 12
+    [ "$rc" = 0 ] || { tail -n 20 "$out/ranks.log"; fail "exit $rc"; }
+    check ranks 3 48
+    lines=$(grep -c '^adapt: step' "$out/ranks.log")
+    [ "$lines" = "$(cat "$out/ranks/changes")" ] ||
+      fail "$lines 'adapt: step' lines for $(cat "$out/ranks/changes") changes (rank 0 alone prints)"
+    ;;
+  resume | world)
+    base=("${adapt[@]}" --set batch.global=48 --set model.dropout=0.1
+          --set checkpoint.every_steps=10 --set checkpoint.keep=100)
+    run full 2 "${base[@]}"; [ "$rc" = 0 ] || fail "uninterrupted run: exit $rc"
+    check full 2 48
+    # The first checkpoint after the first change of G.
+    first=$(python3 -c "import json,sys; h=json.load(open(sys.argv[1]))['batch_history']; \
+print(next(c['step'] for c in h if '->' in c['why']))" "$out/full/report.json")
+    at=$(( (first / 10 + 1) * 10 ))
+    ckpt=$(printf "%s/full/checkpoints/step-%08d" "$out" "$at")
+    [ -d "$ckpt" ] || fail "no checkpoint at step $at (first change at step $first)"
+    echo "first change at step $first; resuming from $ckpt"
+    if [ "$scenario" = resume ]; then
+      run resumed 2 "${base[@]}" --resume "$ckpt"
+      [ "$rc" = 0 ] || fail "resumed run: exit $rc"
+      grep -q "resume: continuing from $ckpt" "$out/resumed.log" || fail "did not resume from $ckpt"
+      check resumed 2 48
+      python3 - "$out/full/report.json" "$out/resumed/report.json" <<'EOF' || fail "reports differ"
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+for k in ("steps", "samples", "progress", "eval_accuracy", "eval_loss", "train_loss"):
+    if a[k] != b[k]:
+        print(f"FAIL: {k}: {a[k]} uninterrupted, {b[k]} resumed"); sys.exit(1)
+strip = lambda h: [{k: v for k, v in c.items() if k != "why"} for c in h]
+if strip(a["batch_history"]) != strip(b["batch_history"]):
+    print("FAIL: batch_history differs:", a["batch_history"], b["batch_history"]); sys.exit(1)
+print(f"resumed == uninterrupted: steps {a['steps']}, progress {a['progress']}, "
+      f"{len(a['batch_history'])} history entries")
+EOF
+      "$diff" "$out/full/model.pt" "$out/resumed/model.pt" 0 || fail "model.pt differs after the resume"
+    else
+      run other 3 "${base[@]}" --resume "$ckpt"
+      [ "$rc" = 0 ] || fail "resumed run on 3 ranks: exit $rc"
+      check other 3 48 "$at"
+      python3 - "$out/full/report.json" "$out/other/report.json" "$at" <<'EOF' || fail "history lost"
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+at = int(sys.argv[3])
+before = lambda r: [(c["step"], c["global_batch"], c["per_gpu_batch"], c["accum"])
+                    for c in r["batch_history"] if c["step"] < at]
+if before(a) != before(b):
+    print("FAIL: history before the resume:", before(a), before(b)); sys.exit(1)
+print(f"2 -> 3 ranks at step {at}: history before it kept ({len(before(a))} entries)")
+EOF
+    fi
+    ;;
+  oom)
+    # Rank 1 runs out of memory at step 40 (after the first decision at the start of
+    # epoch 2, step 30): m halves, G stays; no later decision returns to that m.
+    flags="$flags -x BATCHDIST_FAULT_OOM=1:40" run oom 2 "${adapt[@]}" --set batch.global=48
+    [ "$rc" = 0 ] || { tail -n 20 "$out/oom.log"; fail "exit $rc"; }
+    check oom 2 48
+    python3 - "$out/oom/report.json" <<'EOF' || fail "back-off"
+import json, sys
+r = json.load(open(sys.argv[1]))
+b = r["oom_backoffs"]
+if len(b) != 1 or b[0]["step"] != 40:
+    print("FAIL: back-offs:", b); sys.exit(1)
+b = b[0]
+g_before = b["from_per_gpu"] * b["from_accum"] * 2
+if b["to_per_gpu"] * b["to_accum"] * 2 != g_before or b["to_per_gpu"] * 2 != b["from_per_gpu"]:
+    print("FAIL: the back-off did not halve m under G", g_before, b); sys.exit(1)
+later = [c for c in r["batch_history"] if c["step"] >= 40 and c["per_gpu_batch"] >= b["from_per_gpu"]]
+if later:
+    print("FAIL: went back to per-GPU batch", b["from_per_gpu"], later); sys.exit(1)
+print(f"back-off at step 40: {b['from_per_gpu']} x {b['from_accum']} -> {b['to_per_gpu']} x "
+      f"{b['to_accum']} under G {g_before}")
+EOF
+    ;;
+  *) fail "unknown scenario $scenario" ;;
+esac
+echo "PASS $scenario"
