@@ -304,6 +304,8 @@ TEST(ReportHtml, AdaptiveHistoryTable) {
             {"lr_gain", 1.0}, {"noise_scale", -1}},
        Json{{"step", 4}, {"global_batch", 128}, {"per_gpu_batch", 32}, {"accum", 2},
             {"lr_gain", 1.6}, {"noise_scale", 150.4}},
+       Json{{"step", 6}, {"global_batch", 128}, {"per_gpu_batch", 32}, {"accum", 2},
+            {"lr_gain", 1.7}, {"noise_scale", 180}},  // a re-decision that kept the split
        Json{{"step", 8}, {"global_batch", 256}, {"per_gpu_batch", 64}, {"accum", 2},
             {"lr_gain", 2.125}, {"noise_scale", 300}}});
   const auto page = reportHtml(report, Json(), r.metrics);
@@ -317,7 +319,9 @@ TEST(ReportHtml, AdaptiveHistoryTable) {
   const auto at = page.find("<table id=\"batch-history\">");
   ASSERT_NE(at, std::string::npos);
   const auto table = page.substr(at, page.find("</table>", at) - at);
-  EXPECT_EQ(count(table, "<tr>"), 4);  // the header and 3 entries
+  EXPECT_EQ(count(table, "<tr>"), 4);  // the header and the 3 changes
+  EXPECT_EQ(table.find("1.700"), std::string::npos) << table;
+  EXPECT_NE(page.find("1 re-decision(s) kept the split"), std::string::npos);
   EXPECT_NE(table.find("<td class=\"num\">4</td><td class=\"num\">128</td><td class=\"num\">32</td>"
                        "<td class=\"num\">2</td><td class=\"num\">1.600</td><td class=\"num\">150</td>"),
             std::string::npos)

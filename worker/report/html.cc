@@ -345,11 +345,23 @@ std::string adaptSection(const nlohmann::ordered_json& report,
   const auto& history = report.contains("batch_history") ? report["batch_history"]
                                                          : nlohmann::ordered_json();
   if (!history.is_array() || history.empty()) return os.str();
+  // One row per change of the split: the history may also hold the decisions that
+  // kept it (their gain and B are in report.json).
   constexpr size_t kRows = 40;
   os << "<table id=\"batch-history\">\n<tr><th>from step</th><th>global batch</th>"
         "<th>per-GPU batch</th><th>accumulation</th><th>lr gain</th><th>B_simple</th></tr>\n";
-  for (size_t i = 0; i < history.size() && i < kRows; ++i) {
-    const auto& h = history[i];
+  size_t rows = 0, kept = 0;
+  const nlohmann::ordered_json* prev = nullptr;
+  for (const auto& h : history) {
+    const bool same = prev != nullptr && jnum(h, "global_batch") == jnum(*prev, "global_batch") &&
+                      jnum(h, "per_gpu_batch") == jnum(*prev, "per_gpu_batch") &&
+                      jnum(h, "accum") == jnum(*prev, "accum");
+    prev = &h;
+    if (same) {
+      ++kept;
+      continue;
+    }
+    if (++rows > kRows) continue;
     const double b = jnum(h, "noise_scale", -1);
     os << "<tr><td class=\"num\">" << num(jnum(h, "step")) << "</td><td class=\"num\">"
        << num(jnum(h, "global_batch")) << "</td><td class=\"num\">" << num(jnum(h, "per_gpu_batch"))
@@ -357,11 +369,14 @@ std::string adaptSection(const nlohmann::ordered_json& report,
        << formatFixed(jnum(h, "lr_gain", 1), 3) << "</td><td class=\"num\">"
        << (b > 0 ? num(std::round(b)) : std::string("unknown")) << "</td></tr>\n";
   }
-  if (history.size() > kRows) {
-    os << "<tr><td colspan=\"6\">and " << history.size() - kRows
-       << " more changes in report.json</td></tr>\n";
+  if (rows > kRows) {
+    os << "<tr><td colspan=\"6\">and " << rows - kRows << " more changes in report.json</td></tr>\n";
   }
   os << "</table>\n";
+  if (kept > 0) {
+    os << "<p class=\"sub\">" << kept << " re-decision(s) kept the split; report.json's "
+       << "batch_history has each with its gain and B_simple.</p>\n";
+  }
   return os.str();
 }
 
