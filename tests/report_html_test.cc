@@ -222,3 +222,131 @@ TEST(ReportHtml, NoiseCardCapsTheAdviceByTheTrainingSet) {
   EXPECT_NE(c.find("<div class=\"big\">~1720</div>"), std::string::npos) << c;
   EXPECT_EQ(c.find("capped"), std::string::npos) << c;
 }
+
+namespace {
+
+/// The `id` chart's svg element, or "" when the page has none.
+std::string chart(const std::string& page, const std::string& id) {
+  const auto at = page.find("<svg id=\"" + id + "\"");
+  if (at == std::string::npos) return "";
+  return page.substr(at, page.find("</svg>", at) - at);
+}
+
+/// The vertices of the `n`-th polyline (0-based) of an svg element.
+std::vector<std::pair<double, double>> polyline(const std::string& svg, int n) {
+  size_t at = 0;
+  for (int i = 0; i <= n; ++i) {
+    at = svg.find("<polyline class=\"series\" points=\"", at);
+    if (at == std::string::npos) return {};
+    at += std::string("<polyline class=\"series\" points=\"").size();
+  }
+  std::istringstream in(svg.substr(at, svg.find('"', at) - at));
+  std::vector<std::pair<double, double>> out;
+  double x, y;
+  char comma;
+  while (in >> x >> comma >> y) out.emplace_back(x, y);
+  return out;
+}
+
+/// sampleResult() with G = 64 for steps 1-4, 128 for 5-8 and 256 for 9-12 (the
+/// epoch-end points carry their last step's G).
+TrainResult adaptiveResult() {
+  auto r = sampleResult();
+  for (auto& m : r.metrics) m.global_batch = m.step <= 4 ? 64 : m.step <= 8 ? 128 : 256;
+  return r;
+}
+
+}  // namespace
+
+// batch.adapt: goodput (Note [goodput]): the global batch as a step line, one
+// vertical (a pair of vertices) per change, on the log axis of B_simple.
+TEST(ReportHtml, AdaptivePlotDrawsTheGlobalBatchAsAStepLine) {
+  const auto r = adaptiveResult();
+  Json report{{"global_batch", 64}};
+  const auto page = reportHtml(report, Json(), r.metrics);
+  EXPECT_NE(page.find("<h2>Global batch and noise scale</h2>"), std::string::npos);
+  const auto svg = chart(page, "plot-adapt");
+  ASSERT_FALSE(svg.empty());
+  // Start, a pair per change (at the first point showing the new G), end.
+  const auto g = polyline(svg, 0);
+  ASSERT_EQ(g.size(), 2u + 2 * 2);
+  EXPECT_EQ(g[0].second, g[1].second);  // 64 from step 0 ...
+  EXPECT_EQ(g[1].first, g[2].first);    // ... to step 5, up to 128
+  EXPECT_LT(g[2].second, g[1].second);  // larger G higher on the page
+  EXPECT_EQ(g[2].second, g[3].second);
+  EXPECT_EQ(g[3].first, g[4].first);
+  EXPECT_EQ(g[4].second, g[5].second);
+  EXPECT_LT(g[0].first, g[1].first);
+  EXPECT_LT(g[4].first, g[5].first);
+  // Log scale: 64 -> 128 -> 256 are equal rises.
+  EXPECT_NEAR(g[1].second - g[2].second, g[3].second - g[4].second, 0.11);
+  for (const char* label : {"global batch 64 at 0", "global batch 64 at 5", "global batch 128 at 5",
+                            "global batch 128 at 9", "global batch 256 at 9",
+                            "global batch 256 at 12"}) {
+    EXPECT_NE(svg.find(std::string("<title>") + label + "</title>"), std::string::npos) << label;
+  }
+  EXPECT_EQ(count(svg, "<circle"), 6);
+  // The smoothed B_simple: the 12 interval points (the epoch ends are per-epoch values).
+  EXPECT_EQ(polyline(svg, 1).size(), 12u);
+  EXPECT_NE(svg.find(">B_simple (smoothed)</text>"), std::string::npos);
+  EXPECT_NE(svg.find(">100</text>"), std::string::npos);  // a decade tick
+  // No history in the report: no table.
+  EXPECT_EQ(page.find("id=\"batch-history\""), std::string::npos);
+}
+
+// report.json's batch_history places the changes at the steps they apply from,
+// and is listed as a table.
+TEST(ReportHtml, AdaptiveHistoryTable) {
+  const auto r = adaptiveResult();
+  Json report{{"global_batch", 64}};
+  report["batch_history"] = Json::array(
+      {Json{{"step", 0}, {"global_batch", 64}, {"per_gpu_batch", 32}, {"accum", 1},
+            {"lr_gain", 1.0}, {"noise_scale", -1}},
+       Json{{"step", 4}, {"global_batch", 128}, {"per_gpu_batch", 32}, {"accum", 2},
+            {"lr_gain", 1.6}, {"noise_scale", 150.4}},
+       Json{{"step", 6}, {"global_batch", 128}, {"per_gpu_batch", 32}, {"accum", 2},
+            {"lr_gain", 1.7}, {"noise_scale", 180}},  // a re-decision that kept the split
+       Json{{"step", 8}, {"global_batch", 256}, {"per_gpu_batch", 64}, {"accum", 2},
+            {"lr_gain", 2.125}, {"noise_scale", 300}}});
+  const auto page = reportHtml(report, Json(), r.metrics);
+  const auto svg = chart(page, "plot-adapt");
+  ASSERT_FALSE(svg.empty());
+  EXPECT_EQ(polyline(svg, 0).size(), 6u);
+  for (const char* label : {"global batch 64 at 4", "global batch 128 at 4",
+                            "global batch 128 at 8", "global batch 256 at 8"}) {
+    EXPECT_NE(svg.find(std::string("<title>") + label + "</title>"), std::string::npos) << label;
+  }
+  const auto at = page.find("<table id=\"batch-history\">");
+  ASSERT_NE(at, std::string::npos);
+  const auto table = page.substr(at, page.find("</table>", at) - at);
+  EXPECT_EQ(count(table, "<tr>"), 4);  // the header and the 3 changes
+  EXPECT_EQ(table.find("1.700"), std::string::npos) << table;
+  EXPECT_NE(page.find("1 re-decision(s) kept the split"), std::string::npos);
+  EXPECT_NE(table.find("<td class=\"num\">4</td><td class=\"num\">128</td><td class=\"num\">32</td>"
+                       "<td class=\"num\">2</td><td class=\"num\">1.600</td><td class=\"num\">150</td>"),
+            std::string::npos)
+      << table;
+  EXPECT_NE(table.find("<td class=\"num\">1.000</td><td class=\"num\">unknown</td>"),
+            std::string::npos)
+      << table;
+  // An adaptive run whose G never changed still shows its (flat) line and table.
+  report["batch_history"] = Json::array({report["batch_history"][0]});
+  const auto flat = reportHtml(report, Json(), sampleResult().metrics);
+  EXPECT_EQ(polyline(chart(flat, "plot-adapt"), 0).size(), 2u);
+  EXPECT_NE(flat.find("id=\"batch-history\""), std::string::npos);
+}
+
+// A run whose global batch never changed gets the page it had before adaptation.
+TEST(ReportHtml, ConstantGlobalBatchAddsNothing) {
+  auto r = sampleResult();  // global_batch unset (0) everywhere
+  Json report{{"global_batch", 64},
+              {"noise_scale", {{"measured", true}, {"b_simple", 100}, {"global_batch", 64}}}};
+  const auto before = reportHtml(report, Json(), r.metrics);
+  for (auto& m : r.metrics) m.global_batch = 64;
+  const auto page = reportHtml(report, Json(), r.metrics);
+  EXPECT_EQ(page, before);
+  EXPECT_EQ(page.find("plot-adapt"), std::string::npos);
+  EXPECT_EQ(page.find("Global batch and noise scale"), std::string::npos);
+  report["batch_history"] = Json::array();  // empty: nothing either
+  EXPECT_EQ(reportHtml(report, Json(), r.metrics), before);
+}

@@ -288,6 +288,98 @@ std::string svgTime(const nlohmann::ordered_json& t) {
   return os.str();
 }
 
+/// Where the global batch changed during training (batch.adapt: goodput): (step, G)
+/// from which each value applies, the first at the run's start. From report.json's
+/// `batch_history` (the optimizer step, 0-based, i.e. the steps done before it)
+/// when it has one, else from the metrics (the first point showing the new G).
+/// Empty when G never changed and the report has no history: the page is then
+/// the same as for a run without adaptation.
+std::vector<std::pair<double, double>> globalBatchChanges(const nlohmann::ordered_json& report,
+                                                          const std::vector<MetricPoint>& metrics) {
+  std::vector<std::pair<double, double>> changes;
+  const auto it = report.is_object() ? report.find("batch_history") : report.end();
+  if (it != report.end() && it->is_array() && !it->empty()) {
+    for (const auto& h : *it) {
+      const double g = jnum(h, "global_batch");
+      if (g <= 0) continue;
+      if (changes.empty() || changes.back().second != g) changes.emplace_back(jnum(h, "step"), g);
+    }
+    return changes;
+  }
+  for (const auto& m : metrics) {
+    if (m.global_batch <= 0) continue;
+    const auto g = static_cast<double>(m.global_batch);
+    if (changes.empty()) changes.emplace_back(0, g);
+    else if (changes.back().second != g) changes.emplace_back(static_cast<double>(m.step), g);
+  }
+  if (changes.size() < 2) changes.clear();
+  return changes;
+}
+
+/// The section on the adaptive global batch: G as a step line with the smoothed
+/// B_simple on one log axis (Note [goodput]: G follows B), and the history's table.
+std::string adaptSection(const nlohmann::ordered_json& report,
+                         const std::vector<std::pair<double, double>>& changes,
+                         const std::vector<std::pair<double, double>>& noise, double last_step) {
+  std::vector<std::pair<double, double>> line;
+  for (const auto& [x, g] : changes) {
+    if (!line.empty()) line.emplace_back(x, line.back().second);  // the vertical at x
+    line.emplace_back(x, g);
+  }
+  if (last_step > line.back().first) line.emplace_back(last_step, line.back().second);
+  std::ostringstream os;
+  os << "<h2>Global batch and noise scale</h2>\n";
+  ChartOptions o;
+  o.id = "plot-adapt";
+  o.title = "global batch and B_simple (log scale)";
+  o.x_label = "step";
+  o.y_label = "samples";
+  o.log_y = true;
+  o.width = 720;
+  o.height = 300;
+  os << svgLineChart(o, {{"global batch", "#2ca02c", line, true, true},
+                         {"B_simple (smoothed)", "#1f77b4", noise, true, false}});
+  os << "<p>batch.adapt: goodput re-decides the global batch from B_simple and the search's "
+        "samples/s (docs/batch-search.md, \"Adaptive global batch\"); the learning rate follows "
+        "with the gain r.</p>\n";
+  const auto& history = report.contains("batch_history") ? report["batch_history"]
+                                                         : nlohmann::ordered_json();
+  if (!history.is_array() || history.empty()) return os.str();
+  // One row per change of the split: the history may also hold the decisions that
+  // kept it (their gain and B are in report.json).
+  constexpr size_t kRows = 40;
+  os << "<table id=\"batch-history\">\n<tr><th>from step</th><th>global batch</th>"
+        "<th>per-GPU batch</th><th>accumulation</th><th>lr gain</th><th>B_simple</th></tr>\n";
+  size_t rows = 0, kept = 0;
+  const nlohmann::ordered_json* prev = nullptr;
+  for (const auto& h : history) {
+    const bool same = prev != nullptr && jnum(h, "global_batch") == jnum(*prev, "global_batch") &&
+                      jnum(h, "per_gpu_batch") == jnum(*prev, "per_gpu_batch") &&
+                      jnum(h, "accum") == jnum(*prev, "accum");
+    prev = &h;
+    if (same) {
+      ++kept;
+      continue;
+    }
+    if (++rows > kRows) continue;
+    const double b = jnum(h, "noise_scale", -1);
+    os << "<tr><td class=\"num\">" << num(jnum(h, "step")) << "</td><td class=\"num\">"
+       << num(jnum(h, "global_batch")) << "</td><td class=\"num\">" << num(jnum(h, "per_gpu_batch"))
+       << "</td><td class=\"num\">" << num(jnum(h, "accum")) << "</td><td class=\"num\">"
+       << formatFixed(jnum(h, "lr_gain", 1), 3) << "</td><td class=\"num\">"
+       << (b > 0 ? num(std::round(b)) : std::string("unknown")) << "</td></tr>\n";
+  }
+  if (rows > kRows) {
+    os << "<tr><td colspan=\"6\">and " << rows - kRows << " more changes in report.json</td></tr>\n";
+  }
+  os << "</table>\n";
+  if (kept > 0) {
+    os << "<p class=\"sub\">" << kept << " re-decision(s) kept the split; report.json's "
+       << "batch_history has each with its gain and B_simple.</p>\n";
+  }
+  return os.str();
+}
+
 }  // namespace
 
 std::string svgLineChart(const ChartOptions& opt, const std::vector<ChartSeries>& series) {
@@ -580,6 +672,14 @@ std::string reportHtml(const nlohmann::ordered_json& report, const nlohmann::ord
     os << "</p>\n";
   } else {
     os << "<p id=\"noise-missing\">Not measured: " << xmlEscape(jtext(noise, "why_not")) << ".</p>\n";
+  }
+
+  // The adaptive global batch: only when G changed (or the report has a history),
+  // so a fixed-G run's page is unchanged.
+  const auto changes = globalBatchChanges(report, metrics);
+  if (!changes.empty()) {
+    const double last_step = metrics.empty() ? 0.0 : static_cast<double>(metrics.back().step);
+    os << adaptSection(report, changes, ns, last_step);
   }
 
   os << "<p class=\"sub\">Files: report.json (everything on this page), metrics.jsonl (one line per "

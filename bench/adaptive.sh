@@ -1,0 +1,274 @@
+#!/usr/bin/env bash
+# Benchmark, not a test: the adaptive global batch (batch.adapt: goodput,
+# docs/batch-search.md "Adaptive global batch") against fixed global batches, on
+# one host's CPU with 2 ranks (1 thread each). Two workloads whose noise scale
+# grows during training:
+#   quickstart   configs/quickstart.yaml: MLP on the embedded digits, G0 = 64
+#   cnn          configs/adaptive-cnn.yaml: small CNN on synthetic 3x16x16 images, G0 = 32
+# Per workload and seed (train.seed), interleaved (seed 1: every workload's legs,
+# then seed 2, ...), all with batch.per_gpu: auto and the config's lr at
+# optim.base_batch scaled linearly with G:
+#   G0        batch.adapt: off at the config's batch.global
+#   goodput   batch.adapt: goodput from G0
+#   G=...     4 fixed sizes: 2x, 4x, 8x, 16x G0 where those fit under N/8 (N the
+#             training samples, batch.adapt_min_steps' ceiling), else 4 sizes
+#             spread between G0 and N/8 (multiples of 16)
+# From each run's metrics.jsonl (epoch lines) and report.json: the final held-out
+# accuracy; the training seconds (metrics' `seconds`, from train() on, the batch
+# search excluded) and G0-equivalent steps (`progress`; a fixed run at G0: its
+# steps) until the held-out accuracy first reaches the same seed's fixed-G0 final
+# accuracy; medians over seeds; ratios to G0 (per seed, then the median) and to the
+# best fixed G in hindsight (the fixed leg with the lowest median time to that
+# accuracy); `+search` is the ratio to G0 with each run's batch search added (the
+# goodput run's search also measures per-GPU batches above G0/W). Then the
+# targets of issue 21 (on the training seconds): final accuracy within 0.5 points
+# of G0 on every workload; time to it <= 0.7x G0 on one workload and <= 1.1x on
+# every one; within 1.15x of the best fixed G. Runs share 2 cores: read ratios,
+# not absolute seconds; `uptime` is printed before and after.
+#   bench/adaptive.sh [--seeds N] [--quick] [--fixed-only] [--workloads "quickstart cnn"]
+#                     [--out DIR] [BATCHDIST_BIN]      (or BATCHDIST=... bench/adaptive.sh)
+#   bench/adaptive.sh --summary DIR                    (the table again, from DIR/runs.jsonl)
+# --quick: 1 seed and 2 fixed sizes (a smoke run). --fixed-only: no goodput legs.
+# Writes DIR/runs.jsonl (one line a run), DIR/adaptive.txt (the table) and
+# DIR/adaptive.json; each run's output stays in DIR/<workload>-s<seed>-<leg>/.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+seeds=5 sizes_n=4 goodput=true summary_only=false
+workloads="quickstart cnn"
+outdir=/tmp/batchdist-adaptive
+bin=${BATCHDIST:-$here/../build/launcher/batchdist}
+while [ $# -gt 0 ]; do
+  case $1 in
+    --seeds) seeds=$2; shift ;;
+    --quick) seeds=1 sizes_n=2 ;;
+    --fixed-only) goodput=false ;;
+    --workloads) workloads=$2; shift ;;
+    --out) outdir=$2; shift ;;
+    --summary) summary_only=true outdir=$2; shift ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
+    *) bin=$1 ;;
+  esac
+  shift
+done
+config() {
+  case $1 in
+    quickstart) echo "$here/../configs/quickstart.yaml" ;;
+    cnn) echo "$here/../configs/adaptive-cnn.yaml" ;;
+    *) echo "unknown workload $1 (quickstart, cnn)" >&2; exit 2 ;;
+  esac
+}
+flags=(--oversubscribe --bind-to none -x OMP_NUM_THREADS=1)
+[ "$(id -u)" = 0 ] && flags+=(--allow-run-as-root)
+mkdir -p "$outdir"
+
+# one WORKLOAD SEED LEG [--set ...]: a 2-rank training run; appends a line to runs.jsonl.
+one() {
+  local w=$1 seed=$2 leg=$3 dir=$outdir/$1-s$2-$3
+  shift 3
+  rm -rf "$dir"
+  local t0 t1 rc=0
+  t0=$(date +%s.%N)
+  mpirun "${flags[@]}" -np 2 "$bin" train "$(config "$w")" --output "$dir" -q \
+    --set train.seed="$seed" --set train.threads=1 --set batch.per_gpu=auto "$@" \
+    >"$dir.log" 2>&1 || rc=$?
+  t1=$(date +%s.%N)
+  [ $rc = 0 ] || { echo "  $w seed $seed $leg: failed (rc $rc, log $dir.log):" >&2; tail -3 "$dir.log" >&2; }
+  python3 -c 'import json, sys; print(json.dumps({"workload": sys.argv[1], "seed": int(sys.argv[2]),
+    "leg": sys.argv[3], "dir": sys.argv[4], "rc": int(sys.argv[5]),
+    "wall_s": float(sys.argv[7]) - float(sys.argv[6])}))' \
+    "$w" "$seed" "$leg" "$dir" "$rc" "$t0" "$t1" >>"$outdir/runs.jsonl"
+  echo "  $w seed $seed $leg: rc $rc, $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }') s" >&2
+}
+
+# The fixed sizes of a workload, from its G0 run's plan (G0, N): see the header.
+sizes() {
+  python3 - "$1/report.json" "$sizes_n" <<'PY'
+import json, sys
+plan = json.load(open(sys.argv[1]))["plan"]
+n_sizes = int(sys.argv[2])
+g0, n = plan["global_batch"], plan["dataset_size"]
+hi = min(16 * g0, n // 8)
+sizes = [g0 * k for k in (2, 4, 8, 16) if g0 * k <= hi]
+if len(sizes) < 4:  # the data allows less than 16x: spread 4 sizes over (G0, N/8]
+    step = 16
+    top = hi // step * step
+    sizes = sorted({max(g0 + step, round((g0 + (top - g0) * k / 4) / step) * step) for k in (1, 2, 3, 4)})
+if n_sizes < len(sizes):  # --quick: the smallest and the largest
+    sizes = [sizes[0], sizes[-1]]
+print(" ".join(str(s) for s in sizes))
+PY
+}
+
+if ! $summary_only; then
+  [ -x "$bin" ] || { echo "no batchdist at $bin: pass its path or set BATCHDIST" >&2; exit 1; }
+  rm -f "$outdir/runs.jsonl"
+  echo "host: $(nproc) cores, $(uptime)"
+  echo "batchdist: $bin; seeds $seeds; workloads $workloads; output $outdir"
+  declare -A fixed
+  for seed in $(seq 1 "$seeds"); do
+    for w in $workloads; do
+      one "$w" "$seed" G0 --set batch.adapt=off
+      if [ -z "${fixed[$w]:-}" ]; then
+        [ -f "$outdir/$w-s$seed-G0/report.json" ] || { echo "the G0 run of $w failed" >&2; exit 1; }
+        fixed[$w]=$(sizes "$outdir/$w-s$seed-G0")
+        echo "  $w: fixed sizes ${fixed[$w]}" >&2
+      fi
+      $goodput && one "$w" "$seed" goodput --set batch.adapt=goodput
+      for g in ${fixed[$w]}; do
+        one "$w" "$seed" "G$g" --set batch.adapt=off --set batch.global="$g"
+      done
+    done
+  done
+  echo "host after: $(uptime)"
+fi
+
+python3 - "$outdir" <<'PY' | tee "$outdir/adaptive.txt"
+import json, math, os, statistics, sys
+
+outdir = sys.argv[1]
+runs = [json.loads(l) for l in open(os.path.join(outdir, "runs.jsonl")) if l.strip()]
+
+def load(run):
+    """The run's epoch lines and report, or None when it failed."""
+    d = run["dir"]
+    if run["rc"] != 0 or not os.path.exists(os.path.join(d, "report.json")):
+        return None
+    report = json.load(open(os.path.join(d, "report.json")))
+    points = [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl")) if l.strip()]
+    epochs, samples, last_step, last_g = [], 0, 0, None
+    for p in points:
+        g = p.get("global_batch") or last_g or 0
+        samples += (p["step"] - last_step) * g  # the interval ran at the G logged at its end
+        last_step, last_g = p["step"], g
+        if p.get("kind") == "epoch" or p.get("epoch_end"):
+            e = dict(p)
+            e["samples"] = samples
+            epochs.append(e)
+    return {"report": report, "epochs": epochs}
+
+def progress(run, e):
+    """G0-equivalent steps at epoch line e: `progress` (adaptive), steps at G0, else None."""
+    if "progress" in e and e["progress"] is not None:
+        return e["progress"]
+    if run["leg"] == "G0":
+        return e["step"]
+    return None
+
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+def fmt(x, digits=1, none="-"):
+    if x is None:
+        return none
+    if isinstance(x, float) and math.isinf(x):
+        return "never"
+    return f"{x:.{digits}f}"
+
+results = {}
+for run in runs:
+    r = load(run)
+    run["data"] = r
+    results.setdefault(run["workload"], {}).setdefault(run["leg"], {})[run["seed"]] = run
+
+summary = {"workloads": {}, "targets": {}}
+out = []
+for w, legs in results.items():
+    base = legs.get("G0", {})
+    target = {s: run["data"]["epochs"][-1]["eval_accuracy"]
+              for s, run in base.items() if run["data"] and run["data"]["epochs"]}
+    rows = {}
+    for leg, by_seed in legs.items():
+        acc, dacc, tta, prog, steps, samples, wall, ratio, ratio_s, endg, passes = ([] for _ in range(11))
+        reached, tta_by_seed = 0, {}
+        for s, run in by_seed.items():
+            r = run["data"]
+            if not r or not r["epochs"]:
+                continue
+            last = r["epochs"][-1]
+            acc.append(100 * last["eval_accuracy"])
+            wall.append(run["wall_s"])
+            endg.append(last.get("global_batch"))
+            n = r["report"]["plan"]["dataset_size"]
+            passes.append(last["samples"] / n if n else None)
+            if s not in target:
+                continue
+            dacc.append(100 * (last["eval_accuracy"] - target[s]))
+            hit = next((e for e in r["epochs"] if e["eval_accuracy"] >= target[s] - 1e-9), None)
+            if hit is None:
+                tta.append(math.inf)
+                tta_by_seed[s] = math.inf
+                continue
+            reached += 1
+            tta.append(hit["seconds"])
+            tta_by_seed[s] = hit["seconds"]
+            prog.append(progress(run, hit))
+            steps.append(hit["step"])
+            samples.append(hit["samples"])
+            b = base[s]["data"]
+            bhit = next(e for e in b["epochs"] if e["eval_accuracy"] >= target[s] - 1e-9)
+            ratio.append(hit["seconds"] / bhit["seconds"] if bhit["seconds"] > 0 else None)
+            with_search = lambda r, t: t + ((r["report"].get("search") or {}).get("seconds") or 0)
+            ratio_s.append(with_search(r, hit["seconds"]) / with_search(b, bhit["seconds"]))
+        rows[leg] = {"seeds": len(by_seed), "reached": reached, "final_acc": median(acc),
+                     "dacc": median(dacc), "tta_s": median(tta), "progress": median(prog),
+                     "steps": median(steps), "samples": median(samples), "wall_s": median(wall),
+                     "vs_g0": median(ratio), "vs_g0_search": median(ratio_s), "end_g": median(endg), "passes": median(passes),
+                     "tta_by_seed": tta_by_seed}
+    fixed = [l for l in rows if l != "goodput" and rows[l]["tta_s"] is not None]
+    best = min(fixed, key=lambda l: rows[l]["tta_s"]) if fixed else None
+    if "goodput" in rows and best:
+        g, b = rows["goodput"]["tta_by_seed"], rows[best]["tta_by_seed"]
+        rows["goodput"]["vs_best"] = median([g[s] / b[s] for s in g if s in b and b[s] not in (0, math.inf)])
+    summary["workloads"][w] = {"best_fixed": best, "legs": rows}
+
+    out.append(f"== {w}: target = the same seed's fixed-G0 final held-out accuracy; "
+               f"best fixed in hindsight: {best}")
+    out.append(f"{'leg':>8} {'seeds':>5} {'final acc %':>11} {'vs G0 pt':>8} {'reached':>7} "
+               f"{'train s to it':>13} {'x G0':>6} {'+search':>7} {'G0-eq steps':>11} {'steps':>6} {'samples':>8} "
+               f"{'G at end':>8} {'passes':>6} {'run wall s':>10}")
+    order = ["G0", "goodput"] + sorted((l for l in rows if l not in ("G0", "goodput")),
+                                       key=lambda l: int(l[1:]) if l[1:].isdigit() else 0)
+    for leg in order:
+        if leg not in rows:
+            continue
+        r = rows[leg]
+        out.append(f"{leg:>8} {r['seeds']:>5} {fmt(r['final_acc'], 2):>11} {fmt(r['dacc'], 2):>8} "
+                   f"{r['reached']:>3}/{r['seeds']:<3} {fmt(r['tta_s'], 2):>13} {fmt(r['vs_g0'], 3):>6} "
+                   f"{fmt(r['vs_g0_search'], 3):>7} "
+                   f"{fmt(r['progress'], 0):>11} {fmt(r['steps'], 0):>6} {fmt(r['samples'], 0):>8} "
+                   f"{fmt(r['end_g'], 0):>8} {fmt(r['passes'], 1):>6} {fmt(r['wall_s'], 1):>10}")
+    if "goodput" in rows:
+        out.append(f"goodput / best fixed ({best}), median over seeds: {fmt(rows['goodput'].get('vs_best'), 3)}")
+    out.append("")
+
+def verdict(ok):
+    return "n/a " if ok is None else ("PASS" if ok else "MISS")
+
+ws = summary["workloads"]
+g = {w: v["legs"].get("goodput") for w, v in ws.items()}
+have = all(x is not None for x in g.values()) and g
+acc_ok = {w: (x["dacc"] >= -0.5 if x and x["dacc"] is not None else None) for w, x in g.items()}
+speed = {w: x["vs_g0"] if x else None for w, x in g.items()}
+best_r = {w: x.get("vs_best") if x else None for w, x in g.items()}
+t = summary["targets"]
+t["accuracy within 0.5 points of G0, every workload"] = (
+    all(acc_ok.values()) if have and None not in acc_ok.values() else None,
+    ", ".join(f"{w} {fmt(x['dacc'], 2) if x else '-'} pt" for w, x in g.items()))
+t["time to G0's accuracy <= 0.7x G0 on one workload"] = (
+    any(v is not None and v <= 0.7 for v in speed.values()) if have else None,
+    ", ".join(f"{w} {fmt(v, 3)}x" for w, v in speed.items()))
+t["time to G0's accuracy <= 1.1x G0 on every workload"] = (
+    all(v is not None and v <= 1.1 for v in speed.values()) if have else None,
+    ", ".join(f"{w} {fmt(v, 3)}x" for w, v in speed.items()))
+t["within 1.15x of the best fixed G, every workload"] = (
+    all(v is not None and v <= 1.15 for v in best_r.values()) if have else None,
+    ", ".join(f"{w} {fmt(v, 3)}x" for w, v in best_r.items()))
+print("\n".join(out))
+print("targets (issue 21; medians over seeds):")
+for name, (ok, figures) in t.items():
+    print(f"  {verdict(ok)}  {name}: {figures if have else 'no goodput runs'}")
+json.dump(summary, open(os.path.join(outdir, "adaptive.json"), "w"), indent=1,
+          default=lambda x: None)
+PY
