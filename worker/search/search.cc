@@ -1,6 +1,5 @@
 #include "worker/search/search.h"
 
-#include "worker/plan/adapt.h"
 
 #include <algorithm>
 #include <cmath>

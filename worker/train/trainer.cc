@@ -594,10 +594,12 @@ void Trainer::runSteps(EpochRun& e, Sharder& sharder, int64_t* global_step,
                        const std::function<bool()>& stop_requested, Console& console,
                        double run_started, UtilizationSampler& gpu, TrainResult& result) {
   for (int64_t s = e.first; s < e.steps && !e.stop; ++s) {
+    maybeAdapt(e, sharder, s, *global_step, result);
+    // A larger G left no full step in the rest of the epoch. Before this rank's
+    // stop wish is read: a wish is only acted on once the step agrees it.
+    if (s >= e.steps) break;
     e.stop = stop_requested && stop_requested();
     bool due = checkpointer_ && checkpointer_->dueByTime();  // rank 0's clock decides
-    maybeAdapt(e, sharder, s, *global_step, result);
-    if (s >= e.steps) break;  // a larger G left no full step in the rest of the epoch
     maybeRecover(e, sharder, s, *global_step, result);
     double loss = 0;
     const double step_started = monotonicSeconds();
@@ -618,6 +620,8 @@ void Trainer::runSteps(EpochRun& e, Sharder& sharder, int64_t* global_step,
       adapt_.progress += adapt_.segments.back().gain;
       adapt_.fixed_sum += step_time.comm + update_s_;
       ++adapt_.fixed_steps;
+      adapt_.step_sum += monotonicSeconds() - step_started;
+      ++adapt_.step_count;
       if (adapt_.progress >= static_cast<double>(adapt_.plan0.total_steps) - 1e-9) {
         adapt_.done = true;
         e.steps = s + 1;  // the epoch ends here: evaluation, last metrics
@@ -1005,6 +1009,13 @@ void Trainer::applySplit(EpochRun& e, Sharder& sharder, int64_t s, const AdaptSp
   e.cut_begin = pos;
   loader_->start(jobs(sharder, s, std::max<int64_t>(0, e.steps - s)), e.epoch, sharder.jobIndex(s));
   oom_.good_steps = 0;
+  oom_.retrying = false;
+  // Note [oom back-off]: a retry goes back to a per-GPU batch that splits this G.
+  const int64_t rank_batch = plan_.per_gpu * plan_.accum;
+  auto& larger = oom_.larger;
+  larger.erase(std::remove_if(larger.begin(), larger.end(),
+                              [&](int64_t m) { return m <= plan_.per_gpu || rank_batch % m != 0; }),
+               larger.end());
 }
 
 void Trainer::maybeAdapt(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_step,
@@ -1012,19 +1023,20 @@ void Trainer::maybeAdapt(EpochRun& e, Sharder& sharder, int64_t s, int64_t globa
   if (!adapt_.on) return;
   const bool epoch_start = s == 0 && global_step > 0;
   if (!epoch_start && global_step - adapt_.last_decision < cfg_.batch.adapt_every_steps) return;
+  // Once per step (an epoch cut short by a larger G starts the next at the same step).
+  if (global_step == adapt_.last_decision && global_step > 0) return;
   adapt_.last_decision = global_step;
   // The same figures on every rank: B from the allreduced norms (MAX only makes
-  // that certain), the slowest rank's fixed cost and step time.
+  // that certain), the slowest rank's fixed cost and step time, and the fewest
+  // steps any rank measured them over.
   const double fixed = adapt_.fixed_steps > 0 ? adapt_.fixed_sum / adapt_.fixed_steps : 0.0;
-  double step_s = 0;
-  if (!step_seconds_.empty()) {
-    for (double t : step_seconds_) step_s += t;
-    step_s /= static_cast<double>(step_seconds_.size());
-  }
-  const auto v = comm_.allreduce({noise_.bSimple(), fixed, step_s}, collective::ReduceOp::kMax);
+  const double step_s = adapt_.step_count > 0 ? adapt_.step_sum / adapt_.step_count : 0.0;
+  const auto v = comm_.allreduce(
+      {noise_.bSimple(), fixed, step_s, -static_cast<double>(adapt_.fixed_steps)},
+      collective::ReduceOp::kMax);
   const double b = v[0];
   auto& space = adapt_.space;
-  if (space.fixed_step_s < 0) {
+  if (space.fixed_step_s < 0 && -v[3] > 0) {
     // Frozen from here on: later decisions rest on B alone (Note [adaptive training]).
     space.fixed_step_s = v[1];
     const bool have = std::any_of(space.throughput.begin(), space.throughput.end(),
@@ -1043,6 +1055,15 @@ void Trainer::maybeAdapt(EpochRun& e, Sharder& sharder, int64_t s, int64_t globa
     t.erase(std::remove_if(t.begin(), t.end(),
                            [&](const ThroughputPoint& p) { return p.per_gpu >= limit; }),
             t.end());
+  }
+  if (!now.throughput.empty() &&
+      std::none_of(now.throughput.begin(), now.throughput.end(),
+                   [&](const ThroughputPoint& p) { return p.per_gpu == plan_.per_gpu; })) {
+    // The split in force was never measured (an out-of-memory back-off made it):
+    // the lowest figure of the table stands for it, so the decision still moves.
+    double low = now.throughput.front().samples_per_s;
+    for (const auto& p : now.throughput) low = std::min(low, p.samples_per_s);
+    now.throughput.push_back({plan_.per_gpu, low});
   }
   const AdaptSplit current{plan_.global, plan_.per_gpu, plan_.accum};
   const auto d = decideGlobalBatch(now, current, b);
@@ -1069,8 +1090,14 @@ void Trainer::maybeAdapt(EpochRun& e, Sharder& sharder, int64_t s, int64_t globa
 
 nlohmann::ordered_json Trainer::adaptRecord(int64_t epoch, int64_t next_step, int64_t cut_step,
                                             int64_t cut_begin) const {
+  // JSON has no inf or NaN: a figure that is not finite is written as unknown.
+  const auto finite = [](double x, double unknown) { return std::isfinite(x) ? x : unknown; };
   auto throughput = nlohmann::ordered_json::array();
-  for (const auto& p : adapt_.space.throughput) throughput.push_back({p.per_gpu, p.samples_per_s});
+  for (const auto& p : adapt_.space.throughput) {
+    if (std::isfinite(p.samples_per_s)) throughput.push_back({p.per_gpu, p.samples_per_s});
+  }
+  auto larger = nlohmann::ordered_json::array();
+  for (const auto m : oom_.larger) larger.push_back(m);
   auto segments = nlohmann::ordered_json::array();
   for (const auto& g : adapt_.segments) segments.push_back({g.begin_step, g.global, g.gain});
   auto history = nlohmann::ordered_json::array();
@@ -1087,15 +1114,24 @@ nlohmann::ordered_json Trainer::adaptRecord(int64_t epoch, int64_t next_step, in
           {"cut_step", cut_step},
           {"cut_begin", cut_begin},
           {"progress", adapt_.progress},
-          {"b_noise", adapt_.b_noise},
+          {"b_noise", finite(adapt_.b_noise, -1)},
           {"last_decision", adapt_.last_decision},
-          {"fixed_step_s", adapt_.space.fixed_step_s},
+          {"fixed_step_s", finite(adapt_.space.fixed_step_s, -1)},
+          {"fixed_sum", finite(adapt_.fixed_sum, 0)},
+          {"fixed_steps", adapt_.fixed_steps},
+          {"step_sum", finite(adapt_.step_sum, 0)},
+          {"step_count", adapt_.step_count},
+          {"oom", {{"larger", larger},
+                   {"good_steps", oom_.good_steps},
+                   {"recover_after", oom_.recover_after},
+                   {"retrying", oom_.retrying}}},
           {"fixed_per_gpu", adapt_.space.fixed_per_gpu},
           {"multiple_of", adapt_.space.multiple_of},
           {"throughput", throughput},
           {"segments", segments},
           {"history", history},
-          {"noise", {n.steps, n.ema_g2, n.ema_tr, n.weight, n.window_steps, n.window_g2, n.window_tr}},
+          {"noise", {n.steps, finite(n.ema_g2, 0), finite(n.ema_tr, 0), finite(n.weight, 0),
+                     n.window_steps, finite(n.window_g2, 0), finite(n.window_tr, 0)}},
           {"noise_ticks", noise_ticks_}};
 }
 
@@ -1133,6 +1169,16 @@ void Trainer::restoreAdaptive(const nlohmann::ordered_json& rec, TrainResult& re
     if (rec.at("world_size").get<int64_t>() == comm_.size()) {
       // The same world: the same split and figures, so the run continues bitwise.
       a.space.fixed_step_s = rec.at("fixed_step_s").get<double>();
+      a.fixed_sum = rec.at("fixed_sum").get<double>();
+      a.fixed_steps = rec.at("fixed_steps").get<int64_t>();
+      a.step_sum = rec.at("step_sum").get<double>();
+      a.step_count = rec.at("step_count").get<int64_t>();
+      // Where the out-of-memory back-off stood: the same decisions and retries.
+      const auto& oom = rec.at("oom");
+      oom_.larger = oom.at("larger").get<std::vector<int64_t>>();
+      oom_.good_steps = oom.at("good_steps").get<int64_t>();
+      oom_.recover_after = oom.at("recover_after").get<int64_t>();
+      oom_.retrying = oom.at("retrying").get<bool>();
       a.space.fixed_per_gpu = rec.at("fixed_per_gpu").get<int64_t>();
       a.space.multiple_of = rec.at("multiple_of").get<int64_t>();
       a.space.throughput.clear();
@@ -1210,6 +1256,7 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
     restoreAdaptive(resume_.adapt, result);
     epoch = adapt_.resume_epoch;
   }
+  last_lr_ = stepLr(global_step);  // an epoch without steps still logs its lr
   // Adaptive: until the G0-equivalent progress reaches the plan's end (Note
   // [adaptive training]); else the plan's epochs and steps.
   const auto finished = [&] {

@@ -86,9 +86,9 @@ namespace batchdist::worker {
 //    accumulation 1; with a fixed batch.per_gpu, the run's own steps up to the
 //    first decision. The fixed cost c (exposed allreduce + optimizer
 //    update per step, the slowest rank's mean) is measured until the first
-//    decision and then frozen: later decisions depend on B alone, which every
-//    rank computes from the same allreduced norms, so a resumed run decides as
-//    the uninterrupted one would.
+//    decision after every rank ran a step, and then frozen: later decisions
+//    depend on B alone, which every rank computes from the same allreduced
+//    norms, so a resumed run decides as the uninterrupted one would.
 //  - A new G takes effect at the next step: the rest of the epoch is cut again
 //    from the position that step would have begun at (Note [adaptive cut] in
 //    worker/plan/plan.h), the loader restarted with the new jobs. An
@@ -102,8 +102,9 @@ namespace batchdist::worker {
 //  - Note [adaptive checkpoint]: the manifest's `plan` stays plan0 (so resume's
 //    checks and its planning at G0 hold); `adapt` records the split in force,
 //    the epoch and its cut, the progress, the history, the throughput table, c
-//    and the noise estimator (with the count of steps started, so the noise
-//    cadence resumes in phase). On the same world size the split and figures are
+//    (or the sums it is being measured from), where the out-of-memory back-off
+//    stands, and the noise estimator (with the count of steps started, so the
+//    noise cadence resumes in phase). On the same world size the split and figures are
 //    taken back and the run continues bitwise; on another, G is kept if it
 //    splits over the new world with the new search's sizes, else decided anew.
 //  - One line on rank 0 per change; report.json's batch_history; metrics.jsonl
@@ -200,7 +201,7 @@ class Trainer {
   /// batch.adapt: goodput (Note [adaptive training]): `space` from adaptSpace()
   /// with the search's throughput table. Call before train() and resumeAt's train.
   void setAdaptive(const AdaptSpace& space);
-  /// The adaptive run's throughput table in force (for a checkpoint's resume).
+  /// Whether setAdaptive() made this run adaptive.
   bool adaptive() const { return adapt_.on; }
   /// The model, optimizer and loss scaler, for checkpoints.
   TrainState state();
@@ -342,6 +343,8 @@ class Trainer {
     int64_t last_decision = 0;        ///< global step of the last decision
     double fixed_sum = 0;             ///< this rank: comm + update seconds of good steps
     int64_t fixed_steps = 0;
+    double step_sum = 0;              ///< this rank: wall seconds of good steps
+    int64_t step_count = 0;
     bool done = false;                ///< progress reached plan0.total_steps
     // Resume: where the epoch stands (Note [adaptive checkpoint]).
     int64_t resume_epoch = -1, resume_step = 0, resume_cut_step = 0, resume_cut_begin = 0;
