@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Benchmark, not a test: the adaptive global batch (batch.adapt: goodput,
 # docs/batch-search.md "Adaptive global batch") against fixed global batches, on
-# one host's CPU with 2 ranks (1 thread each). Two workloads whose noise scale
+# one host's CPU with 2 ranks (1 thread each). Three workloads whose noise scale
 # grows during training:
 #   quickstart   configs/quickstart.yaml: MLP on the embedded digits, G0 = 64
 #   cnn          configs/adaptive-cnn.yaml: small CNN on synthetic 3x16x16 images, G0 = 32
+#   wide         configs/adaptive-wide.yaml: 1.1 M-parameter MLP on synthetic 64-feature
+#                data, G0 = 32 (a step's fixed cost dominates: large batches pay)
 # Per workload and seed (train.seed), interleaved (seed 1: every workload's legs,
 # then seed 2, ...), all with batch.per_gpu: auto and the config's lr at
 # optim.base_batch scaled linearly with G:
@@ -25,7 +27,7 @@
 # of G0 on every workload; time to it <= 0.7x G0 on one workload and <= 1.1x on
 # every one; within 1.15x of the best fixed G. Runs share 2 cores: read ratios,
 # not absolute seconds; `uptime` is printed before and after.
-#   bench/adaptive.sh [--seeds N] [--quick] [--fixed-only] [--workloads "quickstart cnn"]
+#   bench/adaptive.sh [--seeds N] [--quick] [--fixed-only] [--workloads "quickstart cnn wide"]
 #                     [--out DIR] [BATCHDIST_BIN]      (or BATCHDIST=... bench/adaptive.sh)
 #   bench/adaptive.sh --summary DIR                    (the table again, from DIR/runs.jsonl)
 # --quick: 1 seed and 2 fixed sizes (a smoke run). --fixed-only: no goodput legs.
@@ -34,7 +36,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 seeds=5 sizes_n=4 goodput=true summary_only=false
-workloads="quickstart cnn"
+workloads="quickstart cnn wide"
 outdir=/tmp/batchdist-adaptive
 bin=${BATCHDIST:-$here/../build/launcher/batchdist}
 while [ $# -gt 0 ]; do
@@ -55,7 +57,8 @@ config() {
   case $1 in
     quickstart) echo "$here/../configs/quickstart.yaml" ;;
     cnn) echo "$here/../configs/adaptive-cnn.yaml" ;;
-    *) echo "unknown workload $1 (quickstart, cnn)" >&2; exit 2 ;;
+    wide) echo "$here/../configs/adaptive-wide.yaml" ;;
+    *) echo "unknown workload $1 (quickstart, cnn, wide)" >&2; exit 2 ;;
   esac
 }
 flags=(--oversubscribe --bind-to none -x OMP_NUM_THREADS=1)
@@ -196,9 +199,11 @@ for w, legs in results.items():
                 continue
             dacc.append(100 * (last["eval_accuracy"] - target[s]))
             hit = next((e for e in r["epochs"] if e["eval_accuracy"] >= target[s] - 1e-9), None)
-            if hit is None:
+            if hit is None:  # never: counts in every median as infinitely slow
                 tta.append(math.inf)
                 tta_by_seed[s] = math.inf
+                ratio.append(math.inf)
+                ratio_s.append(math.inf)
                 continue
             reached += 1
             tta.append(hit["seconds"])

@@ -4,7 +4,8 @@
 #
 # usage: adaptive.sh MPIRUN "MPI FLAGS" BATCHDIST MODEL_DIFF CONFIG OUTDIR SCENARIO
 #   ranks   3 ranks, rank 0's optimizer update 2 ms slower (BATCHDIST_FAULT_SLOW_UPDATE_US:
-#           its steps and its fixed cost differ from the others'): G grows; every split in batch_history is m x a x 3 within
+#           its steps and its fixed cost differ from the others'), a warmup of 45 steps
+#           (past the first epoch's end, 29): no decision before it; G grows; every split in batch_history is m x a x 3 within
 #           [G0, N / adapt_min_steps]; one console line per change; metrics.jsonl's
 #           progress rises to the plan's end; parameters agree (train.check_finite)
 #   resume  2 ranks; a run's checkpoint after its first change, resumed on the same
@@ -17,15 +18,12 @@
 set -u
 mpirun=$1 flags=$2 bin=$3 diff=$4 cfg=$5 out=$6 scenario=$7
 rm -rf "$out"; mkdir -p "$out"
-fail() { echo "FAIL: $*"; exit 1; }
+. "$(dirname "$0")/mpi_job_lib.sh"
 
 # run NAME NP ARGS...: one batchdist run into $out/NAME (log in $out/NAME.log); sets rc.
 run() {
-  local name=$1 np=$2; shift 2
-  # shellcheck disable=SC2086
-  "$mpirun" $flags -np "$np" "$bin" "$cfg" --output "$out/$name" "$@" >"$out/$name.log" 2>&1
-  rc=$?
-  grep -aE '^(adapt|resume|done|oom)' "$out/$name.log" | head -n 12
+  run_into "$@"
+  grep -aE '^(adapt|resume|done|oom)' "$out/$1.log" | head -n 12
 }
 
 # check NAME WORLD G0 [FROM_STEP]: report.json and metrics.jsonl of an adaptive run.
@@ -42,6 +40,9 @@ h = r["batch_history"]
 total = r["plan"]["total_steps"]
 ceiling = 1438 // 8
 need(h[0]["step"] == 0 and h[0]["global_batch"] == g0, f"history does not start at G0 {g0}: {h[0]}")
+warmup = r["plan"]["warmup_steps"]
+early = [c for c in h[1:] if c["step"] < warmup]
+need(not early, f"decided during the warmup ({warmup} steps): {early}")
 for c in h:
     if c["step"] < from_step:
         continue
@@ -76,9 +77,9 @@ case "$scenario" in
     # MPMD: rank 0 slower in every update.
     # shellcheck disable=SC2086
     "$mpirun" $flags -np 1 -x BATCHDIST_FAULT_SLOW_UPDATE_US=2000 "$bin" "$cfg" --output "$out/ranks" "${adapt[@]}" \
-      --set batch.global=48 --set train.check_finite=true : \
+      --set batch.global=48 --set train.check_finite=true --set optim.warmup_steps=45 : \
       -np 2 "$bin" "$cfg" --output "$out/ranks" "${adapt[@]}" --set batch.global=48 \
-      --set train.check_finite=true >"$out/ranks.log" 2>&1
+      --set train.check_finite=true --set optim.warmup_steps=45 >"$out/ranks.log" 2>&1
     rc=$?
     grep -aE '^(adapt|done)' "$out/ranks.log" | head -n 12
     [ "$rc" = 0 ] || { tail -n 20 "$out/ranks.log"; fail "exit $rc"; }

@@ -21,15 +21,12 @@
 set -u
 mpirun=$1 flags=$2 bin=$3 diff=$4 cfg=$5 out=$6 scenario=$7
 rm -rf "$out"; mkdir -p "$out"
-fail() { echo "FAIL: $*"; exit 1; }
+. "$(dirname "$0")/mpi_job_lib.sh"
 
 # run NAME NP ARGS...: one batchdist run into $out/NAME (log in $out/NAME.log); sets rc.
 run() {
-  local name=$1 np=$2; shift 2
-  # shellcheck disable=SC2086
-  "$mpirun" $flags -np "$np" "$bin" "$cfg" --output "$out/$name" "$@" >"$out/$name.log" 2>&1
-  rc=$?
-  grep -aoE '(resume: |error: |warning: resume|was not written|done: |stopped early).*' "$out/$name.log" | sort -u | head -n 8
+  run_into "$@"
+  grep -aoE '(resume: |error: |warning: resume|was not written|done: |stopped early).*' "$out/$1.log" | sort -u | head -n 8
 }
 
 json() { grep -o "\"$2\": [^,]*" "$out/$1/report.json" | head -1 | sed 's/.*: //'; }

@@ -14,15 +14,10 @@
 set -u
 mpirun=$1 flags=$2 bin=$3 diff=$4 make=$5 cfg=$6 out=$7 scenario=$8
 rm -rf "$out"; mkdir -p "$out"
-fail() { echo "FAIL: $*"; exit 1; }
+. "$(dirname "$0")/mpi_job_lib.sh"
 
 # run NAME NP ARGS...: one batchdist run into $out/NAME (log in $out/NAME.log); sets rc.
-run() {
-  local name=$1 np=$2; shift 2
-  # shellcheck disable=SC2086
-  "$mpirun" $flags -np "$np" "$bin" "$cfg" --output "$out/$name" "$@" >"$out/$name.log" 2>&1
-  rc=$?
-}
+run() { run_into "$@"; }
 json() {  # json RUN KEY...: a value of RUN's report.json
   python3 -c 'import json, sys
 d = json.load(open(sys.argv[1]))

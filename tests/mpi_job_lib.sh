@@ -1,5 +1,17 @@
-# Shared by the tests that interfere with a running 2-rank job (rank_death.sh,
-# signal_stop.sh). Source it; set mpirun, flags, bin, cfg and out first.
+# Shared by the tests that run batchdist jobs under mpirun (rank_death.sh,
+# signal_stop.sh, checkpoint_resume.sh, ...). Source it; set mpirun, flags, bin,
+# cfg and out first.
+
+fail() { echo "FAIL: $*"; exit 1; }
+
+# run_into NAME NP ARGS...: `batchdist CFG ARGS... --output $out/NAME` on NP ranks,
+# its log in $out/NAME.log; sets rc to the job's exit code.
+run_into() {
+  local name=$1 np=$2; shift 2
+  # shellcheck disable=SC2086
+  "$mpirun" $flags -np "$np" "$bin" "$cfg" --output "$out/$name" "$@" >"$out/$name.log" 2>&1
+  rc=$?
+}
 
 # Starts a long 2-rank training run in the background; its pid is $launcher.
 # (Not anchored: with train.progress: bar a progress line starts with an escape code.)

@@ -27,7 +27,6 @@ end_wait_s=$(( 2 * grace + 20 ))
 wait_for_job_end "SIGTERM to mpirun"
 echo "mpirun ended $(( $(date +%s) - start ))s after SIGTERM, exit code $rc"
 tr '\r' '\n' <"$out/log" | grep -v "epoch .* step" | tail -20
-fail() { echo "FAIL: $*"; exit 1; }
 for r in 0 1; do
   grep -q "\[rank $r/2 host [^]]*\] received SIGTERM: stopped cleanly" "$out/log" ||
     fail "rank $r did not stop on SIGTERM (killed first?)"

@@ -34,7 +34,6 @@ end_wait_s=$(( timeout_s + 60 + np ))
 wait_for_job_end "ranks $frozen were stopped"
 echo "job ended $(( $(date +%s) - start ))s after ranks $frozen (pids ${victims[*]}) were stopped, exit code $rc"
 grep -v "^epoch .* step" "$out/log" | grep -v "^ *$" | tail -12 | cut -c1-400
-fail() { echo "FAIL: $*"; exit 1; }
 [ "$rc" -ne 0 ] || fail "exit code 0 after a rank froze"
 if [ "$frozen" = 0 ]; then
   grep -q "rendezvous store on rank 0 does not answer" "$out/log" || fail "rank 0 not named"

@@ -551,6 +551,7 @@ TEST(SearchInterleaved, RelativeThroughputPairsRoundsOnlyWhenBothHaveThem) {
 TEST(Search, TrainingOutOfMemoryMarksTheCacheEntry) {
   SearchResult r;
   r.candidates = {ok(8, 100, 120), ok(16, 190, 140), ok(32, 200, 200)};
+  r.adapt_range = {ok(64, 260, 300), ok(128, 300, 420)};  // Note [adapt range]
   r.chosen = 32;
   r.objective = Objective::kMaxFit;
   const auto path = ::testing::TempDir() + "/search_cache_oom_test.json";
@@ -566,6 +567,12 @@ TEST(Search, TrainingOutOfMemoryMarksTheCacheEntry) {
             std::string::npos)
       << found.note;
   EXPECT_NE(found.note.find("taking 16 instead of 32"), std::string::npos) << found.note;
+  // The adaptive batch's larger sizes are out too: they are above the one that failed.
+  ASSERT_EQ(found.result->adapt_range.size(), 2u);
+  for (const auto& c : found.result->adapt_range) {
+    EXPECT_TRUE(c.failed) << c.per_gpu;
+    EXPECT_NE(c.reason.find("out of memory in training"), std::string::npos) << c.reason;
+  }
   markSearchCacheOom(path, "k", {{8, 1, 9, 0, 130}});  // nothing fits any more: search again
   found = readSearchCache(path, "k");
   EXPECT_FALSE(found.result.has_value());

@@ -19,7 +19,6 @@ wait_for_job_end "SIGTERM during the search"
 took=$(( $(date +%s) - start ))
 echo "job ended ${took}s after SIGTERM, exit code $rc"
 tail -8 "$out/log"
-fail() { echo "FAIL: $*"; exit 1; }
 [ "$rc" -eq 143 ] || fail "exit code $rc, expected 143 (128 + SIGTERM)"
 grep -q "stop requested during the batch search: every rank stopped after per-GPU" "$out/log" ||
   fail "no stop message"

@@ -12,7 +12,6 @@ victim=$(rank_pid)
 kill -"$sig" "$victim"
 wait_for_job_end "SIG$sig"
 grep -v "^epoch .* step" "$out/log" | tail -20
-fail() { echo "FAIL: $*"; exit 1; }
 grep -q "received SIG$sig: stopped cleanly" "$out/log" || fail "no stop message"
 grep -q "stop requested: every rank stopped after step" "$out/log" || fail "ranks did not agree"
 [ -f "$out/report.json" ] || fail "no report"

@@ -118,27 +118,36 @@ void checkBatchNorm(const Config& cfg, bool has_bn, const Plan& p) {
   }
 }
 
+/// Steps per epoch of n samples at p.global, and what p.last_batch drops or pads:
+/// the one arithmetic of planEpochs() and withGlobal().
+void cutEpochs(int64_t n, Plan& p) {
+  const int64_t G = p.global;
+  p.samples_dropped = p.samples_padded = 0;
+  if (p.last_batch == LastBatch::kDrop) {
+    p.steps_per_epoch = n / G;
+    p.samples_dropped = n % G;
+  } else {
+    p.steps_per_epoch = n / G + (n % G != 0 ? 1 : 0);
+    if (p.last_batch == LastBatch::kPad) p.samples_padded = (G - n % G) % G;
+  }
+}
+
 /// Phase 3: steps per epoch and what the last batch policy drops or pads.
 void planEpochs(const Config& cfg, int64_t n, Plan& p) {
   const int64_t G = p.global;
+  cutEpochs(n, p);
   if (cfg.batch.last_batch == LastBatch::kDrop) {
-    p.steps_per_epoch = n / G;
-    p.samples_dropped = n % G;
     if (p.steps_per_epoch == 0) {
       throw ConfigError(strCat(cfg.source, ": the training set has ", n,
                                " samples, fewer than batch.global=", G,
                                ", so batch.last_batch: drop leaves no step; lower the batch or "
                                "use last_batch: pad"));
     }
-  } else {
-    p.steps_per_epoch = n / G + (n % G != 0 ? 1 : 0);
-    if (cfg.batch.last_batch == LastBatch::kPad) p.samples_padded = (G - n % G) % G;
-    if (p.samples_padded > n) {
-      throw ConfigError(strCat(cfg.source, ": batch.global=", G, " with batch.last_batch: pad "
-                               "would add ", p.samples_padded, " padding samples to the ", n,
-                               " of the training set each epoch (more padding than data); lower "
-                               "the batch"));
-    }
+  } else if (p.samples_padded > n) {
+    throw ConfigError(strCat(cfg.source, ": batch.global=", G, " with batch.last_batch: pad "
+                             "would add ", p.samples_padded, " padding samples to the ", n,
+                             " of the training set each epoch (more padding than data); lower "
+                             "the batch"));
   }
   p.epochs = cfg.train.epochs;
   p.total_steps = mul(p.epochs, p.steps_per_epoch, cfg.source, "train.epochs x steps per epoch");
@@ -248,15 +257,7 @@ Plan withGlobal(const Plan& plan, int64_t global, int64_t per_gpu, int64_t accum
   p.global = global;
   p.per_gpu = per_gpu;
   p.accum = accum;
-  const int64_t n = p.dataset_size;
-  p.samples_dropped = p.samples_padded = 0;
-  if (p.last_batch == LastBatch::kDrop) {
-    p.steps_per_epoch = n / global;
-    p.samples_dropped = n % global;
-  } else {
-    p.steps_per_epoch = n / global + (n % global != 0 ? 1 : 0);
-    if (p.last_batch == LastBatch::kPad) p.samples_padded = (global - n % global) % global;
-  }
+  cutEpochs(p.dataset_size, p);
   return p;
 }
 

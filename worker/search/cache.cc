@@ -43,10 +43,14 @@ std::string applyTrainingOoms(const nlohmann::json& marks, SearchResult& r) {
       strCat("out of memory in training at step ", worst->at("step").get<int64_t>(), " on rank ",
              worst->at("rank").get<int64_t>(), " (peak ", formatFixed(worst->at("peak_mb").get<double>(), 0),
              " MB)");
-  for (auto& c : r.candidates) {
-    if (c.per_gpu >= limit && !c.failed) {
-      c.failed = true;
-      c.reason = reason;
+  // The adapt range too (Note [adapt range]): the adaptive batch does not take
+  // a size that ran out of memory in training either.
+  for (auto* list : {&r.candidates, &r.adapt_range}) {
+    for (auto& c : *list) {
+      if (c.per_gpu >= limit && !c.failed) {
+        c.failed = true;
+        c.reason = reason;
+      }
     }
   }
   const int64_t before = r.chosen;

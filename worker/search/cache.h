@@ -47,8 +47,9 @@ struct TrainingOom {
 /// entry (not JSON, missing fields, a chosen batch that is not positive or not
 /// among the candidates) is a miss with `problem` naming the file and the fault.
 /// An entry marked by markSearchCacheOom counts every candidate at or above the
-/// smallest per-GPU batch that ran out of memory in training as failed and
-/// chooses again among the rest (`note` says so); none left is a miss.
+/// smallest per-GPU batch that ran out of memory in training as failed (in the
+/// adapt range too) and chooses again among the rest (`note` says so); none left
+/// is a miss.
 CacheLookup readSearchCache(const std::string& path, const std::string& key);
 
 /// Note [oom back-off]: marks the entry under `key` in `path` (if it is there)

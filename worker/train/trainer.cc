@@ -1021,6 +1021,9 @@ void Trainer::applySplit(EpochRun& e, Sharder& sharder, int64_t s, const AdaptSp
 void Trainer::maybeAdapt(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_step,
                          TrainResult& result) {
   if (!adapt_.on) return;
+  // Not during the warmup (Note [adaptive training]): G stays G0 until the
+  // progress has passed it.
+  if (adapt_.progress < static_cast<double>(adapt_.plan0.warmup_steps)) return;
   const bool epoch_start = s == 0 && global_step > 0;
   if (!epoch_start && global_step - adapt_.last_decision < cfg_.batch.adapt_every_steps) return;
   // Once per step (an epoch cut short by a larger G starts the next at the same step).
@@ -1198,7 +1201,15 @@ void Trainer::restoreAdaptive(const nlohmann::ordered_json& rec, TrainResult& re
       for (const auto& c : candidates) {
         if (pick == nullptr || (pick->split.global != g && c.goodput > pick->goodput)) pick = &c;
       }
-      if (pick) plan_ = withGlobal(plan_, pick->split.global, pick->split.per_gpu, pick->split.accum);
+      const int64_t fixed = a.space.fixed_per_gpu;
+      const int64_t w = comm_.size();
+      if (pick) {
+        plan_ = withGlobal(plan_, pick->split.global, pick->split.per_gpu, pick->split.accum);
+      } else if (fixed > 0 && g % (fixed * w) == 0) {
+        // A fixed batch.per_gpu and no figures for this world yet: G kept by
+        // accumulation (the table fills again from this run's steps).
+        plan_ = withGlobal(plan_, g, fixed, g / (fixed * w));
+      }
       a.resume_cut_step = a.resume_step;
       a.resume_cut_begin = pos;
     }
@@ -1220,10 +1231,13 @@ void Trainer::restoreAdaptive(const nlohmann::ordered_json& rec, TrainResult& re
   result.batch_history = a.history;
   if (plan_.global != a.segments.back().global) {
     if (console_) {
+      const bool fixed = a.space.fixed_per_gpu > 0;
       console_->line(strCat("adapt: resumed on ", comm_.size(), " ranks: global batch ",
-                            a.segments.back().global, " does not split over them with the "
-                            "measured per-GPU batches; ", plan_.global, " (", plan_.per_gpu, " x ",
-                            plan_.accum, " x ", comm_.size(), ") from step ", step + 1));
+                            a.segments.back().global, " does not split over them with ",
+                            fixed ? strCat("batch.per_gpu ", a.space.fixed_per_gpu)
+                                  : std::string("the measured per-GPU batches"),
+                            "; ", plan_.global, " (", plan_.per_gpu, " x ", plan_.accum, " x ",
+                            comm_.size(), ") from step ", step + 1));
     }
     beginSegment(step, a.b_noise,
                  statisticalEfficiency(static_cast<double>(plan_.global),

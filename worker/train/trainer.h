@@ -89,6 +89,13 @@ namespace batchdist::worker {
 //    decision after every rank ran a step, and then frozen: later decisions
 //    depend on B alone, which every rank computes from the same allreduced
 //    norms, so a resumed run decides as the uninterrupted one would.
+//  - No decision before the warmup (plan0.warmup_steps) is over: G stays G0
+//    through it. The warmup exists because the first steps are fragile, and a
+//    larger G would multiply its lr by the gain r; and B_simple measured while
+//    the lr still rises describes a transient (configs/adaptive-wide.yaml: 843
+//    at step 100, 353 a few hundred steps later). An A/B over 5 seeds there:
+//    with this rule every seed reached fixed G0's final accuracy, without it 2
+//    of 5 (docs/batch-search.md, Benchmark).
 //  - A new G takes effect at the next step: the rest of the epoch is cut again
 //    from the position that step would have begun at (Note [adaptive cut] in
 //    worker/plan/plan.h), the loader restarted with the new jobs. An
@@ -201,8 +208,6 @@ class Trainer {
   /// batch.adapt: goodput (Note [adaptive training]): `space` from adaptSpace()
   /// with the search's throughput table. Call before train() and resumeAt's train.
   void setAdaptive(const AdaptSpace& space);
-  /// Whether setAdaptive() made this run adaptive.
-  bool adaptive() const { return adapt_.on; }
   /// The model, optimizer and loss scaler, for checkpoints.
   TrainState state();
 
