@@ -13,6 +13,10 @@
 #   world   the same checkpoint resumed on 3 ranks (G0 = 48): the split is planned
 #           for 3 ranks, the history before the resume kept, the run ends at the
 #           same G0-equivalent budget
+#   world_fixed  the same with batch.per_gpu: 8 (no search, so G grows by accumulation
+#           and the samples/s come from the run's own steps): on 3 ranks G is kept by
+#           accumulation where 8 x 3 divides it, else the line says batch.per_gpu 8
+#           does not split it; every split after the resume has per-GPU batch 8
 #   oom     an out-of-memory after the change halves m under the adaptive G; no later
 #           decision goes back to the per-GPU batch that failed
 set -u
@@ -88,9 +92,11 @@ case "$scenario" in
     [ "$lines" = "$(cat "$out/ranks/changes")" ] ||
       fail "$lines 'adapt: step' lines for $(cat "$out/ranks/changes") changes (rank 0 alone prints)"
     ;;
-  resume | world)
+  resume | world | world_fixed)
     base=("${adapt[@]}" --set batch.global=48 --set model.dropout=0.1
           --set checkpoint.every_steps=10 --set checkpoint.keep=100)
+    # adapt_max 96: the 2-rank run grows to 64, 80 or 96; 96 = 8 x 4 x 3 is kept on 3.
+    [ "$scenario" = world_fixed ] && base+=(--set batch.per_gpu=8 --set batch.adapt_max=96)
     run full 2 "${base[@]}"; [ "$rc" = 0 ] || fail "uninterrupted run: exit $rc"
     check full 2 48
     # The first checkpoint after the first change of G.
@@ -132,6 +138,24 @@ if before(a) != before(b):
     print("FAIL: history before the resume:", before(a), before(b)); sys.exit(1)
 print(f"2 -> 3 ranks at step {at}: history before it kept ({len(before(a))} entries)")
 EOF
+      if [ "$scenario" = world_fixed ]; then
+        python3 - "$out/full/report.json" "$out/other/report.json" "$at" "$out/other.log" <<'EOF' || fail "fixed per-GPU batch"
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+at, log = int(sys.argv[3]), open(sys.argv[4], errors="replace").read()
+g = [c["global_batch"] for c in a["batch_history"] if c["step"] < at][-1]
+after = [c for c in b["batch_history"] if c["step"] >= at]
+bad = [c for c in after if c["per_gpu_batch"] != 8]
+if bad:
+    print("FAIL: a split after the resume is not per-GPU 8:", bad); sys.exit(1)
+moved = "adapt: resumed on 3 ranks" in log
+if g % 24 == 0 and moved:
+    print(f"FAIL: G {g} splits as 8 x {g // 24} x 3 but was not kept"); sys.exit(1)
+if g % 24 != 0 and "does not split over them with batch.per_gpu 8" not in log:
+    print(f"FAIL: G {g} does not split over 3 ranks at per-GPU 8 and the line does not say so"); sys.exit(1)
+print(f"G {g} at the checkpoint: {'re-planned' if moved else 'kept'} on 3 ranks with per-GPU 8")
+EOF
+      fi
     fi
     ;;
   oom)
