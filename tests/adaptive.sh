@@ -99,6 +99,22 @@ case "$scenario" in
     [ "$scenario" = world_fixed ] && base+=(--set batch.per_gpu=8 --set batch.adapt_max=96)
     run full 2 "${base[@]}"; [ "$rc" = 0 ] || fail "uninterrupted run: exit $rc"
     check full 2 48
+    # Every checkpoint's manifest says where the adaptive run stood, not where the
+    # plan at G0 would have been.
+    python3 - "$out/full/checkpoints" <<'EOF' || fail "manifest"
+import json, os, sys
+d = sys.argv[1]
+steps = sorted(n for n in os.listdir(d) if n.startswith("step-"))
+if not steps:
+    print("FAIL: no checkpoint in", d); sys.exit(1)
+for name in steps:
+    m = json.load(open(os.path.join(d, name, "manifest.json")))
+    a = m["adapt"]
+    for k in ("epoch", "step_in_epoch"):
+        if m[k] != a[k]:
+            print(f"FAIL: {name}: manifest {k} {m[k]}, the adaptive run's {a[k]}"); sys.exit(1)
+print(f"{len(steps)} manifests: epoch and step_in_epoch the adaptive run's")
+EOF
     # The first checkpoint after the first change of G.
     first=$(python3 -c "import json,sys; h=json.load(open(sys.argv[1]))['batch_history']; \
 print(next(c['step'] for c in h if '->' in c['why']))" "$out/full/report.json")

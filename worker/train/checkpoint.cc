@@ -367,15 +367,20 @@ int64_t Checkpointer::writeInto(const std::string& tmp, const TrainState& state,
       {"model.pt", modelBytes(*state.model)},
       {"optimizer.pt", state.optimizer->saveState()}};
   const Plan& p = id_.plan;
+  // An adaptive run's plan is plan0 (Note [adaptive checkpoint]): its epoch, place
+  // in the epoch and next lr are the adapt record's.
+  const auto& a = pos.adapt;
+  const int64_t spe = p.steps_per_epoch;
   nlohmann::ordered_json m{
       {"format", kFormat},
       {"batchdist_version", BATCHDIST_VERSION},
       {"torch_version", compat::torchVersion()},
       {"created_unix", static_cast<int64_t>(std::time(nullptr))},
       {"step", pos.global_step},
-      {"epoch", p.steps_per_epoch > 0 ? pos.global_step / p.steps_per_epoch : 0},
-      {"step_in_epoch", p.steps_per_epoch > 0 ? pos.global_step % p.steps_per_epoch : 0},
-      {"lr_next", p.lrAt(pos.global_step)},
+      {"epoch", !a.is_null() ? a.at("epoch").get<int64_t>() : spe > 0 ? pos.global_step / spe : 0},
+      {"step_in_epoch",
+       !a.is_null() ? a.at("step_in_epoch").get<int64_t>() : spe > 0 ? pos.global_step % spe : 0},
+      {"lr_next", a.is_null() ? p.lrAt(pos.global_step) : a.at("lr_next").get<double>()},
       {"samples", pos.samples},
       {"epoch_samples", pos.epoch_samples},
       {"epoch_loss_sum", pos.epoch_loss_sum},

@@ -1114,6 +1114,8 @@ nlohmann::ordered_json Trainer::adaptRecord(int64_t epoch, int64_t next_step, in
           {"accum", plan_.accum},
           {"epoch", epoch},
           {"step_in_epoch", next_step},
+          // The next step's lr if G stays (for the manifest; not read on resume).
+          {"lr_next", finite(stepLr(0), 0)},
           {"cut_step", cut_step},
           {"cut_begin", cut_begin},
           {"progress", adapt_.progress},
