@@ -93,7 +93,7 @@ namespace batchdist::worker {
 //    through it. The warmup exists because the first steps are fragile, and a
 //    larger G would multiply its lr by the gain r; and B_simple measured while
 //    the lr still rises describes a transient (configs/adaptive-wide.yaml: 843
-//    at step 100, 353 a few hundred steps later). An A/B over 5 seeds there:
+//    at step 100, 428 at the warmup's end, step 1200). An A/B over 5 seeds there:
 //    with this rule every seed reached fixed G0's final accuracy, without it 2
 //    of 5 (docs/batch-search.md, Benchmark).
 //  - A new G takes effect at the next step: the rest of the epoch is cut again
