@@ -183,6 +183,53 @@ TEST(Adapt, HysteresisStopsFlappingWhileTheNoiseScaleWobbles) {
   }
 }
 
+TEST(Adapt, AMoveBetweenPerGpuBatchesMustBeatTheirMeasurementUncertaintyToo) {
+  // B = 2000: E(512) = 2256 / 2512 against E(256) = 1. 128 x 1 x 4 is set x1.08 faster in
+  // goodput than 64 x 1 x 4: above the 5 % margin, below 5 % + the figures' uncertainty.
+  const double b = 2000;
+  const double eff = (b + 256) / (b + 512);
+  auto s = space4();
+  const auto at = [&](double gain, double u64, double u128) {
+    s.throughput = {{64, 1600, u64}, {128, 1600 * gain / eff, u128}};
+    return decideGlobalBatch(s, {256, 64, 1}, b);
+  };
+  const auto plain = at(1.08, 0, 0);  // no interval known: the 5 % margin alone
+  EXPECT_TRUE(plain.change) << plain.why;
+  EXPECT_EQ(plain.chosen, (AdaptSplit{512, 128, 1}));
+  EXPECT_NEAR(plain.gain, 1.08, 1e-9);
+  // +-3.7 % and +-1.0 %: the ratio's uncertainty is sqrt(3.7^2 + 1^2) = 3.833 %.
+  const auto noisy = at(1.08, 0.037, 0.010);
+  EXPECT_FALSE(noisy.change) << noisy.why;
+  EXPECT_EQ(noisy.chosen, (AdaptSplit{256, 64, 1}));
+  EXPECT_TRUE(contains(noisy.why, "within the 8.833 % margin (5 % + 3.833 % the samples/s "
+                                  "figures' uncertainty)"))
+      << noisy.why;
+  EXPECT_NEAR(requiredMargin(s, {256, 64, 1}, {512, 128, 1}), 0.05 + std::sqrt(0.037 * 0.037 + 0.0001),
+              1e-12);
+  // A gain beyond both moves.
+  const auto clear = at(1.10, 0.037, 0.010);
+  EXPECT_TRUE(clear.change) << clear.why;
+  // An unknown interval counts as 0: the other one alone is added.
+  s.throughput = {{64, 1600, 0.037}, {128, 1900, 0}};
+  EXPECT_NEAR(requiredMargin(s, {256, 64, 1}, {512, 128, 1}), 0.087, 1e-12);
+  // Splits of the same per-GPU batch share one measurement: no uncertainty added.
+  s.throughput = {{64, 1600, 0.2}};
+  EXPECT_DOUBLE_EQ(requiredMargin(s, {256, 64, 1}, {512, 64, 2}), kAdaptMargin);
+  // A per-GPU batch measured twice keeps the lower samples/s and the larger interval.
+  s.throughput = {{64, 1600, 0.01}, {64, 1700, 0.03}, {128, 1900, 0}};
+  EXPECT_NEAR(requiredMargin(s, {256, 64, 1}, {512, 128, 1}), 0.08, 1e-12);
+  EXPECT_DOUBLE_EQ(modelledSamplesPerSecond(s, {256, 64, 1}), 1600);
+}
+
+TEST(Adapt, RelativeUncertaintyOfASearchFigure) {
+  EXPECT_DOUBLE_EQ(relativeUncertainty(1000, 950, 1070), 0.06);
+  EXPECT_EQ(relativeUncertainty(1000, 0, 0), 0);      // no interval (an old cache entry)
+  EXPECT_EQ(relativeUncertainty(1000, 1000, 1000), 0);
+  EXPECT_EQ(relativeUncertainty(0, 950, 1070), 0);
+  EXPECT_EQ(relativeUncertainty(1000, 950, std::numeric_limits<double>::infinity()), 0);
+  EXPECT_EQ(relativeUncertainty(std::nan(""), 950, 1070), 0);
+}
+
 TEST(Adapt, TiesGoToTheSmallerGlobalBatch) {
   // B = 768: E(512) = 1024 / 1280 = 0.8; 128 x 1 x 4 at 2000/s gives goodput 1600, as
   // 64 x 1 x 4 = 256 at 1600/s (E = 1) does.

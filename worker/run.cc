@@ -592,7 +592,10 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
     if (searched) {
       for (const auto* list : {&searched->candidates, &searched->adapt_range}) {
         for (const auto& c : *list) {
-          if (!c.failed) space.throughput.push_back({c.per_gpu, c.global_sps});
+          if (!c.failed) {
+            space.throughput.push_back(
+                {c.per_gpu, c.global_sps, relativeUncertainty(c.global_sps, c.sps_low, c.sps_high)});
+          }
         }
       }
     }

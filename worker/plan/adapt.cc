@@ -19,14 +19,20 @@ int64_t sixteenTimes(int64_t g0) {
 bool known(double b_noise) { return std::isfinite(b_noise) && b_noise > 0; }
 
 /// The measured samples/s of each usable per-GPU batch; a per-GPU batch measured
-/// twice keeps its lower figure (the model stays a lower bound).
-std::map<int64_t, double> measured(const AdaptSpace& s) {
+/// twice keeps its lower figure (the model stays a lower bound) and the larger
+/// uncertainty.
+std::map<int64_t, double> measured(const AdaptSpace& s, std::map<int64_t, double>* uncertainty = nullptr) {
   std::map<int64_t, double> out;
   for (const auto& p : s.throughput) {
     if (p.per_gpu < s.min_per_gpu || !(p.samples_per_s > 0) || !std::isfinite(p.samples_per_s)) continue;
     if (s.fixed_per_gpu > 0 ? p.per_gpu != s.fixed_per_gpu : p.per_gpu % s.multiple_of != 0) continue;
     const auto [it, fresh] = out.emplace(p.per_gpu, p.samples_per_s);
     if (!fresh) it->second = std::min(it->second, p.samples_per_s);
+    if (uncertainty != nullptr) {
+      const double u = std::isfinite(p.uncertainty) ? std::max(0.0, p.uncertainty) : 0.0;
+      auto& slot = (*uncertainty)[p.per_gpu];
+      slot = std::max(slot, u);
+    }
   }
   return out;
 }
@@ -66,6 +72,23 @@ double statisticalEfficiency(double g, double g0, double b_noise) {
 double adascaleGain(double g, double g0, double b_noise) {
   if (!known(b_noise)) return 1.0;
   return g / g0 * statisticalEfficiency(g, g0, b_noise);
+}
+
+double relativeUncertainty(double sps, double low, double high) {
+  if (!(sps > 0) || !std::isfinite(sps) || !std::isfinite(low) || !std::isfinite(high) ||
+      !(high > low) || !(low > 0)) {
+    return 0;
+  }
+  return (high - low) / (2 * sps);
+}
+
+double requiredMargin(const AdaptSpace& space, const AdaptSplit& current, const AdaptSplit& best) {
+  if (current.per_gpu == best.per_gpu) return space.margin;
+  std::map<int64_t, double> u;
+  measured(space, &u);
+  const double a = u.count(current.per_gpu) ? u.at(current.per_gpu) : 0.0;
+  const double b = u.count(best.per_gpu) ? u.at(best.per_gpu) : 0.0;
+  return space.margin + std::sqrt(a * a + b * b);
 }
 
 double modelledSamplesPerSecond(const AdaptSpace& space, const AdaptSplit& split) {
@@ -152,15 +175,21 @@ AdaptDecision decideGlobalBatch(const AdaptSpace& s, const AdaptSplit& current, 
                    ", ", s.ceiling, "]; ", figures);
     return d;
   }
-  if (best->split != current && best->goodput > d.current_goodput * (1.0 + s.margin)) {
+  const double margin = requiredMargin(s, current, best->split);
+  if (best->split != current && best->goodput > d.current_goodput * (1.0 + margin)) {
     d.chosen = best->split;
     d.change = true;
     d.why = strCat("global batch ", splitText(current, s.world_size), " -> ",
                    splitText(d.chosen, s.world_size), ": ", figures);
   } else {
+    const std::string parts =
+        margin > s.margin ? strCat(" (", formatNumber(100 * s.margin), " % + ",
+                                   formatNumber(100 * (margin - s.margin)),
+                                   " % the samples/s figures' uncertainty)")
+                          : std::string();
     d.why = strCat("global batch stays ", splitText(current, s.world_size), ": best ",
                    splitText(best->split, s.world_size), " is within the ",
-                   formatNumber(100 * s.margin), " % margin; ", figures);
+                   formatNumber(100 * margin), " % margin", parts, "; ", figures);
   }
   return d;
 }

@@ -32,9 +32,16 @@
 // search measures a geometric ladder, so m x a x W still covers G densely.
 //
 // Hysteresis. G changes only when the best candidate's modelled goodput beats the
-// current split's by more than `margin` (5 %): the search trusts throughput to
-// search.tolerance (5 % by default) and B is a noisy estimate. Between two
-// candidates the goodput ratio moves by less than the relative change of B
+// current split's by more than `margin` (5 %) plus, where the two splits differ in
+// m, the uncertainty of the ratio of their measured samples/s: the quadrature sum
+// sqrt(u1^2 + u2^2) of the relative half-widths of the search's 95 % intervals
+// (ThroughputPoint::uncertainty). A gain the measurements cannot tell from noise
+// is no reason to move: on the CNN of bench/adaptive.sh per-GPU 16 measured
+// +-3.7 % and 64 +-1.0 %, and the rule had moved on a modelled x1.08. The
+// interval is a floor on the real uncertainty (a machine's speed also wanders
+// between runs), so no further slack is taken off it. Splits of the same m share their
+// measurement and add no uncertainty. The 5 % is for B, a noisy estimate: between
+// two candidates the goodput ratio moves by less than the relative change of B
 // (d ln[(B+G1)/(B+G2)] / d ln B lies in (-1, 1)), so going A -> B -> A needs the
 // ratio to swing by more than 2 x 5 % = 10 %: B wobbling by +-3 % cannot do it.
 // Ties go to the smaller G (fewer samples per step for the same progress rate).
@@ -91,7 +98,14 @@ double adascaleGain(double g, double g0, double b_noise);
 struct ThroughputPoint {
   int64_t per_gpu = 0;
   double samples_per_s = 0;
+  /// Half the width of its 95 % interval over samples_per_s (0: unknown), for
+  /// the hysteresis (Note [goodput]).
+  double uncertainty = 0;
 };
+
+/// The relative uncertainty of a search candidate's samples/s, (high - low) / (2
+/// x sps) from its 95 % interval; 0 when the interval is missing or not finite.
+double relativeUncertainty(double sps, double low, double high);
 
 /// Everything the choice of G depends on besides B (Note [goodput]).
 struct AdaptSpace {
@@ -152,8 +166,13 @@ struct AdaptDecision {
   std::string why;            ///< one line for the log: the numbers the decision rests on
 };
 
+/// The margin the best candidate must beat `current` by (Note [goodput],
+/// hysteresis): space.margin, plus the quadrature sum of the two per-GPU batches'
+/// uncertainties when their m differ.
+double requiredMargin(const AdaptSpace& space, const AdaptSplit& current, const AdaptSplit& best);
+
 /// The global batch for the next adapt_every_steps steps (Note [goodput]): the
-/// best candidate when it beats `current` by more than space.margin, or when
+/// best candidate when it beats `current` by more than requiredMargin(), or when
 /// `current` is no longer a valid split; `current` otherwise, and always when B
 /// is unknown or `current`'s per-GPU batch has no throughput figure.
 /// Deterministic: ties go to the smaller G.

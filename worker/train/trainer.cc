@@ -1097,7 +1097,9 @@ nlohmann::ordered_json Trainer::adaptRecord(int64_t epoch, int64_t next_step, in
   const auto finite = [](double x, double unknown) { return std::isfinite(x) ? x : unknown; };
   auto throughput = nlohmann::ordered_json::array();
   for (const auto& p : adapt_.space.throughput) {
-    if (std::isfinite(p.samples_per_s)) throughput.push_back({p.per_gpu, p.samples_per_s});
+    if (std::isfinite(p.samples_per_s)) {
+      throughput.push_back({p.per_gpu, p.samples_per_s, std::isfinite(p.uncertainty) ? p.uncertainty : 0.0});
+    }
   }
   auto larger = nlohmann::ordered_json::array();
   for (const auto m : oom_.larger) larger.push_back(m);
@@ -1188,7 +1190,9 @@ void Trainer::restoreAdaptive(const nlohmann::ordered_json& rec, TrainResult& re
       a.space.multiple_of = rec.at("multiple_of").get<int64_t>();
       a.space.throughput.clear();
       for (const auto& p : rec.at("throughput")) {
-        a.space.throughput.push_back({p.at(0).get<int64_t>(), p.at(1).get<double>()});
+        // [m, samples/s, uncertainty]; checkpoints before the uncertainty have two.
+        a.space.throughput.push_back({p.at(0).get<int64_t>(), p.at(1).get<double>(),
+                                      p.size() > 2 ? p.at(2).get<double>() : 0.0});
       }
       plan_ = withGlobal(plan_, g, rec.at("per_gpu").get<int64_t>(), rec.at("accum").get<int64_t>());
     } else {
