@@ -15,6 +15,7 @@
 #include "collective/torch_compat.h"
 #include "simulated_measurer.h"
 #include "tests/thread_ranks.h"
+#include "worker/plan/adapt.h"
 #include "worker/search/cache.h"
 #include "worker/search/output.h"
 #include "worker/search/search.h"
@@ -532,6 +533,83 @@ TEST(SearchInterleaved, PairedRoundsUndoALuckyFirstMeasurement) {
   // Without the rounds the lucky measurement wins: the test can fail.
   const auto blind = driftSearch("search: {min: 8, max: 256, tolerance: 0.05, rounds: 0}", factor);
   EXPECT_EQ(blind[0].chosen, 32) << searchTable(blind[0]);
+}
+
+namespace {
+
+/// The truth of DriftingMeasurer, on a machine that runs at 60 % of its speed
+/// until the first per-GPU batch above 16 is measured (the G0 sizes' walk and
+/// rounds fall into a slow spell; the adapt range and after run at full speed).
+class SlowSpellMeasurer : public Measurer {
+ public:
+  Measurement measure(int64_t per_gpu, int64_t accum, const TimingRule&, int64_t) override {
+    if (per_gpu > 16) spell_over = true;
+    Measurement m;
+    m.samples_per_s = 1000.0 * per_gpu / (per_gpu + 8) * (spell_over ? 1.0 : 0.6);
+    m.sps_low = 0.99 * m.samples_per_s;
+    m.sps_high = 1.01 * m.samples_per_s;
+    m.peak_mb = 100;
+    m.timed_steps = 10;
+    m.step_seconds.assign(10, static_cast<double>(per_gpu * accum) / m.samples_per_s);
+    calls.emplace_back(per_gpu, accum);
+    return m;
+  }
+  double memoryBudgetMb() const override { return 0; }
+  std::string deviceName() const override { return "slow spell"; }
+  bool spell_over = false;
+  std::vector<std::pair<int64_t, int64_t>> calls;
+};
+
+}  // namespace
+
+TEST(SearchAdaptRange, PairedRoundsMeasureTheRatioToThePickNotTheDrift) {
+  // Note [adapt range], pairing. G0 = 32 on 2 ranks: the walk and the rounds measure 8 x 2
+  // and 16 x 1 at 60 % speed; the adapt range (32, 64, 128, 256) runs at full speed. Unpaired,
+  // 32 looks 2 x faster than the pick 16 (800 / 400); the truth is 800 / 667 = 1.2.
+  const auto search = [](int64_t rounds) {
+    auto cfg = parseConfig(strCat("batch: {global: 32, per_gpu: auto, adapt: goodput}\n"
+                                  "search: {min: 8, max: 256, tolerance: 0.05, rounds: ",
+                                  rounds, "}\n"),
+                           "t.yaml");
+    std::vector<SearchResult> results(2);
+    std::vector<std::vector<std::pair<int64_t, int64_t>>> calls(2);
+    batchdist::testsupport::runRanks(2, [&](collective::Communicator& comm) {
+      SlowSpellMeasurer m;
+      BatchSearch s(cfg, comm, m, 1 << 20, false);
+      results[comm.rank()] = s.run(nullptr);
+      calls[comm.rank()] = m.calls;
+    });
+    EXPECT_EQ(calls[0], calls[1]);  // the same measurements, in the same order, on every rank
+    return results[0];
+  };
+  const auto truth = [](double m) { return 1000.0 * m / (m + 8); };
+  const auto paired = search(3);
+  ASSERT_EQ(paired.chosen, 16) << searchTable(paired);
+  const Candidate* pick = nullptr;
+  for (const auto& c : paired.candidates) {
+    if (c.per_gpu == 16) pick = &c;
+  }
+  ASSERT_NE(pick, nullptr);
+  EXPECT_NEAR(pick->global_sps, 2 * 0.6 * truth(16), 1e-6);  // the pick keeps its own figure
+  ASSERT_GE(paired.adapt_range.size(), 3u) << searchTable(paired);
+  for (const auto& c : paired.adapt_range) {
+    ASSERT_FALSE(c.failed) << c.per_gpu;
+    EXPECT_EQ(c.round_sps.size(), 3u) << c.per_gpu;
+    EXPECT_NEAR(c.global_sps / pick->global_sps, truth(c.per_gpu) / truth(16), 1e-9) << c.per_gpu;
+    // No spread between rounds: the interval is the size's own first one (+-1 %).
+    EXPECT_NEAR(relativeUncertainty(c.global_sps, c.sps_low, c.sps_high), 0.01, 1e-9) << c.per_gpu;
+  }
+  // Without rounds there is no pairing, and the drift is in the ratio: the test can fail.
+  const auto blind = search(0);
+  ASSERT_FALSE(blind.adapt_range.empty());
+  const Candidate* blind_pick = nullptr;
+  for (const auto& c : blind.candidates) {
+    if (c.per_gpu == blind.chosen && c.accum == blind.chosen_accum) blind_pick = &c;
+  }
+  ASSERT_NE(blind_pick, nullptr);
+  EXPECT_EQ(blind.adapt_range[0].per_gpu, 32);
+  EXPECT_TRUE(blind.adapt_range[0].round_sps.empty());
+  EXPECT_GT(blind.adapt_range[0].global_sps / blind_pick->global_sps, 1.5 * truth(32) / truth(16));
 }
 
 TEST(SearchInterleaved, RelativeThroughputPairsRoundsOnlyWhenBothHaveThem) {

@@ -39,7 +39,10 @@
 // is no reason to move: on the CNN of bench/adaptive.sh per-GPU 16 measured
 // +-3.7 % and 64 +-1.0 %, and the rule had moved on a modelled x1.08. The
 // interval is a floor on the real uncertainty (a machine's speed also wanders
-// between runs), so no further slack is taken off it. Splits of the same m share their
+// between runs), so no further slack is taken off it. When the search paired
+// the adapt range with its pick (Note [adapt range] in worker/search/search.cc),
+// those figures are ratios to the pick measured side by side, u is the rounds'
+// spread of that ratio, and the pick's own u is 0. Splits of the same m share their
 // measurement and add no uncertainty. The 5 % is for B, a noisy estimate: between
 // two candidates the goodput ratio moves by less than the relative change of B
 // (d ln[(B+G1)/(B+G2)] / d ln B lies in (-1, 1)), so going A -> B -> A needs the

@@ -477,6 +477,22 @@ SearchResult BatchSearch::run(Console* console) {
 // a row gain less than the tolerance. The sizes are kept apart (adapt_range in
 // search.json): they are not choices for G0, only throughput figures for the
 // adaptive decision, which reaches a G between them by accumulation.
+//
+// Pairing. The decision's question is how much faster per sample a larger
+// per-GPU batch is than the split in force, i.e. a ratio to the pick's
+// samples/s; but the pick was measured minutes earlier, and on a machine whose
+// speed drifts that ratio is off by the drift (on a shared 2-core CPU, one
+// search measured the pick 33 % slow throughout its rounds and the adapt range
+// at full speed: a modelled x1.34 gain that was not there). So with
+// search.rounds > 0 the pick and the adapt range are measured again in that many
+// interleaved rounds (rotated, half the time each, as the contenders are); each
+// size's samples/s becomes the pick's x the median over the rounds of its ratio
+// to the pick in the same round, its round figures go to round_samples_per_s,
+// and its interval becomes the wider of its own and the rounds' spread of the
+// ratio (half of max - min, relative to the median). The pick keeps its figure,
+// which the adaptive figures are now relative to: the decision takes the pick's
+// uncertainty as 0 then (Note [goodput] in worker/plan/adapt.h). The cost: the
+// rounds x (1 + the adapt range's sizes) measurements at half the time.
 void BatchSearch::adaptRangePhase(SearchResult& r, const Space& sp, Console* console) {
   const int64_t W = comm_.size();
   const int64_t g0 = cfg_.batch.global;
@@ -502,11 +518,96 @@ void BatchSearch::adaptRangePhase(SearchResult& r, const Space& sp, Console* con
     const int64_t size = std::min(m, hi) / unit * unit;
     if (size <= top) break;
     const auto& c = measureOne(r, sp, size, console, /*adapt_range=*/true);
-    if (c.failed) return;
+    if (c.failed) break;
     flat = c.global_sps > best * (1.0 + cfg_.search.tolerance) ? 0 : flat + 1;
     best = std::max(best, c.global_sps);
-    if (flat >= 2) return;
+    if (flat >= 2) break;
     top = size;
+  }
+  pairAdaptRange(r, console);
+}
+
+void BatchSearch::pairAdaptRange(SearchResult& r, Console* console) {
+  const auto& s = cfg_.search;
+  if (s.rounds <= 0) return;
+  const Candidate* pick = nullptr;
+  for (const auto& c : r.candidates) {
+    if (!c.failed && c.per_gpu == r.chosen && c.accum == r.chosen_accum) pick = &c;
+  }
+  std::vector<std::size_t> alive;
+  for (std::size_t i = 0; i < r.adapt_range.size(); ++i) {
+    if (!r.adapt_range[i].failed) alive.push_back(i);
+  }
+  if (pick == nullptr || pick->global_sps <= 0 || alive.empty()) return;
+  if (console) {
+    std::string list;
+    for (auto i : alive) list += strCat(list.empty() ? "" : ", ", r.adapt_range[i].per_gpu);
+    console->line(strCat("  paired re-measuring of per-GPU ", list, " against the pick (",
+                         pick->per_gpu, " x accum ", pick->accum, "): ", s.rounds, " rounds"));
+  }
+  auto rule = TimingRule::fromConfig(s);
+  rule.min_time_s /= 2;
+  rule.max_time_s /= 2;
+  // Each size's own interval, from its first measurement (addMeasurement widens
+  // it over the rounds, i.e. over the drift the pairing takes out).
+  std::vector<double> own(r.adapt_range.size(), 0.0);
+  for (auto i : alive) {
+    const auto& c = r.adapt_range[i];
+    own[i] = relativeUncertainty(c.global_sps, c.sps_low, c.sps_high);
+  }
+  constexpr std::size_t kPick = std::numeric_limits<std::size_t>::max();
+  std::vector<std::vector<double>> ratios(r.adapt_range.size());
+  std::vector<std::vector<double>> rounds(r.adapt_range.size());
+  int64_t done = 0;
+  for (int64_t round = 0; round < s.rounds; ++round) {
+    std::vector<std::size_t> order{kPick};
+    order.insert(order.end(), alive.begin(), alive.end());
+    std::rotate(order.begin(), order.begin() + round % static_cast<int64_t>(order.size()), order.end());
+    double pick_sps = 0;
+    std::vector<std::pair<std::size_t, double>> got;
+    std::string line;
+    for (auto i : order) {
+      const int64_t m = i == kPick ? pick->per_gpu : r.adapt_range[i].per_gpu;
+      const int64_t a = i == kPick ? pick->accum : 1;
+      const auto local = measurer_.measure(m, a, rule, 0);
+      r.timed_steps += local.timed_steps;
+      const auto again = agree(m, a, local);
+      line += strCat(line.empty() ? "" : ", ", m, ": ",
+                     again.failed ? "FAILED" : formatFixed(again.global_sps, 0));
+      if (again.failed) {
+        if (i == kPick) continue;  // no reference this round: its figures are not paired
+        auto& c = r.adapt_range[i];
+        c.failed = true;  // it does not fit reliably: no figure for the decision
+        c.reason = again.reason + " (when measured again)";
+        c.peak_mb = std::max(c.peak_mb, again.peak_mb);
+        alive.erase(std::find(alive.begin(), alive.end(), i));
+        continue;
+      }
+      if (i == kPick) {
+        pick_sps = again.global_sps;
+      } else {
+        got.emplace_back(i, again.global_sps);
+        addMeasurement(r.adapt_range[i], again);
+      }
+    }
+    if (console) console->line(strCat("    round ", round + 1, ": ", line));
+    if (pick_sps <= 0) continue;
+    ++done;
+    for (const auto& [i, sps] : got) {
+      ratios[i].push_back(sps / pick_sps);
+      rounds[i].push_back(sps);
+    }
+  }
+  for (auto i : alive) {
+    auto& c = r.adapt_range[i];
+    if (ratios[i].empty() || static_cast<int64_t>(ratios[i].size()) != done) continue;
+    const double ratio = median(ratios[i]);
+    const auto [lo, hi] = std::minmax_element(ratios[i].begin(), ratios[i].end());
+    const double spread = std::max(own[i], (*hi - *lo) / (2 * ratio));
+    c.global_sps = pick->global_sps * ratio;
+    c.sps_low = c.global_sps * (1 - spread);
+    c.sps_high = c.global_sps * (1 + spread);
+    c.round_sps = rounds[i];
   }
 }
 

@@ -207,6 +207,8 @@ class BatchSearch {
   void interleavePhase(SearchResult& r, Console* console);
   /// Note [adapt range]
   void adaptRangePhase(SearchResult& r, const Space& sp, Console* console);
+  /// Note [adapt range], pairing: the adapt range against the pick, in rounds.
+  void pairAdaptRange(SearchResult& r, Console* console);
   void addMeasurement(Candidate& c, const Candidate& again) const;
   /// Note [data-bound search]: the loader's rate and, if the pick waited for data, why.
   void dataBound(SearchResult& r, const Candidate& pick);
