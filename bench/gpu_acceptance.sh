@@ -11,6 +11,11 @@
 #   3. ddp-P           PyTorch DDP (torchrun from the same venv, same model, per-GPU
 #                      batch and precision; bench/ddp_baseline.py), and the ratio
 #                      batchdist images/s / DDP images/s
+#   4. adaptive        configs/adaptive-wide.yaml with batch.adapt: goodput (on 1 GPU
+#                      per-GPU 16 x accumulation 2, for the noise scale): the global
+#                      batch's history (G at the end, the decisions), accuracy and
+#                      samples/s; it passes when the run ends with a batch_history,
+#                      whether G moved or not (that is a measurement)
 # and writes one JSON summary, OUT/summary.json. Exit code: 0 every step passed,
 # 1 a step failed (the summary says which, each step's log is in OUT), 2 bad
 # arguments, 3 no GPU found.
@@ -123,6 +128,15 @@ for s in steps:
         })
         if ok and not cands:
             entry.update(ok=False, problem="no search.json candidates")
+    elif name == "adaptive":
+        r = load(os.path.join(d, "report.json")) or {}
+        hist = r.get("batch_history") or []
+        entry.update({k: r.get(k) for k in ("backend", "device", "eval_accuracy", "samples_per_s", "progress")})
+        entry.update({"global_batch_start": hist[0]["global_batch"] if hist else None,
+                      "global_batch_end": r.get("global_batch"),
+                      "decisions": [h.get("why") for h in hist[1:] if "->" in (h.get("why") or "")]})
+        if ok and not (r.get("backend") == "nccl" and hist):
+            entry.update(ok=False, problem="expected backend nccl and a batch_history in report.json")
     elif name.startswith("ddp-"):
         m = re.findall(r"samples_per_s ([0-9.]+)", open(entry["log"]).read())
         entry["images_per_s"] = float(m[-1]) if m else None
@@ -147,6 +161,12 @@ for run in summary["runs"]:
                   f"{v['images_per_s'] or 0:.0f} img/s ({v['vs_ddp']} x DDP), peak {v['peak_memory_mb'] or 0:.0f} of "
                   f"{v['memory_budget_mb'] or 0:.0f} MB budget, OOM at {v['oom_boundary_batch']}, "
                   f"data wait {100 * (v['data_wait_fraction'] or 0):.1f} %")
+for run in summary["runs"]:
+    v = run.get("adaptive")
+    if v and v["ok"]:
+        print(f"world {run['world_size']} adaptive: global batch {v['global_batch_start']} -> "
+              f"{v['global_batch_end']} ({len(v['decisions'])} change(s)), accuracy "
+              f"{100 * (v['eval_accuracy'] or 0):.2f} %, {v['samples_per_s'] or 0:.0f} samples/s")
 print(f"gpu_acceptance: {'PASSED' if not failed else 'FAILED: ' + ', '.join(failed)}; {os.path.join(out, 'summary.json')}")
 sys.exit(1 if failed else 0)
 PY
@@ -180,7 +200,7 @@ echo "gpu_acceptance: $gpus GPU(s) on $(hostname); world sizes: $worlds; precisi
 echo "  build: $build ($([ $skip_build = 1 ] && echo "existing" || echo "tests/cuda_leg.sh$([ $leg_tests = 1 ] || echo " --no-tests")"))"
 echo "  output: $out"
 for w in $worlds; do
-  echo "  world $w: quickstart (nccl); $(for p in $precisions; do printf 'resnet50-%s ddp-%s; ' "$p" "$p"; done)"
+  echo "  world $w: quickstart (nccl); $(for p in $precisions; do printf 'resnet50-%s ddp-%s; ' "$p" "$p"; done)adaptive"
 done
 [ "$dry_run" = 1 ] && exit 0
 
@@ -239,6 +259,12 @@ for w in $worlds; do
       --model resnet50 --device cuda --precision "$p" --per-gpu-batch "$chosen" --classes 100 \
       --steps "$steps" --warmup 5
   done
+  # Note [goodput]: one rank measures the noise scale only across micro-batches.
+  split=(--set batch.per_gpu=auto)
+  [ "$w" = 1 ] && split=(--set batch.per_gpu=16)
+  step "$w" adaptive mpirun "${mpi_flags[@]}" -np "$w" "$bin" "$src/configs/adaptive-wide.yaml" -q \
+    --set batch.adapt=goodput "${split[@]}" --set train.device=cuda --set dist.backend=nccl \
+    --output "$out/w$w/adaptive"
 done
 
 summarize "$out"

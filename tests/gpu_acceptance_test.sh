@@ -50,12 +50,12 @@ check four-gpus 0 "4 GPU(s) on $(hostname); world sizes: 1 4; precisions: fp32 b
   "${fake[@]}" "$script" --dry-run
 check visible-two 0 "world sizes: 1 2" -- \
   env NVIDIA_SMI="$tmp/nvidia-smi" CUDA_VISIBLE_DEVICES=1,3 "$script" --dry-run
-check gpus-three 0 "world 3: quickstart (nccl); resnet50-bf16 ddp-bf16;" -- \
+check gpus-three 0 "world 3: quickstart (nccl); resnet50-bf16 ddp-bf16; adaptive" -- \
   "${fake[@]}" "$script" --dry-run --gpus 3 --precisions bf16
 check too-many 2 "--gpus 5, but only 4 GPU(s) are visible" -- "${fake[@]}" "$script" --dry-run --gpus 5
 # The outputs of a 1-GPU bf16 run as the steps leave them.
 run="$tmp/run"
-mkdir -p "$run/w1/quickstart" "$run/w1/resnet50-bf16" "$run/w1/ddp-bf16"
+mkdir -p "$run/w1/quickstart" "$run/w1/resnet50-bf16" "$run/w1/ddp-bf16" "$run/w1/adaptive"
 echo "batchdist 0.1.0 (torch 2.14.1, CUDA 13.0, NCCL 2.30.7, backends: gloo nccl)" >"$run/version.txt"
 echo 1 >"$run/gpus.txt"
 echo '{"backend": "nccl", "device": "cuda:0", "eval_accuracy": 0.97, "samples_per_s": 9000}' \
@@ -72,16 +72,28 @@ cat >"$run/w1/resnet50-bf16/search.json" <<'JSON'
   {"per_gpu_batch": 384, "samples_per_s": 0, "peak_memory_mb": 75000, "failed": true, "reason": "over memory budget", "chosen": false},
   {"per_gpu_batch": 512, "samples_per_s": 0, "peak_memory_mb": 0, "failed": true, "reason": "out of memory", "chosen": false}]}
 JSON
+cat >"$run/w1/adaptive/report.json" <<'JSON'
+{"backend": "nccl", "device": "cuda:0", "eval_accuracy": 0.812, "samples_per_s": 120000, "progress": 3600,
+ "global_batch": 256, "batch_history": [
+  {"step": 0, "global_batch": 32, "why": "start at G0"},
+  {"step": 1200, "global_batch": 256, "why": "global batch 32 (16 x 2 x 1) -> 256 (256 x 1 x 1): B_simple 430"},
+  {"step": 1300, "global_batch": 256, "why": "global batch stays 256 (256 x 1 x 1): best 256 is within the 5 % margin"}]}
+JSON
 printf 'x\nsamples_per_s 2500.0\n' >"$run/w1/ddp-bf16/log"
-touch "$run/w1/quickstart/log" "$run/w1/resnet50-bf16/log"
-printf 'world\tstep\tcode\tseconds\tdir\n1\tquickstart\t0\t9\t%s\n1\tresnet50-bf16\t0\t99\t%s\n1\tddp-bf16\t0\t40\t%s\n' \
-  "$run/w1/quickstart" "$run/w1/resnet50-bf16" "$run/w1/ddp-bf16" >"$run/steps.tsv"
+touch "$run/w1/quickstart/log" "$run/w1/resnet50-bf16/log" "$run/w1/adaptive/log"
+printf 'world\tstep\tcode\tseconds\tdir\n1\tquickstart\t0\t9\t%s\n1\tresnet50-bf16\t0\t99\t%s\n1\tddp-bf16\t0\t40\t%s\n1\tadaptive\t0\t30\t%s\n' \
+  "$run/w1/quickstart" "$run/w1/resnet50-bf16" "$run/w1/ddp-bf16" "$run/w1/adaptive" >"$run/steps.tsv"
 check summary 0 "world 1 resnet50-bf16: batch 256/GPU, 2400 img/s (0.96 x DDP), peak 38000 of 72900 MB budget, OOM at 384, data wait 3.0 %" -- \
+  "$script" --summarize "$run"
+check summary-adaptive 0 "world 1 adaptive: global batch 32 -> 256 (1 change(s)), accuracy 81.20 %, 120000 samples/s" -- \
   "$script" --summarize "$run"
 check summary-json 0 '"oom_boundary_batch": 384' -- cat "$run/summary.json"
 check summary-ok 0 '"ok": true' -- cat "$run/summary.json"
 printf 'x\nTraceback: CUDA error\n' >"$run/w1/ddp-bf16/log"
 check summary-failed 1 "gpu_acceptance: FAILED: world 1 ddp-bf16" -- "$script" --summarize "$run"
+echo '{"backend": "nccl", "eval_accuracy": 0.8}' >"$run/w1/adaptive/report.json"
+check summary-no-history 1 "gpu_acceptance: FAILED: world 1 ddp-bf16, world 1 adaptive" -- "$script" --summarize "$run"
+check summary-no-history-why 0 "expected backend nccl and a batch_history in report.json" -- cat "$run/summary.json"
 
 [ "$fails" = 0 ] || { echo "$fails check(s) failed"; exit 1; }
 echo "all checks passed"
