@@ -108,7 +108,8 @@ case "$scenario" in
     # per_gpu: auto picks 256 (max_fit); rank 1 fails step 2 there; the cache entry is
     # marked, and the next run takes the largest cached candidate below 256.
     search=(--set search.objective=max_fit --set search.min=64 --set search.max=256
-            --set search.warmup_steps=1 --set search.timed_steps=1 --set train.max_steps=3)
+            --set search.warmup_steps=1 --set search.timed_steps=1 --set train.max_steps=3
+            --set batch.adapt_min_steps=1)  # 256 x 2 ranks is 7 steps an epoch
     run c "$searchcfg" 1:2 "${search[@]}"
     [ "$rc" = 0 ] || fail "first run: exit $rc"
     has c '"per_gpu_batch": 128'

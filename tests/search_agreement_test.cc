@@ -60,7 +60,8 @@ TEST(SearchAgreement, RealMeasurerOverBudgetOnOneRankDoesNotHang) {
   auto cfg = parseConfig(
       "model: {name: cnn, channels: [16], batchnorm: false}\n"
       "data: {name: synthetic, samples: 2100, shape: [3, 32, 32], classes: 10, val_fraction: 0}\n"
-      "batch: {per_gpu: auto}\n"
+      // Memory decides here, not the data (8 steps an epoch would stop at 2100 / 8 / P).
+      "batch: {per_gpu: auto, adapt_min_steps: 1}\n"
       "search: {min: 32, max: 512, objective: max_fit, warmup_steps: 1, timed_steps: 1,\n"
       "         min_time_s: 0, max_time_s: 0.3}\n",
       "real.yaml");

@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iostream>
+#include <sstream>
 #include <thread>
 
 #include "collective/error.h"
@@ -15,6 +17,7 @@
 #include "collective/torch_compat.h"
 #include "simulated_measurer.h"
 #include "tests/thread_ranks.h"
+#include "worker/common/console.h"
 #include "worker/plan/adapt.h"
 #include "worker/search/cache.h"
 #include "worker/search/output.h"
@@ -187,6 +190,59 @@ TEST(Search, FixedGlobalBatchOnlyTriesDivisorsAndDerivesAccumulation) {
   }
   EXPECT_EQ(res[0].chosen, 16);  // largest divisor of 48 that is <= 20
   EXPECT_EQ(res[0].chosen_accum, 3);
+}
+
+// batch.global: auto lets the search pick G as well: not one that leaves an
+// epoch fewer than batch.adapt_min_steps steps (a CI run once picked per-GPU 512
+// on 2 ranks for 4 096 samples: 4 steps an epoch). The measurer here gets faster
+// with every size, so without the bound the search would walk far past it.
+TEST(Search, AnAutoGlobalBatchLeavesAdaptMinStepsAnEpoch) {
+  const auto searchWith = [](const std::string& batch, int64_t train_size, std::string* console_out) {
+    auto cfg = parseConfig("batch: " + batch + "\nsearch: {min: 8, multiple_of: 8}", "t.yaml");
+    std::vector<SimulatedMeasurer> m{SimulatedMeasurer(1 << 30, 1e6, 1e4),
+                                     SimulatedMeasurer(1 << 30, 1e6, 1e4)};
+    std::vector<SearchResult> res(2);
+    std::ostringstream out;
+    auto* old = std::cout.rdbuf(out.rdbuf());
+    batchdist::testsupport::runRanks(2, [&](collective::Communicator& comm) {
+      Console console(comm.rank() == 0, ProgressStyle::kLines);
+      BatchSearch search(cfg, comm, m[comm.rank()], train_size, false);
+      res[comm.rank()] = search.run(&console);
+    });
+    std::cout.rdbuf(old);
+    if (console_out) *console_out = out.str();
+    EXPECT_EQ(res[0].chosen, res[1].chosen);
+    int64_t largest = 0;
+    for (const auto& c : res[0].candidates) largest = std::max(largest, c.per_gpu);
+    return std::make_pair(res[0], largest);
+  };
+  std::string said;
+  // 4 096 / 8 steps / 2 ranks: per-GPU 256 at most.
+  auto [r8, largest8] = searchWith("{per_gpu: auto, last_batch: drop}", 4096, &said);
+  EXPECT_EQ(largest8, 256);
+  EXPECT_EQ(r8.chosen, 256);
+  EXPECT_GE(4096 / (r8.chosen * 2), 8);
+  EXPECT_NE(said.find("per-GPU batch up to 256 (global batch 512): 4096 training samples, 8 steps "
+                      "an epoch; batch.adapt_min_steps=8 bounds the global batch the search may choose"),
+            std::string::npos)
+      << said;
+  // Accumulation counts: 4 096 / 8 / (2 ranks x 2) = 128; pad bounds it the same way.
+  auto [ra, largest_a] = searchWith("{per_gpu: auto, accum: 2, last_batch: pad}", 4096, nullptr);
+  EXPECT_EQ(largest_a, 128);
+  // A looser bound lets it go further, so the bound above is what stopped it.
+  auto [r2, largest2] = searchWith("{per_gpu: auto, adapt_min_steps: 2}", 4096, nullptr);
+  EXPECT_EQ(largest2, 1024);
+  // Too little data for 8 steps even at the smallest size: the smallest size, said so.
+  auto [rt, largest_t] = searchWith("{per_gpu: auto}", 100, &said);
+  EXPECT_EQ(rt.chosen, 8);
+  EXPECT_EQ(largest_t, 8);
+  EXPECT_NE(said.find("100 training samples, 6 steps an epoch even at the smallest size"),
+            std::string::npos)
+      << said;
+  // A fixed global batch is the user's: the bound does not touch its divisors.
+  auto [rf, largest_f] = searchWith("{global: 2048, per_gpu: auto}", 4096, &said);
+  EXPECT_EQ(largest_f, 1024);
+  EXPECT_EQ(said.find("bounds the global batch"), std::string::npos) << said;
 }
 
 TEST(Search, TheTighterRankDecidesAndTheSlowestSetsThroughput) {
@@ -610,6 +666,40 @@ TEST(SearchAdaptRange, PairedRoundsMeasureTheRatioToThePickNotTheDrift) {
   EXPECT_EQ(blind.adapt_range[0].per_gpu, 32);
   EXPECT_TRUE(blind.adapt_range[0].round_sps.empty());
   EXPECT_GT(blind.adapt_range[0].global_sps / blind_pick->global_sps, 1.5 * truth(32) / truth(16));
+}
+
+// The adaptive batch's table: paired adapt-range figures are ratios to the pick,
+// so the pick's own interval drops out; unpaired, every figure keeps its own.
+TEST(SearchAdaptRange, TheThroughputTableTakesThePicksUncertaintyAsZeroOnlyWhenPaired) {
+  SearchResult r;
+  auto pick = ok(16, 1000);
+  pick.sps_low = 900;
+  pick.sps_high = 1100;
+  pick.accum = 2;
+  auto other = ok(8, 800);
+  other.sps_low = 780;
+  other.sps_high = 820;
+  other.accum = 4;
+  r.candidates = {other, pick, bad(64, "out of memory on rank 0", 900)};
+  r.chosen = 16;
+  r.chosen_accum = 2;
+  auto larger = ok(32, 1500);
+  larger.sps_low = 1400;
+  larger.sps_high = 1600;
+  r.adapt_range = {larger};
+  auto table = adaptThroughput(r);
+  ASSERT_EQ(table.size(), 3u);  // the failed size has no figure
+  EXPECT_EQ(table[1].per_gpu, 16);
+  EXPECT_NEAR(table[1].uncertainty, 0.1, 1e-12);  // not paired: its own interval
+  EXPECT_NEAR(table[0].uncertainty, 0.025, 1e-12);
+  EXPECT_EQ(table[2].per_gpu, 32);
+  EXPECT_NEAR(table[2].uncertainty, 100.0 / 1500, 1e-12);
+  r.adapt_range[0].round_sps = {1450, 1500, 1550};
+  table = adaptThroughput(r);
+  EXPECT_EQ(table[1].uncertainty, 0.0);  // paired: the figures are relative to it
+  EXPECT_NEAR(table[0].uncertainty, 0.025, 1e-12);
+  EXPECT_NEAR(table[2].uncertainty, 100.0 / 1500, 1e-12);
+  EXPECT_DOUBLE_EQ(table[2].samples_per_s, 1500);
 }
 
 TEST(SearchInterleaved, RelativeThroughputPairsRoundsOnlyWhenBothHaveThem) {

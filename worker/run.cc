@@ -590,20 +590,8 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
     // resume on the same world size takes back its checkpoint's table instead).
     auto space = adaptSpace(s.cfg, s.plan, s.has_bn);
     if (searched) {
-      // Note [adapt range], pairing: paired figures are ratios to the pick, whose
-      // own uncertainty then drops out of the decision's comparisons.
-      const bool paired = std::any_of(searched->adapt_range.begin(), searched->adapt_range.end(),
-                                      [](const Candidate& c) { return !c.round_sps.empty(); });
-      for (const auto* list : {&searched->candidates, &searched->adapt_range}) {
-        for (const auto& c : *list) {
-          if (c.failed) continue;
-          const bool pick = list == &searched->candidates && c.per_gpu == searched->chosen &&
-                            c.accum == searched->chosen_accum;
-          space.throughput.push_back(
-              {c.per_gpu, c.global_sps,
-               paired && pick ? 0.0 : relativeUncertainty(c.global_sps, c.sps_low, c.sps_high)});
-        }
-      }
+      const auto table = adaptThroughput(*searched);
+      space.throughput.insert(space.throughput.end(), table.begin(), table.end());
     }
     trainer.setAdaptive(space);
     console.line(strCat("adapt: batch.adapt: goodput: global batch from ", space.g0, " up to ",

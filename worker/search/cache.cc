@@ -82,6 +82,9 @@ std::string searchCacheKey(const Config& cfg, const SearchCacheInputs& in) {
   key["world"] = in.world;
   key["budgets"] = budgets;
   key["torch"] = compat::torchVersion();
+  // The walk's rules: 2 caps the per-GPU batch under batch.global: auto at
+  // batch.adapt_min_steps steps an epoch (a cache from before may hold a larger pick).
+  key["rules"] = 2;
   return key.dump();
 }
 

@@ -160,6 +160,7 @@ struct BatchSearch::Space {
   int64_t lo = 1;
   int64_t hi = 0;
   int64_t multiple_of = 1;
+  bool steps_capped = false;  ///< hi comes from batch.adapt_min_steps (auto global batch)
 
   bool allowed(int64_t m) const {
     if (m < lo || m > hi) return false;
@@ -215,9 +216,20 @@ BatchSearch::Space BatchSearch::space() const {
   sp.lo = std::max(s.min, minPerGpu(cfg_, has_bn_));
   sp.hi = s.max > 0 ? s.max : kUnbounded;
   sp.multiple_of = s.multiple_of;
-  // Under drop, a global batch larger than the training set has no step at all.
-  if (!sp.fixed_global && cfg_.batch.last_batch == LastBatch::kDrop) {
-    sp.hi = std::min(sp.hi, train_size_ / (W * sp.fixed_accum));
+  if (!sp.fixed_global) {
+    // The search picks the global batch too (m x a x W): not one that leaves an
+    // epoch fewer than batch.adapt_min_steps steps (the adaptive batch's ceiling,
+    // dataCeiling), unless the data is too small for even the smallest size.
+    const int64_t rank_share = W * sp.fixed_accum;
+    const int64_t steps_cap = dataCeiling(train_size_, cfg_.batch.adapt_min_steps) / rank_share;
+    if (train_size_ > 0 && steps_cap < sp.hi) {
+      sp.hi = std::max(sp.lo, steps_cap);
+      sp.steps_capped = true;
+    }
+    // Under drop, a global batch larger than the training set has no step at all.
+    if (cfg_.batch.last_batch == LastBatch::kDrop) {
+      sp.hi = std::min(sp.hi, train_size_ / rank_share);
+    }
   }
   return sp;
 }
@@ -329,6 +341,17 @@ void BatchSearch::boundaryPhase(SearchResult& r, const Space& sp, Console* conso
   }
 }
 
+namespace {
+
+/// A size that ran before failed when measured again: it does not fit reliably.
+void failedAgain(Candidate& c, const Candidate& again) {
+  c.failed = true;
+  c.reason = again.reason + " (when measured again)";
+  c.peak_mb = std::max(c.peak_mb, again.peak_mb);
+}
+
+}  // namespace
+
 // Phase 3 (throughput): the best of several noisy measurements is biased
 // upwards and the machine drifts, so the contenders near the top are measured
 // again in interleaved rounds and compared in pairs (Note [interleaved comparison]).
@@ -364,11 +387,6 @@ void BatchSearch::interleavePhase(SearchResult& r, Console* console) {
     console->line(strCat("  interleaved re-measuring of per-GPU ", list, ": ", s.rounds,
                          " rounds"));
   }
-  // Each round needs less precision than a first measurement: the rounds' median
-  // and the pairing do the rest. Half the time keeps the search's cost bounded.
-  auto rule = TimingRule::fromConfig(s);
-  rule.min_time_s /= 2;
-  rule.max_time_s /= 2;
   std::vector<std::size_t> alive = contenders;
   for (int64_t round = 0; round < s.rounds && alive.size() >= 2; ++round) {
     // Rotate the order each round: A B C, B C A, C A B.
@@ -380,13 +398,9 @@ void BatchSearch::interleavePhase(SearchResult& r, Console* console) {
     std::string line;
     for (auto i : order) {
       auto& c = r.candidates[i];
-      const auto local = measurer_.measure(c.per_gpu, c.accum, rule, 0);
-      r.timed_steps += local.timed_steps;
-      auto again = agree(c.per_gpu, c.accum, local);
+      const auto again = measureAgain(r, c.per_gpu, c.accum);
       if (again.failed) {
-        c.failed = true;  // it does not fit reliably
-        c.reason = again.reason + " (when measured again)";
-        c.peak_mb = std::max(c.peak_mb, again.peak_mb);
+        failedAgain(c, again);
         failed_now.push_back(i);
       } else {
         addMeasurement(c, again);
@@ -406,6 +420,17 @@ void BatchSearch::interleavePhase(SearchResult& r, Console* console) {
     if (c.round_sps.size() == static_cast<std::size_t>(r.rounds)) c.global_sps = median(c.round_sps);
     else c.round_sps.clear();  // measured in fewer rounds than the others: not paired
   }
+}
+
+Candidate BatchSearch::measureAgain(SearchResult& r, int64_t per_gpu, int64_t accum) {
+  // A round needs less precision than a first measurement: the rounds' median
+  // and the pairing do the rest. Half the time keeps the search's cost bounded.
+  auto rule = TimingRule::fromConfig(cfg_.search);
+  rule.min_time_s /= 2;
+  rule.max_time_s /= 2;
+  const auto local = measurer_.measure(per_gpu, accum, rule, 0);
+  r.timed_steps += local.timed_steps;
+  return agree(per_gpu, accum, local);
 }
 
 void BatchSearch::addMeasurement(Candidate& c, const Candidate& again) const {
@@ -443,6 +468,16 @@ SearchResult BatchSearch::run(Console* console) {
                                          : std::string(),
                          r.memory_budget_mb > 0 ? ", memory budget " + mb(r.memory_budget_mb)
                                                 : std::string(", no memory budget")));
+    if (sp.steps_capped) {
+      const int64_t g = sp.hi * sp.fixed_accum * comm_.size();
+      console->line(strCat("  per-GPU batch up to ", sp.hi, " (global batch ", g, "): ",
+                           train_size_, " training samples, ", train_size_ / g,
+                           " steps an epoch", train_size_ / g < cfg_.batch.adapt_min_steps
+                                                  ? " even at the smallest size"
+                                                  : std::string(),
+                           "; batch.adapt_min_steps=", cfg_.batch.adapt_min_steps,
+                           " bounds the global batch the search may choose"));
+    }
   }
   int64_t last_ok = 0;
   int64_t first_fail = 0;
@@ -463,7 +498,7 @@ SearchResult BatchSearch::run(Console* console) {
   r.chosen = pick.per_gpu;
   r.chosen_accum = pick.accum;
   dataBound(r, pick);
-  if (cfg_.batch.adapt == BatchAdapt::kGoodput) adaptRangePhase(r, sp, console);
+  if (cfg_.batch.adapt == BatchAdapt::kGoodput) adaptRangePhase(r, sp, pick, console);
   r.seconds = monotonicSeconds() - t0;
   return r;
 }
@@ -491,10 +526,11 @@ SearchResult BatchSearch::run(Console* console) {
 // to the pick in the same round, its round figures go to round_samples_per_s,
 // and its interval becomes the wider of its own and the rounds' spread of the
 // ratio (half of max - min, relative to the median). The pick keeps its figure,
-// which the adaptive figures are now relative to: the decision takes the pick's
-// uncertainty as 0 then (Note [goodput] in worker/plan/adapt.h). The cost: the
+// which the adaptive figures are now relative to: adaptThroughput() gives the
+// decision the pick's uncertainty as 0 then (Note [goodput] in worker/plan/adapt.h). The cost: the
 // rounds x (1 + the adapt range's sizes) measurements at half the time.
-void BatchSearch::adaptRangePhase(SearchResult& r, const Space& sp, Console* console) {
+void BatchSearch::adaptRangePhase(SearchResult& r, const Space& sp, const Candidate& pick,
+                                  Console* console) {
   const int64_t W = comm_.size();
   const int64_t g0 = cfg_.batch.global;
   const int64_t adapt_max = cfg_.batch.adapt_max > 0 ? cfg_.batch.adapt_max : 16 * g0;
@@ -525,30 +561,23 @@ void BatchSearch::adaptRangePhase(SearchResult& r, const Space& sp, Console* con
     if (flat >= 2) break;
     top = size;
   }
-  pairAdaptRange(r, console);
+  pairAdaptRange(r, pick, console);
 }
 
-void BatchSearch::pairAdaptRange(SearchResult& r, Console* console) {
+void BatchSearch::pairAdaptRange(SearchResult& r, const Candidate& pick, Console* console) {
   const auto& s = cfg_.search;
   if (s.rounds <= 0) return;
-  const Candidate* pick = nullptr;
-  for (const auto& c : r.candidates) {
-    if (!c.failed && c.per_gpu == r.chosen && c.accum == r.chosen_accum) pick = &c;
-  }
   std::vector<std::size_t> alive;
   for (std::size_t i = 0; i < r.adapt_range.size(); ++i) {
     if (!r.adapt_range[i].failed) alive.push_back(i);
   }
-  if (pick == nullptr || pick->global_sps <= 0 || alive.empty()) return;
+  if (pick.failed || pick.global_sps <= 0 || alive.empty()) return;
   if (console) {
     std::string list;
     for (auto i : alive) list += strCat(list.empty() ? "" : ", ", r.adapt_range[i].per_gpu);
     console->line(strCat("  paired re-measuring of per-GPU ", list, " against the pick (",
-                         pick->per_gpu, " x accum ", pick->accum, "): ", s.rounds, " rounds"));
+                         pick.per_gpu, " x accum ", pick.accum, "): ", s.rounds, " rounds"));
   }
-  auto rule = TimingRule::fromConfig(s);
-  rule.min_time_s /= 2;
-  rule.max_time_s /= 2;
   // Each size's own interval, from its first measurement (addMeasurement widens
   // it over the rounds, i.e. over the drift the pairing takes out).
   std::vector<double> own(r.adapt_range.size(), 0.0);
@@ -568,19 +597,14 @@ void BatchSearch::pairAdaptRange(SearchResult& r, Console* console) {
     std::vector<std::pair<std::size_t, double>> got;
     std::string line;
     for (auto i : order) {
-      const int64_t m = i == kPick ? pick->per_gpu : r.adapt_range[i].per_gpu;
-      const int64_t a = i == kPick ? pick->accum : 1;
-      const auto local = measurer_.measure(m, a, rule, 0);
-      r.timed_steps += local.timed_steps;
-      const auto again = agree(m, a, local);
+      const int64_t m = i == kPick ? pick.per_gpu : r.adapt_range[i].per_gpu;
+      const int64_t a = i == kPick ? pick.accum : 1;
+      const auto again = measureAgain(r, m, a);
       line += strCat(line.empty() ? "" : ", ", m, ": ",
                      again.failed ? "FAILED" : formatFixed(again.global_sps, 0));
       if (again.failed) {
         if (i == kPick) continue;  // no reference this round: its figures are not paired
-        auto& c = r.adapt_range[i];
-        c.failed = true;  // it does not fit reliably: no figure for the decision
-        c.reason = again.reason + " (when measured again)";
-        c.peak_mb = std::max(c.peak_mb, again.peak_mb);
+        failedAgain(r.adapt_range[i], again);  // no figure for the decision
         alive.erase(std::find(alive.begin(), alive.end(), i));
         continue;
       }
@@ -605,11 +629,26 @@ void BatchSearch::pairAdaptRange(SearchResult& r, Console* console) {
     const double ratio = median(ratios[i]);
     const auto [lo, hi] = std::minmax_element(ratios[i].begin(), ratios[i].end());
     const double spread = std::max(own[i], (*hi - *lo) / (2 * ratio));
-    c.global_sps = pick->global_sps * ratio;
+    c.global_sps = pick.global_sps * ratio;
     c.sps_low = c.global_sps * (1 - spread);
     c.sps_high = c.global_sps * (1 + spread);
     c.round_sps = rounds[i];
   }
+}
+
+std::vector<ThroughputPoint> adaptThroughput(const SearchResult& r) {
+  const bool paired = std::any_of(r.adapt_range.begin(), r.adapt_range.end(),
+                                  [](const Candidate& c) { return !c.round_sps.empty(); });
+  std::vector<ThroughputPoint> out;
+  for (const auto* list : {&r.candidates, &r.adapt_range}) {
+    for (const auto& c : *list) {
+      if (c.failed) continue;
+      const bool pick = list == &r.candidates && c.per_gpu == r.chosen && c.accum == r.chosen_accum;
+      out.push_back({c.per_gpu, c.global_sps,
+                     paired && pick ? 0.0 : relativeUncertainty(c.global_sps, c.sps_low, c.sps_high)});
+    }
+  }
+  return out;
 }
 
 // Note [data-bound search]: every candidate is timed on the real training step,

@@ -43,6 +43,7 @@
 
 #include "collective/communicator.h"
 #include "worker/config/config.h"
+#include "worker/plan/adapt.h"
 #include "worker/search/stats.h"
 
 namespace batchdist::worker {
@@ -169,6 +170,13 @@ const Candidate& chooseCandidate(const std::vector<Candidate>& candidates,
                                  Objective objective, double tolerance,
                                  std::string* why = nullptr);
 
+/// The samples/s table of the adaptive global batch (Note [adaptive training] in
+/// worker/train/trainer.h): every candidate that ran, the walk's and the adapt
+/// range's, with its relative uncertainty. When the search paired the adapt range
+/// with the pick (Note [adapt range], pairing) those figures are ratios to the
+/// pick, so the pick's own uncertainty is 0 there.
+std::vector<ThroughputPoint> adaptThroughput(const SearchResult& r);
+
 /// Thrown on every rank when a stop was requested (SIGTERM ...) during the search;
 /// every rank learns it in the same per-candidate agreement.
 class SearchStopped : public Error {
@@ -205,10 +213,13 @@ class BatchSearch {
   void boundaryPhase(SearchResult& r, const Space& sp, Console* console, int64_t last_ok,
                      int64_t first_fail, double best);
   void interleavePhase(SearchResult& r, Console* console);
-  /// Note [adapt range]
-  void adaptRangePhase(SearchResult& r, const Space& sp, Console* console);
+  /// Note [adapt range]; `pick` is the walk's choice, in r.candidates.
+  void adaptRangePhase(SearchResult& r, const Space& sp, const Candidate& pick, Console* console);
   /// Note [adapt range], pairing: the adapt range against the pick, in rounds.
-  void pairAdaptRange(SearchResult& r, Console* console);
+  void pairAdaptRange(SearchResult& r, const Candidate& pick, Console* console);
+  /// One more measurement of a size already measured, in a round (interleaved or
+  /// paired): half the timing budget of a first one, agreed over the ranks.
+  Candidate measureAgain(SearchResult& r, int64_t per_gpu, int64_t accum);
   void addMeasurement(Candidate& c, const Candidate& again) const;
   /// Note [data-bound search]: the loader's rate and, if the pick waited for data, why.
   void dataBound(SearchResult& r, const Candidate& pick);
