@@ -397,13 +397,15 @@ TEST(AdaptConfig, ReadsTheKeysAndDefaults) {
   EXPECT_EQ(cfg.batch.adapt_max, 0);
   EXPECT_EQ(cfg.batch.adapt_every_steps, 100);
   EXPECT_EQ(cfg.batch.adapt_min_steps, 8);
+  EXPECT_FALSE(cfg.batch.adapt_in_warmup);
   EXPECT_EQ(cfg.resolved["batch"]["adapt"], "off");
   cfg = parseConfig("batch: {global: 256, adapt: goodput, adapt_max: 2048, adapt_every_steps: 50, "
-                    "adapt_min_steps: 4}\n", "t.yaml");
+                    "adapt_min_steps: 4, adapt_in_warmup: true}\n", "t.yaml");
   EXPECT_EQ(cfg.batch.adapt, BatchAdapt::kGoodput);
   EXPECT_EQ(cfg.batch.adapt_max, 2048);
   EXPECT_EQ(cfg.batch.adapt_every_steps, 50);
   EXPECT_EQ(cfg.batch.adapt_min_steps, 4);
+  EXPECT_TRUE(cfg.batch.adapt_in_warmup);
   // G0 derivable from a numeric per_gpu is enough.
   EXPECT_NO_THROW(parseConfig("batch: {per_gpu: 32, adapt: goodput}\n", "t.yaml"));
 }

@@ -19,6 +19,8 @@
 #           does not split it; every split after the resume has per-GPU batch 8
 #   oom     an out-of-memory after the change halves m under the adaptive G; no later
 #           decision goes back to the per-GPU batch that failed
+#   in_warmup  2 ranks, the same 45-step warmup with batch.adapt_in_warmup: true and a
+#           decision every 10 steps: G changes before the warmup's end, the run completes
 set -u
 mpirun=$1 flags=$2 bin=$3 diff=$4 cfg=$5 out=$6 scenario=$7
 rm -rf "$out"; mkdir -p "$out"
@@ -30,11 +32,13 @@ run() {
   grep -aE '^(adapt|resume|done|oom)' "$out/$1.log" | head -n 12
 }
 
-# check NAME WORLD G0 [FROM_STEP]: report.json and metrics.jsonl of an adaptive run.
+# check NAME WORLD G0 [FROM_STEP [IN_WARMUP]]: report.json and metrics.jsonl of an
+# adaptive run; IN_WARMUP 1: G must change during the warmup (else it must not).
 check() {
-  python3 - "$out/$1" "$2" "$3" "${4:-0}" <<'EOF' || fail "$1: see above"
+  python3 - "$out/$1" "$2" "$3" "${4:-0}" "${5:-0}" <<'EOF' || fail "$1: see above"
 import json, sys
 d, world, g0, from_step = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+in_warmup = sys.argv[5] == "1"
 r = json.load(open(d + "/report.json"))
 def need(ok, what):
     if not ok:
@@ -46,7 +50,10 @@ ceiling = 1438 // 8
 need(h[0]["step"] == 0 and h[0]["global_batch"] == g0, f"history does not start at G0 {g0}: {h[0]}")
 warmup = r["plan"]["warmup_steps"]
 early = [c for c in h[1:] if c["step"] < warmup]
-need(not early, f"decided during the warmup ({warmup} steps): {early}")
+if in_warmup:
+    need(any("->" in c["why"] for c in early), f"G did not change in the warmup ({warmup} steps): {h}")
+else:
+    need(not early, f"decided during the warmup ({warmup} steps): {early}")
 for c in h:
     if c["step"] < from_step:
         continue
@@ -196,6 +203,14 @@ if later:
 print(f"back-off at step 40: {b['from_per_gpu']} x {b['from_accum']} -> {b['to_per_gpu']} x "
       f"{b['to_accum']} under G {g_before}")
 EOF
+    ;;
+  in_warmup)
+    run warm 2 "${adapt[@]}" --set batch.global=48 --set optim.warmup_steps=45 \
+      --set batch.adapt_every_steps=10 --set batch.adapt_in_warmup=true --set train.check_finite=true
+    [ "$rc" = 0 ] || { tail -n 20 "$out/warm.log"; fail "exit $rc"; }
+    check warm 2 48 0 1
+    grep -q "^adapt: .*re-decided every 10 steps and at epoch ends (in the warmup's 45 steps too: batch.adapt_in_warmup)" \
+      "$out/warm.log" || fail "the adapt line does not say that it decides in the warmup"
     ;;
   *) fail "unknown scenario $scenario" ;;
 esac

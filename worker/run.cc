@@ -597,9 +597,11 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
     console.line(strCat("adapt: batch.adapt: goodput: global batch from ", space.g0, " up to ",
                         space.ceiling, ", re-decided every ", s.cfg.batch.adapt_every_steps,
                         " steps and at epoch ends",
-                        s.plan.warmup_steps > 0
-                            ? strCat(" once the warmup's ", s.plan.warmup_steps, " steps are done")
-                            : std::string(),
+                        s.plan.warmup_steps <= 0 ? std::string()
+                        : s.cfg.batch.adapt_in_warmup
+                            ? strCat(" (in the warmup's ", s.plan.warmup_steps,
+                                     " steps too: batch.adapt_in_warmup)")
+                            : strCat(" once the warmup's ", s.plan.warmup_steps, " steps are done"),
                         "; the run ends at ", s.plan.total_steps,
                         " G0-equivalent steps"));
   }

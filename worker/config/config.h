@@ -156,6 +156,7 @@ struct BatchConfig {
   int64_t adapt_max = 0;                ///< ceiling of G (0: 16 x G0)
   int64_t adapt_every_steps = 100;      ///< re-decide G every this many steps (and at epoch ends)
   int64_t adapt_min_steps = 8;          ///< G never leaves an epoch fewer steps than this
+  bool adapt_in_warmup = false;         ///< decide during the warmup too (Note [adaptive training])
 };
 
 struct OptimConfig {

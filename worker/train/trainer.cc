@@ -1022,8 +1022,11 @@ void Trainer::maybeAdapt(EpochRun& e, Sharder& sharder, int64_t s, int64_t globa
                          TrainResult& result) {
   if (!adapt_.on) return;
   // Not during the warmup (Note [adaptive training]): G stays G0 until the
-  // progress has passed it.
-  if (adapt_.progress < static_cast<double>(adapt_.plan0.warmup_steps)) return;
+  // progress has passed it, unless batch.adapt_in_warmup.
+  if (!cfg_.batch.adapt_in_warmup &&
+      adapt_.progress < static_cast<double>(adapt_.plan0.warmup_steps)) {
+    return;
+  }
   const bool epoch_start = s == 0 && global_step > 0;
   if (!epoch_start && global_step - adapt_.last_decision < cfg_.batch.adapt_every_steps) return;
   // Once per step (an epoch cut short by a larger G starts the next at the same step).

@@ -90,7 +90,7 @@ namespace batchdist::worker {
 //    depend on B alone, which every rank computes from the same allreduced
 //    norms, so a resumed run decides as the uninterrupted one would.
 //  - No decision before the warmup (plan0.warmup_steps) is over: G stays G0
-//    through it. The warmup exists because the first steps are fragile, and a
+//    through it (batch.adapt_in_warmup: true lifts that). The warmup exists because the first steps are fragile, and a
 //    larger G would multiply its lr by the gain r; and B_simple measured while
 //    the lr still rises describes a transient (configs/adaptive-wide.yaml: 843
 //    at step 100, 428 at the warmup's end, step 1200). An A/B over 5 seeds there:
