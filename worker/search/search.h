@@ -213,7 +213,8 @@ class BatchSearch {
   void boundaryPhase(SearchResult& r, const Space& sp, Console* console, int64_t last_ok,
                      int64_t first_fail, double best);
   void interleavePhase(SearchResult& r, Console* console);
-  /// Note [adapt range]; `pick` is the walk's choice, in r.candidates.
+  /// Note [adapt range]; `pick` is the walk's choice, in r.candidates (which the
+  /// adapt range, kept in r.adapt_range, does not grow: the reference stays valid).
   void adaptRangePhase(SearchResult& r, const Space& sp, const Candidate& pick, Console* console);
   /// Note [adapt range], pairing: the adapt range against the pick, in rounds.
   void pairAdaptRange(SearchResult& r, const Candidate& pick, Console* console);
