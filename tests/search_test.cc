@@ -229,6 +229,12 @@ TEST(Search, AnAutoGlobalBatchLeavesAdaptMinStepsAnEpoch) {
   // Accumulation counts: 4 096 / 8 / (2 ranks x 2) = 128; pad bounds it the same way.
   auto [ra, largest_a] = searchWith("{per_gpu: auto, accum: 2, last_batch: pad}", 4096, nullptr);
   EXPECT_EQ(largest_a, 128);
+  // A bound between doublings is tried itself, last (in multiples of 8): 3 000 / 8 /
+  // 2 = 187, so 128 and then 184.
+  auto [r3, largest3] = searchWith("{per_gpu: auto}", 3000, nullptr);
+  EXPECT_EQ(largest3, 184);
+  EXPECT_EQ(r3.candidates.back().per_gpu, 184);
+  EXPECT_EQ(r3.chosen, 184);
   // A looser bound lets it go further, so the bound above is what stopped it.
   auto [r2, largest2] = searchWith("{per_gpu: auto, adapt_min_steps: 2}", 4096, nullptr);
   EXPECT_EQ(largest2, 1024);

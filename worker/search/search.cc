@@ -177,6 +177,15 @@ struct BatchSearch::Space {
     }
     return from <= hi ? std::max(from, lo) : 0;
   }
+  /// The walk's next size after `m`: the first allowed from 2m; past the bound
+  /// (search.max, the data's: not a failure), the bound itself last, in
+  /// multiples of search.multiple_of, so that the largest size allowed is tried.
+  int64_t nextDoubling(int64_t m) const {
+    const int64_t next = firstAllowedFrom(2 * m);
+    if (next != 0 || fixed_global) return next;
+    const int64_t top = hi / std::max<int64_t>(1, multiple_of) * std::max<int64_t>(1, multiple_of);
+    return top > m && allowed(top) ? top : 0;
+  }
   /// Allowed sizes strictly between a and b (multiples of search.multiple_of
   /// unless the global batch fixes the divisors).
   std::vector<int64_t> between(int64_t a, int64_t b) const {
@@ -314,7 +323,7 @@ void BatchSearch::doublingPhase(SearchResult& r, const Space& sp, Console* conso
     *best = std::max(*best, c.global_sps);
     if (cfg_.search.objective == Objective::kThroughput && flat >= 2) return;
     if (m > std::numeric_limits<int64_t>::max() / 4) return;
-    m = sp.firstAllowedFrom(2 * m);
+    m = sp.nextDoubling(m);
   }
 }
 
