@@ -19,7 +19,7 @@ set(common search ${CFG} --quiet --set search.objective=max_fit --set search.max
     --set search.warmup_steps=1 --set search.timed_steps=1 --set search.min_time_s=0
     --set search.max_time_s=0.2
     # Memory decides here, not the data: 4 096 samples on 32 ranks would bound the
-    # auto global batch at 14 per GPU for 8 steps an epoch.
+    # auto global batch at 12 per GPU for 8 steps an epoch.
     --set batch.adapt_min_steps=1)
 execute_process(COMMAND ${MPIRUN} ${MPI_FLAGS} -np 2 ${BIN} ${common} --output ${OUT}/calibrate
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
