@@ -250,6 +250,7 @@ for run in runs:
     results.setdefault(run["workload"], {}).setdefault(run["leg"], {})[run["seed"]] = run
 
 summary = {"workloads": {}, "targets": {}}
+is_fixed = lambda l: l[:1] == "G" and l[1:].isdigit() or l == "G0"
 out = []
 for w, legs in results.items():
     base = legs.get("G0", {})
@@ -294,24 +295,19 @@ for w, legs in results.items():
                      "dacc": median(dacc), "tta_s": median(tta), "progress": median(prog),
                      "steps": median(steps), "samples": median(samples), "wall_s": median(wall),
                      "vs_g0": median(ratio), "vs_g0_search": median(ratio_s), "end_g": median(endg), "passes": median(passes),
-                     "tta_by_seed": tta_by_seed, "ratios": list(ratio)}
-        if leg == "goodput":
+                     "tta_by_seed": tta_by_seed}
+        if not is_fixed(leg):  # goodput and the --leg legs
             rows[leg]["vs_g0_interval"] = interval(ratio)
-    is_fixed = lambda l: l[:1] == "G" and l[1:].isdigit() or l == "G0"
     fixed = [l for l in rows if is_fixed(l) and rows[l]["tta_s"] is not None]
     if not any(l != "G0" for l in fixed):  # --no-fixed: no sweep, no best in hindsight
         fixed = []
-    for leg in rows:  # the --leg legs: their ratio to G0, and to goodput seed by seed
-        if is_fixed(leg) or leg == "goodput":
+    for leg in rows:  # the --leg legs: their ratio to goodput seed by seed
+        if is_fixed(leg) or leg == "goodput" or "goodput" not in rows:
             continue
-        rows[leg]["vs_g0_interval"] = interval([v for v in rows[leg].pop("ratios")])
-        if "goodput" in rows:
-            a, b = rows[leg]["tta_by_seed"], rows["goodput"]["tta_by_seed"]
-            per_seed = [a[s] / b[s] for s in a if s in b and b[s] not in (0, math.inf)]
-            rows[leg]["vs_goodput"] = median(per_seed)
-            rows[leg]["vs_goodput_interval"] = interval(per_seed)
-    for leg in rows:
-        rows[leg].pop("ratios", None)
+        a, b = rows[leg]["tta_by_seed"], rows["goodput"]["tta_by_seed"]
+        per_seed = [a[s] / b[s] for s in a if s in b and b[s] not in (0, math.inf)]
+        rows[leg]["vs_goodput"] = median(per_seed)
+        rows[leg]["vs_goodput_interval"] = interval(per_seed)
     best = min(fixed, key=lambda l: rows[l]["tta_s"]) if fixed else None
     if "goodput" in rows and best:
         g, b = rows["goodput"]["tta_by_seed"], rows[best]["tta_by_seed"]

@@ -167,6 +167,11 @@ struct BatchSearch::Space {
     return fixed_global ? share % m == 0 : true;
   }
   int64_t accumFor(int64_t m) const { return fixed_global ? share / m : fixed_accum; }
+  /// `x` rounded down to a multiple of search.multiple_of.
+  int64_t roundDown(int64_t x) const {
+    const int64_t unit = std::max<int64_t>(1, multiple_of);
+    return x / unit * unit;
+  }
   /// The smallest allowed size >= from, or 0.
   int64_t firstAllowedFrom(int64_t from) const {
     if (fixed_global) {
@@ -183,7 +188,7 @@ struct BatchSearch::Space {
   int64_t nextDoubling(int64_t m) const {
     const int64_t next = firstAllowedFrom(2 * m);
     if (next != 0 || fixed_global) return next;
-    const int64_t top = hi / std::max<int64_t>(1, multiple_of) * std::max<int64_t>(1, multiple_of);
+    const int64_t top = roundDown(hi);
     return top > m && allowed(top) ? top : 0;
   }
   /// Allowed sizes strictly between a and b (multiples of search.multiple_of
@@ -553,7 +558,6 @@ void BatchSearch::adaptRangePhase(SearchResult& r, const Space& sp, const Candid
     best = std::max(best, c.global_sps);
   }
   if (top == 0) return;
-  const int64_t unit = std::max<int64_t>(1, sp.multiple_of);
   if (console && 2 * top <= hi) {
     console->line(strCat("batch search: batch.adapt: goodput: per-GPU batches above ", top,
                          " up to ", hi, " (global ", hi * W, ") for the adaptive global batch"));
@@ -561,7 +565,7 @@ void BatchSearch::adaptRangePhase(SearchResult& r, const Space& sp, const Candid
   int flat = 0;
   for (int64_t m = 2 * top; top < hi; m = std::min(2 * m, std::max(hi, m + 1))) {
     // Doubling, and the ceiling itself last (rounded to multiple_of).
-    const int64_t size = std::min(m, hi) / unit * unit;
+    const int64_t size = sp.roundDown(std::min(m, hi));
     if (size <= top) break;
     const auto& c = measureOne(r, sp, size, console, /*adapt_range=*/true);
     if (c.failed) break;
