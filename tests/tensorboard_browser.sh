@@ -4,7 +4,7 @@
 # OUT/run/tensorboard` from the venv of tests/tensorboard_venv.sh on a free port of
 # 127.0.0.1. Checked two ways: its HTTP data API (/data/runs, /data/plugin/scalars/
 # tags and the train/loss points) and its web app in Debian's headless chromium
-# (every other host unreachable): the runs table names both runs ("." and
+# (every other host unreachable): the runs table names both runs ("train" and
 # "search") and the train/loss card holds a line chart. Leaves OUT/tensorboard.png (a screenshot) and OUT/dom.html. Fails, not
 # skips, when chromium or the venv cannot be had. TensorBoard is killed on exit.
 #   tensorboard_browser.sh MPIRUN "MPI_FLAGS" BIN SRC_DIR OUT
@@ -43,21 +43,21 @@ deadline, tags, err = time.time() + 90, {}, None
 while time.time() < deadline:
     try:
         tags = get("/data/plugin/scalars/tags")
-        if "train/loss" in tags.get(".", {}) and "search/samples_per_s" in tags.get("search", {}):
+        if "train/loss" in tags.get("train", {}) and "search/samples_per_s" in tags.get("search", {}):
             break
     except OSError as e:
         err = e
     time.sleep(0.5)
 else:
-    sys.exit(f"no train/loss in run '.' and search/samples_per_s in run 'search' after 90 s: {tags or err}")
+    sys.exit(f"no train/loss in run 'train' and search/samples_per_s in run 'search' after 90 s: {tags or err}")
 runs = get("/data/runs")
-if sorted(runs) != [".", "search"]:
-    sys.exit(f"/data/runs lists {runs}, expected ['.', 'search']")
-q = urllib.parse.urlencode({"run": ".", "tag": "train/loss"})
+if sorted(runs) != ["search", "train"]:
+    sys.exit(f"/data/runs lists {runs}, expected ['search', 'train']")
+q = urllib.parse.urlencode({"run": "train", "tag": "train/loss"})
 points = get("/data/plugin/scalars/scalars?" + q)
 if [p[1] for p in points] != sorted({p[1] for p in points}) or len(points) != steps:
     sys.exit(f"train/loss has {len(points)} points at steps {[p[1] for p in points]}, expected {steps}")
-print(f"ok: {url}/data: runs {runs}, {len(tags['.'])} scalar tags in '.', "
+print(f"ok: {url}/data: runs {runs}, {len(tags['train'])} scalar tags in 'train', "
       f"{len(tags['search'])} in 'search', train/loss at {len(points)} steps")
 PY
 
@@ -81,7 +81,7 @@ timeout 120 "$CHROMIUM" "${flags[@]}" --screenshot="$OUT/tensorboard.png" "$page
   || { tail -n 20 "$OUT/chromium.log"; fail "chromium --screenshot $page failed"; }
 grep -q '<tb-webapp' "$OUT/dom.html" || fail "TensorBoard's app did not load ($OUT/dom.html)"
 # The runs table: one row per run, named by data-id ("<experiment>/<run>").
-for run in . search; do
+for run in train search; do
   grep -q "data-id=\"defaultExperimentId/$run\"" "$OUT/dom.html" \
     || fail "run '$run' is not in TensorBoard's runs table ($OUT/dom.html)"
 done

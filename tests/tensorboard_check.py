@@ -1,7 +1,8 @@
 """A batchdist run's TensorBoard events, read by TensorBoard's own loader.
 
-Note [tensorboard events] (worker/report/tensorboard.h): OUTPUT/tensorboard holds
-the training run, OUTPUT/tensorboard/search the batch search. This loads both
+Note [tensorboard events] (worker/report/tensorboard.h): OUTPUT/tensorboard/train
+holds the training run, OUTPUT/tensorboard/search the batch search, and the
+logdir itself no event file (TensorBoard would list it as a run named "."). This loads both
 with tensorboard.backend.event_processing.event_accumulator (every scalar kept),
 as `tensorboard --logdir` would, and compares them with metrics.jsonl and
 search.json:
@@ -111,7 +112,10 @@ def main():
     ap.add_argument("--resumed-step", type=int, default=-1)
     ap.add_argument("--files", type=int, default=1)
     a = ap.parse_args()
-    tb = os.path.join(a.run, "tensorboard")
+    logdir = os.path.join(a.run, "tensorboard")
+    if event_files(logdir):
+        fail(f"{logdir} holds event files {event_files(logdir)}: TensorBoard would show a run named '.'")
+    tb = os.path.join(logdir, "train")
 
     files = event_files(tb)
     if len(files) != a.files:
@@ -151,7 +155,7 @@ def main():
     print(f"ok: {tb}: {len(expected)} tags, {points} points equal to metrics.jsonl;"
           f" train/loss at {len(loss_steps)} steps {loss_steps[0]}..{loss_steps[-1]}")
 
-    sd = os.path.join(tb, "search")
+    sd = os.path.join(logdir, "search")
     if a.search:
         with open(os.path.join(a.run, "search.json")) as f:
             search = json.load(f)

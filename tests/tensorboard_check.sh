@@ -35,7 +35,7 @@ case $SCENARIO in
     ckpt=(--set train.epochs=3 --set checkpoint.every_steps=20 --set checkpoint.every_minutes=0
           --set checkpoint.keep=5)
     run run "${ckpt[@]}" --set train.max_steps=50
-    ls "$OUT/run/tensorboard"/events.out.tfevents.* > /dev/null 2>&1 || fail "no event file after the first run"
+    ls "$OUT/run/tensorboard/train"/events.out.tfevents.* > /dev/null 2>&1 || fail "no event file after the first run"
     [ -f "$OUT/run/checkpoints/step-00000040/manifest.json" ] \
       || { ls -R "$OUT/run/checkpoints"; fail "no checkpoint of step 40"; }
     run run "${ckpt[@]}" --resume auto

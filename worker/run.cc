@@ -619,7 +619,7 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
     const int64_t resumed_step = resumed ? resumed->manifest["step"].get<int64_t>() : -1;
     metrics_log.emplace((fs::path(req.output) / "metrics.jsonl").string(), resumed_step);
     if (s.cfg.report.tensorboard) {
-      events.emplace((fs::path(req.output) / "tensorboard").string(), resumed_step + 1);
+      events.emplace((fs::path(req.output) / "tensorboard" / "train").string(), resumed_step + 1);
     }
     trainer.setMetricSink([&](const MetricPoint& m) {
       metrics_log->append(m);

@@ -200,7 +200,7 @@ struct TrainConfig {
 
 /// What rank 0 writes besides report.json and metrics.jsonl.
 struct ReportConfig {
-  bool tensorboard = true;                   ///< OUTPUT/tensorboard/events.out.tfevents.*
+  bool tensorboard = true;                   ///< OUTPUT/tensorboard/{train,search}/
 };
 
 struct DistConfig {

@@ -13,9 +13,11 @@ namespace batchdist::worker {
 
 // Note [tensorboard events]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
-// With report.tensorboard (the default) rank 0 writes OUTPUT/tensorboard/
+// With report.tensorboard (the default) rank 0 writes OUTPUT/tensorboard/train/
 // events.out.tfevents.<unix seconds>.<host>, the file TensorBoard reads, so
-// `tensorboard --logdir OUTPUT/tensorboard` shows the run while it trains.
+// `tensorboard --logdir OUTPUT/tensorboard` shows the run, as the run "train",
+// while it trains (TensorBoard names a run by its directory under the logdir:
+// files in the logdir itself would be the run ".").
 //
 // Framing (TFRecord): each record is the data's length as uint64 little-endian,
 // the masked CRC-32C of those 8 bytes, the data, and the masked CRC-32C of the
