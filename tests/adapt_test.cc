@@ -363,7 +363,7 @@ TEST(Adapt, AdaScaleScheduleEndsWhenTheProgressReachesThePlannedSteps) {
   while (progress < static_cast<double>(p.total_steps)) {
     if (step == 20) g = 128, history.push_back({step, g, adascaleGain(128, 64, b)});
     if (step == 50) g = 256, history.push_back({step, g, adascaleGain(256, 64, b)});
-    last_lr = adaptLr(p, OptimName::kSgd, progress, g, b);
+    last_lr = adaptLr(p, OptimName::kSgd, AdaptGain::kAdascale, progress, g, b);
     EXPECT_GT(last_lr, 0.001 * adascaleGain(static_cast<double>(g), 64, b) - 1e-12);
     progress += history.back().gain;
     ++step;
@@ -378,9 +378,44 @@ TEST(Adapt, AdaScaleScheduleEndsWhenTheProgressReachesThePlannedSteps) {
   EXPECT_GT(p.lrAtProgress(static_cast<double>(p.total_steps) - 0.5), 0.001);
   EXPECT_GT(last_lr, 0.001);
   // AdamW: the square-root rule on the same clock: G = 256 -> x sqrt(4) = 2.
-  EXPECT_DOUBLE_EQ(adaptLr(p, OptimName::kAdamw, 60.5, 256, b), 2.0 * p.lrAtProgress(60.5));
+  EXPECT_DOUBLE_EQ(adaptLr(p, OptimName::kAdamw, AdaptGain::kAdascale, 60.5, 256, b),
+                   2.0 * p.lrAtProgress(60.5));
   // B unknown: gain 1, the plan's rate.
-  EXPECT_DOUBLE_EQ(adaptLr(p, OptimName::kLars, 60.5, 256, -1), p.lrAtProgress(60.5));
+  EXPECT_DOUBLE_EQ(adaptLr(p, OptimName::kLars, AdaptGain::kAdascale, 60.5, 256, -1),
+                   p.lrAtProgress(60.5));
+}
+
+TEST(Adapt, LinearGainCountsSamplesAndScalesTheLrLinearly) {
+  // batch.adapt_gain: linear: a step at G is worth G / G0 steps at G0 whatever B,
+  // against AdaScale's r = 4 x 364 / 556 = 2.6187 at G = 256, G0 = 64, B = 300.
+  EXPECT_DOUBLE_EQ(stepGain(AdaptGain::kLinear, 256, 64, 300), 4.0);
+  EXPECT_DOUBLE_EQ(stepGain(AdaptGain::kLinear, 256, 64, -1), 4.0);
+  EXPECT_DOUBLE_EQ(stepGain(AdaptGain::kLinear, 64, 64, 300), 1.0);
+  EXPECT_NEAR(stepGain(AdaptGain::kAdascale, 256, 64, 300), 4.0 * 364 / 556, 1e-12);
+  EXPECT_DOUBLE_EQ(stepGain(AdaptGain::kAdascale, 256, 64, -1), 1.0);
+  const auto cfg = parseConfig(
+      "batch: {global: 64}\ntrain: {epochs: 5}\n"
+      "optim: {lr: 0.1, base_batch: 64, warmup_steps: 10, schedule: cosine, min_lr: 0.001}\n",
+      "t.yaml");
+  const auto p = makePlan(cfg, 2, 2000, false);
+  ASSERT_EQ(p.total_steps, 155);
+  EXPECT_DOUBLE_EQ(adaptLr(p, OptimName::kSgd, AdaptGain::kLinear, 60.5, 256, 300),
+                   4.0 * p.lrAtProgress(60.5));
+  EXPECT_DOUBLE_EQ(adaptLr(p, OptimName::kLars, AdaptGain::kLinear, 60.5, 128, 300),
+                   2.0 * p.lrAtProgress(60.5));
+  // AdamW keeps its square-root rule.
+  EXPECT_DOUBLE_EQ(adaptLr(p, OptimName::kAdamw, AdaptGain::kLinear, 60.5, 256, 300),
+                   2.0 * p.lrAtProgress(60.5));
+  // The budget is the plan's samples: 20 steps at G0, then G = 256 (4 G0 steps a
+  // step): 135 G0 steps left take ceil(135 / 4) = 34 steps, 155 x 64 samples in all
+  // (less than one step of 256 past it).
+  std::vector<AdaptSegment> history{{0, 64, 1.0}, {20, 256, stepGain(AdaptGain::kLinear, 256, 64, 300)}};
+  int64_t step = 0;
+  while (adaptProgress(history, step) < static_cast<double>(p.total_steps)) ++step;
+  EXPECT_EQ(step, 54);
+  const int64_t samples = 20 * 64 + (step - 20) * 256;
+  EXPECT_GE(samples, p.total_steps * 64);
+  EXPECT_LT(samples - 256, p.total_steps * 64);
 }
 
 TEST(Adapt, ProgressHistoryMustStartAtZeroInOrder) {
@@ -398,14 +433,17 @@ TEST(AdaptConfig, ReadsTheKeysAndDefaults) {
   EXPECT_EQ(cfg.batch.adapt_every_steps, 100);
   EXPECT_EQ(cfg.batch.adapt_min_steps, 8);
   EXPECT_FALSE(cfg.batch.adapt_in_warmup);
+  EXPECT_EQ(cfg.batch.adapt_gain, AdaptGain::kAdascale);
   EXPECT_EQ(cfg.resolved["batch"]["adapt"], "off");
+  EXPECT_EQ(cfg.resolved["batch"]["adapt_gain"], "adascale");
   cfg = parseConfig("batch: {global: 256, adapt: goodput, adapt_max: 2048, adapt_every_steps: 50, "
-                    "adapt_min_steps: 4, adapt_in_warmup: true}\n", "t.yaml");
+                    "adapt_min_steps: 4, adapt_in_warmup: true, adapt_gain: linear}\n", "t.yaml");
   EXPECT_EQ(cfg.batch.adapt, BatchAdapt::kGoodput);
   EXPECT_EQ(cfg.batch.adapt_max, 2048);
   EXPECT_EQ(cfg.batch.adapt_every_steps, 50);
   EXPECT_EQ(cfg.batch.adapt_min_steps, 4);
   EXPECT_TRUE(cfg.batch.adapt_in_warmup);
+  EXPECT_EQ(cfg.batch.adapt_gain, AdaptGain::kLinear);
   // G0 derivable from a numeric per_gpu is enough.
   EXPECT_NO_THROW(parseConfig("batch: {per_gpu: 32, adapt: goodput}\n", "t.yaml"));
 }
@@ -427,6 +465,9 @@ TEST(AdaptConfig, ErrorsNameTheKeyTheValueAndTheFix) {
   EXPECT_TRUE(contains(msg, "train.noise_scale: false, but batch.adapt: goodput")) << msg;
   msg = configErrorOf("batch: {global: 256, adapt: godput}\n");
   EXPECT_TRUE(contains(msg, "did you mean 'goodput'")) << msg;
+  msg = configErrorOf("batch: {global: 256, adapt: goodput, adapt_gain: sqrt}\n");
+  EXPECT_TRUE(contains(msg, "batch.adapt_gain")) << msg;
+  EXPECT_TRUE(contains(msg, "'sqrt' is not one of adascale | linear")) << msg;
   msg = configErrorOf("batch: {global: 256, adapt_every_steps: 0}\n");
   EXPECT_TRUE(contains(msg, "batch.adapt_every_steps: must be >= 1, got 0")) << msg;
   // adapt off: the adapt keys are read, nothing is required.

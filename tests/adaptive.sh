@@ -21,6 +21,8 @@
 #           decision goes back to the per-GPU batch that failed
 #   in_warmup  2 ranks, the same 45-step warmup with batch.adapt_in_warmup: true and a
 #           decision every 10 steps: G changes before the warmup's end, the run completes
+#   linear  2 ranks, batch.adapt_gain: linear: every lr_gain is G / G0, the run ends at
+#           the plan's samples (within one step), no step's lr above the peak x G / G0
 set -u
 mpirun=$1 flags=$2 bin=$3 diff=$4 cfg=$5 out=$6 scenario=$7
 rm -rf "$out"; mkdir -p "$out"
@@ -211,6 +213,35 @@ EOF
     check warm 2 48 0 1
     grep -q "^adapt: .*re-decided every 10 steps and at epoch ends (in the warmup's 45 steps too: batch.adapt_in_warmup)" \
       "$out/warm.log" || fail "the adapt line does not say that it decides in the warmup"
+    ;;
+  linear)
+    run lin 2 "${adapt[@]}" --set batch.global=48 --set batch.adapt_every_steps=10 \
+      --set batch.adapt_gain=linear --set train.check_finite=true
+    [ "$rc" = 0 ] || { tail -n 20 "$out/lin.log"; fail "exit $rc"; }
+    check lin 2 48
+    grep -q "^adapt: .* G0-equivalent steps (a step at G counts G/G0 of them, the lr scales with G/G0: batch.adapt_gain: linear)" \
+      "$out/lin.log" || fail "the adapt line does not say that the gain is linear"
+    python3 - "$out/lin" <<'EOF' || fail "lin: see above"
+import json, sys
+d = sys.argv[1]
+r = json.load(open(d + "/report.json"))
+h, g0 = r["batch_history"], r["batch_history"][0]["global_batch"]
+bad = [c for c in h if abs(c["lr_gain"] - c["global_batch"] / g0) > 1e-12]
+if bad:
+    print("FAIL: lr_gain is not G / G0:", bad); sys.exit(1)
+# The budget is the plan's samples: the run stops at the first step that reaches it.
+ends = [c["step"] for c in h[1:]] + [r["steps"]]
+samples = sum((e - c["step"]) * c["global_batch"] for c, e in zip(h, ends))
+budget = r["plan"]["total_steps"] * g0
+if not budget <= samples < budget + h[-1]["global_batch"]:
+    print(f"FAIL: {samples} samples, the budget is {budget}"); sys.exit(1)
+# The lr is the G0 schedule's times G / G0: never above the plan's peak x G / G0.
+peak = r["plan"]["lr"]
+for l in map(json.loads, open(d + "/metrics.jsonl")):
+    if l.get("kind") == "step" and l["lr"] > peak * l["global_batch"] / g0 * (1 + 1e-9):
+        print("FAIL: lr", l["lr"], "above", peak, "x", l["global_batch"], "/", g0); sys.exit(1)
+print(f"lin: lr_gain G/G0 in all {len(h)} entries; {samples} samples for a budget of {budget}")
+EOF
     ;;
   *) fail "unknown scenario $scenario" ;;
 esac

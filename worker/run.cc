@@ -602,8 +602,11 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
                             ? strCat(" (in the warmup's ", s.plan.warmup_steps,
                                      " steps too: batch.adapt_in_warmup)")
                             : strCat(" once the warmup's ", s.plan.warmup_steps, " steps are done"),
-                        "; the run ends at ", s.plan.total_steps,
-                        " G0-equivalent steps"));
+                        "; the run ends at ", s.plan.total_steps, " G0-equivalent steps",
+                        s.cfg.batch.adapt_gain == AdaptGain::kLinear
+                            ? " (a step at G counts G/G0 of them, the lr scales with G/G0: "
+                              "batch.adapt_gain: linear)"
+                            : ""));
   }
   console.line(strCat("model: ", trainer.model().describe(), ", precision ",
                       toString(s.cfg.train.precision),

@@ -672,6 +672,7 @@ void readBatch(Context& ctx, const YAML::Node& root, BatchConfig& c) {
   c.adapt_every_steps = s.integer("adapt_every_steps", 100, 1, kMaxInt);
   c.adapt_min_steps = s.integer("adapt_min_steps", 8, 1, kMaxInt);
   c.adapt_in_warmup = s.boolean("adapt_in_warmup", false);
+  c.adapt_gain = s.choice("adapt_gain", AdaptGain::kAdascale);
 }
 
 void readOptim(Context& ctx, const YAML::Node& root, OptimConfig& c) {

@@ -18,6 +18,7 @@ namespace batchdist::worker {
 // everywhere else, and named by toString() in messages and reports.
 enum class LastBatch { kDrop, kPad, kKeep };
 enum class BatchAdapt { kOff, kGoodput };
+enum class AdaptGain { kAdascale, kLinear };
 enum class LrScaling { kLinear, kSqrt, kNone };
 enum class Schedule { kConstant, kStep, kCosine };
 enum class ModelName { kMlp, kCnn, kResnet18, kResnet50, kTorchscript };
@@ -45,6 +46,7 @@ struct EnumNames;
 BATCHDIST_ENUM_NAMES(LastBatch, {LastBatch::kDrop, "drop"}, {LastBatch::kPad, "pad"},
                      {LastBatch::kKeep, "keep"});
 BATCHDIST_ENUM_NAMES(BatchAdapt, {BatchAdapt::kOff, "off"}, {BatchAdapt::kGoodput, "goodput"});
+BATCHDIST_ENUM_NAMES(AdaptGain, {AdaptGain::kAdascale, "adascale"}, {AdaptGain::kLinear, "linear"});
 BATCHDIST_ENUM_NAMES(LrScaling, {LrScaling::kLinear, "linear"}, {LrScaling::kSqrt, "sqrt"},
                      {LrScaling::kNone, "none"});
 BATCHDIST_ENUM_NAMES(Schedule, {Schedule::kConstant, "constant"}, {Schedule::kStep, "step"},
@@ -157,6 +159,7 @@ struct BatchConfig {
   int64_t adapt_every_steps = 100;      ///< re-decide G every this many steps (and at epoch ends)
   int64_t adapt_min_steps = 8;          ///< G never leaves an epoch fewer steps than this
   bool adapt_in_warmup = false;         ///< decide during the warmup too (Note [adaptive training])
+  AdaptGain adapt_gain = AdaptGain::kAdascale;  ///< a step's worth in G0 steps (Note [goodput])
 };
 
 struct OptimConfig {

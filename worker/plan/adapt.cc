@@ -278,11 +278,16 @@ double adaptProgress(const std::vector<AdaptSegment>& h, int64_t steps) {
   return progress;
 }
 
-double adaptLr(const Plan& p, OptimName optimizer, double progress, int64_t g, double b_noise) {
+double stepGain(AdaptGain rule, double g, double g0, double b_noise) {
+  return rule == AdaptGain::kLinear ? g / g0 : adascaleGain(g, g0, b_noise);
+}
+
+double adaptLr(const Plan& p, OptimName optimizer, AdaptGain rule, double progress, int64_t g,
+               double b_noise) {
   const double base = p.lrAtProgress(progress);
   const double gd = static_cast<double>(g), g0 = static_cast<double>(p.global);
   if (optimizer == OptimName::kAdamw) return base * std::sqrt(gd / g0);
-  return base * adascaleGain(gd, g0, b_noise);
+  return base * stepGain(rule, gd, g0, b_noise);
 }
 
 }  // namespace batchdist::worker

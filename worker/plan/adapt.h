@@ -65,6 +65,17 @@
 // where the plan put it, in G0-equivalent steps, whichever optimizer runs. As in
 // AdaScale, training is complete when the progress reaches the plan's total
 // steps (at G0), not after a number of epochs.
+//
+// batch.adapt_gain: linear replaces r by G / G0 (for the progress, and for the
+// lr of SGD and LARS; AdamW keeps sqrt(G / G0)): a step at G counts as G / G0
+// steps at G0, so the budget is the plan's samples, and the lr follows G as a
+// fixed run at G with optim.lr_scaling: linear would have it. It is the linear
+// scaling rule applied at every change of G (as in Smith et al. 2018, "Don't
+// decay the learning rate, increase the batch size"). It trusts that G is below
+// the critical batch, where AdaScale measures how far below: r < G / G0 always,
+// so under AdaScale a run at G > G0 makes more passes over the data than the
+// plan and its lr is lower than the linear rule's. The decision (goodput, from
+// the efficiency E) is the same under both.
 
 #include <cstdint>
 #include <string>
@@ -95,6 +106,10 @@ double statisticalEfficiency(double g, double g0, double b_noise);
 /// AdaScale's gain: (G / G0) x (B + G0) / (B + G), the worth of a step at `g` in
 /// steps at `g0`; between 1 and G / G0 for G >= G0. B unknown: 1.
 double adascaleGain(double g, double g0, double b_noise);
+
+/// The worth of a step at `g` in steps at `g0` under batch.adapt_gain: AdaScale's
+/// gain (kAdascale) or G / G0 (kLinear, whatever B). 1 at G0.
+double stepGain(AdaptGain rule, double g, double g0, double b_noise);
 
 /// One point of the batch search: global samples/s of per-GPU batch `per_gpu`
 /// at accumulation 1 (the slowest rank's samples/s x W).
@@ -193,7 +208,7 @@ AdaptSpace adaptSpace(const Config& cfg, const Plan& plan_at_g0, bool has_batchn
 void checkAdaptReachable(AdaptSpace& space, const std::string& source);
 
 /// One stretch of an adaptive run: from optimizer step `begin_step` (0-based)
-/// until the next segment's, every step ran at `global` with AdaScale gain `gain`.
+/// until the next segment's, every step ran at `global` with gain `gain` (stepGain).
 struct AdaptSegment {
   int64_t begin_step = 0;
   int64_t global = 0;
@@ -206,9 +221,9 @@ struct AdaptSegment {
 double adaptProgress(const std::vector<AdaptSegment>& history, int64_t steps);
 
 /// The learning rate at G0-equivalent progress `progress` and global batch `g`
-/// (Note [goodput]): plan_at_g0.lrAtProgress(progress) x the AdaScale gain (SGD,
+/// (Note [goodput]): plan_at_g0.lrAtProgress(progress) x stepGain(rule, ...) (SGD,
 /// LARS) or x sqrt(G / G0) (AdamW).
-double adaptLr(const Plan& plan_at_g0, OptimName optimizer, double progress, int64_t g,
-               double b_noise);
+double adaptLr(const Plan& plan_at_g0, OptimName optimizer, AdaptGain rule, double progress,
+               int64_t g, double b_noise);
 
 }  // namespace batchdist::worker

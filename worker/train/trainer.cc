@@ -973,13 +973,14 @@ std::string Trainer::epochLabel(int64_t epoch) const {
 
 double Trainer::stepLr(int64_t global_step) const {
   if (!adapt_.on) return plan_.lrAt(global_step);
-  return adaptLr(adapt_.plan0, cfg_.optim.name, adapt_.progress, plan_.global, adapt_.b_noise);
+  return adaptLr(adapt_.plan0, cfg_.optim.name, cfg_.batch.adapt_gain, adapt_.progress,
+                 plan_.global, adapt_.b_noise);
 }
 
 void Trainer::beginSegment(int64_t global_step, double b_noise, double efficiency,
                            const std::string& why, TrainResult& result) {
-  const double gain = adascaleGain(static_cast<double>(plan_.global),
-                                   static_cast<double>(adapt_.plan0.global), b_noise);
+  const double gain = stepGain(cfg_.batch.adapt_gain, static_cast<double>(plan_.global),
+                               static_cast<double>(adapt_.plan0.global), b_noise);
   if (!adapt_.segments.empty() && adapt_.segments.back().begin_step == global_step) {
     adapt_.segments.back() = {global_step, plan_.global, gain};
   } else {
@@ -1087,7 +1088,7 @@ void Trainer::maybeAdapt(EpochRun& e, Sharder& sharder, int64_t s, int64_t globa
     return;
   }
   // G stays; its AdaScale gain follows B (a new segment when it moved by 1 %).
-  const double gain = adascaleGain(static_cast<double>(plan_.global), g0, b);
+  const double gain = stepGain(cfg_.batch.adapt_gain, static_cast<double>(plan_.global), g0, b);
   if (std::abs(gain - adapt_.segments.back().gain) > 0.01 * adapt_.segments.back().gain) {
     beginSegment(global_step, b, statisticalEfficiency(static_cast<double>(plan_.global), g0, b),
                  d.why, result);

@@ -101,9 +101,10 @@ namespace batchdist::worker {
 //    worker/plan/plan.h), the loader restarted with the new jobs. An
 //    out-of-memory back-off (Note [oom back-off]) halves m under the current G,
 //    and a later decision starts from the split it left.
-//  - The AdaScale gain r of each segment is fixed at its decision (a new segment
-//    also when G stays but r moved); the progress, in G0-equivalent steps, grows
-//    by r per step; the lr is adaptLr(plan0, progress, G, B) and training ends
+//  - The gain r of each segment (AdaScale's, or G / G0 under batch.adapt_gain:
+//    linear) is fixed at its decision (a new segment also when G stays but r
+//    moved); the progress, in G0-equivalent steps, grows by r per step; the lr is
+//    adaptLr(plan0, rule, progress, G, B) and training ends
 //    when the progress reaches plan0.total_steps, so the schedule ends where the
 //    plan at G0 put it and an epoch is one pass over the data at whatever G.
 //  - Note [adaptive checkpoint]: the manifest's `plan` stays plan0 (so resume's
