@@ -50,6 +50,16 @@ AdaptSpace space4() {
   return s;
 }
 
+/// G0 = 64 on 2 ranks, 2000 samples: 31 steps an epoch, 5 epochs, 155 steps at
+/// G0; lr 0.1, a 10-step warmup, then cosine to 0.001.
+Plan cosinePlan155() {
+  return makePlan(parseConfig("batch: {global: 64}\ntrain: {epochs: 5}\n"
+                              "optim: {lr: 0.1, base_batch: 64, warmup_steps: 10, "
+                              "schedule: cosine, min_lr: 0.001}\n",
+                              "t.yaml"),
+                  2, 2000, false);
+}
+
 bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
 }
@@ -347,12 +357,7 @@ TEST(Adapt, LrAtProgressIsLrAtOnWholeSteps) {
 }
 
 TEST(Adapt, AdaScaleScheduleEndsWhenTheProgressReachesThePlannedSteps) {
-  // G0 = 64 on 2 ranks, 2000 samples: 31 steps an epoch, 5 epochs, 155 steps at G0.
-  const auto cfg = parseConfig(
-      "batch: {global: 64}\ntrain: {epochs: 5}\n"
-      "optim: {lr: 0.1, base_batch: 64, warmup_steps: 10, schedule: cosine, min_lr: 0.001}\n",
-      "t.yaml");
-  const auto p = makePlan(cfg, 2, 2000, false);
+  const auto p = cosinePlan155();
   ASSERT_EQ(p.total_steps, 155);
   // An adaptive run: G0 for 20 steps, then 128, then 256 (B = 300).
   const double b = 300;
@@ -393,11 +398,7 @@ TEST(Adapt, LinearGainCountsSamplesAndScalesTheLrLinearly) {
   EXPECT_DOUBLE_EQ(stepGain(AdaptGain::kLinear, 64, 64, 300), 1.0);
   EXPECT_NEAR(stepGain(AdaptGain::kAdascale, 256, 64, 300), 4.0 * 364 / 556, 1e-12);
   EXPECT_DOUBLE_EQ(stepGain(AdaptGain::kAdascale, 256, 64, -1), 1.0);
-  const auto cfg = parseConfig(
-      "batch: {global: 64}\ntrain: {epochs: 5}\n"
-      "optim: {lr: 0.1, base_batch: 64, warmup_steps: 10, schedule: cosine, min_lr: 0.001}\n",
-      "t.yaml");
-  const auto p = makePlan(cfg, 2, 2000, false);
+  const auto p = cosinePlan155();
   ASSERT_EQ(p.total_steps, 155);
   EXPECT_DOUBLE_EQ(adaptLr(p, OptimName::kSgd, AdaptGain::kLinear, 60.5, 256, 300),
                    4.0 * p.lrAtProgress(60.5));
