@@ -807,8 +807,16 @@ void Trainer::maybeRecover(EpochRun& e, Sharder& sharder, int64_t s, int64_t glo
     return;
   }
   const int64_t from_m = plan_.per_gpu, from_a = plan_.accum;
-  const int64_t m = oom_.larger.back();
-  oom_.larger.pop_back();
+  // The newest per-GPU batch backed off from that splits this G (an adaptive
+  // change of G may have left some that do not: Note [oom back-off]).
+  const int64_t rank_batch = plan_.per_gpu * plan_.accum;
+  auto& larger = oom_.larger;
+  const auto it = std::find_if(larger.rbegin(), larger.rend(), [&](int64_t m) {
+    return m > plan_.per_gpu && rank_batch % m == 0;
+  });
+  if (it == larger.rend()) return;
+  const int64_t m = *it;
+  larger.erase(std::next(it).base());
   switchSplit(e, sharder, s, m);
   oom_.retrying = true;
   ++result.oom_retries;
@@ -1011,11 +1019,12 @@ void Trainer::applySplit(EpochRun& e, Sharder& sharder, int64_t s, const AdaptSp
   loader_->start(jobs(sharder, s, std::max<int64_t>(0, e.steps - s)), e.epoch, sharder.jobIndex(s));
   oom_.good_steps = 0;
   oom_.retrying = false;
-  // Note [oom back-off]: a retry goes back to a per-GPU batch that splits this G.
-  const int64_t rank_batch = plan_.per_gpu * plan_.accum;
+  // Note [oom back-off]: oom_.larger keeps every per-GPU batch above this one that
+  // ran out of memory, also those that do not split this G: maybeAdapt() stays
+  // below all of them, and a retry (maybeRecover) takes the newest that splits G.
   auto& larger = oom_.larger;
   larger.erase(std::remove_if(larger.begin(), larger.end(),
-                              [&](int64_t m) { return m <= plan_.per_gpu || rank_batch % m != 0; }),
+                              [&](int64_t m) { return m <= plan_.per_gpu; }),
                larger.end());
 }
 

@@ -30,7 +30,10 @@
 //    completed = false, the reason in the report and exit code 1.
 //  - train.oom_recover_after_steps = N > 0: after N good steps at the smaller
 //    split the larger one is tried again (one level up); a back-off from a split
-//    that was such a retry doubles N. A resumed run does not retry.
+//    that was such a retry doubles N. A resumed run does not retry. Under an
+//    adaptive G (Note [adaptive training]) the per-GPU batches backed off from stay
+//    marked even when a new G does not split them: no decision goes back to one
+//    (or above), and a retry takes the newest that splits the G in force.
 //    Off by default: a spike that came from the data or from fragmentation tends
 //    to come back, each failed retry costs a wasted step and churns the
 //    allocator, and a run that changes its split back and forth is harder to
@@ -228,7 +231,7 @@ class Trainer {
     bool inject = false;            ///< fail the current try (this rank)
     bool inject_forward = false;    ///< ... in forward rather than backward
     bool failed_here = false;       ///< the last try failed on this rank
-    std::vector<int64_t> larger;    ///< per-GPU batches backed off from, newest last
+    std::vector<int64_t> larger;    ///< per-GPU batches backed off from (above the split), newest last
     int64_t good_steps = 0;         ///< since the last switch of split
     int64_t recover_after = 0;      ///< current wait before a retry (0: never)
     bool retrying = false;          ///< the current split is a retry of a larger one
