@@ -17,6 +17,9 @@
 #           and the samples/s come from the run's own steps): on 3 ranks G is kept by
 #           accumulation where 8 x 3 divides it, else the line says batch.per_gpu 8
 #           does not split it; every split after the resume has per-GPU batch 8
+#
+# resume, world, oom and in_warmup decide on pinned samples/s figures (pin below), so
+# that G grows where they need it to; ranks and linear on the search's own.
 #   oom     an out-of-memory at step 80, after G grew, halves m under the adaptive G; no later
 #           decision goes back to the per-GPU batch that failed
 #   in_warmup  2 ranks, the same 45-step warmup with batch.adapt_in_warmup: true and a
@@ -82,16 +85,50 @@ open(d + "/changes", "w").write(str(changes))
 EOF
 }
 
-adapt=(--set batch.adapt=goodput --set batch.per_gpu=auto --set train.progress=off
-       --set search.cache="" )
+adapt=(--set batch.adapt=goodput --set batch.per_gpu=auto --set train.progress=off)
+nocache=(--set search.cache="")
+
+# pin NAME ARGS...: the batch search for `batchdist ARGS...` on 2 ranks, its cache
+# entry's samples/s replaced by a fixed curve (a rank's step takes 1 ms + 10 us a
+# sample: 24 per GPU 38.7k samples/s, 88 per GPU 93.6k) with no uncertainty. A run
+# given `--set search.cache=$out/NAME.cache.json` takes it back (a cache hit), so
+# its decisions rest on B alone, which the seed fixes: measured samples/s on a busy
+# machine carry an uncertainty that keeps G within the margin for a varying number
+# of decisions (Note [goodput]), and whether G grows by a given step varied.
+pin() {
+  local name=$1; shift
+  # shellcheck disable=SC2086
+  "$mpirun" $flags -np 2 "$bin" search "$cfg" --output "$out/$name-search" "$@" \
+    --set search.cache="$out/$name.cache.json" >"$out/$name-search.log" 2>&1 ||
+    { tail -n 20 "$out/$name-search.log"; fail "$name: the search for the pinned cache failed"; }
+  python3 - "$out/$name.cache.json" <<'PY' || fail "$name: cache not pinned"
+import json, sys
+path = sys.argv[1]
+d = json.load(open(path))
+r = d["result"]
+n = 0
+for c in r["candidates"] + r["adapt_range"]:
+    if c["failed"]:
+        continue
+    sps = 2 * c["per_gpu_batch"] / (1e-3 + 1e-5 * c["per_gpu_batch"])
+    c["samples_per_s"] = c["ci_low"] = c["ci_high"] = sps
+    c["round_samples_per_s"] = []
+    n += 1
+if not r["adapt_range"]:
+    print("FAIL: the search measured no adapt range"); sys.exit(1)
+json.dump(d, open(path, "w"))
+print(f"pinned {n} samples/s figures in {path}; largest per-GPU batch "
+      f"{max(c['per_gpu_batch'] for c in r['adapt_range'])}")
+PY
+}
 
 case "$scenario" in
   ranks)
     # MPMD: rank 0 slower in every update.
     # shellcheck disable=SC2086
-    "$mpirun" $flags -np 1 -x BATCHDIST_FAULT_SLOW_UPDATE_US=2000 "$bin" "$cfg" --output "$out/ranks" "${adapt[@]}" \
+    "$mpirun" $flags -np 1 -x BATCHDIST_FAULT_SLOW_UPDATE_US=2000 "$bin" "$cfg" --output "$out/ranks" "${adapt[@]}" "${nocache[@]}" \
       --set batch.global=48 --set train.check_finite=true --set optim.warmup_steps=45 : \
-      -np 2 "$bin" "$cfg" --output "$out/ranks" "${adapt[@]}" --set batch.global=48 \
+      -np 2 "$bin" "$cfg" --output "$out/ranks" "${adapt[@]}" "${nocache[@]}" --set batch.global=48 \
       --set train.check_finite=true --set optim.warmup_steps=45 >"$out/ranks.log" 2>&1
     rc=$?
     grep -aE '^(adapt|done)' "$out/ranks.log" | head -n 12
@@ -104,9 +141,17 @@ case "$scenario" in
   resume | world | world_fixed)
     base=("${adapt[@]}" --set batch.global=48 --set model.dropout=0.1
           --set checkpoint.every_steps=10 --set checkpoint.keep=100)
-    # adapt_max 96: the 2-rank run grows to 64, 80 or 96; 96 = 8 x 4 x 3 is kept on 3.
-    [ "$scenario" = world_fixed ] && base+=(--set batch.per_gpu=8 --set batch.adapt_max=96)
+    if [ "$scenario" = world_fixed ]; then
+      # adapt_max 96: the 2-rank run grows to 64, 80 or 96; 96 = 8 x 4 x 3 is kept on 3.
+      base+=(--set batch.per_gpu=8 --set batch.adapt_max=96 "${nocache[@]}")
+    else
+      # The 2-rank runs take the pinned figures; the 3-rank run searches (another key).
+      pin full "${base[@]}"
+      base+=(--set search.cache="$out/full.cache.json")
+    fi
     run full 2 "${base[@]}"; [ "$rc" = 0 ] || fail "uninterrupted run: exit $rc"
+    [ "$scenario" = world_fixed ] || grep -q "^batch search: cached result for this model" "$out/full.log" ||
+      fail "the run did not take the pinned cache"
     check full 2 48
     # Every checkpoint's manifest says where the adaptive run stood, not where the
     # plan at G0 would have been.
@@ -185,23 +230,18 @@ EOF
     ;;
   oom)
     # Rank 1 runs out of memory at step 80, after decisions every 10 steps from the
-    # warmup's end (step 30): m halves, G stays; no later decision returns to that m.
-    # The premise, that G grew before step 80, rests on measured samples/s: a
-    # decision whose gain the measurements cannot tell from noise keeps G (Note
-    # [goodput]); B grows over these steps, and with it the gain of a larger G. A run
-    # where G did not grow in time is made again (at most 3 tries; none meeting the
-    # premise fails).
-    for try in 1 2 3; do
-      rm -rf "$out/oom"
-      flags="$flags -x BATCHDIST_FAULT_OOM=1:80" run oom 2 "${adapt[@]}" --set batch.global=48 \
-        --set batch.adapt_every_steps=10
-      [ "$rc" = 0 ] || { tail -n 20 "$out/oom.log"; fail "exit $rc"; }
-      python3 -c 'import json, sys
+    # warmup's end (step 30) on the pinned figures, which grow G before it: m halves,
+    # G stays; no later decision returns to that m.
+    args=("${adapt[@]}" --set batch.global=48 --set batch.adapt_every_steps=10)
+    pin oom "${args[@]}"
+    flags="$flags -x BATCHDIST_FAULT_OOM=1:80" run oom 2 "${args[@]}" \
+      --set search.cache="$out/oom.cache.json"
+    [ "$rc" = 0 ] || { tail -n 20 "$out/oom.log"; fail "exit $rc"; }
+    grep -q "^batch search: cached result for this model" "$out/oom.log" || fail "the run did not take the pinned cache"
+    python3 -c 'import json, sys
 h = json.load(open(sys.argv[1]))["batch_history"]
-sys.exit(0 if any("->" in c["why"] and c["step"] < 79 for c in h) else 1)' "$out/oom/report.json" && break
-      echo "try $try: the decisions before step 80 kept G0 (their figures within the margin), so the out-of-memory was not under an adaptive G; again"
-      [ "$try" = 3 ] && fail "G did not grow before step 80 in 3 tries"
-    done
+sys.exit(0 if any("->" in c["why"] and c["step"] < 79 for c in h) else 1)' "$out/oom/report.json" ||
+      fail "G did not grow before step 80, so the out-of-memory was not under an adaptive G"
     check oom 2 48
     python3 - "$out/oom/report.json" <<'EOF' || fail "back-off"
 import json, sys
@@ -221,15 +261,18 @@ print(f"back-off at step 80: {b['from_per_gpu']} x {b['from_accum']} -> {b['to_p
 EOF
     ;;
   in_warmup)
-    run warm 2 "${adapt[@]}" --set batch.global=48 --set optim.warmup_steps=45 \
-      --set batch.adapt_every_steps=10 --set batch.adapt_in_warmup=true --set train.check_finite=true
+    args=("${adapt[@]}" --set batch.global=48 --set optim.warmup_steps=45 --set batch.adapt_every_steps=10
+          --set batch.adapt_in_warmup=true --set train.check_finite=true)
+    pin warm "${args[@]}"
+    run warm 2 "${args[@]}" --set search.cache="$out/warm.cache.json"
     [ "$rc" = 0 ] || { tail -n 20 "$out/warm.log"; fail "exit $rc"; }
+    grep -q "^batch search: cached result for this model" "$out/warm.log" || fail "the run did not take the pinned cache"
     check warm 2 48 0 1
     grep -q "^adapt: .*re-decided every 10 steps and at epoch ends (in the warmup's 45 steps too: batch.adapt_in_warmup)" \
       "$out/warm.log" || fail "the adapt line does not say that it decides in the warmup"
     ;;
   linear)
-    run lin 2 "${adapt[@]}" --set batch.global=48 --set batch.adapt_every_steps=10 \
+    run lin 2 "${adapt[@]}" "${nocache[@]}" --set batch.global=48 --set batch.adapt_every_steps=10 \
       --set batch.adapt_gain=linear --set train.check_finite=true
     [ "$rc" = 0 ] || { tail -n 20 "$out/lin.log"; fail "exit $rc"; }
     check lin 2 48

@@ -11,7 +11,6 @@
 #include <filesystem>
 #include <iostream>
 #include <optional>
-#include <sstream>
 #include <thread>
 
 #include "collective/error.h"
@@ -127,11 +126,15 @@ Connection connect(const RunSetup& s, const RankPlace& place) {
 }
 
 /// The cached search result, if rank 0 has one for this setup (collective: rank
-/// 0 reads, every rank learns the answer).
+/// 0 reads, every rank gets the whole result). Every rank parses the same text:
+/// the adaptive batch decides on each rank from the result's samples/s figures
+/// (Note [adaptive training]), and ranks holding different figures would choose
+/// different global batches.
 std::optional<SearchResult> lookupCache(const RunRequest& req, collective::Communicator& comm,
                                         const std::string& path,
                                         const std::string& key, Console& console) {
   std::optional<SearchResult> cached;
+  std::string text;
   if (comm.rank() == 0 && !req.research) {
     const auto found = readSearchCache(path, key);
     if (!found.problem.empty()) {
@@ -142,16 +145,12 @@ std::optional<SearchResult> lookupCache(const RunRequest& req, collective::Commu
     if (!found.note.empty()) {
       console.line(strCat("batch search: ", path, " is marked: ", found.note));
     }
-    cached = found.result;
+    if (found.result) text = searchJson(*found.result).dump();
   }
-  const auto hit = comm.broadcast(
-      cached ? strCat(cached->chosen, " ", cached->chosen_accum) : std::string(), 0);
-  if (hit.empty()) return std::nullopt;
-  if (!cached) {
-    cached.emplace();
-    std::istringstream(hit) >> cached->chosen >> cached->chosen_accum;
-    cached->cached = true;
-  }
+  text = comm.broadcast(text, 0);
+  if (text.empty()) return std::nullopt;
+  cached = searchFromJson(nlohmann::json::parse(text));
+  cached->cached = true;
   console.line(strCat("batch search: cached result for this model, data, device and world size in ",
                       path, " (--research to measure again)"));
   return cached;
