@@ -18,12 +18,15 @@
 #           accumulation where 8 x 3 divides it, else the line says batch.per_gpu 8
 #           does not split it; every split after the resume has per-GPU batch 8
 #
-# resume, world, oom and in_warmup decide on pinned samples/s figures (pin below), so
+# resume, world, oom, in_warmup and figures decide on pinned samples/s figures (pin below), so
 # that G grows where they need it to; ranks and linear on the search's own.
 #   oom     an out-of-memory at step 80, after G grew, halves m under the adaptive G; no later
 #           decision goes back to the per-GPU batch that failed
 #   in_warmup  2 ranks, the same 45-step warmup with batch.adapt_in_warmup: true and a
 #           decision every 10 steps: G changes before the warmup's end, the run completes
+#   figures 2 ranks on pinned figures, rank 1 started without them
+#           (BATCHDIST_FAULT_ADAPT_FIGURES=1): it says that its decision differed and
+#           takes rank 0's; history, steps and model.pt those of the run without it
 #   linear  2 ranks, batch.adapt_gain: linear: every lr_gain is G / G0, the run ends at
 #           the plan's samples (within one step), no step's lr above the peak x G / G0
 set -u
@@ -270,6 +273,36 @@ EOF
     check warm 2 48 0 1
     grep -q "^adapt: .*re-decided every 10 steps and at epoch ends (in the warmup's 45 steps too: batch.adapt_in_warmup)" \
       "$out/warm.log" || fail "the adapt line does not say that it decides in the warmup"
+    ;;
+  figures)
+    # Rank 1 starts with no samples/s figures (as a cache hit once left it): it
+    # decides otherwise, says so, and takes rank 0's split; the run is the one
+    # made without the fault, bit for bit.
+    args=("${adapt[@]}" --set batch.global=48 --set batch.adapt_every_steps=10
+          --set train.check_finite=true)
+    pin same "${args[@]}"
+    run same 2 "${args[@]}" --set search.cache="$out/same.cache.json"
+    [ "$rc" = 0 ] || { tail -n 20 "$out/same.log"; fail "run without the fault: exit $rc"; }
+    check same 2 48
+    flags="$flags -x BATCHDIST_FAULT_ADAPT_FIGURES=1" run skew 2 "${args[@]}" \
+      --set search.cache="$out/same.cache.json"
+    [ "$rc" = 0 ] || { tail -n 20 "$out/skew.log"; fail "run with rank 1's figures gone: exit $rc"; }
+    check skew 2 48
+    grep -aE "^batchdist: warning: rank 1: the adaptive batch decision at step [0-9]+ was global batch [0-9]+ \([0-9]+ x [0-9]+ x 2\), rank 0's [0-9]+ \([0-9]+ x [0-9]+ x 2\): taking rank 0's, in this decision and any later one that differs \(this rank's samples/s figures differ from rank 0's\)$" \
+      "$out/skew.log" || fail "rank 1 did not say that it took rank 0's decision"
+    [ "$(grep -ac "warning: rank 1: the adaptive" "$out/skew.log")" = 1 ] || fail "rank 1 said it more than once"
+    ! grep -aq "warning: rank 0: the adaptive" "$out/skew.log" || fail "rank 0 warned"
+    python3 - "$out/same/report.json" "$out/skew/report.json" <<'EOF' || fail "reports differ"
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+if a["batch_history"] != b["batch_history"]:
+    print("FAIL: batch_history differs:", a["batch_history"], b["batch_history"]); sys.exit(1)
+for k in ("steps", "progress", "eval_accuracy", "train_loss"):
+    if a[k] != b[k]:
+        print(f"FAIL: {k}: {a[k]} without the fault, {b[k]} with it"); sys.exit(1)
+print(f"with rank 1's figures gone: the same {len(a['batch_history'])} history entries, steps, progress")
+EOF
+    "$diff" "$out/same/model.pt" "$out/skew/model.pt" 0 || fail "model.pt differs with rank 1's figures gone"
     ;;
   linear)
     run lin 2 "${adapt[@]}" "${nocache[@]}" --set batch.global=48 --set batch.adapt_every_steps=10 \

@@ -138,6 +138,9 @@ Trainer::Trainer(const Config& cfg, collective::Communicator& comm, const DataSp
   }
   oom_.faults = parseOomFaults(std::getenv("BATCHDIST_FAULT_OOM"), comm_.rank());
   if (const char* v = std::getenv("BATCHDIST_FAULT_SLOW_UPDATE_US")) slow_update_us_ = std::atoll(v);
+  if (const char* v = std::getenv("BATCHDIST_FAULT_ADAPT_FIGURES")) {
+    adapt_figures_fault_ = *v != '\0' && std::atoll(v) == comm_.rank();
+  }
   oom_.recover_after = cfg.train.oom_recover_after_steps;
   if (!device_.is_cuda()) oom_.limit_mb = static_cast<double>(cfg.search.memory_limit_mb);
 }
@@ -973,6 +976,7 @@ void Trainer::setAdaptive(const AdaptSpace& space) {
   adapt_.plan0 = plan_;
   adapt_.space = space;
   adapt_.space.fixed_step_s = -1;  // measured until the first decision
+  if (adapt_figures_fault_) adapt_.space.throughput.clear();
 }
 
 std::string Trainer::epochLabel(int64_t epoch) const {
@@ -1082,7 +1086,8 @@ void Trainer::maybeAdapt(EpochRun& e, Sharder& sharder, int64_t s, int64_t globa
     now.throughput.push_back({plan_.per_gpu, low});
   }
   const AdaptSplit current{plan_.global, plan_.per_gpu, plan_.accum};
-  const auto d = decideGlobalBatch(now, current, b);
+  auto d = decideGlobalBatch(now, current, b);
+  followRankZero(d, current, global_step);
   const double g0 = static_cast<double>(adapt_.plan0.global);
   if (d.change) {
     applySplit(e, sharder, s, d.chosen);
@@ -1102,6 +1107,25 @@ void Trainer::maybeAdapt(EpochRun& e, Sharder& sharder, int64_t s, int64_t globa
     beginSegment(global_step, b, statisticalEfficiency(static_cast<double>(plan_.global), g0, b),
                  d.why, result);
   }
+}
+
+void Trainer::followRankZero(AdaptDecision& d, const AdaptSplit& current, int64_t global_step) {
+  const AdaptSplit mine = d.chosen;
+  const auto text = comm_.broadcast(strCat(mine.global, " ", mine.per_gpu, " ", mine.accum), 0);
+  AdaptSplit zero;
+  std::istringstream(text) >> zero.global >> zero.per_gpu >> zero.accum;
+  if (zero == mine) return;
+  d.chosen = zero;
+  d.change = zero != current;
+  if (adapt_.followed++ > 0) return;  // said once
+  const auto split = [&](const AdaptSplit& x) {
+    return strCat(x.global, " (", x.per_gpu, " x ", x.accum, " x ", comm_.size(), ")");
+  };
+  std::cerr << strCat("batchdist: warning: rank ", comm_.rank(), ": the adaptive batch decision at step ",
+                      global_step + 1, " was global batch ", split(mine), ", rank 0's ", split(zero),
+                      ": taking rank 0's, in this decision and any later one that differs (this "
+                      "rank's samples/s figures differ from rank 0's)\n")
+            << std::flush;
 }
 
 nlohmann::ordered_json Trainer::adaptRecord(int64_t epoch, int64_t next_step, int64_t cut_step,

@@ -81,9 +81,9 @@ namespace batchdist::worker {
 //    steps and at the first step of every epoch after the first, all ranks meet
 //    in one small allreduce (MAX of the smoothed B_simple and of the per-step
 //    fixed cost) and call decideGlobalBatch() with the same figures, so they
-//    reach the same split without a further exchange. The throughput table is
-//    the batch search's (identical on every rank: agreed in the search, or read
-//    from the checkpoint): the sizes dividing G0 / W, measured at their
+//    reach the same split. The throughput table is the batch search's
+//    (identical on every rank: agreed in the search, read back from the cache
+//    by rank 0 and broadcast whole, or read from the checkpoint): the sizes dividing G0 / W, measured at their
 //    accumulation G0 / (m W) and taken as the rate at accumulation 1 (slightly
 //    optimistic for the smaller ones), and Note [adapt range]'s larger ones at
 //    accumulation 1; with a fixed batch.per_gpu, the run's own steps up to the
@@ -92,6 +92,12 @@ namespace batchdist::worker {
 //    decision after every rank ran a step, and then frozen: later decisions
 //    depend on B alone, which every rank computes from the same allreduced
 //    norms, so a resumed run decides as the uninterrupted one would.
+//  - Rank 0's split is broadcast with every decision and taken by all: a rank
+//    whose figures differed (a bug: it happened once, when a cache hit reached
+//    the other ranks without the table) would otherwise post collectives of
+//    other sizes, which MPI may answer with a truncation and a corrupted heap.
+//    Such a rank says so on stderr. Fault injection for tests:
+//    BATCHDIST_FAULT_ADAPT_FIGURES=R starts rank R with an empty table.
 //  - No decision before the warmup (plan0.warmup_steps) is over: G stays G0
 //    through it (batch.adapt_in_warmup: true lifts that). The warmup exists because the first steps are fragile, and a
 //    larger G would multiply its lr by the gain r; and B_simple measured while
@@ -299,6 +305,9 @@ class Trainer {
   /// Note [adaptive training]: before step `s`, every rank's same decision.
   void maybeAdapt(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_step,
                   TrainResult& result);
+  /// Note [adaptive training]: takes rank 0's split (broadcast) should this
+  /// rank's decision `d` differ from it, and says so. Collective.
+  void followRankZero(AdaptDecision& d, const AdaptSplit& current, int64_t global_step);
   /// Applies split `to` from step `s` (the rest of the epoch cut anew).
   void applySplit(EpochRun& e, Sharder& sharder, int64_t s, const AdaptSplit& to);
   /// Starts a history segment at `global_step` with the split in force.
@@ -355,6 +364,7 @@ class Trainer {
     double step_sum = 0;              ///< this rank: wall seconds of good steps
     int64_t step_count = 0;
     bool done = false;                ///< progress reached plan0.total_steps
+    int64_t followed = 0;             ///< decisions this rank took from rank 0 (followRankZero)
     // Resume: where the epoch stands (Note [adaptive checkpoint]).
     int64_t resume_epoch = -1, resume_step = 0, resume_cut_step = 0, resume_cut_begin = 0;
   };
@@ -364,6 +374,7 @@ class Trainer {
   /// Fault injection for the tests: BATCHDIST_FAULT_SLOW_UPDATE_US=N makes this
   /// rank's optimizer update N us slower (a rank with its own timings).
   int64_t slow_update_us_ = 0;
+  bool adapt_figures_fault_ = false;  ///< BATCHDIST_FAULT_ADAPT_FIGURES names this rank
   OomState oom_;
   Console* console_ = nullptr;  ///< during train(): for the back-off lines
   std::function<void(const MetricPoint&)> metric_sink_;
