@@ -5,8 +5,9 @@
 # usage: adaptive.sh MPIRUN "MPI FLAGS" BATCHDIST MODEL_DIFF CONFIG OUTDIR SCENARIO
 #   ranks   3 ranks, rank 0's optimizer update 2 ms slower (BATCHDIST_FAULT_SLOW_UPDATE_US:
 #           its steps and its fixed cost differ from the others'), a warmup of 45 steps
-#           (past the first epoch's end, 29): no decision before it; G grows; every split in batch_history is m x a x 3 within
-#           [G0, N / adapt_min_steps]; one console line per change; metrics.jsonl's
+#           (past the first epoch's end, 29): no decision before it; G grows; every split
+#           in batch_history is m x a x 3 within [G0, N / adapt_min_steps]; one console
+#           line per change; no rank decided otherwise than rank 0; metrics.jsonl's
 #           progress rises to the plan's end; parameters agree (train.check_finite)
 #   resume  2 ranks; a run's checkpoint after its first change, resumed on the same
 #           world: the same final model bit for bit, the same history, steps, progress
@@ -17,9 +18,6 @@
 #           and the samples/s come from the run's own steps): on 3 ranks G is kept by
 #           accumulation where 8 x 3 divides it, else the line says batch.per_gpu 8
 #           does not split it; every split after the resume has per-GPU batch 8
-#
-# resume, world, oom, in_warmup and figures decide on pinned samples/s figures (pin below), so
-# that G grows where they need it to; ranks and linear on the search's own.
 #   oom     an out-of-memory at step 80, after G grew, halves m under the adaptive G; no later
 #           decision goes back to the per-GPU batch that failed
 #   in_warmup  2 ranks, the same 45-step warmup with batch.adapt_in_warmup: true and a
@@ -29,6 +27,9 @@
 #           takes rank 0's; history, steps and model.pt those of the run without it
 #   linear  2 ranks, batch.adapt_gain: linear: every lr_gain is G / G0, the run ends at
 #           the plan's samples (within one step), no step's lr above the peak x G / G0
+#
+# Every scenario but world_fixed decides on pinned samples/s figures (pin below), so
+# that G grows where it needs to, and takes them back from the search cache.
 set -u
 mpirun=$1 flags=$2 bin=$3 diff=$4 cfg=$5 out=$6 scenario=$7
 rm -rf "$out"; mkdir -p "$out"
@@ -91,9 +92,10 @@ EOF
 adapt=(--set batch.adapt=goodput --set batch.per_gpu=auto --set train.progress=off)
 nocache=(--set search.cache="")
 
-# pin NAME ARGS...: the batch search for `batchdist ARGS...` on 2 ranks, its cache
-# entry's samples/s replaced by a fixed curve (a rank's step takes 1 ms + 10 us a
-# sample: 24 per GPU 38.7k samples/s, 88 per GPU 93.6k) with no uncertainty. A run
+# [np=N] pin NAME ARGS...: the batch search for `batchdist ARGS...` on N ranks (2),
+# its cache entry's samples/s replaced by a fixed curve (a rank's step takes 1 ms +
+# 10 us a sample: on 2 ranks 24 per GPU 38.7k samples/s, 88 per GPU 93.6k) with no
+# uncertainty. A run
 # given `--set search.cache=$out/NAME.cache.json` takes it back (a cache hit), so
 # its decisions rest on B alone, which the seed fixes: measured samples/s on a busy
 # machine carry an uncertainty that keeps G within the margin for a varying number
@@ -101,19 +103,19 @@ nocache=(--set search.cache="")
 pin() {
   local name=$1; shift
   # shellcheck disable=SC2086
-  "$mpirun" $flags -np 2 "$bin" search "$cfg" --output "$out/$name-search" "$@" \
+  "$mpirun" $flags -np "${np:-2}" "$bin" search "$cfg" --output "$out/$name-search" "$@" \
     --set search.cache="$out/$name.cache.json" >"$out/$name-search.log" 2>&1 ||
     { tail -n 20 "$out/$name-search.log"; fail "$name: the search for the pinned cache failed"; }
-  python3 - "$out/$name.cache.json" <<'PY' || fail "$name: cache not pinned"
+  python3 - "$out/$name.cache.json" "${np:-2}" <<'PY' || fail "$name: cache not pinned"
 import json, sys
-path = sys.argv[1]
+path, world = sys.argv[1], int(sys.argv[2])
 d = json.load(open(path))
 r = d["result"]
 n = 0
 for c in r["candidates"] + r["adapt_range"]:
     if c["failed"]:
         continue
-    sps = 2 * c["per_gpu_batch"] / (1e-3 + 1e-5 * c["per_gpu_batch"])
+    sps = world * c["per_gpu_batch"] / (1e-3 + 1e-5 * c["per_gpu_batch"])
     c["samples_per_s"] = c["ci_low"] = c["ci_high"] = sps
     c["round_samples_per_s"] = []
     n += 1
@@ -127,16 +129,20 @@ PY
 
 case "$scenario" in
   ranks)
-    # MPMD: rank 0 slower in every update.
+    # MPMD: rank 0 slower in every update, on pinned figures (its fixed cost is
+    # still its own, and the ranks share it through the allreduce).
+    args=("${adapt[@]}" --set batch.global=48 --set train.check_finite=true --set optim.warmup_steps=45)
+    np=3 pin ranks "${args[@]}"
+    args+=(--set search.cache="$out/ranks.cache.json")
     # shellcheck disable=SC2086
-    "$mpirun" $flags -np 1 -x BATCHDIST_FAULT_SLOW_UPDATE_US=2000 "$bin" "$cfg" --output "$out/ranks" "${adapt[@]}" "${nocache[@]}" \
-      --set batch.global=48 --set train.check_finite=true --set optim.warmup_steps=45 : \
-      -np 2 "$bin" "$cfg" --output "$out/ranks" "${adapt[@]}" "${nocache[@]}" --set batch.global=48 \
-      --set train.check_finite=true --set optim.warmup_steps=45 >"$out/ranks.log" 2>&1
+    "$mpirun" $flags -np 1 -x BATCHDIST_FAULT_SLOW_UPDATE_US=2000 "$bin" "$cfg" --output "$out/ranks" "${args[@]}" : \
+      -np 2 "$bin" "$cfg" --output "$out/ranks" "${args[@]}" >"$out/ranks.log" 2>&1
     rc=$?
     grep -aE '^(adapt|done)' "$out/ranks.log" | head -n 12
     [ "$rc" = 0 ] || { tail -n 20 "$out/ranks.log"; fail "exit $rc"; }
     check ranks 3 48
+    ! grep -a "warning: rank [0-9]*: the adaptive batch decision" "$out/ranks.log" ||
+      fail "a rank decided otherwise than rank 0 from the same figures"
     lines=$(grep -c '^adapt: step' "$out/ranks.log")
     [ "$lines" = "$(cat "$out/ranks/changes")" ] ||
       fail "$lines 'adapt: step' lines for $(cat "$out/ranks/changes") changes (rank 0 alone prints)"
@@ -305,8 +311,10 @@ EOF
     "$diff" "$out/same/model.pt" "$out/skew/model.pt" 0 || fail "model.pt differs with rank 1's figures gone"
     ;;
   linear)
-    run lin 2 "${adapt[@]}" "${nocache[@]}" --set batch.global=48 --set batch.adapt_every_steps=10 \
-      --set batch.adapt_gain=linear --set train.check_finite=true
+    args=("${adapt[@]}" --set batch.global=48 --set batch.adapt_every_steps=10
+          --set batch.adapt_gain=linear --set train.check_finite=true)
+    pin lin "${args[@]}"
+    run lin 2 "${args[@]}" --set search.cache="$out/lin.cache.json"
     [ "$rc" = 0 ] || { tail -n 20 "$out/lin.log"; fail "exit $rc"; }
     check lin 2 48
     grep -q "^adapt: .* G0-equivalent steps (a step at G counts G/G0 of them, the lr scales with G/G0: batch.adapt_gain: linear)" \
