@@ -209,6 +209,36 @@ TEST(Checkpoint, Format1RngArchiveIsStillRead) {
   });
 }
 
+TEST(Checkpoint, ResumeOfAnAdaptiveRunKeepsAdaptAndItsGainRule) {
+  const auto adaptive = [](const std::string& extra) {
+    return parseConfig("batch: {global: 64, adapt: goodput" + extra + "}", "t.yaml");
+  };
+  const auto then = adaptive("");
+  nlohmann::ordered_json m{{"config", then.resolved}, {"plan", {{"global", 64}}},
+                           {"adapt", nlohmann::ordered_json::object()}};
+  EXPECT_NO_THROW(checkResumable(m, adaptive(", adapt_every_steps: 50, adapt_max: 512"), "ck"));
+  const auto message = [&](const Config& now) -> std::string {
+    try {
+      checkResumable(m, now, "ck");
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_NE(message(adaptive(", adapt_gain: linear"))
+                .find("batch.adapt_gain = linear now, adascale in the checkpoint (its progress "
+                      "counts G0-equivalent steps by that rule)"),
+            std::string::npos)
+      << message(adaptive(", adapt_gain: linear"));
+  EXPECT_NE(message(parseConfig("batch: {global: 64}", "t.yaml"))
+                .find("batch.adapt = off now, goodput in the checkpoint"),
+            std::string::npos);
+  // A checkpoint written before batch.adapt_gain existed was AdaScale's.
+  m["config"]["batch"].erase("adapt_gain");
+  EXPECT_NO_THROW(checkResumable(m, adaptive(""), "ck"));
+  EXPECT_EQ(message(adaptive(", adapt_gain: linear")).find("no error"), std::string::npos);
+}
+
 TEST(Checkpoint, ResumeRefusesAnotherModelNamingTheKey) {
   const auto then = parseConfig("model: {hidden: [16]}\nbatch: {global: 64}", "t.yaml");
   nlohmann::ordered_json m{{"config", then.resolved}, {"plan", {{"global", 64}}}};

@@ -677,6 +677,14 @@ void checkResumable(const nlohmann::ordered_json& m, const Config& cfg, const st
   if (m.contains("adapt") && cfg.batch.adapt != BatchAdapt::kGoodput) {
     diff += strCat(diff.empty() ? "" : "; ", "batch.adapt = ", toString(cfg.batch.adapt),
                    " now, goodput in the checkpoint (its global batch and progress are adaptive)");
+  } else if (m.contains("adapt")) {
+    // A checkpoint from before the key was written under AdaScale.
+    const auto old_gain = then["batch"].value("adapt_gain", std::string("adascale"));
+    if (toString(cfg.batch.adapt_gain) != old_gain) {
+      diff += strCat(diff.empty() ? "" : "; ", "batch.adapt_gain = ", toString(cfg.batch.adapt_gain),
+                     " now, ", old_gain,
+                     " in the checkpoint (its progress counts G0-equivalent steps by that rule)");
+    }
   }
   const int64_t g = m["plan"]["global"];
   if (cfg.batch.global > 0 && cfg.batch.global != g) {
