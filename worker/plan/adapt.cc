@@ -53,11 +53,11 @@ std::string formatNumber(double v) {
   return buf;
 }
 
+}  // namespace
+
 std::string splitText(const AdaptSplit& s, int64_t world) {
   return strCat(s.global, " (", s.per_gpu, " x ", s.accum, " x ", world, ")");
 }
-
-}  // namespace
 
 int64_t dataCeiling(int64_t n, int64_t min_steps) {
   if (n <= 0) return 0;

@@ -196,6 +196,9 @@ double requiredMargin(const AdaptSpace& space, const AdaptSplit& current, const 
 /// Deterministic: ties go to the smaller G.
 AdaptDecision decideGlobalBatch(const AdaptSpace& space, const AdaptSplit& current, double b_noise);
 
+/// "G (m x a x W)", as the decision's lines write a split.
+std::string splitText(const AdaptSplit& s, int64_t world);
+
 /// The adaptive space of a run (no throughput yet) from its config and the plan at
 /// G0, checked by checkAdaptReachable(). The search chooses m when batch.per_gpu
 /// is auto (multiples of search.multiple_of); a per_gpu the config gives is kept.

@@ -1118,11 +1118,9 @@ void Trainer::followRankZero(AdaptDecision& d, const AdaptSplit& current, int64_
   d.chosen = zero;
   d.change = zero != current;
   if (adapt_.followed++ > 0) return;  // said once
-  const auto split = [&](const AdaptSplit& x) {
-    return strCat(x.global, " (", x.per_gpu, " x ", x.accum, " x ", comm_.size(), ")");
-  };
   std::cerr << strCat("batchdist: warning: rank ", comm_.rank(), ": the adaptive batch decision at step ",
-                      global_step + 1, " was global batch ", split(mine), ", rank 0's ", split(zero),
+                      global_step + 1, " was global batch ", splitText(mine, comm_.size()),
+                      ", rank 0's ", splitText(zero, comm_.size()),
                       ": taking rank 0's, in this decision and any later one that differs (this "
                       "rank's samples/s figures differ from rank 0's)\n")
             << std::flush;
@@ -1279,8 +1277,8 @@ void Trainer::restoreAdaptive(const nlohmann::ordered_json& rec, TrainResult& re
                             a.segments.back().global, " does not split over them with ",
                             fixed ? strCat("batch.per_gpu ", a.space.fixed_per_gpu)
                                   : std::string("the measured per-GPU batches"),
-                            "; ", plan_.global, " (", plan_.per_gpu, " x ", plan_.accum, " x ",
-                            comm_.size(), ") from step ", step + 1));
+                            "; ", splitText({plan_.global, plan_.per_gpu, plan_.accum}, comm_.size()),
+                            " from step ", step + 1));
     }
     beginSegment(step, a.b_noise,
                  statisticalEfficiency(static_cast<double>(plan_.global),

@@ -83,12 +83,12 @@ namespace batchdist::worker {
 //    fixed cost) and call decideGlobalBatch() with the same figures, so they
 //    reach the same split. The throughput table is the batch search's
 //    (identical on every rank: agreed in the search, read back from the cache
-//    by rank 0 and broadcast whole, or read from the checkpoint): the sizes dividing G0 / W, measured at their
-//    accumulation G0 / (m W) and taken as the rate at accumulation 1 (slightly
-//    optimistic for the smaller ones), and Note [adapt range]'s larger ones at
-//    accumulation 1; with a fixed batch.per_gpu, the run's own steps up to the
-//    first decision. The fixed cost c (exposed allreduce + optimizer
-//    update per step, the slowest rank's mean) is measured until the first
+//    by rank 0 and broadcast whole, or read from the checkpoint): the sizes
+//    dividing G0 / W, measured at their accumulation G0 / (m W) and taken as
+//    the rate at accumulation 1 (slightly optimistic for the smaller ones),
+//    and Note [adapt range]'s larger ones at accumulation 1; with a fixed
+//    batch.per_gpu, the run's own steps up to the first decision. The fixed
+//    cost c (exposed allreduce + optimizer update per step, the slowest rank's mean) is measured until the first
 //    decision after every rank ran a step, and then frozen: later decisions
 //    depend on B alone, which every rank computes from the same allreduced
 //    norms, so a resumed run decides as the uninterrupted one would.
