@@ -96,7 +96,8 @@ nocache=(--set search.cache="")
 # its cache entry's samples/s replaced by a fixed curve (a rank's step takes 1 ms +
 # 10 us a sample: on 2 ranks 24 per GPU 38.7k samples/s, 88 per GPU 93.6k) with no
 # uncertainty. A run
-# given `--set search.cache=$out/NAME.cache.json` takes it back (a cache hit), so
+# given "${pinned[@]}" (--set search.cache=$out/NAME.cache.json, which pin sets)
+# takes it back (a cache hit, which took_pin LOG asserts), so
 # its decisions rest on B alone, which the seed fixes: measured samples/s on a busy
 # machine carry an uncertainty that keeps G within the margin for a varying number
 # of decisions (Note [goodput]), and whether G grows by a given step varied.
@@ -125,6 +126,13 @@ json.dump(d, open(path, "w"))
 print(f"pinned {n} samples/s figures in {path}; largest per-GPU batch "
       f"{max(c['per_gpu_batch'] for c in r['adapt_range'])}")
 PY
+  pinned=(--set search.cache="$out/$name.cache.json")
+}
+
+# took_pin NAME: the run logged in $out/NAME.log took its figures from the cache.
+took_pin() {
+  grep -q "^batch search: cached result for this model" "$out/$1.log" ||
+    fail "$1: the run did not take the pinned cache"
 }
 
 case "$scenario" in
@@ -133,13 +141,14 @@ case "$scenario" in
     # still its own, and the ranks share it through the allreduce).
     args=("${adapt[@]}" --set batch.global=48 --set train.check_finite=true --set optim.warmup_steps=45)
     np=3 pin ranks "${args[@]}"
-    args+=(--set search.cache="$out/ranks.cache.json")
+    args+=("${pinned[@]}")
     # shellcheck disable=SC2086
     "$mpirun" $flags -np 1 -x BATCHDIST_FAULT_SLOW_UPDATE_US=2000 "$bin" "$cfg" --output "$out/ranks" "${args[@]}" : \
       -np 2 "$bin" "$cfg" --output "$out/ranks" "${args[@]}" >"$out/ranks.log" 2>&1
     rc=$?
     grep -aE '^(adapt|done)' "$out/ranks.log" | head -n 12
     [ "$rc" = 0 ] || { tail -n 20 "$out/ranks.log"; fail "exit $rc"; }
+    took_pin ranks
     check ranks 3 48
     ! grep -a "warning: rank [0-9]*: the adaptive batch decision" "$out/ranks.log" ||
       fail "a rank decided otherwise than rank 0 from the same figures"
@@ -156,11 +165,10 @@ case "$scenario" in
     else
       # The 2-rank runs take the pinned figures; the 3-rank run searches (another key).
       pin full "${base[@]}"
-      base+=(--set search.cache="$out/full.cache.json")
+      base+=("${pinned[@]}")
     fi
     run full 2 "${base[@]}"; [ "$rc" = 0 ] || fail "uninterrupted run: exit $rc"
-    [ "$scenario" = world_fixed ] || grep -q "^batch search: cached result for this model" "$out/full.log" ||
-      fail "the run did not take the pinned cache"
+    [ "$scenario" = world_fixed ] || took_pin full
     check full 2 48
     # Every checkpoint's manifest says where the adaptive run stood, not where the
     # plan at G0 would have been.
@@ -243,10 +251,9 @@ EOF
     # G stays; no later decision returns to that m.
     args=("${adapt[@]}" --set batch.global=48 --set batch.adapt_every_steps=10)
     pin oom "${args[@]}"
-    flags="$flags -x BATCHDIST_FAULT_OOM=1:80" run oom 2 "${args[@]}" \
-      --set search.cache="$out/oom.cache.json"
+    flags="$flags -x BATCHDIST_FAULT_OOM=1:80" run oom 2 "${args[@]}" "${pinned[@]}"
     [ "$rc" = 0 ] || { tail -n 20 "$out/oom.log"; fail "exit $rc"; }
-    grep -q "^batch search: cached result for this model" "$out/oom.log" || fail "the run did not take the pinned cache"
+    took_pin oom
     python3 -c 'import json, sys
 h = json.load(open(sys.argv[1]))["batch_history"]
 sys.exit(0 if any("->" in c["why"] and c["step"] < 79 for c in h) else 1)' "$out/oom/report.json" ||
@@ -273,9 +280,9 @@ EOF
     args=("${adapt[@]}" --set batch.global=48 --set optim.warmup_steps=45 --set batch.adapt_every_steps=10
           --set batch.adapt_in_warmup=true --set train.check_finite=true)
     pin warm "${args[@]}"
-    run warm 2 "${args[@]}" --set search.cache="$out/warm.cache.json"
+    run warm 2 "${args[@]}" "${pinned[@]}"
     [ "$rc" = 0 ] || { tail -n 20 "$out/warm.log"; fail "exit $rc"; }
-    grep -q "^batch search: cached result for this model" "$out/warm.log" || fail "the run did not take the pinned cache"
+    took_pin warm
     check warm 2 48 0 1
     grep -q "^adapt: .*re-decided every 10 steps and at epoch ends (in the warmup's 45 steps too: batch.adapt_in_warmup)" \
       "$out/warm.log" || fail "the adapt line does not say that it decides in the warmup"
@@ -287,12 +294,13 @@ EOF
     args=("${adapt[@]}" --set batch.global=48 --set batch.adapt_every_steps=10
           --set train.check_finite=true)
     pin same "${args[@]}"
-    run same 2 "${args[@]}" --set search.cache="$out/same.cache.json"
+    run same 2 "${args[@]}" "${pinned[@]}"
     [ "$rc" = 0 ] || { tail -n 20 "$out/same.log"; fail "run without the fault: exit $rc"; }
+    took_pin same
     check same 2 48
-    flags="$flags -x BATCHDIST_FAULT_ADAPT_FIGURES=1" run skew 2 "${args[@]}" \
-      --set search.cache="$out/same.cache.json"
+    flags="$flags -x BATCHDIST_FAULT_ADAPT_FIGURES=1" run skew 2 "${args[@]}" "${pinned[@]}"
     [ "$rc" = 0 ] || { tail -n 20 "$out/skew.log"; fail "run with rank 1's figures gone: exit $rc"; }
+    took_pin skew
     check skew 2 48
     grep -aE "^batchdist: warning: rank 1: the adaptive batch decision at step [0-9]+ was global batch [0-9]+ \([0-9]+ x [0-9]+ x 2\), rank 0's [0-9]+ \([0-9]+ x [0-9]+ x 2\): taking rank 0's, in this decision and any later one that differs \(this rank's samples/s figures differ from rank 0's\)$" \
       "$out/skew.log" || fail "rank 1 did not say that it took rank 0's decision"
@@ -314,8 +322,9 @@ EOF
     args=("${adapt[@]}" --set batch.global=48 --set batch.adapt_every_steps=10
           --set batch.adapt_gain=linear --set train.check_finite=true)
     pin lin "${args[@]}"
-    run lin 2 "${args[@]}" --set search.cache="$out/lin.cache.json"
+    run lin 2 "${args[@]}" "${pinned[@]}"
     [ "$rc" = 0 ] || { tail -n 20 "$out/lin.log"; fail "exit $rc"; }
+    took_pin lin
     check lin 2 48
     grep -q "^adapt: .* G0-equivalent steps (a step at G counts G/G0 of them, the lr scales with G/G0: batch.adapt_gain: linear)" \
       "$out/lin.log" || fail "the adapt line does not say that the gain is linear"

@@ -88,8 +88,9 @@ namespace batchdist::worker {
 //    the rate at accumulation 1 (slightly optimistic for the smaller ones),
 //    and Note [adapt range]'s larger ones at accumulation 1; with a fixed
 //    batch.per_gpu, the run's own steps up to the first decision. The fixed
-//    cost c (exposed allreduce + optimizer update per step, the slowest rank's mean) is measured until the first
-//    decision after every rank ran a step, and then frozen: later decisions
+//    cost c (exposed allreduce + optimizer update per step, the slowest rank's
+//    mean) is measured until the first decision after every rank ran a step,
+//    and then frozen: later decisions
 //    depend on B alone, which every rank computes from the same allreduced
 //    norms, so a resumed run decides as the uninterrupted one would.
 //  - Rank 0's split is broadcast with every decision and taken by all: a rank
