@@ -4,24 +4,27 @@
 # Needs no GPU: a CUDA build runs on the CPU, and the tests it runs (ctest label
 # `cuda_leg`: unit, command-line, 2- and 3-rank mpirun, NCCL link check) do too.
 #
-#   tests/cuda_leg.sh [--build-dir DIR] [--jobs N] [--no-tests]
+#   tests/cuda_leg.sh [--build-dir DIR] [--jobs N] [--no-tests] [--torch VERSION|newest]
 #   tests/cuda_leg.sh --venv          make (or reuse) the venv, print its path, nothing else
 #   tests/cuda_leg.sh --venv-path     print where the venv is (or would be); changes nothing
 #
 # 1. venv: a virtual environment with torch==$TORCH_VERSION (pinned here and only
-#    here) from PyPI, its wheels kept in a wheelhouse; both live outside the clone,
-#    in ${BATCHDIST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/batchdist}, so a second
-#    run downloads and installs nothing.
+#    here, so CI is reproducible) from PyPI, its wheels kept in a wheelhouse; both
+#    live outside the clone, in ${BATCHDIST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/batchdist},
+#    so a second run downloads and installs nothing. `--torch newest` takes the
+#    newest torch on PyPI instead (what a user who pip-installs torch today gets),
+#    `--torch X.Y.Z` that release; the build directory then defaults to
+#    build-cuda-torchX.Y.Z, beside the pinned leg's.
 # 2. CUDA: the toolkit in $CUDA_HOME (default /usr/local/cuda) when it has nvcc and
 #    the CUDA major.minor the wheel was built with. Otherwise the same toolkit from
 #    NVIDIA's pip wheels (nvcc, crt, nvvm, cccl of that major.minor; the runtime
 #    and headers come with torch), laid out as a toolkit directory in the venv:
 #    torch's CMake config runs enable_language(CUDA) and the old FindCUDA, which
 #    need bin/nvcc and unversioned lib*.so names the wheels do not have.
-# 3. NCCL: from the nvidia-nccl wheel, the library libtorch_cuda.so loads at run
-#    time, so the header batchdist compiles against is the one it runs with; the
-#    toolkit's only if the wheel has none. -DBATCHDIST_REQUIRE_NCCL=ON: configure
-#    fails if the NCCL backend would be left out.
+# 3. NCCL: configured with no -DNCCL_ROOT, as a user would; configure must take the
+#    nvidia-nccl wheel's, the library libtorch_cuda.so loads at run time, so the
+#    header batchdist compiles against is the one it runs with (the script checks).
+#    -DBATCHDIST_REQUIRE_NCCL=ON: configure fails if the NCCL backend would be left out.
 # 4. Build every target, check that the binary constructs c10d::ProcessGroupNCCL, and
 #    run `ctest -L cuda_leg`. Prints the time of each phase.
 #
@@ -34,7 +37,8 @@ TORCH_VERSION=2.14.1  # the one pin: CUDA 13.0 build of LibTorch 2.14 (C++20, NC
 
 here=$(cd "$(dirname "$0")" && pwd)
 src=$(cd "$here/.." && pwd)
-build="$src/build-cuda"
+build=""
+torch_arg=""
 jobs=${BATCHDIST_JOBS:-2}
 run_tests=1
 venv_only=0
@@ -44,13 +48,13 @@ while [ $# -gt 0 ]; do
     --build-dir) build=$2; shift 2 ;;
     --jobs) jobs=$2; shift 2 ;;
     --no-tests) run_tests=0; shift ;;
+    --torch) torch_arg=${2:-}; shift 2 ;;
     --venv) venv_only=1; shift ;;
     --venv-path) path_only=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "cuda_leg.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-case $build in /*) ;; *) build="$PWD/$build" ;; esac
 
 log() { echo "cuda_leg: $*" >&2; }
 die() { echo "cuda_leg: error: $*" >&2; exit 1; }
@@ -60,6 +64,22 @@ phase_done() { times+=("$1 $(( $(now) - $2 )) s${3:+ ($3)}"); log "$1: $(( $(now
 
 python=${BATCHDIST_PYTHON:-python3}
 command -v "$python" >/dev/null || die "no $python; apt-get install python3 python3-venv"
+# --torch: the pin unless asked; 'newest' is resolved on PyPI now, so the venv and
+# build directory name the release actually taken.
+case $torch_arg in
+  "") ;;
+  newest)
+    TORCH_VERSION=$("$python" -m pip index versions torch 2>/dev/null | sed -n 's/^torch (\([^)]*\)).*/\1/p')
+    [ -n "$TORCH_VERSION" ] || die "--torch newest: 'pip index versions torch' named no release (is PyPI reachable?)"
+    log "--torch newest: torch $TORCH_VERSION" ;;
+  [0-9]*.[0-9]*) TORCH_VERSION=$torch_arg ;;
+  *) echo "cuda_leg.sh: --torch takes a release (2.15.0) or 'newest', not '$torch_arg'" >&2; exit 2 ;;
+esac
+if [ -z "$build" ]; then
+  build="$src/build-cuda"
+  [ -z "$torch_arg" ] || build="$src/build-cuda-torch$TORCH_VERSION"
+fi
+case $build in /*) ;; *) build="$PWD/$build" ;; esac
 pyver=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 cache=${BATCHDIST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/batchdist}
 wheels="$cache/wheels"
@@ -142,13 +162,9 @@ if [ -z "$cuda" ]; then
   ln -s lib64 "$cuda/lib"
   cuda_from="NVIDIA pip wheels, as $cuda (CUDA $("$cuda/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\),.*/\1/p'))"
 fi
-if [ -f "$site/nvidia/nccl/include/nccl.h" ]; then
-  nccl="$site/nvidia/nccl"
-elif [ -f "$cuda/include/nccl.h" ]; then
-  nccl=$cuda
-else
-  die "no nccl.h in the nvidia-nccl wheel ($site/nvidia/nccl) or in $cuda"
-fi
+[ -f "$site/nvidia/nccl/include/nccl.h" ] ||
+  die "no nccl.h in the nvidia-nccl wheel ($site/nvidia/nccl): torch==$TORCH_VERSION loads that NCCL, and batchdist compiles against its header"
+nccl="$site/nvidia/nccl"
 phase_done cuda "$t" "$cuda_from; NCCL from $nccl"
 
 # --- 3. configure -----------------------------------------------------------------
@@ -170,10 +186,15 @@ PATH="$cuda/bin:$PATH" CUDACXX="$cuda/bin/nvcc" CUDA_HOME="$cuda" \
     -DCMAKE_PREFIX_PATH="$torch_cmake" \
     -DCUDAToolkit_ROOT="$cuda" -DCUDA_TOOLKIT_ROOT_DIR="$cuda" -DCMAKE_CUDA_COMPILER="$cuda/bin/nvcc" \
     -DTORCH_CUDA_ARCH_LIST=9.0 \
-    -DNCCL_ROOT="$nccl" -DBATCHDIST_REQUIRE_NCCL=ON >"$build/configure.log" 2>&1 ||
+    -DBATCHDIST_REQUIRE_NCCL=ON >"$build/configure.log" 2>&1 ||
   { cat "$build/configure.log" >&2; die "configure failed (log above, $build/configure.log)"; }
 grep -E '^-- batchdist:' "$build/configure.log" >&2
 grep -q 'NCCL backend ON' "$build/configure.log" || die "configure did not report the NCCL backend ON"
+# No -DNCCL_ROOT above, as a user would build: configure must take the wheel's NCCL by
+# itself (Note [one NCCL]), even with a toolkit's NCCL on the system paths.
+nccl_line=$(grep 'NCCL backend ON' "$build/configure.log")
+grep -qF "($nccl/lib/" <<<"$nccl_line" ||
+  die "configure took another NCCL than the wheel's ($nccl): $nccl_line"
 echo "$inputs" >"$build/cuda_leg.inputs"
 phase_done configure "$t"
 
