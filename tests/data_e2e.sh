@@ -11,9 +11,18 @@
 #   bad_archives         a truncated tar, a sample without .cls, an .npy with a wrong magic,
 #                        a fortran-order .npy, x/y length mismatch: exit 2 naming the file
 #   data_verb            `batchdist data --json` on 2 ranks: samples_per_s, per_rank, workers
+#   named_errors         every bad file counted is named in data_errors, whichever rank met
+#                        it (Note [bad files named]); a dangling symlink and a FIFO named
+#                        like images are named with their kind; symlinked folders (to .,
+#                        .., ROOT, a sibling class) add no sample (Note [each file once]);
+#                        a data.list entry that does not exist is named; one that leaves
+#                        the root, and a wild .cls label, are refused with exit 2
 set -u
 mpirun=$1 flags=$2 bin=$3 diff=$4 make=$5 cfg=$6 out=$7 scenario=$8
-rm -rf "$out"; mkdir -p "$out"
+# Note [scratch dirs] (tests/scratch_dir.h): OUTDIR.XXXXXX, this run's own; kept on failure.
+mkdir -p "$(dirname "$out")"
+out=$(mktemp -d "$out.XXXXXX") || { echo "FAIL: mktemp -d $out.XXXXXX"; exit 1; }
+trap 'rc_=$?; [ "$rc_" = 0 ] && rm -rf "$out"; exit "$rc_"' EXIT
 . "$(dirname "$0")/mpi_job_lib.sh"
 
 # run NAME NP ARGS...: one batchdist run into $out/NAME (log in $out/NAME.log); sets rc.
@@ -123,6 +132,78 @@ for r in d["per_rank"]:
     assert r["decode_s"] > 0 and r["bytes"] > 0 and r["batches"] > 0, r
 print("ok: data verb:", round(d["samples_per_s"]), "samples/s over 2 ranks")
 PY
+    ;;
+  named_errors)
+    "$make" image_folder "$out/data" >/dev/null || fail "make_data"
+    d=$out/data/train
+    mapfile -t classes < <(ls "$d")
+    bad=()
+    for c in "${classes[@]}"; do  # 2 broken JPEGs per class: 8 of the 96 samples
+      for f in $(find "$d/$c" -name '*.jpg' | sort | head -2); do echo "not a JPEG" > "$f"; bad+=("$f"); done
+    done
+    ln -s gone.jpg "$d/${classes[0]}/dangling.jpg"
+    mkfifo "$d/${classes[1]}/pipe.jpg"
+    ln -s . "$d/${classes[0]}/self"
+    ln -s .. "$d/${classes[1]}/up"
+    ln -s ../../.. "$d/${classes[2]}/root"
+    ln -s "../${classes[0]}" "$d/${classes[3]}/sibling"
+    run walk 2 --set data.path="$out/data" --set train.epochs=1
+    [ "$rc" = 0 ] || { cat "$out/walk.log"; fail "walk: exit $rc"; }
+    [ "$(json walk data_pipeline train_samples)" = 96 ] ||
+      fail "train_samples = $(json walk data_pipeline train_samples), expected 96 (a symlinked folder let files in twice)"
+    # The test needs a bad file that only rank 1 met (the seeded order decides which).
+    only1=0
+    for f in "${bad[@]}"; do
+      if grep -qF "[rank 1/2] warning: skipping $f" "$out/walk.log" &&
+         ! grep -qF "[rank 0/2] warning: skipping $f" "$out/walk.log"; then only1=$((only1 + 1)); fi
+    done
+    [ "$only1" -gt 0 ] || { cat "$out/walk.log"; fail "setup: no bad file was met by rank 1 alone"; }
+    python3 - "$out/walk/report.json" "$d/${classes[0]}/dangling.jpg" "$d/${classes[1]}/pipe.jpg" \
+      "${bad[@]}" <<'PY' || fail "walk: data_errors"
+import json, sys
+e = json.load(open(sys.argv[1]))["data_errors"]
+dangling, pipe, bad = sys.argv[2], sys.argv[3], sys.argv[4:]
+named = {x["file"]: x["reason"] for x in e["first"]}
+assert e["count"] == 10, e  # 8 broken JPEGs, the dangling link and the FIFO
+assert len(e["first"]) == 10 and len(named) == 10, e
+for f in bad: assert f in named, (f, "counted but not named", e)
+assert named[dangling].startswith("dangling symlink (to gone.jpg)"), e
+assert named[pipe].startswith("FIFO"), e
+print("ok: data_errors names all", e["count"], "bad files (dangling symlink and FIFO with their kind)")
+PY
+    grep -qF "[rank 0/2] warning: data: skipping $d/${classes[0]}/dangling.jpg: dangling symlink (to gone.jpg)" "$out/walk.log" ||
+      { cat "$out/walk.log"; fail "no warning naming the dangling symlink"; }
+    echo "ok: $only1 bad file(s) met by rank 1 alone are named; symlinked folders added no sample"
+    # data.list: an entry that does not exist is named, whichever rank meets it.
+    "$make" image_folder "$out/clean" >/dev/null || fail "make_data clean"
+    (cd "$out/clean" && find train -name '*.jpg' -o -name '*.png' | sort | head -95 |
+       awk -F/ '{ if (!($2 in k)) k[$2] = n++; print $0, k[$2] }') > "$out/clean/list.txt"
+    echo "train/missing.jpg 0" >> "$out/clean/list.txt"
+    lst=(--set data.list="$out/clean/list.txt" --set data.path="$out/clean" --set data.val_fraction=0)
+    run list 2 "${lst[@]}" --set train.epochs=1
+    [ "$rc" = 0 ] || { cat "$out/list.log"; fail "list: exit $rc"; }
+    [ "$(json list data_errors count)" = 1 ] || fail "list: data_errors.count = $(json list data_errors count), expected 1"
+    json list data_errors first | grep -qF "$out/clean/train/missing.jpg" ||
+      fail "list: the missing entry is counted but not named: $(json list data_errors first)"
+    echo "ok: a data.list entry that does not exist is named in data_errors"
+    echo "../outside.jpg 1" >> "$out/clean/list.txt"
+    run outside 2 "${lst[@]}"
+    expect_error outside 2 "$out/clean/list.txt:97: '../outside.jpg' leaves the data root" "data.list_outside_root: true"
+    # A wild .cls label: exit 2 naming the member, not a 1,000,000-way head.
+    "$make" webdataset "$out/wds" >/dev/null || fail "make_data webdataset"
+    python3 - "$out/wds/train-000000.tar" "$out/wild.tar" <<'PY' || fail "wild.tar"
+import io, sys, tarfile
+with tarfile.open(sys.argv[1]) as src, tarfile.open(sys.argv[2], "w", format=tarfile.USTAR_FORMAT) as dst:
+    done = False
+    for m in src.getmembers():
+        data = src.extractfile(m).read()
+        if m.name.endswith(".cls") and not done:
+            data, done = b"999999", True
+            print(m.name)
+        info = tarfile.TarInfo(m.name); info.size = len(data); dst.addfile(info, io.BytesIO(data))
+PY
+    run wild 2 --set data.name=webdataset --set data.path="$out/wild.tar" --set data.val_path=
+    expect_error wild 2 "label 999999 in $out/wild.tar member" "-way head" "set data.classes if that is intended"
     ;;
   *) fail "unknown scenario $scenario" ;;
 esac

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -15,6 +17,7 @@
 
 #include "collective/error.h"
 #include "tests/image_fixtures.h"
+#include "worker/data/labels.h"
 #include "worker/data/sources/image_folder.h"
 #include "worker/data/sources/npy.h"
 #include "worker/data/sources/tar_index.h"
@@ -555,6 +558,148 @@ TEST(ImageFolder, NoValAndSymlinkLoops) {
   EXPECT_EQ(list.train[1].path, "train/c0/linked/b.jpg");
 }
 
+std::vector<std::pair<std::string, int64_t>> pathsAndLabels(const std::vector<ImageEntry>& entries) {
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (const auto& e : entries) out.emplace_back(e.path, e.label);
+  return out;
+}
+
+// Note [each file once]: links to ".", the parent, the split, ROOT, "/", a sibling
+// class and the other split add nothing; a folder outside reached by two links, and
+// a file reached by a link and in place, count once.
+TEST(ImageFolder, SymlinkedFoldersCountEachFileOnce) {
+  TempDir dir;
+  for (const char* f : {"train/a/1.jpg", "train/a/sub/2.jpg", "train/b/3.jpg", "val/a/v.jpg",
+                        "val/b/w.jpg", "outside/o.jpg", "outside/deep/p.jpg", "lone.jpg"}) {
+    writeBytes(dir / f, "img");
+  }
+  fs::create_directory_symlink(".", dir / "train/a/self");
+  fs::create_directory_symlink("..", dir / "train/a/sub/up");      // train/a
+  fs::create_directory_symlink("../..", dir / "train/a/split");    // train/
+  fs::create_directory_symlink("../../..", dir / "train/b/root");  // ROOT
+  fs::create_directory_symlink("/", dir / "train/b/top");
+  fs::create_directory_symlink("../a", dir / "train/b/sibling");
+  fs::create_directory_symlink("../../val/a", dir / "train/b/val_a");
+  fs::create_directory_symlink(dir / "outside", dir / "train/a/out1");
+  fs::create_directory_symlink(dir / "outside", dir / "train/b/out2");
+  fs::create_directory_symlink(dir / "outside/deep", dir / "train/b/out3");
+  fs::create_symlink("../a/1.jpg", dir / "train/b/again.jpg");     // in place in a
+  fs::create_symlink(dir / "lone.jpg", dir / "train/a/lone1.jpg");  // outside, twice
+  fs::create_symlink(dir / "lone.jpg", dir / "train/b/lone2.jpg");
+  const ImageList list = walkImageFolder(dir.str());
+  EXPECT_EQ(pathsAndLabels(list.train), (std::vector<std::pair<std::string, int64_t>>{
+                                            {"train/a/1.jpg", 0},
+                                            {"train/a/lone1.jpg", 0},
+                                            {"train/a/out1/deep/p.jpg", 0},
+                                            {"train/a/out1/o.jpg", 0},
+                                            {"train/a/sub/2.jpg", 0},
+                                            {"train/b/3.jpg", 1}}));
+  EXPECT_EQ(pathsAndLabels(list.val), (std::vector<std::pair<std::string, int64_t>>{
+                                          {"val/a/v.jpg", 0}, {"val/b/w.jpg", 1}}));
+  EXPECT_TRUE(list.bad.empty());
+}
+
+TEST(ImageFolder, AClassFolderThatIsAnotherIsNamed) {
+  TempDir dir;
+  writeBytes(dir / "train/a/1.jpg", "img");
+  fs::create_directory_symlink("a", dir / "train/b");
+  expectError([&] { walkImageFolder(dir.str()); },
+              {"class folder " + dir.str() + "/train/b is " + dir.str() + "/train/a", "walked already"});
+  fs::remove(dir / "train/b");
+  fs::create_directory_symlink("..", dir / "train/b");
+  expectError([&] { walkImageFolder(dir.str()); },
+              {"class folder " + dir.str() + "/train/b leads to", "holds the data root"});
+}
+
+// A file named like an image that is not a regular file is named with its kind,
+// not counted among the "other files".
+TEST(ImageFolder, ImageNamesThatAreNotFilesAreNamedWithTheirKind) {
+  TempDir dir;
+  writeBytes(dir / "train/a/ok.jpg", "img");
+  writeBytes(dir / "train/b/ok.png", "img");
+  fs::create_directories(dir / "elsewhere");
+  fs::create_symlink("../../elsewhere/gone.jpg", dir / "train/a/dangling.jpg");
+  fs::create_symlink("/dev/null", dir / "train/a/null.png");
+  ASSERT_EQ(::mkfifo((dir / "train/b/pipe.jpg").c_str(), 0600), 0) << std::strerror(errno);
+  ASSERT_EQ(::mkfifo((dir / "train/b/pipe.txt").c_str(), 0600), 0);  // not an image name
+  fs::create_symlink("loop.jpg", dir / "train/b/loop.jpg");
+  const ImageList list = walkImageFolder(dir.str());
+  EXPECT_EQ(list.train.size(), 2u);
+  EXPECT_EQ(list.skipped, 1);  // pipe.txt
+  std::vector<std::pair<std::string, std::string>> bad;
+  for (const auto& b : list.bad) bad.emplace_back(b.path, b.kind);
+  std::sort(bad.begin(), bad.end());
+  ASSERT_EQ(bad.size(), 4u);
+  EXPECT_EQ(bad[0], std::make_pair(std::string("train/a/dangling.jpg"),
+                                   std::string("dangling symlink (to ../../elsewhere/gone.jpg)")));
+  EXPECT_EQ(bad[1], std::make_pair(std::string("train/a/null.png"),
+                                   std::string("symlink to a character device (/dev/null)")));
+  EXPECT_EQ(bad[2].first, "train/b/loop.jpg");
+  EXPECT_NE(bad[2].second.find("symlink whose target cannot be reached"), std::string::npos) << bad[2].second;
+  EXPECT_EQ(bad[3], std::make_pair(std::string("train/b/pipe.jpg"), std::string("FIFO")));
+  // The cache keeps them, and is stale once a dangling link's target appears
+  // (outside every folder walked, so no folder's time changes).
+  const ImageList back = parseImageList(serializeImageList(list), "c");
+  ASSERT_EQ(back.bad.size(), 4u);
+  EXPECT_EQ(back.bad[0].path, list.bad[0].path);
+  EXPECT_EQ(back.bad[0].kind, list.bad[0].kind);
+  EXPECT_TRUE(imageListCurrent(back, dir.str()));
+  writeBytes(dir / "elsewhere/gone.jpg", "img");
+  EXPECT_FALSE(imageListCurrent(back, dir.str()));
+  EXPECT_EQ(walkImageFolder(dir.str()).train.size(), 3u);
+}
+
+// Note [list paths stay under the root].
+TEST(ImageList, PathsThatLeaveTheRootAreRefusedUnlessAllowed) {
+  TempDir dir;
+  int64_t classes = 0;
+  for (const char* path : {"../../etc/passwd", "/etc/passwd", "a/../../x.jpg", "./../x.jpg"}) {
+    writeBytes(dir / "list.txt", std::string("ok/a.jpg 0\n# c\n") + path + " 1\n");
+    expectError([&] { readImageList(dir / "list.txt", &classes); },
+                {dir / "list.txt:3", path, "leaves the data root", "data.list_outside_root: true"});
+    const auto entries = readImageList(dir / "list.txt", &classes, /*outside_root_ok=*/true);
+    ASSERT_EQ(entries.size(), 2u);
+    EXPECT_EQ(entries[1].path, path);
+    EXPECT_EQ(entries[1].line, 3);
+  }
+  writeBytes(dir / "list.txt", "a/../b.jpg 0\nc/./..d.jpg 1\n..x/y.jpg 1\n");  // all inside
+  EXPECT_EQ(readImageList(dir / "list.txt", &classes).size(), 3u);
+}
+
+std::string labelWhere(int64_t i) { return "y.npy row " + std::to_string(i); }
+
+// Note [class count].
+TEST(ClassCount, OneWildLabelIsRefusedNamingItsSample) {
+  std::vector<int64_t> labels;
+  for (int64_t i = 0; i < 40; ++i) labels.push_back(i % 8);
+  labels[23] = 999999;
+  expectError([&] { classCount(labels, 0, labelWhere); },
+              {"label 999999 in y.npy row 23: 9 distinct labels would make a 1000000-way head",
+               "set data.classes if that is intended"});
+  EXPECT_EQ(classCount(labels, 1000000, labelWhere), 1000000);  // data.classes says so
+  expectError([&] { classCount(labels, 8, labelWhere); },
+              {"label 999999 in y.npy row 23 is outside 0..7 (data.classes: 8)"});
+  labels[23] = -1;
+  expectError([&] { classCount(labels, 0, labelWhere); }, {"label -1 in y.npy row 23", "negative"});
+  expectError([&] { classCount(labels, 8, labelWhere); }, {"label -1 in y.npy row 23 is outside 0..7"});
+}
+
+TEST(ClassCount, EmptyClassesAreListedAndHalfIsTheLine) {
+  std::vector<int64_t> empty;
+  EXPECT_EQ(classCount({0, 1, 2, 3, 4, 5, 7, 0}, 0, labelWhere, &empty), 8);
+  EXPECT_EQ(empty, (std::vector<int64_t>{6}));
+  EXPECT_EQ(classCount({0, 1, 2, 3}, 0, labelWhere, &empty), 4);
+  EXPECT_TRUE(empty.empty());
+  EXPECT_EQ(classCount({0, 3}, 0, labelWhere, &empty), 4);  // 2 of 4: half, accepted
+  EXPECT_EQ(empty, (std::vector<int64_t>{1, 2}));
+  expectError([&] { classCount({0, 4}, 0, labelWhere); }, {"label 4 in y.npy row 1: 2 distinct labels", "5-way"});
+  EXPECT_EQ(classCount({0, 0}, 0, labelWhere, &empty), 2);  // at least 2 outputs
+  EXPECT_EQ(classCount({0, 1}, 10, labelWhere, &empty), 10);
+  EXPECT_EQ(classListText({6}), "6");
+  EXPECT_EQ(classListText({1, 2, 5}), "1, 2 and 5");
+  EXPECT_EQ(classListText({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}), "1, 2, 3, 4, 5, 6, 7, 8, ... (10 in all)");
+}
+
 TEST(ImageFolder, Errors) {
   TempDir dir;
   expectError([&] { walkImageFolder(dir.str()); },
@@ -628,7 +773,8 @@ TEST(ImageList, SerializeRoundTripAndRejectTruncation) {
   std::string bad_label = text;
   bad_label.replace(bad_label.find("\n0 17 train/a_cat/x.jpg"), 3, "\n9 ");
   expectError([&] { parseImageList(bad_label, "cache.txt"); }, {"cache.txt", "label 9"});
-  expectError([&] { parseImageList("batchdist-image-list 2\n", "c"); }, {"c: malformed"});
+  expectError([&] { parseImageList("batchdist-image-list 3\n", "c"); }, {"c: malformed"});
+  expectError([&] { parseImageList("batchdist-image-list 1\n", "c"); }, {"c: malformed"});
   // A list with no val and no dirs round-trips too.
   ImageList small;
   small.classes = {"0", "1"};

@@ -469,6 +469,11 @@ void prepareData(const RunRequest& req, const RankPlace& place, RunSetup& s) {
   if (place.rank == 0 && !req.quiet) {
     data_ctx.note = [](const std::string& line) { std::cout << line << "\n" << std::flush; };
   }
+  if (place.rank == 0) {  // bad files and empty classes are said even with -q
+    data_ctx.warn = [size = place.size](const std::string& line) {
+      std::cerr << strCat("[rank 0/", size, "] warning: ", line, "\n") << std::flush;
+    };
+  }
   s.data = loadData(s.cfg.data, s.cfg.train.seed, s.cfg.base_dir, data_ctx);
   // Note [loader]: auto threads are this rank's share of the host's cores.
   s.cfg.data.workers = resolveWorkers(s.cfg.data, usableCpus(), place.local_size);

@@ -154,7 +154,8 @@ inline std::string checkArchive(const uint8_t* data, std::size_t size, const std
     const ImageList again = parseImageList(serializeImageList(list), "again");
     if (again.train.size() != list.train.size() || again.val.size() != list.val.size() ||
         again.classes != list.classes || again.dirs != list.dirs ||
-        again.has_val != list.has_val || again.skipped != list.skipped) {
+        again.has_val != list.has_val || again.skipped != list.skipped ||
+        again.bad.size() != list.bad.size()) {
       return "no round trip";
     }
     for (const auto* part : {&list.train, &list.val}) {

@@ -497,6 +497,10 @@ void validate(const Config& cfg, const Context& ctx) {
     throw err("model.name", "torchscript needs model.path (a module saved with "
                             "torch.jit.script(...).save() or torch.jit.trace)");
   }
+  if (cfg.data.list_outside_root && cfg.data.list.empty()) {
+    throw err("data.list_outside_root", "applies to data.list only (the paths of a list file); "
+                                        "remove it, or give data.list");
+  }
   switch (cfg.data.name) {
     case DataName::kCsv:
       if (cfg.data.path.empty()) {
@@ -626,8 +630,10 @@ void readData(Context& ctx, const YAML::Node& root, DataConfig& c) {
   c.path = s.text("path", "");
   c.val_path = s.text("val_path", "");
   c.list = s.text("list", "");
+  c.list_outside_root = s.boolean("list_outside_root", false);
   c.samples = s.integer("samples", 4096, 2, int64_t{1} << 40);
   c.shape = s.intList("shape", c.shape, 1, 1 << 20);
+  c.classes_given = s.has("classes");
   c.classes = s.integer("classes", 10, 2, 1 << 20);
   c.val_fraction = s.real("val_fraction", 0.2, 0.0, 0.9);
   c.noise = s.real("noise", 0.5, 0.0, 100.0);

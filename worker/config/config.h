@@ -116,9 +116,11 @@ struct DataConfig {
   std::string path;                          ///< digits: optional (embedded copy); csv: required
   std::string val_path;                      ///< webdataset: the validation shards
   std::string list;                          ///< image_folder: "relative/path label" lines, instead of walking
+  bool list_outside_root = false;            ///< data.list may name files outside the data root
   int64_t samples = 4096;                    ///< synthetic: number of samples
   std::vector<int64_t> shape{64};            ///< synthetic: per-sample feature shape
-  int64_t classes = 10;                      ///< synthetic/csv: number of classes
+  int64_t classes = 10;                      ///< synthetic/csv: number of classes; others: the head's, when given
+  bool classes_given = false;                ///< data.classes was set (else the labels decide: Note [class count])
   double val_fraction = 0.2;                 ///< held-out share (seeded split)
   double noise = 0.5;                        ///< synthetic: class-conditional noise
   // Loader (Note [loader]): worker threads batch ahead into a bounded queue.

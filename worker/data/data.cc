@@ -14,6 +14,8 @@
 #include <sstream>
 
 #include "collective/error.h"
+#include "worker/data/labels.h"
+#include "worker/data/pipeline.h"
 #include "worker/data/sources/npy.h"
 #include "worker/plan/plan.h"
 #include "worker/common/files.h"
@@ -450,28 +452,81 @@ std::vector<int64_t> labelsOf(const std::vector<ImageEntry>& entries) {
   return out;
 }
 
+/// Note [class count] for labels read from files (`what` names them in the
+/// warning about classes without a sample, given to rank 0's ctx.warn).
+int64_t headClasses(const std::vector<int64_t>& labels, const DataConfig& cfg,
+                    const std::function<std::string(int64_t)>& where, const std::string& what,
+                    const DataContext& ctx) {
+  std::vector<int64_t> empty;
+  const int64_t classes = classCount(labels, cfg.classes_given ? cfg.classes : 0, where, &empty);
+  if (!empty.empty() && ctx.warn) {
+    const bool one = empty.size() == 1;
+    ctx.warn(strCat("data: class", one ? " " : "es ", classListText(empty), " of 0..", classes - 1,
+                    one ? " has" : " have", " no sample in ", what, " (", classes - empty.size(),
+                    " of ", classes, " classes used); the head has ", classes,
+                    " outputs. Fix the labels, or set data.classes: ", classes,
+                    " if that is intended"));
+  }
+  return classes;
+}
+
+/// Note [each file once]: what the walk found named like an image but not a
+/// regular file becomes a data error (and a warning on rank 0).
+std::vector<DataErrorRecord> walkErrors(const ImageList& list, const std::string& root,
+                                        const DataContext& ctx) {
+  std::vector<DataErrorRecord> out;
+  for (const auto& b : list.bad) {
+    out.push_back({root + "/" + b.path, strCat(b.kind, ", not a regular file: not a sample"), -1});
+  }
+  if (ctx.warn) {
+    for (std::size_t i = 0; i < out.size() && i < kErrorsListed; ++i) {
+      ctx.warn(strCat("data: skipping ", out[i].where, ": ", out[i].reason));
+    }
+    if (out.size() > kErrorsListed) {
+      ctx.warn(strCat("data: ", out.size() - kErrorsListed, " more such files; report.json's "
+                      "data_errors counts them all"));
+    }
+  }
+  return out;
+}
+
+/// data.list: "relative/path label" lines, classes from the labels (or data.classes).
+DataSplit loadImageList(const DataConfig& cfg, int64_t seed, const std::string& base_dir,
+                        const DataContext& ctx) {
+  DataSplit split;
+  const auto list_path = resolvePath(cfg.list, base_dir);
+  const auto root = cfg.path.empty() ? std::filesystem::path(list_path).parent_path().string()
+                                     : resolvePath(cfg.path, base_dir);
+  int64_t max_classes = 0;
+  auto entries = readImageList(list_path, &max_classes, cfg.list_outside_root);
+  const auto labels = labelsOf(entries);
+  const auto where = [&](int64_t i) { return strCat(list_path, ":", entries[i].line); };
+  const auto classes = headClasses(labels, cfg, where, list_path, ctx);
+  split.origin = strCat("image list ", list_path, " (images under ", root, ")");
+  const auto all = decodedSet(imageFileSource(root, std::move(entries)), labels, classes, cfg);
+  splitSeeded(all, cfg.val_fraction, seed, &split);
+  return split;
+}
+
 DataSplit loadImageFolder(const DataConfig& cfg, int64_t seed, const std::string& base_dir,
                           const DataContext& ctx) {
+  if (!cfg.list.empty()) return loadImageList(cfg, seed, base_dir, ctx);
   DataSplit split;
-  if (!cfg.list.empty()) {
-    const auto list_path = resolvePath(cfg.list, base_dir);
-    const auto root = cfg.path.empty() ? std::filesystem::path(list_path).parent_path().string()
-                                       : resolvePath(cfg.path, base_dir);
-    int64_t classes = 0;
-    auto entries = readImageList(list_path, &classes);
-    classes = std::max<int64_t>(classes, 2);
-    split.origin = strCat("image list ", list_path, " (images under ", root, ")");
-    const auto labels = labelsOf(entries);
-    const auto all = decodedSet(imageFileSource(root, std::move(entries)), labels, classes, cfg);
-    splitSeeded(all, cfg.val_fraction, seed, &split);
-    return split;
-  }
   const auto root = resolvePath(cfg.path, base_dir);
   const auto text = fromRank0(ctx, [&] { return imageListText(root, ctx); });
   auto list = parseImageList(text, "the image list of " + root);
-  const auto classes = static_cast<int64_t>(list.classes.size());
+  auto classes = static_cast<int64_t>(list.classes.size());
+  if (cfg.classes_given) {
+    if (cfg.classes < classes) {
+      throw ConfigError(strCat("data.classes: ", cfg.classes, " is below the ", classes,
+                               " class folders of ", root, "/train; raise it, or remove it (the "
+                               "folders decide)"));
+    }
+    classes = cfg.classes;
+  }
   split.origin = strCat("image folder ", root, " (", classes, " classes)");
   split.skipped_files = list.skipped;
+  split.bad_files = walkErrors(list, root, ctx);
   const auto train_labels = labelsOf(list.train);
   const auto train = decodedSet(imageFileSource(root, std::move(list.train)), train_labels,
                                 std::max<int64_t>(classes, 2), cfg);
@@ -536,7 +591,6 @@ std::vector<TarShard> parseTarIndex(const std::string& text) {
 struct TarSet {
   std::shared_ptr<const Source> source;
   std::vector<int64_t> labels;
-  int64_t max_label = -1;
   int64_t skipped = 0;
   std::vector<TarShard> shards;
 };
@@ -557,7 +611,6 @@ TarSet loadShards(const std::string& pattern, const DataContext& ctx) {
     set.skipped += shard.skipped_members;
     for (const auto& x : shard.samples) {
       set.labels.push_back(x.label);
-      set.max_label = std::max(set.max_label, x.label);
     }
   }
   if (set.labels.empty()) throw ConfigError(strCat("data.path: ", pattern, ": the shards hold no samples"));
@@ -569,7 +622,15 @@ DataSplit loadWebdataset(const DataConfig& cfg, int64_t seed, const std::string&
   DataSplit split;
   const auto pattern = resolvePath(cfg.path, base_dir);
   auto train = loadShards(pattern, ctx);
-  const int64_t classes = std::max<int64_t>(train.max_label + 1, 2);
+  const auto where = [&](int64_t i) {
+    for (const auto& shard : train.shards) {
+      const auto n = static_cast<int64_t>(shard.samples.size());
+      if (i < n) return strCat(shard.path, " member ", shard.samples[i].key, ".cls");
+      i -= n;
+    }
+    return std::string("?");
+  };
+  const int64_t classes = headClasses(train.labels, cfg, where, pattern, ctx);
   split.origin = strCat("webdataset ", pattern, " (", train.shards.size(), " shard(s), ", classes,
                         " classes)");
   split.skipped_files = train.skipped;
@@ -584,7 +645,9 @@ DataSplit loadWebdataset(const DataConfig& cfg, int64_t seed, const std::string&
     for (const auto& x : shard.samples) {
       if (x.label >= classes) {
         throw ConfigError(strCat(shard.path, ": member ", x.key, ".cls: label ", x.label,
-                                 " is outside the training shards' classes 0..", classes - 1));
+                                 " is outside ",
+                                 cfg.classes_given ? "data.classes' " : "the training shards' ",
+                                 "classes 0..", classes - 1));
       }
     }
   }
@@ -642,14 +705,35 @@ Dataset loadNpyPair(const std::string& x_path, const std::string& y_path) {
     full.insert(full.end(), d.sample_shape.begin(), d.sample_shape.end());
     return full;
   }());
-  int64_t max_label = 0;
-  for (const auto v : labels) max_label = std::max(max_label, v);
-  d.classes = std::max<int64_t>(max_label + 1, 2);
+  d.classes = 0;  // Note [class count]: loadNpy decides, over both splits
   if (x.type == NpyType::kUint8) d.x_scale = 1.0 / 255.0;
   return d;
 }
 
-DataSplit loadNpy(const DataConfig& cfg, int64_t seed, const std::string& base_dir) {
+std::vector<int64_t> labelVector(const at::Tensor& y) {
+  const auto* p = y.data_ptr<int64_t>();
+  return std::vector<int64_t>(p, p + y.numel());
+}
+
+/// Note [class count] over y.npy then val_y.npy (absent: undefined `val_y`).
+int64_t npyClasses(const DataConfig& cfg, const std::string& dir, const at::Tensor& y,
+                   const at::Tensor& val_y, const DataContext& ctx) {
+  auto labels = labelVector(y);
+  const auto n = static_cast<int64_t>(labels.size());
+  if (val_y.defined()) {
+    const auto v = labelVector(val_y);
+    labels.insert(labels.end(), v.begin(), v.end());
+  }
+  const auto where = [&](int64_t i) {
+    return i < n ? strCat(fileIn(dir, "y.npy"), " row ", i)
+                 : strCat(fileIn(dir, "val_y.npy"), " row ", i - n);
+  };
+  const auto what = val_y.defined() ? dir + "/{y,val_y}.npy" : fileIn(dir, "y.npy");
+  return headClasses(labels, cfg, where, what, ctx);
+}
+
+DataSplit loadNpy(const DataConfig& cfg, int64_t seed, const std::string& base_dir,
+                  const DataContext& ctx) {
   const auto dir = resolvePath(cfg.path, base_dir);
   DataSplit split;
   auto all = loadNpyPair(fileIn(dir, "x.npy"), fileIn(dir, "y.npy"));
@@ -666,6 +750,7 @@ DataSplit loadNpy(const DataConfig& cfg, int64_t seed, const std::string& base_d
                              "; give both or neither"));
   }
   if (!has_val_x) {
+    all.classes = npyClasses(cfg, dir, all.y, at::Tensor(), ctx);
     splitSeeded(all, cfg.val_fraction, seed, &split);
     return split;
   }
@@ -678,7 +763,7 @@ DataSplit loadNpy(const DataConfig& cfg, int64_t seed, const std::string& base_d
   if (val.x.scalar_type() != all.x.scalar_type()) {
     throw ConfigError(strCat(fileIn(dir, "val_x.npy"), ": element type differs from x.npy's"));
   }
-  all.classes = val.classes = std::max(all.classes, val.classes);
+  all.classes = val.classes = npyClasses(cfg, dir, all.y, val.y, ctx);
   split.train = all;
   split.val = val;
   return split;
@@ -697,7 +782,7 @@ DataSplit loadData(const DataConfig& cfg, int64_t seed, const std::string& base_
       split = loadWebdataset(cfg, seed, base_dir, ctx);
       break;
     case DataName::kNpy:
-      split = loadNpy(cfg, seed, base_dir);
+      split = loadNpy(cfg, seed, base_dir, ctx);
       break;
     case DataName::kCifar10:
     case DataName::kCifar100:

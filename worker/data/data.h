@@ -37,6 +37,9 @@ struct DataSplit {
   Dataset train;
   Dataset val;
   int64_t skipped_files = 0;  ///< image_folder: files that are not images; tar: other members
+  /// image_folder: files named like images that are not regular files (a dangling
+  /// symlink, a FIFO, a device), found by the walk: named in data_errors.
+  std::vector<DataErrorRecord> bad_files;
 };
 
 /// What loading needs from the job (defaults: a single process).
@@ -48,6 +51,8 @@ struct DataContext {
   std::string cache_dir;
   /// Progress lines (rank 0), e.g. how long listing took.
   std::function<void(const std::string&)> note;
+  /// Warnings (rank 0): bad files a walk found, classes without a sample.
+  std::function<void(const std::string&)> warn;
 };
 
 /// Loads and splits the data set of `cfg.data` (seeded by `seed`). Relative paths

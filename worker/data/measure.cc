@@ -96,7 +96,7 @@ std::string dataReport(const std::vector<LoaderMeasurement>& ranks, const DataSp
                        const Config& cfg, bool json) {
   double total = 0, bytes = 0;
   StageSeconds stages;
-  int64_t errors = 0, workers = 0;
+  int64_t errors = static_cast<int64_t>(data.bad_files.size()), workers = 0;
   for (const auto& r : ranks) {
     total += r.samplesPerSecond();
     bytes += r.seconds > 0 ? r.stages.bytes / r.seconds : 0;

@@ -125,7 +125,9 @@ bool SampleDecoder::tryDecode(int64_t index, int64_t epoch, uint8_t* out, Decode
   {
     std::lock_guard<std::mutex> lock(mu_);
     first_time = bad_.insert(index).second;
-    if (first_time && first_.size() < kErrorsListed) first_.push_back({source_->where(index), reason});
+    if (first_time && first_.size() < kErrorsListed) {
+      first_.push_back({source_->where(index), reason, index});
+    }
   }
   if (first_time && warn_) warn_(strCat("skipping ", reason, "; the next good sample takes its place"));
   return false;
@@ -159,6 +161,25 @@ std::vector<int64_t> SampleDecoder::badIndices() const {
 std::vector<DataErrorRecord> SampleDecoder::firstErrors() const {
   std::lock_guard<std::mutex> lock(mu_);
   return first_;
+}
+
+std::vector<DataErrorRecord> mergeDataErrors(const std::vector<DataErrorRecord>& found,
+                                             const std::vector<std::vector<DataErrorRecord>>& per_rank,
+                                             std::size_t limit) {
+  std::vector<DataErrorRecord> out;
+  std::set<std::string> named;
+  const auto take = [&](const DataErrorRecord& e) {
+    if (out.size() < limit && named.insert(e.where).second) out.push_back(e);
+  };
+  for (const auto& e : found) take(e);
+  std::size_t longest = 0;
+  for (const auto& r : per_rank) longest = std::max(longest, r.size());
+  for (std::size_t k = 0; k < longest; ++k) {
+    for (const auto& r : per_rank) {
+      if (k < r.size()) take(r[k]);
+    }
+  }
+  return out;
 }
 
 }  // namespace batchdist::worker

@@ -40,12 +40,6 @@ struct StageSeconds {
   }
 };
 
-/// A file that could not be used, and why.
-struct DataErrorRecord {
-  std::string where;
-  std::string reason;
-};
-
 /// Decodes samples of one source; safe to call from several threads (each with
 /// its own DecodeScratch).
 class SampleDecoder {
@@ -95,5 +89,14 @@ class SampleDecoder {
 
 /// How many of the first bad files a report lists.
 constexpr std::size_t kErrorsListed = 10;
+
+/// Note [bad files named]: report.json's data_errors lists the bad files of every
+/// rank, not only rank 0's. `found` (a walk's, the same on every rank) first, then
+/// the ranks' first few taken in turn (rank 0's first, rank 1's first, ..., rank
+/// 0's second, ...), so a file only rank 3 met is named too; each file once, at
+/// most `limit`.
+std::vector<DataErrorRecord> mergeDataErrors(const std::vector<DataErrorRecord>& found,
+                                             const std::vector<std::vector<DataErrorRecord>>& per_rank,
+                                             std::size_t limit = kErrorsListed);
 
 }  // namespace batchdist::worker

@@ -57,7 +57,8 @@ class ImageFileSource final : public Source {
     preadFile(path, 0, -1, bytes, path);
   }
   std::string where(int64_t i) const override {
-    return root_.empty() ? entries_[i].path : root_ + "/" + entries_[i].path;
+    const auto& p = entries_[i].path;  // absolute: data.list_outside_root
+    return root_.empty() || (!p.empty() && p[0] == '/') ? p : root_ + "/" + p;
   }
 
  private:

@@ -22,6 +22,13 @@ class SampleError : public Error {
   using Error::Error;
 };
 
+/// A file that could not be used, and why (report.json's data_errors).
+struct DataErrorRecord {
+  std::string where;
+  std::string reason;
+  int64_t index = -1;  ///< the sample it is in the source it was met in; -1: found by a walk
+};
+
 class Source {
  public:
   virtual ~Source() = default;

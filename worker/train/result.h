@@ -126,7 +126,7 @@ struct DataFigures {
   int64_t errors = 0;         ///< bad samples skipped, all ranks
   double cache_mb = -1;       ///< data.cache ram: this rank's cached encoded bytes (-1: off)
   int64_t cache_hits = 0;
-  std::vector<DataErrorRecord> first_errors;  ///< rank 0's first few
+  std::vector<DataErrorRecord> first_errors;  ///< the first few, every rank's (Note [bad files named])
 };
 
 /// Rank 0's wall time of training's phases, for bench/scale.sh (OUTPUT/phases.json).

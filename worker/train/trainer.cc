@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -92,6 +93,40 @@ class InjectedOom {
 std::string ranksText(const std::vector<int64_t>& ranks) {
   std::string out = ranks.size() == 1 ? "rank " : "ranks ";
   for (std::size_t i = 0; i < ranks.size(); ++i) out += strCat(i ? ", " : "", ranks[i]);
+  return out;
+}
+
+/// Every rank's `text`, indexed by rank: the lengths, then the bytes padded to the
+/// longest (one allgather each, on the communicator's device).
+std::vector<std::string> allgatherText(collective::Communicator& comm, const std::string& text) {
+  const auto lengths = comm.allgather(static_cast<double>(text.size()));
+  int64_t longest = 1;
+  for (const double n : lengths) longest = std::max(longest, static_cast<int64_t>(n));
+  auto bytes = torch::zeros({longest}, torch::kByte);
+  std::memcpy(bytes.data_ptr(), text.data(), text.size());
+  const auto all = comm.allgather(bytes.to(comm.device())).cpu().contiguous();
+  const auto* p = reinterpret_cast<const char*>(all.data_ptr());
+  std::vector<std::string> out;
+  for (std::size_t r = 0; r < lengths.size(); ++r) {
+    out.emplace_back(p + r * longest, static_cast<std::size_t>(lengths[r]));
+  }
+  return out;
+}
+
+/// Note [bad files named]: every rank's first bad files, on every rank.
+std::vector<std::vector<DataErrorRecord>> allgatherErrors(collective::Communicator& comm,
+                                                          const std::vector<DataErrorRecord>& mine) {
+  auto j = nlohmann::json::array();
+  for (const auto& e : mine) j.push_back({e.index, e.where, e.reason});
+  // A file name need not be UTF-8: such bytes become U+FFFD rather than throw.
+  const auto mine_text = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::vector<std::vector<DataErrorRecord>> out;
+  for (const auto& text : allgatherText(comm, mine_text)) {
+    auto& rank = out.emplace_back();
+    for (const auto& e : nlohmann::json::parse(text)) {
+      rank.push_back({e[1].get<std::string>(), e[2].get<std::string>(), e[0].get<int64_t>()});
+    }
+  }
   return out;
 }
 
@@ -1402,16 +1437,20 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
   if (const auto* decoder = loader_->decoder()) {
     // Every rank gets here together (the last step was agreed). A bad file met
     // by several ranks counts once: the union of the ranks' bad samples, sent as
-    // a mask only when there are any.
+    // a mask only when there are any. The walk's bad files (the same list on every
+    // rank) count too. Note [bad files named]: the names are gathered the same way.
+    result.data.errors = static_cast<int64_t>(data_.bad_files.size());
+    std::vector<std::vector<DataErrorRecord>> met;
     const auto any = comm_.allreduce(static_cast<double>(decoder->errorCount()), collective::ReduceOp::kSum);
     if (any > 0) {
       auto mask = torch::zeros({data_.train.size()}, torch::kFloat);
       for (const auto i : decoder->badIndices()) mask[i] = 1.0f;
       mask = mask.to(device_);
       comm_.allreduce(mask, collective::ReduceOp::kMax);
-      result.data.errors = mask.gt(0).sum().item<int64_t>();
+      result.data.errors += mask.gt(0).sum().item<int64_t>();
+      met = allgatherErrors(comm_, decoder->firstErrors());
     }
-    result.data.first_errors = decoder->firstErrors();
+    result.data.first_errors = mergeDataErrors(data_.bad_files, met);
     if (cfg_.data.cache == DataCache::kRam) {
       result.data.cache_mb = decoder->cachedBytes() / 1048576.0;
       result.data.cache_hits = decoder->cacheHits();

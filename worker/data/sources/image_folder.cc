@@ -2,23 +2,35 @@
 
 #include <dirent.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <limits>
 #include <set>
 #include <sstream>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "collective/error.h"
 
 namespace batchdist::worker {
 namespace {
 
-// Symlinked directories are followed (as torchvision's os.walk(followlinks=True));
-// a link back to an ancestor is skipped and the depth is bounded besides.
+// Note [each file once]: symlinked directories are followed (as torchvision's
+// os.walk(followlinks=True)), but every directory is walked once, known by its real
+// path, and the class folders' own subtrees (both splits) are walked before any link
+// met in them is followed. So a link to a folder already walked (".", the class
+// folder's parent, a sibling class, the other split) adds nothing; a link to ROOT or
+// a folder above it is not followed (it leads back into the tree); and a file reached
+// through a link (a linked folder outside the class folders, or a symlinked file)
+// counts once, by its real path, under the class whose walk met it first. No walk
+// loops, no sample is listed twice, and the depth is bounded besides (a bind mount).
 constexpr int kMaxDepth = 64;
 
 std::string join(const std::string& a, const std::string& b) {
@@ -28,6 +40,11 @@ std::string join(const std::string& a, const std::string& b) {
 
 std::string absPath(const std::string& root, const std::string& rel) {
   return rel == "." ? root : root + "/" + rel;
+}
+
+std::string baseName(const std::string& rel) {
+  const size_t slash = rel.rfind('/');
+  return slash == std::string::npos ? rel : rel.substr(slash + 1);
 }
 
 int64_t mtimeNs(const struct stat& st) {
@@ -41,6 +58,45 @@ bool isImageName(const std::string& name) {
   std::string ext = name.substr(dot + 1);
   for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return ext == "jpg" || ext == "jpeg" || ext == "png";
+}
+
+/// What a file that is neither a directory nor a regular file is, for a message.
+std::string kindOf(mode_t mode) {
+  if (S_ISFIFO(mode)) return "FIFO";
+  if (S_ISCHR(mode)) return "character device";
+  if (S_ISBLK(mode)) return "block device";
+  if (S_ISSOCK(mode)) return "socket";
+  if (S_ISLNK(mode)) return "symlink";
+  return "special file";
+}
+
+/// readdir's d_type as a stat mode type (0: unknown, lstat() it).
+mode_t modeOfType(unsigned char type) {
+  switch (type) {
+    case DT_REG: return S_IFREG;
+    case DT_DIR: return S_IFDIR;
+    case DT_LNK: return S_IFLNK;
+    case DT_FIFO: return S_IFIFO;
+    case DT_CHR: return S_IFCHR;
+    case DT_BLK: return S_IFBLK;
+    case DT_SOCK: return S_IFSOCK;
+    default: return 0;
+  }
+}
+
+/// The resolved path of `path` ("" if it cannot be resolved).
+std::string realPath(const std::string& path) {
+  char* r = ::realpath(path.c_str(), nullptr);
+  if (r == nullptr) return "";
+  std::string out(r);
+  std::free(r);
+  return out;
+}
+
+std::string linkTarget(const std::string& path) {
+  std::string buf(4096, '\0');
+  const ssize_t n = ::readlink(path.c_str(), buf.data(), buf.size());
+  return n < 0 ? std::string("?") : buf.substr(0, static_cast<size_t>(n));
 }
 
 struct DirEntry {
@@ -65,9 +121,25 @@ std::vector<DirEntry> listDir(const std::string& dir) {
   return entries;
 }
 
+using Files = std::vector<std::string>;
+
+/// Note [each file once]: the walk of one folder (both splits).
 struct Walker {
   std::string root;
-  ImageList* list;
+  std::string root_real;
+  ImageList* list = nullptr;
+  struct Walked {
+    std::string rel;   ///< the path it was first walked by
+    bool images;       ///< its image files were taken (a class folder's subtree)
+  };
+  std::unordered_map<std::string, Walked> walked;      // by real path
+  std::unordered_set<std::string> linked_files;        // real paths taken through links
+  struct Link {
+    std::string rel;
+    int depth;
+    Files* files;
+  };
+  std::deque<Link> links;  // followed after every class folder's own subtree
 
   /// stat() following links; false if it does not exist.
   bool statPath(const std::string& rel, struct stat* st) {
@@ -78,8 +150,13 @@ struct Walker {
     list->dirs.emplace_back(rel, mtimeNs(st));
   }
 
+  void bad(const std::string& rel, std::string kind) {
+    list->bad.push_back(BadEntry{rel, std::move(kind)});
+  }
+
   /// Class folder names of a split (directories under ROOT/<split>), sorted.
   std::vector<std::string> classesOf(const std::string& split) {
+    walked.emplace(realPath(absPath(root, split)), Walked{split, false});
     std::vector<std::string> out;
     for (const auto& [n, type] : listDir(absPath(root, split))) {
       struct stat st;
@@ -96,62 +173,131 @@ struct Walker {
     return out;
   }
 
-  /// Collects the image files under `rel` (relative to ROOT), recursively.
-  void walk(const std::string& rel, int depth, std::vector<std::pair<dev_t, ino_t>>* ancestors,
-            std::vector<std::string>* files) {
+  void addFile(const std::string& rel, const std::string& real, bool via_link, Files* files) {
+    if (!isImageName(baseName(rel))) {
+      ++list->skipped;
+      return;
+    }
+    if (via_link && !linked_files.insert(real).second) return;  // met through another link
+    files->push_back(rel);
+  }
+
+  /// Collects the image files under `rel` (real path `real`, already marked
+  /// walked), recursively; symlinks are queued for followLinks().
+  void walk(const std::string& rel, const std::string& real, int depth, bool via_link, Files* files) {
     struct stat st;
     if (!statPath(rel, &st)) {
       throw ConfigError(strCat("data.path: cannot stat ", absPath(root, rel), ": ",
                                std::strerror(errno)));
     }
     recordDir(rel, st);
-    ancestors->emplace_back(st.st_dev, st.st_ino);
     for (const auto& [n, type] : listDir(absPath(root, rel))) {
       const std::string child = join(rel, n);
-      if (type == DT_REG) {  // most entries: no stat() needed (a walk of ImageNet on NFS)
-        if (isImageName(n)) {
-          files->push_back(child);
-        } else {
-          ++list->skipped;
-        }
-        continue;
+      mode_t mode = modeOfType(type);  // DT_REG: no stat() (a walk of ImageNet on NFS)
+      if (mode == 0) {
+        struct stat lst;
+        if (::lstat(absPath(root, child).c_str(), &lst) != 0) continue;  // gone meanwhile
+        mode = lst.st_mode & S_IFMT;
       }
-      struct stat cst;
-      if (!statPath(child, &cst)) {
-        ++list->skipped;  // dangling link
-        continue;
-      }
-      if (S_ISDIR(cst.st_mode)) {
-        const bool loop = std::find(ancestors->begin(), ancestors->end(),
-                                    std::make_pair(cst.st_dev, cst.st_ino)) != ancestors->end();
-        if (loop || depth + 1 > kMaxDepth) continue;
-        walk(child, depth + 1, ancestors, files);
-      } else if (S_ISREG(cst.st_mode) && isImageName(n)) {
-        files->push_back(child);
+      if (S_ISREG(mode)) {
+        addFile(child, real + "/" + n, via_link, files);
+      } else if (S_ISDIR(mode)) {
+        const std::string creal = real + "/" + n;
+        if (depth + 1 > kMaxDepth || !walked.emplace(creal, Walked{child, true}).second) continue;
+        walk(child, creal, depth + 1, via_link, files);
+      } else if (S_ISLNK(mode)) {
+        links.push_back(Link{child, depth + 1, files});
+      } else if (isImageName(n)) {
+        bad(child, kindOf(mode));
       } else {
         ++list->skipped;
       }
     }
-    ancestors->pop_back();
   }
 
+  /// True when `real` lies in a folder whose images the walk took.
+  bool takenInPlace(const std::string& real) const {
+    const size_t slash = real.rfind('/');
+    if (slash == std::string::npos) return false;
+    const auto it = walked.find(real.substr(0, slash));
+    return it != walked.end() && it->second.images && isImageName(real.substr(slash + 1));
+  }
+
+  /// ROOT or a folder above it: following it would walk the tree again.
+  bool holdsRoot(const std::string& real) const {
+    return real == root_real || real == "/" || root_real.rfind(real + "/", 0) == 0;
+  }
+
+  void followLink(const Link& l) {
+    const std::string abs = absPath(root, l.rel);
+    const std::string name = baseName(l.rel);
+    struct stat st;
+    if (::stat(abs.c_str(), &st) != 0) {
+      const int err = errno;
+      if (!isImageName(name)) {
+        ++list->skipped;
+      } else if (err == ENOENT || err == ENOTDIR) {
+        bad(l.rel, strCat("dangling symlink (to ", linkTarget(abs), ")"));
+      } else {
+        bad(l.rel, strCat("symlink whose target cannot be reached (to ", linkTarget(abs), ": ",
+                          std::strerror(err), ")"));
+      }
+      return;
+    }
+    const std::string real = realPath(abs);
+    if (S_ISDIR(st.st_mode)) {
+      if (real.empty() || holdsRoot(real) || l.depth > kMaxDepth) return;
+      if (!walked.emplace(real, Walked{l.rel, true}).second) return;  // walked already
+      walk(l.rel, real, l.depth, /*via_link=*/true, l.files);
+    } else if (S_ISREG(st.st_mode)) {
+      if (!isImageName(name)) {
+        ++list->skipped;
+      } else if (!takenInPlace(real)) {
+        addFile(l.rel, real, /*via_link=*/true, l.files);
+      }
+    } else if (isImageName(name)) {
+      bad(l.rel, strCat("symlink to a ", kindOf(st.st_mode), " (", linkTarget(abs), ")"));
+    } else {
+      ++list->skipped;
+    }
+  }
+
+  /// Walks each class folder's own subtree; the files go to `files[label]`.
   void walkSplit(const std::string& split, const std::vector<std::string>& classes,
-                 std::vector<ImageEntry>* out) {
+                 std::vector<Files>* files) {
+    files->resize(classes.size());
     for (size_t label = 0; label < classes.size(); ++label) {
       const std::string dir = join(split, classes[label]);
-      std::vector<std::string> files;
-      std::vector<std::pair<dev_t, ino_t>> ancestors;
-      struct stat st;
-      if (statPath(split, &st)) ancestors.emplace_back(st.st_dev, st.st_ino);
-      walk(dir, 0, &ancestors, &files);
-      if (files.empty()) {
+      const std::string real = realPath(absPath(root, dir));
+      if (holdsRoot(real)) {
+        throw ConfigError(strCat("data.path: class folder ", absPath(root, dir), " leads to ", real,
+                                 ", which holds the data root ", root_real,
+                                 "; a class folder must be a folder of that class's images"));
+      }
+      const auto [it, fresh] = walked.emplace(real, Walked{dir, true});
+      if (!fresh) {
+        throw ConfigError(strCat("data.path: class folder ", absPath(root, dir), " is ",
+                                 absPath(root, it->second.rel), " (", real,
+                                 "), walked already; each class needs a folder of its own "
+                                 "(a symlink to another class or split is not a class)"));
+      }
+      walk(dir, real, 0, /*via_link=*/false, &(*files)[label]);
+    }
+  }
+
+  /// The class folders' entries, sorted, after every link was followed.
+  void finishSplit(const std::string& split, const std::vector<std::string>& classes,
+                   std::vector<Files>& files, std::vector<ImageEntry>* out) {
+    for (size_t label = 0; label < classes.size(); ++label) {
+      auto& f = files[label];
+      if (f.empty()) {
         throw ConfigError(strCat("data.path: class '", classes[label], "' has no image in ",
-                                 absPath(root, dir),
+                                 absPath(root, join(split, classes[label])),
                                  " (expected .jpg/.jpeg/.png files, any depth); remove the "
                                  "folder or add images"));
       }
-      std::sort(files.begin(), files.end());
-      for (auto& f : files) out->push_back(ImageEntry{std::move(f), static_cast<int64_t>(label)});
+      std::sort(f.begin(), f.end());
+      for (auto& p : f) out->push_back(ImageEntry{std::move(p), static_cast<int64_t>(label)});
     }
   }
 };
@@ -169,12 +315,16 @@ ImageList walkImageFolder(const std::string& root_in) {
   std::string root = root_in;
   while (root.size() > 1 && root.back() == '/') root.pop_back();
   ImageList list;
-  Walker w{root, &list};
   struct stat st;
   if (::stat(root.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     throw ConfigError(strCat("data.path: ", root, " is not a directory (expected an image "
                              "folder ROOT/train/<class>/...)"));
   }
+  Walker w;
+  w.root = root;
+  w.root_real = realPath(root);
+  w.list = &list;
+  w.walked.emplace(w.root_real, Walker::Walked{".", false});
   w.recordDir(".", st);
   struct stat tst;
   if (!w.statPath("train", &tst) || !S_ISDIR(tst.st_mode)) {
@@ -206,12 +356,48 @@ ImageList walkImageFolder(const std::string& root_in) {
       }
     }
   }
-  w.walkSplit("train", list.classes, &list.train);
-  if (list.has_val) w.walkSplit("val", list.classes, &list.val);
+  std::vector<Files> train, val;
+  w.walkSplit("train", list.classes, &train);
+  if (list.has_val) w.walkSplit("val", list.classes, &val);
+  while (!w.links.empty()) {
+    const Walker::Link link = w.links.front();
+    w.links.pop_front();
+    w.followLink(link);
+  }
+  w.finishSplit("train", list.classes, train, &list.train);
+  if (list.has_val) w.finishSplit("val", list.classes, val, &list.val);
   return list;
 }
 
-std::vector<ImageEntry> readImageList(const std::string& list_path, int64_t* classes) {
+namespace {
+
+/// Note [list paths stay under the root]: a data.list path is relative to the data
+/// root; one that leaves it (absolute, or `..` above the root; judged on the text,
+/// as symlinks under the root are followed like a walk's) is refused unless the
+/// user opts in with data.list_outside_root, so a list cannot read /etc/passwd by
+/// mistake or by design of whoever wrote it.
+bool leavesRoot(const std::string& path) {
+  if (!path.empty() && path[0] == '/') return true;
+  int64_t depth = 0;
+  size_t b = 0;
+  while (b <= path.size()) {
+    size_t e = path.find('/', b);
+    if (e == std::string::npos) e = path.size();
+    const std::string part = path.substr(b, e - b);
+    if (part == "..") {
+      if (--depth < 0) return true;
+    } else if (!part.empty() && part != ".") {
+      ++depth;
+    }
+    b = e + 1;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::vector<ImageEntry> readImageList(const std::string& list_path, int64_t* classes,
+                                      bool outside_root_ok) {
   // Note [data files are regular files]: /dev/zero is one endless line.
   struct stat st {};
   if (::stat(list_path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
@@ -247,8 +433,14 @@ std::vector<ImageEntry> readImageList(const std::string& list_path, int64_t* cla
       throw ConfigError(strCat(list_path, ":", lineno, ": the label '", field,
                                "' is not a non-negative integer (a line is \"relative/path label\")"));
     }
+    if (!outside_root_ok && leavesRoot(path)) {
+      throw ConfigError(strCat(list_path, ":", lineno, ": '", path, "' leaves the data root (",
+                               path[0] == '/' ? "an absolute path" : "'..' above it",
+                               "); list paths are relative to data.path (or the list's folder); "
+                               "set data.list_outside_root: true to read files outside it"));
+    }
     max_label = std::max(max_label, label);
-    out.push_back(ImageEntry{path, label});
+    out.push_back(ImageEntry{path, label, lineno});
   }
   if (in.bad()) {
     throw ConfigError(strCat("data.list: error reading ", list_path, ": ", std::strerror(errno)));
@@ -264,7 +456,7 @@ std::vector<ImageEntry> readImageList(const std::string& list_path, int64_t* cla
 // as "<bytes> <raw bytes>" so any name round-trips; "end" last (a truncated file
 // is rejected).
 namespace {
-constexpr char kListMagic[] = "batchdist-image-list 1";
+constexpr char kListMagic[] = "batchdist-image-list 2";
 
 void putString(std::ostringstream& os, const std::string& s) { os << s.size() << ' ' << s; }
 
@@ -345,6 +537,13 @@ std::string serializeImageList(const ImageList& list) {
   os << kListMagic << '\n';
   os << "has_val " << (list.has_val ? 1 : 0) << '\n';
   os << "skipped " << list.skipped << '\n';
+  os << "bad " << list.bad.size() << '\n';
+  for (const auto& b : list.bad) {
+    putString(os, b.path);
+    os << ' ';
+    putString(os, b.kind);
+    os << '\n';
+  }
   os << "classes " << list.classes.size() << '\n';
   for (const auto& c : list.classes) {
     putString(os, c);
@@ -381,6 +580,17 @@ ImageList parseImageList(const std::string& text, const std::string& source) {
   r.literal("skipped ");
   list.skipped = r.integer(false);
   r.ch('\n');
+  r.literal("bad ");
+  const int64_t bad = r.count(6);
+  r.ch('\n');
+  for (int64_t i = 0; i < bad; ++i) {
+    BadEntry b;
+    b.path = r.string();
+    r.ch(' ');
+    b.kind = r.string();
+    r.ch('\n');
+    list.bad.push_back(std::move(b));
+  }
   r.literal("classes ");
   const int64_t classes = r.count(3);
   r.ch('\n');
@@ -410,6 +620,10 @@ bool imageListCurrent(const ImageList& list, const std::string& root_in) {
   std::string root = root_in;
   while (root.size() > 1 && root.back() == '/') root.pop_back();
   if (list.dirs.empty()) return false;  // nothing recorded: cannot tell
+  for (const auto& b : list.bad) {  // a dangling link whose target appeared: walk again
+    struct stat st;
+    if (::stat(absPath(root, b.path).c_str(), &st) == 0 && S_ISREG(st.st_mode)) return false;
+  }
   for (const auto& [dir, mtime] : list.dirs) {
     struct stat st;
     if (::stat(absPath(root, dir).c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return false;
