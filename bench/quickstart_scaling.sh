@@ -44,8 +44,10 @@ side_by_side() {  # two C legs at once, each into its own output -> summed sampl
   wait
   awk '{ s += $1 } END { printf "%.0f\n", s }' "$o1.sps" "$o2.sps"
 }
+# MASTER_PORT: one the kernel has free now (a guess in 29500-29999 could be held).
+free_port() { "$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 ddp() {
-  mpirun "${flags[@]}" -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$((29500 + RANDOM % 500)) \
+  mpirun "${flags[@]}" -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$(free_port)" \
     "$py" "$here/ddp_baseline.py" --model mlp --samples 1437 --dim 64 --hidden 128 64 --batchnorm \
     --weight-decay 1e-4 --global-batch 64 --steps 880 --warmup 20 | awk '/samples_per_s/ { printf "%.0f\n", $2 }'
 }

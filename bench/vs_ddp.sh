@@ -54,14 +54,15 @@ add_leg 2.x "$bin2" "$("$here/../tests/cuda_leg.sh" --venv-path)/bin/python"
 
 echo "libblas.so.3 of the 1.13 leg: $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || echo none)"
 declare -A ratios
-port=29500
+# MASTER_PORT: one the kernel has free now, not a fixed 29500 (PyTorch's default,
+# which another job on this machine, or a second copy of this script, may hold).
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 for i in $(seq 1 "$pairs"); do
   for k in "${!names[@]}"; do
     mpirun "${flags[@]}" -np 2 "${bins[$k]}" "$out/bench.yaml" -q --output "$out/run" --report "$out/r.json" \
       --set dist.backend="${BACKEND:-auto}"
     a=$(grep -o '"samples_per_s": [0-9.e+]*' "$out/r.json" | head -1 | awk '{print $2}')
-    port=$((port + 1))
-    b=$(mpirun "${flags[@]}" -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$port \
+    b=$(mpirun "${flags[@]}" -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$(free_port)" \
           "${pys[$k]}" -W ignore "$here/ddp_baseline.py" --steps 120 --warmup 5 | awk '/samples_per_s/ {print $2}')
     r=$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.3f", a / b }')
     ratios[$k]+="$r "

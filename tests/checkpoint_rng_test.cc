@@ -31,12 +31,10 @@ std::string bytesOf(const fs::path& p) {
 
 TEST(CheckpointRng, EveryRankResumesItsOwnGeneratorFromRecordsGatheredInChunks) {
   const int world = mpitest::worldSize();
-  const auto dir = fs::temp_directory_path() / "batchdist_mpi_rng_records";
+  const auto dir = mpitest::sharedScratchDir("mpi_rng_records") / "checkpoints";
   Config cfg = parseConfig("model: {hidden: [8], batchnorm: false}", "t.yaml");
   cfg.checkpoint.keep = 5;
   mpitest::inGroup(world, [&](collective::Communicator& comm) {
-    if (comm.rank() == 0) fs::remove_all(dir);
-    comm.barrier();
     torch::manual_seed(1);
     auto model = buildModel(cfg.model, {4}, 3);
     auto opt = makeOptimizer(cfg.optim, model->trainableParameters());

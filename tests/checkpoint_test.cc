@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "tests/scratch_dir.h"
 #include "tests/thread_ranks.h"
 #include "collective/error.h"
 #include "collective/process_group.h"
@@ -29,10 +30,10 @@ namespace {
 
 using testsupport::runRanks;
 
+/// A checkpoint directory not made yet, in a scratch directory of this test
+/// process's own (Note [scratch dirs]), removed when it ends.
 fs::path freshDir(const std::string& name) {
-  const auto d = fs::temp_directory_path() / ("batchdist_ckpt_test_" + name);
-  fs::remove_all(d);
-  return d;
+  return testsupport::scratchDir("ckpt_test_" + name) / "checkpoints";
 }
 
 /// One SGD-with-momentum step of an mlp on random data.

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "command.h"
+#include "scratch_dir.h"
 
 namespace {
 
@@ -23,17 +24,24 @@ using batchdist::testsupport::expectCleanError;
 using batchdist::testsupport::expectCleanFailure;
 namespace fs = std::filesystem;
 
+using batchdist::testsupport::scratchDir;
+
+/// The binary runs in a working directory of this test process's own, so a run
+/// without --output writes its default batchdist-out/ there, not in the build
+/// tree beside the other tests' (Note [scratch dirs]).
 Result run(const std::string& args, const std::string& prefix = "") {
-  return batchdist::testsupport::runCommand(prefix + std::string(BATCHDIST_BIN) + " " + args);
+  static const auto cwd = scratchDir("cli_cwd");
+  return batchdist::testsupport::runCommand("cd '" + cwd.string() + "' && " + prefix +
+                                            std::string(BATCHDIST_BIN) + " " + args);
 }
 
 std::string mpirun(int np) {
   return std::string(BATCHDIST_MPIRUN) + " " + BATCHDIST_MPI_FLAGS + " -np " + std::to_string(np) + " ";
 }
 
+/// `name` holding `text`, in a scratch directory of this test process's own.
 std::string writeConfig(const std::string& name, const std::string& text) {
-  const auto dir = std::filesystem::temp_directory_path() / "batchdist_cli_test";
-  std::filesystem::create_directories(dir);
+  static const auto dir = scratchDir("cli_test");
   const auto path = (dir / name).string();
   std::ofstream(path) << text;
   return path;
@@ -41,15 +49,9 @@ std::string writeConfig(const std::string& name, const std::string& text) {
 
 const std::string kQuickstart = std::string(BATCHDIST_SOURCE_DIR) + "/configs/quickstart.yaml";
 
-/// A fresh, empty directory under the temp dir (a tmpfs an interrupted run of
-/// this test left mounted there is detached first).
-fs::path freshDir(const std::string& name) {
-  const auto dir = fs::temp_directory_path() / name;
-  ::umount2(dir.c_str(), MNT_DETACH);  // EINVAL when it is no mount point: fine
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+/// A new, empty directory of this test process's own (Note [scratch dirs]),
+/// removed when it ends; `name` is only a prefix.
+fs::path freshDir(const std::string& name) { return scratchDir(name); }
 
 std::string readText(const fs::path& p) {
   std::ifstream in(p);
@@ -153,7 +155,7 @@ TEST(Cli, AdaptiveBatchIsPlannedAndTrained) {
       << planned.out;
   // One rank, no accumulation: no noise scale, so G stays at G0 and the run ends
   // at the plan's steps (tests/adaptive.sh has the multi-rank runs).
-  const auto out = std::filesystem::temp_directory_path() / "batchdist_cli_test" / "adapt";
+  const auto out = freshDir("cli_adapt");
   const auto trained = run(kQuickstart + " --output " + out.string() +
                            " --set batch.adapt=goodput --set train.epochs=2");
   EXPECT_EQ(trained.code, 0) << trained.out;
@@ -230,8 +232,7 @@ TEST(Cli, BadConfigUnderMpirunStopsEveryRankWithOneMessage) {
 }
 
 TEST(Cli, SingletonRunWritesReportAndModel) {
-  const auto out = std::filesystem::temp_directory_path() / "batchdist_cli_single";
-  std::filesystem::remove_all(out);
+  const auto out = freshDir("cli_single");
   const auto r = run(kQuickstart + " -q --set train.epochs=2 --output " + out.string());
   ASSERT_EQ(r.code, 0) << r.out;
   const auto rep = YAML::LoadFile((out / "report.json").string());
@@ -251,7 +252,7 @@ TEST(Cli, SingletonRunWritesReportAndModel) {
 }
 
 TEST(Cli, WithoutAValidationSetNoAccuracyIsClaimed) {
-  const auto out = freshDir("batchdist_cli_noval");
+  const auto out = freshDir("cli_noval");
   const auto r = run(kQuickstart + " --set data.val_fraction=0 --output " + out.string());
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(r.out.find("eval_acc"), std::string::npos) << r.out;
@@ -264,9 +265,7 @@ TEST(Cli, WithoutAValidationSetNoAccuracyIsClaimed) {
 }
 
 TEST(Cli, SearchCacheHitMissAndResearch) {
-  const auto out = std::filesystem::temp_directory_path() /
-                   ("batchdist_cli_search_" + std::to_string(getpid()));
-  std::filesystem::remove_all(out);
+  const auto out = freshDir("cli_search");
   const std::string base = "search " + std::string(BATCHDIST_SOURCE_DIR) +
                            "/configs/search-cpu.yaml --output " + out.string() +
                            " --set search.max=32 --set search.timed_steps=1 --set search.warmup_steps=1"
@@ -305,8 +304,7 @@ TEST(Cli, SearchCacheHitMissAndResearch) {
 }
 
 TEST(Cli, RanksWithDifferentConfigsAreToldWhatDiffers) {
-  const std::string args = kQuickstart + " -q --output " +
-                           (std::filesystem::temp_directory_path() / "batchdist_cli_mismatch").string();
+  const std::string args = kQuickstart + " -q --output " + freshDir("cli_mismatch").string();
   std::string flags = BATCHDIST_MPI_FLAGS;
   const auto r = run(args + " : " + flags + " -np 1 " + BATCHDIST_BIN + " " + args +
                          " --set model.hidden=[32]",
@@ -322,7 +320,7 @@ TEST(Cli, RanksThatRunDifferentVerbsOrVersionsAreRefusedBeforeAnyCollective) {
   // Note [same command]: `train : search` ended in MPI_ERR_TRUNCATE, a corrupted
   // heap and SIGABRT. Refused by the first collective, whatever the backend.
   const std::string flags = BATCHDIST_MPI_FLAGS;
-  const std::string out = (fs::temp_directory_path() / "batchdist_cli_two_verbs").string();
+  const std::string out = freshDir("cli_two_verbs").string();
   for (const std::string backend : {"mpi", "gloo"}) {
     SCOPED_TRACE(backend);
     const std::string args = kQuickstart + " -q --output " + out + " --set dist.backend=" + backend;
@@ -355,8 +353,7 @@ TEST(Cli, RanksThatRunDifferentVerbsOrVersionsAreRefusedBeforeAnyCollective) {
 
 TEST(Cli, Resnet18Cifar10ConfigPlansAgainstCifarFiles) {
   // A miniature CIFAR-10 directory in the real binary layout (10 images a file).
-  const auto dir = std::filesystem::temp_directory_path() / "batchdist_cli_cifar";
-  std::filesystem::create_directories(dir);
+  const auto dir = freshDir("cli_cifar");
   std::string records;
   for (int i = 0; i < 10; ++i) {
     records.push_back(static_cast<char>(i));
@@ -405,7 +402,7 @@ TEST(Cli, DuplicateKeysSectionsAndDocumentsAreRefused) {
 
 TEST(Cli, ADirectoryIsNotAConfig) {
   // Trained with the defaults and exited 0.
-  const auto dir = freshDir("batchdist_cli_config_dir");
+  const auto dir = freshDir("cli_config_dir");
   expectCleanError(run(dir.string() + " -q"), dir.string() + ": is a directory, not a config file");
   expectCleanError(run("plan " + dir.string()), "is a directory");
 }
@@ -427,7 +424,7 @@ TEST(Cli, DataThatIsADeviceOrPipeIsRefusedBeforeReading) {
   expectNoTraining(r);
   expectCleanError(run("plan " + kQuickstart + " --set data.name=csv --set data.path=/dev/zero"),
                    "/dev/zero: data file (data.path) is a character device");
-  const auto dir = freshDir("batchdist_cli_fifo");
+  const auto dir = freshDir("cli_fifo");
   const auto fifo = (dir / "rows.csv").string();
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
   r = run(kQuickstart + " -q --set data.name=csv --set data.path=" + fifo, mpirun(2));
@@ -471,7 +468,7 @@ TEST(Cli, UnwritableOutputIsRefusedBeforeTraining) {
   // A read-only output directory used to fail after training, with "File
   // .../model.pt.tmp cannot be opened." and no cause. Permissions do not stop
   // root, so as root the directory is a read-only tmpfs.
-  const auto dir = freshDir("batchdist_cli_readonly");
+  const auto dir = freshDir("cli_readonly");
   std::optional<TmpfsMount> ro;
   std::string cause = "Permission denied";
   if (geteuid() == 0) {
@@ -493,7 +490,7 @@ TEST(Cli, UnwritableOutputIsRefusedBeforeTraining) {
 
 TEST(Cli, OutputOrReportThatCannotBeWrittenIsRefusedBeforeTraining) {
   // These used to fail after training, and the trained model was lost.
-  const auto dir = freshDir("batchdist_cli_outputs");
+  const auto dir = freshDir("cli_outputs");
   const auto file = dir / "a_file";
   std::ofstream(file) << "not a directory\n";
   auto r = run(kQuickstart + " --set train.epochs=1 --output " + file.string());
@@ -514,7 +511,7 @@ TEST(Cli, OutputOrReportThatCannotBeWrittenIsRefusedBeforeTraining) {
 TEST(Cli, AFullDiskWhileSavingTheModelIsACleanErrorAndKeepsEarlierFiles) {
   // model.pt used to be written by torch::save: a full disk ended the job with
   // "terminate called after throwing c10::Error" (exit 134).
-  const auto dir = freshDir("batchdist_cli_full_disk");
+  const auto dir = freshDir("cli_full_disk");
   TmpfsMount full(dir, 0, "size=64k");
   if (!full.mounted()) GTEST_SKIP() << full.whyNot();
   std::ofstream(dir / "report.json") << "{\"earlier\": true}\n";
@@ -526,7 +523,9 @@ TEST(Cli, AFullDiskWhileSavingTheModelIsACleanErrorAndKeepsEarlierFiles) {
   EXPECT_EQ(readText(dir / "report.json"), "{\"earlier\": true}\n");
   EXPECT_EQ(readText(dir / "search.json"), "{\"earlier\": \"search\"}\n");
   EXPECT_FALSE(fs::exists(dir / "model.pt"));
-  EXPECT_FALSE(fs::exists(dir / "model.pt.tmp"));  // no partial file left filling the disk
+  for (const auto& e : fs::directory_iterator(dir)) {  // no partial file left filling the disk
+    EXPECT_NE(e.path().filename().string().rfind("model.pt.tmp", 0), 0u) << e.path();
+  }
 }
 
 TEST(Cli, HugeBatchesOverflowCleanly) {
@@ -580,7 +579,7 @@ TEST(Cli, PlanJsonErrorWithBytesThatAreNotUtf8IsStillJson) {
 TEST(Cli, AnOutputPathThatIsNotUtf8StillGetsItsReport) {
   // report.json quotes --output (model_path); nlohmann refused to dump the
   // Latin-1 name after training, and the report was lost (exit 1).
-  const auto dir = freshDir("batchdist_cli_latin1_\xE9");
+  const auto dir = freshDir("cli_latin1_\xE9");
   const auto r = run(kQuickstart + " -q --set train.max_steps=2 --set train.epochs=1 --output " +
                      dir.string());
   ASSERT_EQ(r.code, 0) << r.out;
@@ -593,7 +592,7 @@ TEST(Cli, AnOutputPathThatIsNotUtf8StillGetsItsReport) {
 TEST(Cli, DamagedSearchCacheIsNamedAndSearchedAgain) {
   // A cached entry with chosen 0 used to reach the plan, whose error named the
   // config file; now the cache file is named in a warning and the search reruns.
-  const auto dir = freshDir("batchdist_cli_damaged_cache");
+  const auto dir = freshDir("cli_damaged_cache");
   const auto cache = (dir / "cache.json").string();
   const std::string cfg = std::string(BATCHDIST_SOURCE_DIR) + "/configs/search-cpu.yaml";
   const std::string search = " --set search.max=16 --set search.timed_steps=1 --set search.warmup_steps=1"
@@ -621,7 +620,7 @@ TEST(Cli, DataVerbOptionsAndBadSources) {
   expectCleanError(run(kQuickstart + " --seconds 3"), "--seconds is for 'batchdist data'");
   expectCleanError(run("data " + kQuickstart + " --seconds 0"), "--seconds must be in (0, 86400], got 0");
   expectCleanError(run(kQuickstart + " --json"), "--json is for 'batchdist plan' and 'batchdist data'");
-  const auto dir = freshDir("batchdist_cli_data");
+  const auto dir = freshDir("cli_data");
   // No train/ under the folder; an image_folder without a path; crop bounds reversed.
   expectCleanError(run(kQuickstart + " -q --set data.name=image_folder --set data.path=" + dir.string()),
                    "has no train/ folder");

@@ -6,6 +6,8 @@
 // the test, a crash or a hang fails it too (ctest's TIMEOUT). The open-ended
 // search is the libFuzzer target in tests/fuzz/.
 #include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -192,7 +194,9 @@ TEST(ConfigFuzz, MutationsOnlyParseOrThrowConfigError) {
   }
   ASSERT_GE(small.size(), 20u);
   constexpr int kInputs = 5000;
-  const auto reproducer = fs::path(::testing::TempDir()) / "config_fuzz_failing_input.yaml";
+  // A failing input is kept for a person to replay, under a name of this process's
+  // own (mkstemps), so that two runs at once never write one file (Note [scratch dirs]).
+  std::string reproducer;
   Rng rng(0x62646973);  // fixed: the same inputs on every run
   const auto t0 = std::chrono::steady_clock::now();
   int parsed = 0, failures = 0;
@@ -211,6 +215,11 @@ TEST(ConfigFuzz, MutationsOnlyParseOrThrowConfigError) {
     parsed += ok;
     if (!problem.empty()) {
       ++failures;
+      if (reproducer.empty()) {
+        reproducer = (fs::path(::testing::TempDir()) / "config_fuzz_failing_input_XXXXXX.yaml").string();
+        const int fd = ::mkstemps(reproducer.data(), 5);
+        if (fd >= 0) ::close(fd);
+      }
       std::ofstream(reproducer, std::ios::binary) << text;
       ADD_FAILURE() << "input " << i << " (from seed " << seed.name << ", saved to " << reproducer
                     << "): " << problem;

@@ -98,6 +98,10 @@ pip_install() {
 
 # --- 1. venv with torch -------------------------------------------------------
 t=$(now)
+# Two legs of one torch at once (two clones, two CI runs) share the venv, its
+# cuda-toolkit layout and the wheelhouse: one makes them while the other waits.
+exec 9>"$cache/venv-torch$TORCH_VERSION.lock"
+flock 9
 if [ -f "$venv/.batchdist-torch-ok" ]; then
   phase_done venv "$t" "cached: $venv"
 else
@@ -166,6 +170,7 @@ fi
   die "no nccl.h in the nvidia-nccl wheel ($site/nvidia/nccl): torch==$TORCH_VERSION loads that NCCL, and batchdist compiles against its header"
 nccl="$site/nvidia/nccl"
 phase_done cuda "$t" "$cuda_from; NCCL from $nccl"
+flock -u 9
 
 # --- 3. configure -----------------------------------------------------------------
 t=$(now)

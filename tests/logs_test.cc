@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/scratch_dir.h"
 #include "worker/common/console.h"
 #include "worker/report/metrics_log.h"
 
@@ -35,9 +36,10 @@ std::string slurp(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
+/// `name` in a scratch directory of this test process's own (Note [scratch dirs]),
+/// removed when it ends.
 fs::path scratch(const std::string& name) {
-  const auto dir = fs::temp_directory_path() / ("batchdist_logs_test_" + std::to_string(getpid()));
-  fs::create_directories(dir);
+  static const auto dir = batchdist::testsupport::scratchDir("logs_test");
   return dir / name;
 }
 

@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -13,6 +14,7 @@
 #include "collective/process_group.h"
 #include "collective/rendezvous.h"
 #include "collective/torch_compat.h"
+#include "scratch_dir.h"
 
 namespace batchdist::mpitest {
 
@@ -25,6 +27,20 @@ inline int worldSize() {
   int s = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &s);
   return s;
+}
+
+/// One scratch directory for every rank of this job: rank 0 makes it
+/// (testsupport::scratchDir: no other job has it, as mpi_tests_np2/3/4 run at
+/// once, Note [scratch dirs]; removed when rank 0 exits) and sends its path to
+/// the others. Collective over MPI_COMM_WORLD.
+inline std::filesystem::path sharedScratchDir(const std::string& prefix) {
+  std::string path;
+  if (worldRank() == 0) path = testsupport::scratchDir(prefix).string();
+  int size = static_cast<int>(path.size());
+  MPI_Bcast(&size, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  path.resize(static_cast<std::size_t>(size));
+  MPI_Bcast(path.data(), size, MPI_CHAR, 0, MPI_COMM_WORLD);
+  return path;
 }
 
 /// Runs fn(comm) on ranks 0..group-1 of MPI_COMM_WORLD, which form their own

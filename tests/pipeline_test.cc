@@ -9,6 +9,7 @@
 
 #include "collective/error.h"
 #include "tests/image_fixtures.h"
+#include "tests/scratch_dir.h"
 #include "worker/data/data.h"
 #include "worker/data/loader.h"
 
@@ -18,11 +19,9 @@ namespace t = batchdist::testing;
 
 namespace {
 
+/// A new directory of this test process's own (Note [scratch dirs]), removed when it ends.
 std::string tempDir(const std::string& name) {
-  const auto dir = fs::temp_directory_path() / ("batchdist_pipeline_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
+  return batchdist::testsupport::scratchDir("pipeline_" + name).string();
 }
 
 std::string jpeg(int w, int h, int cls, uint64_t seed) {

@@ -16,6 +16,7 @@
 #include "collective/process_group.h"
 #include "collective/torch_compat.h"
 #include "simulated_measurer.h"
+#include "tests/scratch_dir.h"
 #include "tests/thread_ranks.h"
 #include "worker/common/console.h"
 #include "worker/plan/adapt.h"
@@ -345,7 +346,8 @@ TEST(SearchCache, DamagedEntriesAreAMissNamingTheFile) {
   SearchResult good;
   good.candidates = {ok(8, 100), ok(16, 190), bad(32, "out of memory on rank 0", 400)};
   good.chosen = 16;
-  const auto path = (fs::path(::testing::TempDir()) / "search_cache_damaged.json").string();
+  const testsupport::ScratchDir scratch("search_cache");  // Note [scratch dirs]
+  const auto path = (scratch.path() / "search_cache_damaged.json").string();
   const auto rewrite = [&](const std::function<void(nlohmann::json&)>& damage) {
     writeSearchCache(path, "k", good);
     std::ifstream in(path);

@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "tensorboard_event.pb.h"
+#include "tests/scratch_dir.h"
 #include "worker/report/tensorboard.h"
 
 using namespace batchdist::worker;
@@ -96,13 +97,10 @@ std::vector<std::string> eventFiles(const std::string& dir) {
   return out;
 }
 
+/// A scratch directory of this test's own (Note [scratch dirs]), removed at scope end.
 struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/batchdist-tb-XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path); }
+  batchdist::testsupport::ScratchDir dir{"tb"};
+  std::string path = dir.string();
 };
 
 MetricPoint stepPoint(int64_t step) {

@@ -19,6 +19,7 @@
 #include "worker/train/trainer.h"
 #include "collective/process_group.h"
 #include "collective/torch_compat.h"
+#include "scratch_dir.h"
 
 #include <torch/script.h>
 
@@ -28,11 +29,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
+/// A new directory of this test process's own (Note [scratch dirs]), removed when it ends.
 fs::path tempDir(const std::string& name) {
-  const auto dir = fs::temp_directory_path() / ("batchdist_workloads_" + name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
+  return batchdist::testsupport::scratchDir("workloads_" + name);
 }
 
 void writeBytes(const fs::path& path, const std::string& bytes) {

@@ -20,7 +20,10 @@ mpirun=$1 flags=$2 bin=$3 cfg=$4 scenario=$5
 command -v ip >/dev/null 2>&1 || { echo "SKIP: ip (iproute2) is not installed: apt-get install iproute2"; exit 77; }
 [ "$(id -u)" = 0 ] || { echo "SKIP: network namespaces need root"; exit 77; }
 
-ns_a="batchdist-$$-a" ns_b="batchdist-$$-b"
+# Names of this run's own (pid and a random part): a namespace that a killed run
+# left behind under the same pid would make `ip netns add` fail, read as a SKIP.
+tag="$$-$RANDOM"
+ns_a="batchdist-$tag-a" ns_b="batchdist-$tag-b"
 dir=$(mktemp -d /tmp/batchdist-netns.XXXXXX)
 cleanup() {
   local ns pid

@@ -6,11 +6,13 @@
 # slurm_cluster_stop ends the daemons it started (by pid) and is trap-safe.
 
 # A TCP port nothing listens on (ss from iproute2), from a range the kernel does
-# not hand out as ephemeral ports by default.
+# not hand out as ephemeral ports by default, and none of the ports given (taken
+# already, by a daemon not listening yet).
 slurm_free_port() {
   local port
   for _ in $(seq 1 50); do
     port=$((20000 + RANDOM % 12000))
+    case " $* " in *" $port "*) continue ;; esac
     if ! ss -Htln 2>/dev/null | awk '{print $4}' | grep -q ":$port\$"; then
       echo "$port"
       return 0
@@ -58,7 +60,7 @@ slurm_cluster_start() {
   local dir=$1 cpus=${2:-2}
   SLURM_TEST_DIR=$dir
   SLURM_TEST_PIDS=""
-  mkdir -p "$dir"/{munge,state,spool,log,run}
+  mkdir -p "$dir"/{munge,state,spool,log,run,tmp}
   chmod 700 "$dir/munge"
   local host; host=$(hostname -s)
   mungekey -c -k "$dir/munge/munge.key" || return 1
@@ -73,7 +75,7 @@ slurm_cluster_start() {
     return 1
   fi
   local ctl_port; ctl_port=$(slurm_free_port)
-  local d_port; d_port=$(slurm_free_port)
+  local d_port; d_port=$(slurm_free_port "$ctl_port")
   cat >"$dir/slurm.conf" <<CONF
 ClusterName=batchdist-test
 SlurmctldHost=$host(127.0.0.1)
@@ -86,6 +88,7 @@ CredType=cred/munge
 AuthInfo=socket=$dir/run/munge.sock
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool
+TmpFS=$dir/tmp
 SlurmctldPidFile=$dir/run/slurmctld.pid
 SlurmdPidFile=$dir/run/slurmd.pid
 SlurmctldLogFile=$dir/log/slurmctld.log

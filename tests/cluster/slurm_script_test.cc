@@ -15,6 +15,7 @@
 #include "collective/error.h"
 #include "launcher/slurm_script.h"
 #include "../command.h"
+#include "../scratch_dir.h"
 
 namespace fs = std::filesystem;
 using batchdist::ConfigError;
@@ -26,22 +27,9 @@ using Result = batchdist::testsupport::CommandResult;
 
 Result sh(const std::string& cmd) { return batchdist::testsupport::runCommand(cmd); }
 
-/// Scratch directories, removed when the test process ends.
-struct ScratchDirs {
-  std::vector<fs::path> dirs;
-  ~ScratchDirs() {
-    std::error_code ec;
-    for (const auto& d : dirs) fs::remove_all(d, ec);
-  }
-};
-ScratchDirs g_scratch;
-
+/// A new directory of this test process's own (Note [scratch dirs]), removed when it ends.
 fs::path tempDir(const std::string& name) {
-  const auto dir = fs::temp_directory_path() / ("batchdist_slurm_test_" + name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  g_scratch.dirs.push_back(dir);
-  return dir;
+  return batchdist::testsupport::scratchDir("slurm_test_" + name);
 }
 
 const std::string kQuickstart = std::string(BATCHDIST_SOURCE_DIR) + "/configs/quickstart.yaml";

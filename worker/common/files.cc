@@ -91,15 +91,19 @@ void writeFileAtomic(const std::string& path, const std::string& text) {
     fs::create_directories(p.parent_path(), ec);
     if (ec) throw Error(strCat("cannot write ", path, ": cannot create its directory (", ec.message(), ")"));
   }
-  const std::string tmp = path + ".tmp";
+  // Note [atomic writes]: the temporary file's name is unique (mkstemp), so two
+  // writers of one path (two jobs sharing a search.cache, two ranks' report paths)
+  // never write into one temporary file: each renames a whole file, the last wins.
+  std::string tmp = path + ".tmp.XXXXXX";
   const auto fail = [&](int err) {
     ::unlink(tmp.c_str());
     return Error(strCat("cannot write ", path, ": ", errnoText(err)));
   };
   {
     Fd f;
-    f.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (f.fd < 0) throw fail(errno);
+    f.fd = ::mkostemp(tmp.data(), O_CLOEXEC);
+    if (f.fd < 0) throw Error(strCat("cannot write ", path, ": ", errnoText(errno)));
+    if (::fchmod(f.fd, 0644) != 0) throw fail(errno);  // mkstemp makes it 0600
     std::size_t done = 0;
     while (done < text.size()) {
       const ssize_t n = ::write(f.fd, text.data() + done, text.size() - done);

@@ -436,11 +436,11 @@ std::string imageListText(const std::string& root, const DataContext& ctx) {
   if (!cache.empty()) {
     std::error_code ec;
     fs::create_directories(ctx.cache_dir, ec);
-    const auto tmp = cache + ".tmp";
-    std::ofstream out(tmp, std::ios::binary);
-    out << text;
-    out.close();
-    if (out) fs::rename(tmp, cache, ec);  // best effort: a run does not need its cache
+    try {
+      writeFileAtomic(cache, text);  // Note [atomic writes]
+    } catch (const Error&) {
+      // best effort: a run does not need its cache
+    }
   }
   return text;
 }
