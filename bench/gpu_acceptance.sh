@@ -16,19 +16,25 @@
 #                      batch's history (G at the end, the decisions), accuracy and
 #                      samples/s; it passes when the run ends with a batch_history,
 #                      whether G moved or not (that is a measurement)
-# and writes one JSON summary, OUT/summary.json. Exit code: 0 every step passed,
-# 1 a step failed (the summary says which, each step's log is in OUT), 2 bad
-# arguments, 3 no GPU found.
+# and writes one JSON summary, OUT/summary.json, again after every step (a run cut
+# short still reports what it measured). Exit code: 0 every step passed (or was
+# skipped for the budget), 1 a step failed (the summary says which, each step's
+# log is in OUT), 2 bad arguments, 3 no GPU found.
 #
 #   bench/gpu_acceptance.sh [--out DIR] [--gpus N] [--precisions "fp32 bf16 fp16"]
 #                           [--samples N] [--steps N] [--build-dir DIR] [--skip-build]
-#                           [--leg-tests] [--dry-run]
+#                           [--leg-tests] [--venv DIR] [--budget-s S] [--dry-run]
 #   bench/gpu_acceptance.sh --summarize OUT
 #     --gpus N      use N GPUs for the "all GPUs" runs (default: every visible one)
 #     --samples N   synthetic images, so the search can reach out-of-memory [50000]
 #     --steps N     training steps per run, and timed DDP steps [60]
 #     --skip-build  use the existing BUILD_DIR/launcher/batchdist and venv
 #     --leg-tests   also run the CUDA leg's ctest selection after building
+#     --venv DIR    the Python environment with torch and torchrun (DDP, the summary)
+#                   [the CUDA leg's venv: tests/cuda_leg.sh --venv]
+#     --budget-s S  finish within S seconds: a step that would not fit in what is
+#                   left (by its estimate) is skipped and recorded as skipped, and a
+#                   running step is stopped at the deadline [no limit]
 #     --dry-run     find the GPUs, print the plan, run nothing
 #     --summarize   (re)write OUT/summary.json from the outputs of an earlier run
 # Environment: NVIDIA_SMI [nvidia-smi], CUDA_VISIBLE_DEVICES (respected).
@@ -46,6 +52,8 @@ skip_build=0
 leg_tests=0
 dry_run=0
 summarize_only=""
+venv_arg=""
+budget=""
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 bad() { echo "gpu_acceptance.sh: $*; see --help" >&2; exit 2; }
@@ -62,6 +70,8 @@ while [ $# -gt 0 ]; do
     --build-dir) need_value "$@"; build=$2; shift 2 ;;
     --skip-build) skip_build=1; shift ;;
     --leg-tests) leg_tests=1; shift ;;
+    --venv) need_value "$@"; venv_arg=$2; shift 2 ;;
+    --budget-s) need_value "$@"; is_count "$2" || bad "--budget-s: expected seconds >= 1, got '$2'"; budget=$2; shift 2 ;;
     --dry-run) dry_run=1; shift ;;
     --summarize) need_value "$@"; summarize_only=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
@@ -73,6 +83,8 @@ for p in $precisions; do
 done
 [ -n "$precisions" ] || bad "--precisions: empty"
 case $build in /*) ;; *) build="$PWD/$build" ;; esac
+deadline=""
+[ -n "$budget" ] && deadline=$(( $(date +%s) + budget ))
 
 # --- summary: OUT/summary.json from steps.tsv and each step's outputs ----------
 summarize() {
@@ -100,7 +112,12 @@ runs = {}
 for s in steps:
     run = runs.setdefault(int(s["world"]), {"world_size": int(s["world"])})
     d, name, ok = s["dir"], s["step"], s["code"] == "0"
+    if s["code"] == "skipped":
+        run[name] = {"ok": True, "skipped": True, "why": "did not fit in the time budget (--budget-s)"}
+        continue
     entry = {"ok": ok, "exit_code": int(s["code"]), "seconds": int(s["seconds"]), "log": os.path.join(d, "log")}
+    if s["code"] == "124":
+        entry["problem"] = "stopped at the time budget's deadline (--budget-s)"
     if name == "quickstart":
         r = load(os.path.join(d, "report.json")) or {}
         entry.update({k: r.get(k) for k in ("backend", "device", "eval_accuracy", "samples_per_s")})
@@ -138,36 +155,44 @@ for s in steps:
         if ok and not (r.get("backend") == "nccl" and hist):
             entry.update(ok=False, problem="expected backend nccl and a batch_history in report.json")
     elif name.startswith("ddp-"):
-        m = re.findall(r"samples_per_s ([0-9.]+)", open(entry["log"]).read())
+        try:
+            m = re.findall(r"samples_per_s ([0-9.]+)", open(entry["log"]).read())
+        except OSError:
+            m = []
         entry["images_per_s"] = float(m[-1]) if m else None
         if ok and not m:
             entry.update(ok=False, problem="no samples_per_s in the DDP log")
     run[name] = entry
 for run in runs.values():
-    for key in [k for k in run if k.startswith("resnet50-")]:
+    for key in [k for k in run if k.startswith("resnet50-") and not run[k].get("skipped")]:
         p = key.split("-", 1)[1]
         a, b = run[key].get("images_per_s"), run.get("ddp-" + p, {}).get("images_per_s")
         run[key]["ddp_images_per_s"] = b
         run[key]["vs_ddp"] = round(a / b, 3) if a and b else None
 failed = [f"world {w} {k}" for w, run in runs.items() for k, v in run.items() if isinstance(v, dict) and not v["ok"]]
+skipped = [f"world {w} {k}" for w, run in runs.items() for k, v in run.items() if isinstance(v, dict) and v.get("skipped")]
 summary = {"host": host, "gpus": gpus, "gpu": gpu, "batchdist": version,
-           "ok": not failed, "failed_steps": failed, "runs": [runs[w] for w in sorted(runs)]}
+           "ok": not failed, "failed_steps": failed, "skipped_steps": skipped,
+           "runs": [runs[w] for w in sorted(runs)]}
 with open(os.path.join(out, "summary.json"), "w") as f:
     json.dump(summary, f, indent=2)
 for run in summary["runs"]:
     for k, v in run.items():
-        if k.startswith("resnet50-") and v["ok"]:
+        if k.startswith("resnet50-") and v["ok"] and not v.get("skipped"):
             print(f"world {run['world_size']} {k}: batch {v['chosen_per_gpu_batch']}/GPU, "
                   f"{v['images_per_s'] or 0:.0f} img/s ({v['vs_ddp']} x DDP), peak {v['peak_memory_mb'] or 0:.0f} of "
                   f"{v['memory_budget_mb'] or 0:.0f} MB budget, OOM at {v['oom_boundary_batch']}, "
                   f"data wait {100 * (v['data_wait_fraction'] or 0):.1f} %")
 for run in summary["runs"]:
     v = run.get("adaptive")
-    if v and v["ok"]:
+    if v and v["ok"] and not v.get("skipped"):
         print(f"world {run['world_size']} adaptive: global batch {v['global_batch_start']} -> "
               f"{v['global_batch_end']} ({len(v['decisions'])} change(s)), accuracy "
               f"{100 * (v['eval_accuracy'] or 0):.2f} %, {v['samples_per_s'] or 0:.0f} samples/s")
-print(f"gpu_acceptance: {'PASSED' if not failed else 'FAILED: ' + ', '.join(failed)}; {os.path.join(out, 'summary.json')}")
+verdict = "PASSED" if not failed else "FAILED: " + ", ".join(failed)
+if skipped:
+    verdict += f" ({len(skipped)} step(s) skipped for the time budget: {', '.join(skipped)})"
+print(f"gpu_acceptance: {verdict}; {os.path.join(out, 'summary.json')}")
 sys.exit(1 if failed else 0)
 PY
 }
@@ -199,6 +224,7 @@ worlds="1"
 echo "gpu_acceptance: $gpus GPU(s) on $(hostname); world sizes: $worlds; precisions: $precisions"
 echo "  build: $build ($([ $skip_build = 1 ] && echo "existing" || echo "tests/cuda_leg.sh$([ $leg_tests = 1 ] || echo " --no-tests")"))"
 echo "  output: $out"
+[ -n "$budget" ] && echo "  budget: $budget s (a step that would not fit is skipped)"
 for w in $worlds; do
   echo "  world $w: quickstart (nccl); $(for p in $precisions; do printf 'resnet50-%s ddp-%s; ' "$p" "$p"; done)adaptive"
 done
@@ -218,7 +244,12 @@ if [ "$skip_build" = 0 ]; then
 fi
 bin="$build/launcher/batchdist"
 [ -x "$bin" ] || { echo "gpu_acceptance.sh: no $bin (drop --skip-build)" >&2; exit 1; }
-venv=$("$src/tests/cuda_leg.sh" --venv)
+if [ -n "$venv_arg" ]; then
+  venv=$venv_arg
+  [ -x "$venv/bin/python" ] || { echo "gpu_acceptance.sh: --venv $venv has no bin/python" >&2; exit 2; }
+else
+  venv=$("$src/tests/cuda_leg.sh" --venv)
+fi
 py="$venv/bin/python"
 mpi_flags=(--bind-to none)
 [ "$(id -u)" = 0 ] && mpi_flags+=(--allow-run-as-root)
@@ -229,15 +260,40 @@ printf 'world\tstep\tcode\tseconds\tdir\n' >"$out/steps.tsv"
 hostname >"$out/host.txt"
 echo "$gpus" >"$out/gpus.txt"
 "$smi" --query-gpu=name,memory.total --format=csv,noheader | head -n 1 >"$out/gpu.txt" || true
+# Under --budget-s a step runs only when its estimate fits in what is left, and is
+# stopped (exit 124) at the deadline; the summary is rewritten after every step.
+estimate() {  # seconds a step takes on one node, roughly (searches dominate)
+  case $1 in
+    quickstart) echo 30 ;;
+    resnet50-*) echo $(( 60 + steps + samples / 1000 )) ;;
+    ddp-*) echo $(( 30 + steps / 2 )) ;;
+    adaptive) echo 90 ;;
+    *) echo 60 ;;
+  esac
+}
+skip_step() {
+  printf '%s\t%s\tskipped\t0\t%s\n' "$1" "$2" "$out/w$1/$2" >>"$out/steps.tsv"
+  echo "== world $1, $2: skipped ($3)"
+  summarize "$out" >/dev/null 2>&1 || true
+}
 step() {
   local w=$1 name=$2 dir="$out/w$1/$2"; shift 2
+  local t0 code=0 limit=()
+  if [ -n "$deadline" ]; then
+    local left=$(( deadline - $(date +%s) ))
+    if [ "$left" -lt "$(estimate "$name")" ]; then
+      skip_step "$w" "$name" "${left} s left of the budget, it needs about $(estimate "$name") s"
+      return 0
+    fi
+    limit=(timeout --kill-after=10 "$left")
+  fi
   mkdir -p "$dir"
-  local t0 code=0
   t0=$(date +%s)
   echo "== world $w, $name: $*" | tee "$dir/log"
-  "$@" >>"$dir/log" 2>&1 || code=$?
+  "${limit[@]}" "$@" >>"$dir/log" 2>&1 || code=$?
   printf '%s\t%s\t%s\t%s\t%s\n' "$w" "$name" "$code" "$(( $(date +%s) - t0 ))" "$dir" >>"$out/steps.tsv"
   if [ "$code" = 0 ]; then echo "   ok"; else echo "   FAILED (exit $code), log: $dir/log"; fi
+  summarize "$out" >/dev/null 2>&1 || true
 }
 # Fields of a JSON file, for the commands that need them (the chosen batch).
 json_get() { "$py" -c 'import json, sys
@@ -254,6 +310,10 @@ for w in $worlds; do
       --set batch.per_gpu=auto --set train.precision="$p" --set train.device=cuda \
       --set dist.backend=nccl --set data.samples="$samples" --set train.max_steps="$steps" \
       --output "$out/w$w/resnet50-$p"
+    if [ "$(tail -n 1 "$out/steps.tsv" | cut -f3)" = skipped ]; then
+      skip_step "$w" "ddp-$p" "resnet50-$p was skipped, and its search picks DDP's batch"
+      continue
+    fi
     chosen=$(json_get "$out/w$w/resnet50-$p/search.json" chosen 2>/dev/null || echo 64)
     step "$w" "ddp-$p" "$venv/bin/torchrun" --standalone --nproc_per_node "$w" "$here/ddp_baseline.py" \
       --model resnet50 --device cuda --precision "$p" --per-gpu-batch "$chosen" --classes 100 \

@@ -53,6 +53,20 @@ check visible-two 0 "world sizes: 1 2" -- \
 check gpus-three 0 "world 3: quickstart (nccl); resnet50-bf16 ddp-bf16; adaptive" -- \
   "${fake[@]}" "$script" --dry-run --gpus 3 --precisions bf16
 check too-many 2 "--gpus 5, but only 4 GPU(s) are visible" -- "${fake[@]}" "$script" --dry-run --gpus 5
+check budget-not-a-count 2 "--budget-s: expected seconds >= 1, got '10m'" -- "$script" --budget-s 10m
+check budget-plan 0 "budget: 300 s (a step that would not fit is skipped)" -- \
+  "${fake[@]}" "$script" --dry-run --budget-s 300
+# A budget nothing fits in: every step skipped and recorded, the run passes, the
+# summary lists them (a fake binary and venv: no step runs).
+mkdir -p "$tmp/b/launcher" "$tmp/venv/bin"
+printf '#!/bin/sh\necho "batchdist 0.1.0 (fake)"\n' >"$tmp/b/launcher/batchdist"
+chmod +x "$tmp/b/launcher/batchdist"
+ln -s "$(command -v python3)" "$tmp/venv/bin/python"
+check venv-without-python 2 "--venv $tmp has no bin/python" -- \
+  "${fake[@]}" "$script" --gpus 1 --skip-build --build-dir "$tmp/b" --venv "$tmp" --out "$tmp/o0"
+check budget-all-skipped 0 "gpu_acceptance: PASSED (8 step(s) skipped for the time budget: world 1 quickstart, world 1 resnet50-fp32" -- \
+  "${fake[@]}" "$script" --gpus 1 --skip-build --build-dir "$tmp/b" --venv "$tmp/venv" --budget-s 1 --out "$tmp/o1"
+check budget-skipped-json 0 '"why": "did not fit in the time budget (--budget-s)"' -- cat "$tmp/o1/summary.json"
 # The outputs of a 1-GPU bf16 run as the steps leave them.
 run="$tmp/run"
 mkdir -p "$run/w1/quickstart" "$run/w1/resnet50-bf16" "$run/w1/ddp-bf16" "$run/w1/adaptive"
