@@ -80,6 +80,22 @@ TEST(Device, MoreLocalRanksThanGpusIsRefused) {
     const auto m = refusal(device, "auto", kTwoGpus, 3);
     EXPECT_NE(m.find("host h runs 3 ranks but this rank sees only 2 GPU(s)"), std::string::npos) << m;
     EXPECT_NE(m.find("start at most one rank per GPU"), std::string::npos) << m;
+    EXPECT_NE(m.find("set dist.backend: gloo to share the GPUs"), std::string::npos) << m;
+  }
+  const auto m = refusal("cuda", "nccl", kTwoGpus, 3);
+  EXPECT_NE(m.find("host h runs 3 ranks but this rank sees only 2 GPU(s)"), std::string::npos) << m;
+}
+
+// Note [ranks sharing a GPU]: over gloo or mpi, ranks share the GPUs round-robin.
+TEST(Device, RanksShareTheGpusOverGlooOrMpi) {
+  const GpuInventory one{true, 1, ""};
+  for (const char* backend : {"gloo", "mpi"}) {
+    for (const char* device : {"auto", "cuda"}) {
+      EXPECT_EQ(chooseDevice(config(device, backend), one, "h", 1, 2), at::Device("cuda:0"))
+          << device << " " << backend;
+    }
+    EXPECT_EQ(chooseDevice(config("cuda", backend), kTwoGpus, "h", 2, 3), at::Device("cuda:0"));
+    EXPECT_EQ(chooseDevice(config("cuda", backend), kTwoGpus, "h", 1, 3), at::Device("cuda:1"));
   }
 }
 

@@ -62,20 +62,27 @@ at::Device chooseDevice(const worker::Config& cfg, const GpuInventory& gpus,
              : std::string(),
         ". ", fix, ", ", otherwise(gpus)));
   }
-  if (local_size > gpus.count) {
+  // Note [ranks sharing a GPU]: NCCL refuses two ranks on one device, so more ranks
+  // than GPUs on a host is an error, unless the backend is named gloo or mpi: then
+  // ranks share the GPUs round-robin (a one-GPU node's multi-rank checks). They also
+  // share its memory: the search's memory budget is each rank's, not divided.
+  const bool may_share =
+      cfg.dist.backend == DistBackend::kGloo || cfg.dist.backend == DistBackend::kMpi;
+  if (local_size > gpus.count && !may_share) {
     const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
     throw ConfigError(strCat(
         "host ", host, " runs ", local_size, " ranks but this rank sees only ", gpus.count,
         " GPU(s)",
         visible != nullptr ? strCat(" (CUDA_VISIBLE_DEVICES='", visible, "')") : std::string(),
         "; start at most one rank per GPU (mpirun -np, or --map-by ppr:", gpus.count,
-        ":node across hosts) or set train.device: cpu",
+        ":node across hosts), set dist.backend: gloo to share the GPUs (slower: no NCCL), "
+        "or set train.device: cpu",
         std::getenv("SLURM_JOB_ID") != nullptr
             ? ". Under Slurm, --gpus-per-task binds every task to its own GPU unless the step "
               "has --gpu-bind=none (the script `batchdist slurm` writes passes it)"
             : ""));
   }
-  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local_rank % gpus.count));
 }
 
 HostBlas describeBlas(const std::string& path, const std::string& openblas_config,
