@@ -90,7 +90,11 @@ case "$scenario" in
       sed -E 's/.*peak resident ([0-9]+) MB/\1/')
     p512=$(echo "$peaks" | sed -n 1p); p256=$(echo "$peaks" | sed -n 2p)
     [ -n "$p256" ] || fail "calibration: no back-off lines: $(tail -5 "$out/cal.log")"
-    limit=$(awk -v a="$p256" -v b="$p512" 'BEGIN { printf "%d", (a + b) / 2 }')
+    # Three quarters of the way from 256's peak to 512's, not half: 512's peak (the
+    # run's first step) repeats to the MB, but 256's, measured after 512's step has
+    # grown the heap, does not (a ctest -j4 run: 371 MB in calibration, 438 MB in the
+    # run itself, above the midpoint 430, so 256 backed off too).
+    limit=$(awk -v a="$p256" -v b="$p512" 'BEGIN { printf "%d", a + 3 * (b - a) / 4 }')
     echo "calibration: training step peak $p256 MB at 256, $p512 MB at 512; limit $limit MB"
     grep -qE '"peak_mb": [1-9]' "$out/cal/report.json" || fail "the report of a CPU run has no peak memory"
     awk -v a="$p256" -v b="$p512" 'BEGIN { exit !(b - a > 40) }' || fail "peaks too close to separate"
