@@ -78,40 +78,50 @@ flags=(--headless --disable-gpu --no-sandbox --user-data-dir="$OUT/profile" --di
 # card is rendered at the top instead of below the other groups' (cards out of view
 # are rendered lazily, so they would not be in the DOM).
 page="$url/?forceSVG=true&tagFilter=train%2Floss#timeseries"
-# The app loads its data in a chain of requests; under virtual time a dump now and
-# then comes before the last answer (the card still a spinner), so up to 4 tries.
-for try in 1 2 3 4; do
+# The chart, checked in the dumped DOM: forceSVG=true (a TensorBoard URL flag) draws
+# the lines as SVG paths, so the DOM shows what was drawn (headless chromium has no
+# GPU for the WebGL renderer). Exit 0: a line with one vertex per step; 3: not drawn
+# yet (no card, no chart or no path); 1: drawn but wrong.
+check_chart() {
+  "$py" - "$OUT/dom.html" "$steps" <<'PY'
+import re, sys
+dom, steps = open(sys.argv[1], errors="replace").read(), int(sys.argv[2])
+if 'title="train/loss"' not in dom or "<scalar-card" not in dom:
+    print("the train/loss card is not rendered yet"); sys.exit(3)
+at = dom.find("<line-chart")
+if at < 0:
+    print("the train/loss card has no line chart yet"); sys.exit(3)
+lines = re.findall(r'<path d="(M[-0-9.,]+(?:L[-0-9.,]+)+)"', dom[at:])
+if not lines:
+    print("the line chart has no line drawn yet"); sys.exit(3)
+vertices = lines[0].count("L") + 1
+if vertices != steps:
+    print(f"the train/loss line has {vertices} points, metrics.jsonl has {steps} steps"); sys.exit(1)
+print(f"ok: the train/loss chart draws {vertices} points")
+PY
+}
+# The app loads its data in a chain of requests and draws the chart after the last
+# answer; under virtual time on a loaded machine a dump now and then comes before
+# that (a spinner, or a card with an empty chart: CI saw both), so up to 6 tries,
+# each a fresh chromium, until the line is drawn.
+chart=3
+for try in 1 2 3 4 5 6; do
   timeout 120 "$CHROMIUM" "${flags[@]}" --dump-dom "$page" > "$OUT/dom.html" 2> "$OUT/chromium.log" \
     || { tail -n 20 "$OUT/chromium.log"; fail "chromium --dump-dom $page failed"; }
-  grep -q 'title="train/loss"' "$OUT/dom.html" && grep -q '<scalar-card' "$OUT/dom.html" && break
-  echo "try $try: the train/loss card was not rendered yet; again"
+  msg=$(check_chart); chart=$?
+  [ "$chart" -eq 3 ] || break
+  echo "try $try: $msg; again"
 done
-timeout 120 "$CHROMIUM" "${flags[@]}" --screenshot="$OUT/tensorboard.png" "$page" >> "$OUT/chromium.log" 2>&1 \
-  || { tail -n 20 "$OUT/chromium.log"; fail "chromium --screenshot $page failed"; }
 grep -q '<tb-webapp' "$OUT/dom.html" || fail "TensorBoard's app did not load ($OUT/dom.html)"
 # The runs table: one row per run, named by data-id ("<experiment>/<run>").
 for run in train search; do
   grep -q "data-id=\"defaultExperimentId/$run\"" "$OUT/dom.html" \
     || fail "run '$run' is not in TensorBoard's runs table ($OUT/dom.html)"
 done
-grep -q '<scalar-card' "$OUT/dom.html" || fail "no scalar card was rendered ($OUT/dom.html)"
-grep -q 'title="train/loss"' "$OUT/dom.html" || fail "no train/loss chart in the DOM ($OUT/dom.html)"
-# forceSVG=true (a TensorBoard URL flag): the lines are SVG paths, so the DOM shows
-# what was drawn (headless chromium has no GPU for the WebGL renderer).
-"$py" - "$OUT/dom.html" "$steps" <<'PY' || fail "the train/loss chart (above, $OUT/dom.html)"
-import re, sys
-dom, steps = open(sys.argv[1]).read(), int(sys.argv[2])
-at = dom.find("<line-chart")
-if at < 0:
-    sys.exit("the train/loss card has no line chart")
-lines = re.findall(r'<path d="(M[-0-9.,]+(?:L[-0-9.,]+)+)"', dom[at:])
-if not lines:
-    sys.exit("the line chart has no line drawn")
-vertices = lines[0].count("L") + 1
-if vertices != steps:
-    sys.exit(f"the train/loss line has {vertices} points, metrics.jsonl has {steps} steps")
-print(f"ok: the train/loss chart draws {vertices} points")
-PY
+[ "$chart" -eq 0 ] || fail "the train/loss chart after $try tries: $msg ($OUT/dom.html)"
+echo "$msg"
+timeout 120 "$CHROMIUM" "${flags[@]}" --screenshot="$OUT/tensorboard.png" "$page" >> "$OUT/chromium.log" 2>&1 \
+  || { tail -n 20 "$OUT/chromium.log"; fail "chromium --screenshot $page failed"; }
 size=$(stat -c %s "$OUT/tensorboard.png" 2>/dev/null || echo 0)
 [ "$size" -gt 20000 ] || fail "the screenshot $OUT/tensorboard.png is $size bytes: blank?"
 echo "ok: TensorBoard $("$venv/bin/tensorboard" --version 2>/dev/null | tail -1) shows the run in" \
