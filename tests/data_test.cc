@@ -108,11 +108,13 @@ TEST(Data, MissingFileIsAConfigError) {
   DataConfig cfg;
   cfg.name = DataName::kCsv;
   cfg.path = "no/such/file.csv";
+  const batchdist::testsupport::ScratchDir base("data_missing");  // the config's directory: relative paths resolve there
   try {
-    loadData(cfg, 0, "/tmp");
+    loadData(cfg, 0, base.string());
     FAIL();
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("/tmp/no/such/file.csv"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(base.string() + "/no/such/file.csv"), std::string::npos)
+        << e.what();
   }
 }
 
