@@ -168,6 +168,32 @@ TEST(Pipeline, ABadFileIsSkippedOnceOrFailsNamingIt) {
   }
 }
 
+// Note [replacement's target]: with on_error skip, the good sample that takes a bad
+// one's place brings its own target. Here the bad file is the last of class "ant"
+// (index 5, sub/c.jpg), so its replacement is the first "bee" (index 6).
+TEST(Pipeline, ASkippedFilesReplacementBringsItsOwnLabel) {
+  const auto root = makeFolder("bad_label");
+  t::writeFile(root + "/train/ant/sub/c.jpg", "this is text, not a JPEG");
+  const auto cfg = imageConfig(root);
+  const auto split = loadData(cfg, 0, "");
+  ASSERT_EQ(split.train.y[5].item<int64_t>(), 0);
+  ASSERT_EQ(split.train.y[6].item<int64_t>(), 1);
+  const auto batchOf = [&](std::vector<int64_t> indices) {
+    auto o = loaderOptions(cfg, split.train, true, torch::kCPU, 7, [](const std::string&) {});
+    o.workers = 1;
+    Loader loader(split.train, o);
+    MicroBatch m;
+    m.indices = std::move(indices);
+    m.weights.assign(m.indices.size(), 1.0f);
+    loader.start({m}, 1, 0);
+    return loader.next();
+  };
+  const auto replaced = batchOf({5, 0}), direct = batchOf({6, 0});
+  EXPECT_TRUE(torch::equal(replaced.x, direct.x));  // the same sample decoded in its place
+  EXPECT_EQ(replaced.y[0].item<int64_t>(), 1) << "the replacement kept the bad file's label";
+  EXPECT_TRUE(torch::equal(replaced.y, direct.y));
+}
+
 TEST(Pipeline, NoValFolderSplitsTrainSeeded) {
   const auto root = makeFolder("noval", 6, /*val=*/false);
   auto cfg = imageConfig(root);

@@ -168,6 +168,15 @@ Batch Loader::allocate(const MicroBatch& job) const {
   return b;
 }
 
+// Note [replacement's target]: with data.on_error skip, the sample decoded into
+// a bad file's slot is another one (SampleDecoder::decode: the next good index), so
+// the slot takes that sample's target too; allocate() filled the slot's target from
+// the job's index before anything was decoded. Each slot is written by the one
+// thread that fills its part.
+void Loader::takeTarget(Batch* b, int64_t slot, int64_t index) const {
+  b->y[slot].copy_(data_.y[index]);
+}
+
 bool Loader::floatImages() const {
   return data_.source && !opts_.device.is_cuda() && !opts_.uint8_images;
 }
@@ -187,7 +196,8 @@ void Loader::fill(const MicroBatch& job, int64_t part, int64_t index, int64_t ep
   if (!floatImages()) {
     auto* base = b->x.data_ptr<uint8_t>();
     for (int64_t k = begin; k < end; ++k) {
-      opts_.decoder->decode(job.indices[k], epoch, base + k * slot, &scratch, &seconds);
+      const int64_t got = opts_.decoder->decode(job.indices[k], epoch, base + k * slot, &scratch, &seconds);
+      if (got != job.indices[k]) takeTarget(b, k, got);
     }
   } else {
     // CPU training: each sample goes uint8 HWC -> normalised float CHW in one pass,
@@ -204,7 +214,8 @@ void Loader::fill(const MicroBatch& job, int64_t part, int64_t index, int64_t ep
     }
     auto* base = b->x.data_ptr<float>();
     for (int64_t k = begin; k < end; ++k) {
-      opts_.decoder->decode(job.indices[k], epoch, hwc.data(), &scratch, &seconds);
+      const int64_t got = opts_.decoder->decode(job.indices[k], epoch, hwc.data(), &scratch, &seconds);
+      if (got != job.indices[k]) takeTarget(b, k, got);
       const double t0 = monotonicSeconds();
       float* dst = base + k * slot;
       const uint8_t* src = hwc.data();

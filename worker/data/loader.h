@@ -109,6 +109,8 @@ class Loader {
   int64_t partsOf(const MicroBatch& job) const;
   /// CPU training on a decoded source: fill() writes normalised float NCHW.
   bool floatImages() const;
+  /// Slot `slot` of `b` takes sample `index`'s target (Note [replacement's target]).
+  void takeTarget(Batch* b, int64_t slot, int64_t index) const;
   Batch allocate(const MicroBatch& job) const;
   /// Fills part `part` of `b` (in-memory: the whole batch).
   void fill(const MicroBatch& job, int64_t part, int64_t index, int64_t epoch, Batch* b);

@@ -133,8 +133,8 @@ bool SampleDecoder::tryDecode(int64_t index, int64_t epoch, uint8_t* out, Decode
   return false;
 }
 
-void SampleDecoder::decode(int64_t index, int64_t epoch, uint8_t* out, DecodeScratch* scratch,
-                           StageSeconds* seconds) const {
+int64_t SampleDecoder::decode(int64_t index, int64_t epoch, uint8_t* out, DecodeScratch* scratch,
+                              StageSeconds* seconds) const {
   const int64_t n = source_->size();
   for (int64_t k = 0; k < n; ++k) {
     const int64_t i = (index + k) % n;
@@ -142,7 +142,7 @@ void SampleDecoder::decode(int64_t index, int64_t epoch, uint8_t* out, DecodeScr
       std::lock_guard<std::mutex> lock(mu_);
       if (bad_.count(i)) continue;
     }
-    if (tryDecode(i, epoch, out, scratch, seconds)) return;
+    if (tryDecode(i, epoch, out, scratch, seconds)) return i;
   }
   throw SampleError(strCat("none of the ", n, " samples could be decoded; the first: ",
                            firstErrors().empty() ? std::string("?") : firstErrors()[0].reason));

@@ -53,8 +53,10 @@ class SampleDecoder {
   /// Writes sample `index` of `epoch` (size x size x 3 uint8, HWC) to `out`. With
   /// on_error skip, an unreadable or undecodable sample is replaced by the next
   /// good one (index + 1, + 2, ... wrapping): the same on every run and rank.
+  /// Returns the index of the sample decoded: `index`, or with on_error skip the
+  /// next good one that took a bad file's place (Note [replacement's target]).
   /// Throws SampleError with on_error fail, or when no sample decodes.
-  void decode(int64_t index, int64_t epoch, uint8_t* out, DecodeScratch* scratch,
+  int64_t decode(int64_t index, int64_t epoch, uint8_t* out, DecodeScratch* scratch,
               StageSeconds* seconds) const;
 
   int size() const { return transform_.size; }
