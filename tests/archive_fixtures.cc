@@ -69,6 +69,7 @@ std::string makeNpy(worker::NpyType type, const std::vector<int64_t>& shape,
     case worker::NpyType::kUint8: descr = "|u1"; break;
     case worker::NpyType::kFloat16: descr = "<f2"; break;
     case worker::NpyType::kFloat32: descr = "<f4"; break;
+    case worker::NpyType::kFloat64: descr = "<f8"; break;
     case worker::NpyType::kInt32: descr = "<i4"; break;
     case worker::NpyType::kInt64: descr = "<i8"; break;
   }

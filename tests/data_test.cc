@@ -72,12 +72,12 @@ TEST(Data, EmbeddedDigitsAreTheRealDataSet) {
   const auto d = parseCsv(embeddedDigitsCsv(), "digits", 10, {1, 8, 8}, 1.0 / 16);
   EXPECT_EQ(d.size(), 1797);
   EXPECT_EQ(d.x.sizes(), (std::vector<int64_t>{1797, 1, 8, 8}));
-  EXPECT_EQ(d.y.min().item<int64_t>(), 0);
-  EXPECT_EQ(d.y.max().item<int64_t>(), 9);
+  EXPECT_EQ(d.target.min().item<int64_t>(), 0);
+  EXPECT_EQ(d.target.max().item<int64_t>(), 9);
   EXPECT_GE(d.x.min().item<float>(), 0.0f);
   EXPECT_LE(d.x.max().item<float>(), 1.0f);
   // Every class is present in roughly equal numbers (~180 each).
-  const auto counts = torch::bincount(d.y);
+  const auto counts = torch::bincount(d.target);
   EXPECT_GT(counts.min().item<int64_t>(), 170);
 }
 

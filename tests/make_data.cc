@@ -42,9 +42,12 @@ Writes a small, learnable data set for the tests and benchmarks.
 
   batchdist_make_data npy DIR [--samples 120] [--shape 3x16x16]
       [--dtype uint8|float16|float32] [--classes 4] [--val 0|N]
-      [--label-dtype int64|int32] [--seed 1]
+      [--label-dtype int64|int32] [--targets 0|K] [--seed 1]
     DIR/x.npy (samples x shape) and DIR/y.npy (labels), and with --val N > 0
     DIR/val_x.npy and DIR/val_y.npy: a class prototype plus noise per sample.
+    --targets K > 0: y.npy holds float32 regression targets instead (N values for
+    K = 1, N x K otherwise): fixed random linear functions of the sample plus
+    noise 0.01, so a linear model reaches a mean squared error near 1e-4.
 
 Options take a value as "--name V" or "--name=V". Exit status: 0 done, 2 bad
 arguments, 1 a write failed.
@@ -327,9 +330,21 @@ int webDataset(const Args& a) {
   return 0;
 }
 
+/// --targets: K fixed random weight rows over a sample's `row` values (seeded).
+std::vector<std::vector<double>> targetWeights(int64_t targets, int64_t row, uint64_t seed) {
+  std::vector<std::vector<double>> w(static_cast<size_t>(targets));
+  Rng rng(seed * 7919 + 17);
+  for (auto& r : w) {
+    r.resize(static_cast<size_t>(row));
+    for (auto& v : r) v = rng.normal() / std::sqrt(static_cast<double>(row));
+  }
+  return w;
+}
+
 void writeNpyPair(const fs::path& xpath, const fs::path& ypath, int64_t n, const std::vector<int64_t>& shape,
                   NpyType type, NpyType label_type, int64_t classes,
-                  const std::vector<std::vector<float>>& prototypes, uint64_t seed) {
+                  const std::vector<std::vector<float>>& prototypes, uint64_t seed,
+                  const std::vector<std::vector<double>>& targets = {}) {
   std::vector<int64_t> full = {n};
   full.insert(full.end(), shape.begin(), shape.end());
   int64_t row = 1;
@@ -338,7 +353,11 @@ void writeNpyPair(const fs::path& xpath, const fs::path& ypath, int64_t n, const
   std::ofstream y(ypath, std::ios::binary | std::ios::trunc);
   if (!x || !y) throw std::runtime_error("cannot write " + xpath.string() + " / " + ypath.string());
   const std::string xh = testing::makeNpy(type, full, "");
-  const std::string yh = testing::makeNpy(label_type, {n}, "");
+  const auto k = static_cast<int64_t>(targets.size());
+  const std::string yh = k == 0   ? testing::makeNpy(label_type, {n}, "")
+                         : k == 1 ? testing::makeNpy(NpyType::kFloat32, {n}, "")
+                                  : testing::makeNpy(NpyType::kFloat32, {n, k}, "");
+  std::vector<double> values(static_cast<size_t>(row));
   x.write(xh.data(), static_cast<std::streamsize>(xh.size()));
   y.write(yh.data(), static_cast<std::streamsize>(yh.size()));
   Rng rng(seed);
@@ -348,6 +367,7 @@ void writeNpyPair(const fs::path& xpath, const fs::path& ypath, int64_t n, const
     buf.clear();
     for (int64_t j = 0; j < row; ++j) {
       const double v = std::min(1.0, std::max(0.0, prototypes[label][j] + 0.15 * rng.normal()));
+      values[static_cast<size_t>(j)] = v;
       if (type == NpyType::kUint8) {
         buf += static_cast<char>(std::lround(v * 255));
       } else if (type == NpyType::kFloat16) {
@@ -359,7 +379,14 @@ void writeNpyPair(const fs::path& xpath, const fs::path& ypath, int64_t n, const
       }
     }
     x.write(buf.data(), static_cast<std::streamsize>(buf.size()));
-    if (label_type == NpyType::kInt64) {
+    if (k > 0) {
+      for (const auto& w : targets) {
+        double t = 0;
+        for (int64_t j = 0; j < row; ++j) t += w[static_cast<size_t>(j)] * values[static_cast<size_t>(j)];
+        const float f = static_cast<float>(t + 0.01 * rng.normal());
+        y.write(reinterpret_cast<const char*>(&f), 4);
+      }
+    } else if (label_type == NpyType::kInt64) {
       y.write(reinterpret_cast<const char*>(&label), 8);
     } else {
       const int32_t l = static_cast<int32_t>(label);
@@ -378,6 +405,7 @@ int npy(const Args& a) {
   const int64_t classes = intOpt(a, "classes", 4, 1, 1000000);
   const int64_t val = intOpt(a, "val", 0, 0, 1000000000);
   const std::string label_dtype = choiceOpt(a, "label-dtype", "int64", {"int64", "int32"});
+  const int64_t targets = intOpt(a, "targets", 0, 0, 4096);
   const uint64_t seed = static_cast<uint64_t>(intOpt(a, "seed", 1, 0, INT64_MAX));
   int64_t row = 1;
   for (int64_t d : shape) {
@@ -403,13 +431,16 @@ int npy(const Args& a) {
   }
   const fs::path root(a.dir);
   makeDirs(root);
-  writeNpyPair(root / "x.npy", root / "y.npy", samples, shape, type, label_type, classes, prototypes, seed * 2 + 1);
+  const auto weights = targetWeights(targets, row, seed);
+  writeNpyPair(root / "x.npy", root / "y.npy", samples, shape, type, label_type, classes, prototypes, seed * 2 + 1,
+               weights);
   if (val > 0) {
     writeNpyPair(root / "val_x.npy", root / "val_y.npy", val, shape, type, label_type, classes, prototypes,
-                 seed * 2 + 2);
+                 seed * 2 + 2, weights);
   }
   std::printf("batchdist_make_data: wrote %s/x.npy (%lld samples, %s) and y.npy (%s)%s\n", a.dir.c_str(),
-              static_cast<long long>(samples), dtype.c_str(), label_dtype.c_str(),
+              static_cast<long long>(samples), dtype.c_str(),
+              targets > 0 ? ("float32 targets x " + std::to_string(targets)).c_str() : label_dtype.c_str(),
               val > 0 ? (", val_x.npy / val_y.npy (" + std::to_string(val) + ")").c_str() : "");
   return 0;
 }
@@ -431,7 +462,7 @@ int main(int argc, char** argv) {
   const std::map<std::string, std::set<std::string>> options = {
       {"image_folder", {"classes", "train-per-class", "val-per-class", "size", "png-every", "seed"}},
       {"webdataset", {"shards", "classes", "samples", "val-samples", "size", "seed"}},
-      {"npy", {"samples", "shape", "dtype", "classes", "val", "label-dtype", "seed"}}};
+      {"npy", {"samples", "shape", "dtype", "classes", "val", "label-dtype", "targets", "seed"}}};
   const std::map<std::string, std::set<std::string>> flags = {
       {"image_folder", {"no-val"}}, {"webdataset", {}}, {"npy", {}}};
   try {

@@ -229,7 +229,7 @@ void trainerMatchesExact(bool overlap, int world, int64_t per_gpu, int every = 1
     std::vector<torch::Tensor> rows;
     for (int64_t i = 0; i < x.size(0); ++i) {
       auto out = trainer.model().forward(x.slice(0, i, i + 1).to(torch::kFloat));
-      auto loss = torch::nn::functional::cross_entropy(out, data.train.y.slice(0, i, i + 1));
+      auto loss = torch::nn::functional::cross_entropy(out, data.train.target.slice(0, i, i + 1));
       std::vector<torch::Tensor> flat;
       for (auto& g : torch::autograd::grad({loss}, params)) flat.push_back(g.reshape({-1}));
       rows.push_back(torch::cat(flat).to(torch::kDouble));

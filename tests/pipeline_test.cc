@@ -110,7 +110,7 @@ TEST(Pipeline, ImageFolderListsClassesFilesAndSkips) {
   EXPECT_EQ(split.train.classes, 3);
   EXPECT_EQ(split.skipped_files, 1);  // README.txt
   EXPECT_EQ(split.train.sample_shape, (std::vector<int64_t>{3, 24, 24}));
-  EXPECT_TRUE(torch::equal(torch::bincount(split.train.y), torch::full({3}, 6, torch::kLong)));
+  EXPECT_TRUE(torch::equal(torch::bincount(split.train.target), torch::full({3}, 6, torch::kLong)));
   // Sorted, recursive: ant's files are b.PNG, i0.jpeg, i3..i5.jpeg, sub/c.jpg.
   EXPECT_NE(split.train.source->where(0).find("train/ant/b.PNG"), std::string::npos);
   EXPECT_NE(split.train.source->where(5).find("train/ant/sub/c.jpg"), std::string::npos);
@@ -176,8 +176,8 @@ TEST(Pipeline, ASkippedFilesReplacementBringsItsOwnLabel) {
   t::writeFile(root + "/train/ant/sub/c.jpg", "this is text, not a JPEG");
   const auto cfg = imageConfig(root);
   const auto split = loadData(cfg, 0, "");
-  ASSERT_EQ(split.train.y[5].item<int64_t>(), 0);
-  ASSERT_EQ(split.train.y[6].item<int64_t>(), 1);
+  ASSERT_EQ(split.train.target[5].item<int64_t>(), 0);
+  ASSERT_EQ(split.train.target[6].item<int64_t>(), 1);
   const auto batchOf = [&](std::vector<int64_t> indices) {
     auto o = loaderOptions(cfg, split.train, true, torch::kCPU, 7, [](const std::string&) {});
     o.workers = 1;
@@ -190,8 +190,8 @@ TEST(Pipeline, ASkippedFilesReplacementBringsItsOwnLabel) {
   };
   const auto replaced = batchOf({5, 0}), direct = batchOf({6, 0});
   EXPECT_TRUE(torch::equal(replaced.x, direct.x));  // the same sample decoded in its place
-  EXPECT_EQ(replaced.y[0].item<int64_t>(), 1) << "the replacement kept the bad file's label";
-  EXPECT_TRUE(torch::equal(replaced.y, direct.y));
+  EXPECT_EQ(replaced.target[0].item<int64_t>(), 1) << "the replacement kept the bad file's label";
+  EXPECT_TRUE(torch::equal(replaced.target, direct.target));
 }
 
 TEST(Pipeline, NoValFolderSplitsTrainSeeded) {
@@ -287,7 +287,7 @@ TEST(Pipeline, NpyIsMappedAndSplitWithoutCopies) {
   for (int64_t i = 0; i < split.train.size(); ++i) {
     const int64_t r = rows[i].item<int64_t>();
     EXPECT_EQ(split.train.gather(torch::tensor({i})).view(-1)[0].item<uint8_t>(), r * 10 % 256);
-    EXPECT_EQ(split.train.y[i].item<int64_t>(), r % 4);
+    EXPECT_EQ(split.train.target[i].item<int64_t>(), r % 4);
   }
   // y with the wrong length is named.
   t::writeFile(dir + "/y.npy", t::makeNpy(NpyType::kInt64, {n - 1}, ys.substr(8)));

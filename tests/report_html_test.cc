@@ -38,7 +38,7 @@ TrainResult sampleResult() {
     end.step = (e + 1) * 4;
     end.epoch = e + 1;
     end.eval_loss = 1.0 / (e + 1);
-    end.eval_accuracy = 0.5 + 0.1 * e;
+    end.eval_metrics = {{"accuracy", 0.5 + 0.1 * e}};
     end.noise_scale = 30.0 * (e + 1);
     r.metrics.push_back(end);
   }
@@ -46,7 +46,7 @@ TrainResult sampleResult() {
   r.noise.b_simple = 100;
   r.noise.b_big = 512;
   r.noise.b_small = 128;
-  r.history.push_back({0, 1.0, 1.0, 0.9, 1000, 1, 100});
+  r.history.push_back({0, 1.0, 1.0, {{"accuracy", 0.9}}, 1000, 1, 100});
   r.time.compute = 8;
   r.time.data_wait = 2;
   return r;

@@ -182,7 +182,7 @@ TEST(TensorBoard, FileRoundTripThroughProtobuf) {
     end.epoch_end = true;
     end.train_loss = 0.75;
     end.eval_loss = 0.5;
-    end.eval_accuracy = 0.875;
+    end.eval_metrics = {{"accuracy", 0.875}};
     end.samples_per_s = 999;
     appendMetrics(w, end);
   }

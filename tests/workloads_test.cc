@@ -81,7 +81,7 @@ TEST(Readers, Cifar10BinaryLayout) {
   EXPECT_EQ(split.val.size(), 3);
   EXPECT_EQ(split.train.x.sizes(), (std::vector<int64_t>{20, 3, 32, 32}));
   EXPECT_EQ(split.train.x.scalar_type(), torch::kByte);
-  EXPECT_EQ(split.train.y[3].item<int64_t>(), 3);
+  EXPECT_EQ(split.train.target[3].item<int64_t>(), 3);
   EXPECT_EQ(split.train.x[3][2][31][31].item<int>(), 3);  // channel-major copy
   EXPECT_DOUBLE_EQ(split.train.x_scale, 1.0 / 255.0);
 }
@@ -89,7 +89,7 @@ TEST(Readers, Cifar10BinaryLayout) {
 TEST(Readers, Cifar100UsesTheFineLabel) {
   const auto d = parseCifar(cifarRecords(5, 2, 100), "train.bin", 2, 100);
   EXPECT_EQ(d.size(), 5);
-  EXPECT_EQ(d.y[4].item<int64_t>(), 4);
+  EXPECT_EQ(d.target[4].item<int64_t>(), 4);
 }
 
 TEST(Readers, CorruptCifarNamesFileAndOffset) {
@@ -133,7 +133,7 @@ TEST(Readers, MnistIdxFiles) {
   EXPECT_EQ(split.train.size(), 12);
   EXPECT_EQ(split.val.size(), 5);
   EXPECT_EQ(split.train.sample_shape, (std::vector<int64_t>{1, 4, 4}));
-  EXPECT_EQ(split.train.y[11].item<int64_t>(), 1);
+  EXPECT_EQ(split.train.target[11].item<int64_t>(), 1);
   EXPECT_EQ(split.train.x[1][0][0][1].item<int>(), 17);
 
   auto msg = errorOf([&] { parseIdx(images(3).substr(0, 40), "i", labels(3), "l"); });

@@ -169,7 +169,8 @@ SearchResult searchBatch(const RunRequest& req, const RunSetup& s, collective::C
   SearchCacheInputs in;
   in.train_size = s.data.train.size();
   in.sample_shape = s.data.train.sample_shape;
-  in.classes = s.data.train.classes;
+  in.task = toString(s.task.kind);
+  in.outputs = s.task.outputs;
   in.world = comm.size();
   in.device = measurer->deviceName();
   in.budgets = comm.allgather(measurer->memoryBudgetMb());
@@ -266,7 +267,7 @@ void finishRun(const RunRequest& req, const RankPlace& place, const RunSetup& s,
                                    " (batch.adapt), ")
                           : std::string(),
                       s.data.val.size() > 0
-                          ? strCat("eval accuracy ", formatFixed(100.0 * result.eval_accuracy, 2), " %, ")
+                          ? strCat(trainer.task().describe(result.eval_metrics), ", ")
                           : std::string("no validation set, "),
                       static_cast<int64_t>(result.samples_per_s), " samples/s, ",
                       formatDuration(result.wall_s), "; wrote ", req.output,
@@ -475,6 +476,11 @@ void prepareData(const RunRequest& req, const RankPlace& place, RunSetup& s) {
     };
   }
   s.data = loadData(s.cfg.data, s.cfg.train.seed, s.cfg.base_dir, data_ctx);
+  s.task = chooseTask(s.cfg, s.data);
+  if (data_ctx.note) {
+    data_ctx.note(strCat("task: ", toString(s.task.kind), " (", s.task.why, "), ", s.task.outputs,
+                         " output", s.task.outputs == 1 ? "" : "s"));
+  }
   // Note [loader]: auto threads are this rank's share of the host's cores.
   s.cfg.data.workers = resolveWorkers(s.cfg.data, usableCpus(), place.local_size);
   s.cfg.data.workers_auto = false;

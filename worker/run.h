@@ -13,6 +13,7 @@
 #include "worker/data/data.h"
 #include "worker/device.h"
 #include "worker/plan/plan.h"
+#include "worker/task/task.h"
 
 namespace batchdist::worker {
 
@@ -57,6 +58,7 @@ struct RunRequest {
 struct RunSetup {
   Config cfg;
   DataSplit data;
+  TaskChoice task;  ///< Note [task choice]: from task.name and the data
   Plan plan;  ///< empty (global 1) when per_gpu is auto: the search decides
   bool has_bn = false;
   at::Device device = at::kCPU;

@@ -408,8 +408,8 @@ class Section {
   std::vector<std::pair<std::string, YAML::Mark>> present_;
 };
 
-const std::vector<std::string> kSections = {"model", "data",   "batch",      "optim", "train",
-                                            "dist",  "search", "checkpoint", "report"};
+const std::vector<std::string> kSections = {"task", "model",  "data",       "batch", "optim",
+                                            "train", "dist", "search", "checkpoint", "report"};
 
 std::string suggestion(const std::string& path, const std::vector<std::string>& candidates) {
   std::string best;
@@ -611,6 +611,11 @@ void validate(const Config& cfg, const Context& ctx) {
   }
 }
 
+void readTask(Context& ctx, const YAML::Node& root, TaskConfig& c) {
+  Section s(ctx, root, "task");
+  c.name = s.choice("name", TaskKind::kAuto);
+}
+
 void readModel(Context& ctx, const YAML::Node& root, ModelConfig& c) {
   Section s(ctx, root, "model");
   c.name = s.choice("name", ModelName::kMlp);
@@ -621,6 +626,7 @@ void readModel(Context& ctx, const YAML::Node& root, ModelConfig& c) {
   c.channels = s.intList("channels", c.channels, 1, 1 << 16);
   c.batchnorm = s.boolean("batchnorm", true);
   c.dropout = s.real("dropout", 0.0, 0.0, 0.99);
+  c.outputs = s.integer("outputs", 0, 0, 1 << 24);
 }
 
 void readData(Context& ctx, const YAML::Node& root, DataConfig& c) {
@@ -821,7 +827,7 @@ void checkUnknownKeys(const Context& ctx, const YAML::Node& root) {
     for (const auto& [key, mark] : mapKeys(ctx, root, "")) {
       if (std::find(kSections.begin(), kSections.end(), key) == kSections.end()) {
         throw ConfigError(strCat(ctx.where(key, mark), ": unknown section '", key,
-                                 "' (sections: model, data, batch, optim, train, dist, search, checkpoint, report)",
+                                 "' (sections: task, model, data, batch, optim, train, dist, search, checkpoint, report)",
                                  suggestion(key, kSections)));
       }
     }
@@ -848,6 +854,7 @@ Config parseConfig(const std::string& yaml_text, const std::string& source,
   if (root.IsMap()) mapKeys(ctx, root, "");
   for (const auto& o : overrides) applyOverride(root, o, ctx);
 
+  readTask(ctx, root, cfg.task);
   readModel(ctx, root, cfg.model);
   readData(ctx, root, cfg.data);
   readBatch(ctx, root, cfg.batch);

@@ -21,6 +21,7 @@ enum class BatchAdapt { kOff, kGoodput };
 enum class AdaptGain { kAdascale, kLinear };
 enum class LrScaling { kLinear, kSqrt, kNone };
 enum class Schedule { kConstant, kStep, kCosine };
+enum class TaskKind { kAuto, kClassification, kRegression };
 enum class ModelName { kMlp, kCnn, kResnet18, kResnet50, kTorchscript };
 enum class ResnetStem { kCifar, kImagenet };
 enum class DataName { kDigits, kCsv, kSynthetic, kSyntheticImages, kCifar10, kCifar100, kMnist,
@@ -51,6 +52,9 @@ BATCHDIST_ENUM_NAMES(LrScaling, {LrScaling::kLinear, "linear"}, {LrScaling::kSqr
                      {LrScaling::kNone, "none"});
 BATCHDIST_ENUM_NAMES(Schedule, {Schedule::kConstant, "constant"}, {Schedule::kStep, "step"},
                      {Schedule::kCosine, "cosine"});
+BATCHDIST_ENUM_NAMES(TaskKind, {TaskKind::kAuto, "auto"},
+                     {TaskKind::kClassification, "classification"},
+                     {TaskKind::kRegression, "regression"});
 BATCHDIST_ENUM_NAMES(ModelName, {ModelName::kMlp, "mlp"}, {ModelName::kCnn, "cnn"},
                      {ModelName::kResnet18, "resnet18"}, {ModelName::kResnet50, "resnet50"},
                      {ModelName::kTorchscript, "torchscript"});
@@ -100,6 +104,11 @@ std::optional<E> parseEnum(std::string_view name) {
 /// the config file, or "--set KEY" for a key given on the command line).
 ConfigError keyError(const std::string& source, const std::string& key, const std::string& what);
 
+/// Note [task] in worker/task/task.h; Note [task choice] in worker/task/task.cc.
+struct TaskConfig {
+  TaskKind name = TaskKind::kAuto;           ///< auto: from the data (float targets: regression)
+};
+
 struct ModelConfig {
   ModelName name = ModelName::kMlp;
   std::string path;                          ///< torchscript: the .pt file (relative to the config)
@@ -109,6 +118,7 @@ struct ModelConfig {
   std::vector<int64_t> channels{16, 32};    ///< cnn conv widths
   bool batchnorm = true;
   double dropout = 0.0;
+  int64_t outputs = 0;                       ///< the head's width (0: from the data: classes, or the targets' k)
 };
 
 struct DataConfig {
@@ -248,6 +258,7 @@ struct CheckpointConfig {
 struct Config {
   std::string source;                        ///< file the config came from (for messages)
   std::string base_dir = ".";                ///< its directory: relative paths resolve here
+  TaskConfig task;
   ModelConfig model;
   DataConfig data;
   BatchConfig batch;

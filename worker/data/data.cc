@@ -99,11 +99,11 @@ Dataset concat(const std::vector<Dataset>& parts) {
   std::vector<at::Tensor> xs, ys;
   for (const auto& p : parts) {
     xs.push_back(p.x);
-    ys.push_back(p.y);
+    ys.push_back(p.target);
   }
   Dataset d = parts.front();
   d.x = at::cat(xs);
-  d.y = at::cat(ys);
+  d.target = at::cat(ys);
   return d;
 }
 
@@ -178,7 +178,7 @@ Dataset parseCsv(const std::string& text, const std::string& source, int64_t cla
 Dataset subset(const Dataset& d, const std::vector<int64_t>& rows) {
   auto idx = at::tensor(rows, at::kLong);
   Dataset out;
-  out.y = d.y.index_select(0, idx).contiguous();
+  out.target = d.target.index_select(0, idx).contiguous();
   out.sample_shape = d.sample_shape;
   out.classes = d.classes;
   out.x_scale = d.x_scale;
@@ -378,7 +378,7 @@ Dataset decodedSet(std::shared_ptr<const Source> source, const std::vector<int64
                    int64_t classes, const DataConfig& cfg) {
   Dataset d;
   d.source = std::move(source);
-  d.y = labelTensor(labels);
+  d.target = labelTensor(labels);
   d.sample_shape = {3, cfg.image_size, cfg.image_size};
   d.classes = classes;
   d.x_scale = 1.0 / 255.0;
@@ -656,23 +656,28 @@ DataSplit loadWebdataset(const DataConfig& cfg, int64_t seed, const std::string&
   return split;
 }
 
-/// x.npy (N x ..., uint8/float16/float32) and y.npy (N, int32/int64), mapped.
-Dataset loadNpyPair(const std::string& x_path, const std::string& y_path) {
-  auto x = mapNpy(x_path, {NpyType::kUint8, NpyType::kFloat16, NpyType::kFloat32});
-  auto y = mapNpy(y_path, {NpyType::kInt32, NpyType::kInt64});
-  if (x.shape.empty() || x.shape[0] < 1) {
-    throw ConfigError(strCat(x_path, ": expected N x ... samples (at least one), got shape ",
-                             shapeText(x.shape)));
+/// y.npy's values as a tensor: int32/int64 labels (int64), or float32/float64
+/// targets of regression (float32, N or N x k: Note [task choice]).
+at::Tensor npyTargets(const NpyArray& y, const std::string& y_path, int64_t n) {
+  if (y.type == NpyType::kFloat32 || y.type == NpyType::kFloat64) {
+    if (y.shape.size() != 1 && y.shape.size() != 2) {
+      throw ConfigError(strCat(y_path, ": expected N float targets or N x k, got shape ",
+                               shapeText(y.shape)));
+    }
+    auto t = at::from_blob(const_cast<uint8_t*>(y.data), y.shape,
+                           at::TensorOptions().dtype(y.type == NpyType::kFloat32 ? at::kFloat
+                                                                                 : at::kDouble))
+                 .to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+    if (!at::isfinite(t).all().item<bool>()) {
+      const auto bad = at::nonzero(at::logical_not(at::isfinite(t)))[0][0].item<int64_t>();
+      throw ConfigError(strCat(y_path, ": target of sample ", bad, " is not finite (NaN or inf)"));
+    }
+    return t;
   }
   if (y.shape.size() != 1) {
     throw ConfigError(strCat(y_path, ": expected a 1-D array of N labels, got shape ",
                              shapeText(y.shape)));
   }
-  if (y.shape[0] != x.shape[0]) {
-    throw ConfigError(strCat(y_path, ": ", y.shape[0], " labels for ", x.shape[0], " samples in ",
-                             x_path));
-  }
-  const int64_t n = x.shape[0];
   std::vector<int64_t> labels(n);
   for (int64_t i = 0; i < n; ++i) {
     int64_t v = 0;
@@ -689,6 +694,23 @@ Dataset loadNpyPair(const std::string& x_path, const std::string& y_path) {
     }
     labels[i] = v;
   }
+  return at::tensor(labels, at::kLong);
+}
+
+/// x.npy (N x ..., uint8/float16/float32) and y.npy (N, int32/int64 labels; or N
+/// or N x k, float32/float64 targets), mapped.
+Dataset loadNpyPair(const std::string& x_path, const std::string& y_path) {
+  auto x = mapNpy(x_path, {NpyType::kUint8, NpyType::kFloat16, NpyType::kFloat32});
+  auto y = mapNpy(y_path, {NpyType::kInt32, NpyType::kInt64, NpyType::kFloat32, NpyType::kFloat64});
+  if (x.shape.empty() || x.shape[0] < 1) {
+    throw ConfigError(strCat(x_path, ": expected N x ... samples (at least one), got shape ",
+                             shapeText(x.shape)));
+  }
+  if (y.shape.empty() || y.shape[0] != x.shape[0]) {
+    throw ConfigError(strCat(y_path, ": ", y.shape.empty() ? 0 : y.shape[0], " labels for ",
+                             x.shape[0], " samples in ", x_path));
+  }
+  const int64_t n = x.shape[0];
   const auto dtype = x.type == NpyType::kUint8     ? at::kByte
                      : x.type == NpyType::kFloat16 ? at::kHalf
                                                    : at::kFloat;
@@ -697,7 +719,7 @@ Dataset loadNpyPair(const std::string& x_path, const std::string& y_path) {
   d.x = at::from_blob(const_cast<uint8_t*>(x.data), x.shape, [keep](void*) mutable { keep.reset(); },
                       at::TensorOptions().dtype(dtype));
   d.mapped = true;
-  d.y = at::tensor(labels, at::kLong);
+  d.target = npyTargets(y, y_path, n);
   d.sample_shape.assign(x.shape.begin() + 1, x.shape.end());
   if (d.sample_shape.empty()) d.sample_shape = {1};
   d.x = d.x.view([&] {
@@ -718,6 +740,19 @@ std::vector<int64_t> labelVector(const at::Tensor& y) {
 /// Note [class count] over y.npy then val_y.npy (absent: undefined `val_y`).
 int64_t npyClasses(const DataConfig& cfg, const std::string& dir, const at::Tensor& y,
                    const at::Tensor& val_y, const DataContext& ctx) {
+  if (y.is_floating_point() || (val_y.defined() && val_y.is_floating_point())) {
+    // Regression targets (Note [task choice]): no classes; both files alike.
+    const auto what = [](const at::Tensor& t) {
+      if (!t.is_floating_point()) return std::string("integer labels");
+      const int64_t k = t.dim() == 1 ? 1 : t.size(1);
+      return strCat(k, " float target", k == 1 ? "" : "s", " per sample");
+    };
+    if (val_y.defined() && what(val_y) != what(y)) {
+      throw ConfigError(strCat(fileIn(dir, "val_y.npy"), ": ", what(val_y), ", but y.npy has ", what(y),
+                               "; give both alike"));
+    }
+    return 0;
+  }
   auto labels = labelVector(y);
   const auto n = static_cast<int64_t>(labels.size());
   if (val_y.defined()) {
@@ -750,7 +785,7 @@ DataSplit loadNpy(const DataConfig& cfg, int64_t seed, const std::string& base_d
                              "; give both or neither"));
   }
   if (!has_val_x) {
-    all.classes = npyClasses(cfg, dir, all.y, at::Tensor(), ctx);
+    all.classes = npyClasses(cfg, dir, all.target, at::Tensor(), ctx);
     splitSeeded(all, cfg.val_fraction, seed, &split);
     return split;
   }
@@ -763,7 +798,7 @@ DataSplit loadNpy(const DataConfig& cfg, int64_t seed, const std::string& base_d
   if (val.x.scalar_type() != all.x.scalar_type()) {
     throw ConfigError(strCat(fileIn(dir, "val_x.npy"), ": element type differs from x.npy's"));
   }
-  all.classes = val.classes = npyClasses(cfg, dir, all.y, val.y, ctx);
+  all.classes = val.classes = npyClasses(cfg, dir, all.target, val.target, ctx);
   split.train = all;
   split.val = val;
   return split;
@@ -812,7 +847,7 @@ DataSplit loadData(const DataConfig& cfg, int64_t seed, const std::string& base_
       break;
   }
   split.name = toString(cfg.name);
-  if (all.y.defined()) splitSeeded(all, cfg.val_fraction, seed, &split);
+  if (all.target.defined()) splitSeeded(all, cfg.val_fraction, seed, &split);
   return split;
 }
 

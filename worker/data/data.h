@@ -17,7 +17,7 @@ namespace batchdist::worker {
 
 struct Dataset {
   at::Tensor x;                       ///< [N', sample_shape...], float32/16 or uint8; undefined for a Source
-  at::Tensor y;                       ///< [N], int64 class labels
+  at::Tensor target;                  ///< [N] int64 class labels (classification), [N] or [N, k] float (regression)
   std::vector<int64_t> sample_shape;  ///< e.g. {1, 8, 8} or {64}; a Source: {3, size, size}
   int64_t classes = 0;
   double x_scale = 1.0;               ///< multiply x by this after float conversion (uint8: 1/255)
@@ -26,7 +26,7 @@ struct Dataset {
   bool mapped = false;  ///< x maps a file (npy): splits select through `rows`
   /// Decoded sources (Note [sources]): samples are read and decoded by the loader.
   std::shared_ptr<const Source> source = nullptr;
-  int64_t size() const { return y.defined() ? y.size(0) : 0; }
+  int64_t size() const { return target.defined() ? target.size(0) : 0; }
   /// x of the samples `idx` (int64), gathered through `rows`; not for a Source.
   at::Tensor gather(const at::Tensor& idx) const;
 };

@@ -156,7 +156,7 @@ int64_t Loader::partsOf(const MicroBatch& job) const {
 Batch Loader::allocate(const MicroBatch& job) const {
   Batch b;
   const auto idx = at::tensor(job.indices, at::kLong);
-  b.y = data_.y.index_select(0, idx);
+  b.target = data_.target.index_select(0, idx);
   b.w = at::tensor(job.weights, at::kFloat);
   if (data_.source) {
     const int64_t n = static_cast<int64_t>(job.indices.size());
@@ -174,7 +174,7 @@ Batch Loader::allocate(const MicroBatch& job) const {
 // the job's index before anything was decoded. Each slot is written by the one
 // thread that fills its part.
 void Loader::takeTarget(Batch* b, int64_t slot, int64_t index) const {
-  b->y[slot].copy_(data_.y[index]);
+  b->target[slot].copy_(data_.target[index]);
 }
 
 bool Loader::floatImages() const {
@@ -240,7 +240,7 @@ void Loader::finish(Batch* b, int64_t index, int64_t epoch) const {
   }
   if (opts_.pin_memory) {
     if (!b->x.is_pinned()) b->x = b->x.pin_memory();
-    b->y = b->y.pin_memory();
+    b->target = b->target.pin_memory();
     b->w = b->w.pin_memory();
   }
 }
@@ -249,7 +249,7 @@ Batch Loader::toDevice(Batch host) const {
   if (!opts_.device.is_cuda()) return host;
   Batch d;
   d.x = compat::copyToDeviceAsync(host.x, opts_.device);
-  d.y = compat::copyToDeviceAsync(host.y, opts_.device);
+  d.target = compat::copyToDeviceAsync(host.target, opts_.device);
   d.w = compat::copyToDeviceAsync(host.w, opts_.device);
   return d;
 }

@@ -49,7 +49,7 @@ struct Transform {
 
 struct Batch {
   at::Tensor x;  ///< float, on the training device (uint8 NHWC: LoaderOptions::uint8_images)
-  at::Tensor y;  ///< int64 labels
+  at::Tensor target;  ///< the task's targets (Task::targetDtype): int64 labels, float values
   at::Tensor w;  ///< float loss weights (0 for padding)
 };
 

@@ -392,7 +392,8 @@ std::unique_ptr<Model> checked(std::unique_ptr<Model> model, const std::vector<i
   if (out.dim() != 2 || out.size(0) != 2 || out.size(1) != classes) {
     throw ConfigError(strCat(what, ": forward on a sample batch of shape ", shapeText(in),
                              " returned ", shapeText(out.sizes().vec()), "; expected [2, ",
-                             classes, "] (one logit per class, data.classes)"));
+                             classes, "] (one output per class or target value: model.outputs, or "
+                             "data.classes)"));
   }
   return model;
 }

@@ -486,6 +486,21 @@ std::string svgLineChart(const ChartOptions& opt, const std::vector<ChartSeries>
   return os.str();
 }
 
+/// The task's "better" metric (Note [task]); reports before tasks: accuracy.
+std::string bestMetric(const nlohmann::ordered_json& report) {
+  return report.contains("best_metric") && report["best_metric"].is_string()
+             ? report["best_metric"].get<std::string>()
+             : std::string("accuracy");
+}
+
+/// The held-out figure in the summary line: "eval accuracy 98.61 %", "eval mse 0.0123".
+std::string evalSummary(const nlohmann::ordered_json& report) {
+  const auto best = bestMetric(report);
+  const auto key = "eval_" + best;
+  if (best == "accuracy") return "eval accuracy " + formatPct(jnum(report, key.c_str())) + " %";
+  return "eval " + xmlEscape(best) + " " + num(jnum(report, key.c_str()));
+}
+
 std::string reportHtml(const nlohmann::ordered_json& report, const nlohmann::ordered_json& search,
                        const std::vector<MetricPoint>& metrics) {
   const bool searched = search.is_object() && search.contains("candidates");
@@ -504,7 +519,7 @@ std::string reportHtml(const nlohmann::ordered_json& report, const nlohmann::ord
                                     : "stopped early (" + xmlEscape(jtext(report, "stopped_by")) + ")")
      << (report.contains("validation_samples") && jnum(report, "validation_samples") == 0
            ? std::string("; no validation set, ")
-           : "; eval accuracy " + formatPct(jnum(report, "eval_accuracy")) + " %, ")
+           : "; " + evalSummary(report) + ", ")
      << num(jnum(report, "samples_per_s")) << " samples/s.</p>\n";
 
   // The three numbers (docs/batch-search.md, "The three numbers").
@@ -606,11 +621,13 @@ std::string reportHtml(const nlohmann::ordered_json& report, const nlohmann::ord
 
   // Training curves.
   std::vector<std::pair<double, double>> loss, eval_loss, acc, lr, sps, sps_epoch, ns, ns_epoch;
+  const auto best = bestMetric(report);  // acc: the task's best metric (accuracy in %)
   for (const auto& m : metrics) {
     const double x = static_cast<double>(m.step);
     if (m.epoch_end) {
       eval_loss.emplace_back(x, m.eval_loss);
-      acc.emplace_back(x, 100 * m.eval_accuracy);
+      const double v = metricValue(m.eval_metrics, best, 0);
+      acc.emplace_back(x, best == "accuracy" ? 100 * v : v);
       sps_epoch.emplace_back(x, m.samples_per_s);
       if (m.noise_scale > 0) ns_epoch.emplace_back(x, m.noise_scale);
     } else {
@@ -628,9 +645,9 @@ std::string reportHtml(const nlohmann::ordered_json& report, const nlohmann::ord
   o.y_label = "loss";
   os << svgLineChart(o, {{"train (rank 0's shard)", "#1f77b4", loss, true, false},
                          {"eval (per epoch)", "#d62728", eval_loss, true, true}});
-  o.id = "plot-accuracy";
-  o.title = "held-out accuracy";
-  o.y_label = "accuracy (%)";
+  o.id = "plot-" + best;
+  o.title = "held-out " + best;
+  o.y_label = best == "accuracy" ? "accuracy (%)" : best;
   os << svgLineChart(o, {{"eval (per epoch)", "#2ca02c", acc, true, true}});
   o.id = "plot-lr";
   o.title = "learning rate";

@@ -43,7 +43,7 @@ std::string metricsLine(const MetricPoint& m) {
   if (m.progress >= 0) j["progress"] = m.progress;  // batch.adapt: G0-equivalent steps
   if (m.epoch_end) {
     j["eval_loss"] = m.eval_loss;
-    j["eval_accuracy"] = m.eval_accuracy;
+    for (const auto& x : m.eval_metrics) j["eval_" + x.name] = x.value;  // Note [task]
   }
   // Non-finite losses are written as null (JSON has no NaN), never as bad text.
   return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";

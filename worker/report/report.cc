@@ -28,16 +28,22 @@ nlohmann::ordered_json noiseJson(const NoiseScaleResult& n) {
   return o;
 }
 
+/// The task's metrics as eval_<name> keys (Note [task]), e.g. eval_accuracy.
+void addEvalMetrics(const Metrics& metrics, nlohmann::ordered_json& o) {
+  for (const auto& x : metrics) o["eval_" + x.name] = x.value;
+}
+
 nlohmann::ordered_json historyJson(const TrainResult& r) {
   auto out = nlohmann::ordered_json::array();
   for (const auto& h : r.history) {
-    out.push_back({{"epoch", h.epoch + 1},
-                   {"train_loss", h.train_loss},
-                   {"eval_loss", h.eval_loss},
-                   {"eval_accuracy", h.eval_accuracy},
-                   {"samples_per_s", h.samples_per_s},
-                   {"seconds", h.seconds},
-                   {"noise_scale", positiveOrNull(h.noise_scale)}});
+    nlohmann::ordered_json e{{"epoch", h.epoch + 1},
+                             {"train_loss", h.train_loss},
+                             {"eval_loss", h.eval_loss}};
+    addEvalMetrics(h.eval_metrics, e);
+    e["samples_per_s"] = h.samples_per_s;
+    e["seconds"] = h.seconds;
+    e["noise_scale"] = positiveOrNull(h.noise_scale);
+    out.push_back(std::move(e));
   }
   return out;
 }
@@ -89,6 +95,7 @@ nlohmann::ordered_json reportHeader(const RunInfo& info) {
 nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const TrainResult& r,
                                  const RunInfo& info) {
   auto o = reportHeader(info);
+  o["task"] = r.task;
   o.update(nlohmann::ordered_json{{"per_gpu_batch", plan.per_gpu},
                            {"accum_steps", plan.accum},
                            {"global_batch", plan.global},
@@ -101,12 +108,14 @@ nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const Trai
                            {"samples", r.samples},
                            {"samples_per_s", r.samples_per_s},
                            {"train_loss", r.train_loss},
-                           {"eval_loss", r.eval_loss},
-                           {"eval_accuracy", r.eval_accuracy},
-                           {"validation_samples", info.validation_samples},
-                           {"wall_s", r.wall_s},
-                           {"completed", r.completed},
-                           {"model_path", info.model_path}});
+                           {"eval_loss", r.eval_loss}});
+  addEvalMetrics(r.eval_metrics, o);
+  o.update(nlohmann::ordered_json{{"best_metric", r.best_metric},
+                                  {"best_higher", r.best_higher},
+                                  {"validation_samples", info.validation_samples},
+                                  {"wall_s", r.wall_s},
+                                  {"completed", r.completed},
+                                  {"model_path", info.model_path}});
   if (!r.completed) o["stopped_by"] = info.stopped_by;
   if (!r.failure.empty()) o["error"] = r.failure;
   o["oom_backoffs"] = oomJson(r);

@@ -23,7 +23,7 @@ struct RunInfo {
   std::string device;
   std::string torch_version;
   std::string data_origin;
-  int64_t validation_samples = 0;     ///< 0: eval_loss and eval_accuracy mean nothing
+  int64_t validation_samples = 0;     ///< 0: eval_loss and the eval_<metric>s mean nothing
   int64_t train_samples = 0;
   int64_t classes = 0;
   std::string cpu_blas;               ///< CPU ranks: the BLAS of Note [host blas], or empty

@@ -12,10 +12,11 @@ double share(double part, double whole) { return whole > 0 ? part / whole : 0.0;
 
 std::vector<Scalar> metricScalars(const MetricPoint& m) {
   if (m.epoch_end) {
-    return {{"eval/loss", m.eval_loss},
-            {"eval/accuracy", m.eval_accuracy},
-            {"train/epoch_loss", m.train_loss},
-            {"train/epoch_samples_per_s", m.samples_per_s}};
+    std::vector<Scalar> v{{"eval/loss", m.eval_loss}};
+    for (const auto& x : m.eval_metrics) v.push_back({"eval/" + x.name, x.value});  // Note [task]
+    v.push_back({"train/epoch_loss", m.train_loss});
+    v.push_back({"train/epoch_samples_per_s", m.samples_per_s});
+    return v;
   }
   const double total = m.time.total();
   std::vector<Scalar> v{{"train/loss", m.train_loss},

@@ -35,7 +35,7 @@ namespace batchdist::worker {
 //   time/data_wait time/compute time/communication time/skew   shares of the
 //                                                   interval's time, 0..1
 //   memory/peak_mb  noise/B_simple (only once known, > 0)
-// and at an epoch's end, at the same step, eval/loss eval/accuracy
+// and at an epoch's end, at the same step, eval/loss and the task's eval/<metric> (eval/accuracy)
 // train/epoch_loss train/epoch_samples_per_s (the epoch's own names, so that a
 // step that ends an epoch never has two values under one tag). The batch search
 // is a run of its own, OUTPUT/tensorboard/search/: search/samples_per_s and

@@ -73,7 +73,8 @@ std::string searchCacheKey(const Config& cfg, const SearchCacheInputs& in) {
     s.erase("per_gpu");
     key[section] = s;
   }
-  key["data"] = {{"shape", in.sample_shape}, {"classes", in.classes}, {"train", in.train_size},
+  key["task"] = in.task;
+  key["data"] = {{"shape", in.sample_shape}, {"outputs", in.outputs}, {"train", in.train_size},
                  {"resize", cfg.data.resize}};
   std::vector<std::string> budgets;
   for (double b : in.budgets) budgets.push_back(formatFixed(b, 0));

@@ -16,7 +16,8 @@ namespace batchdist::worker {
 struct SearchCacheInputs {
   int64_t train_size = 0;
   std::vector<int64_t> sample_shape;
-  int64_t classes = 0;
+  std::string task;      ///< Note [task choice]: the objective ...
+  int64_t outputs = 0;   ///< ... and the model head's width
   int64_t world = 1;
   std::string device;
   std::vector<double> budgets;  ///< every rank's memory budget (MB)

@@ -49,9 +49,12 @@ std::string checkpointName(int64_t step) {
 
 namespace {
 
-// Format 2: rng.pt as generator records (Note [rng records]) and the manifest's
-// "rng"; format 1 (a torch archive of CPU generators) is still read.
-constexpr int kFormat = 2;
+// Format 3: the history's epochs as keyed objects with the task's metrics
+// (Note [task]); format 2's positional [epoch, train_loss, eval_loss,
+// eval_accuracy, samples_per_s, seconds] is still read. Format 2: rng.pt as
+// generator records (Note [rng records]) and the manifest's "rng"; format 1 (a
+// torch archive of CPU generators) is still read.
+constexpr int kFormat = 3;
 constexpr int kOldestFormat = 1;
 constexpr std::uintmax_t kMaxCheckpointFile = std::uintmax_t{1} << 40;
 
@@ -247,7 +250,15 @@ RngLayout gatherRng(collective::Communicator& comm, const at::Device& device,
 nlohmann::ordered_json historyJson(const std::vector<EpochStats>& history) {
   auto out = nlohmann::ordered_json::array();
   for (const auto& h : history) {
-    out.push_back({h.epoch, h.train_loss, h.eval_loss, h.eval_accuracy, h.samples_per_s, h.seconds});
+    auto metrics = nlohmann::ordered_json::object();
+    for (const auto& x : h.eval_metrics) metrics[x.name] = x.value;
+    out.push_back({{"epoch", h.epoch},
+                   {"train_loss", h.train_loss},
+                   {"eval_loss", h.eval_loss},
+                   {"eval", metrics},
+                   {"samples_per_s", h.samples_per_s},
+                   {"seconds", h.seconds},
+                   {"noise_scale", h.noise_scale}});
   }
   return out;
 }
@@ -530,12 +541,22 @@ TrainPosition positionOf(const nlohmann::ordered_json& m) {
   if (m.contains("adapt")) p.adapt = m["adapt"];
   for (const auto& h : m["history"]) {
     EpochStats e;
-    e.epoch = h[0].get<int64_t>();
-    e.train_loss = h[1].get<double>();
-    e.eval_loss = h[2].get<double>();
-    e.eval_accuracy = h[3].get<double>();
-    e.samples_per_s = h[4].get<double>();
-    e.seconds = h[5].get<double>();
+    if (h.is_array()) {  // formats 1 and 2: positional, classification's accuracy
+      e.epoch = h[0].get<int64_t>();
+      e.train_loss = h[1].get<double>();
+      e.eval_loss = h[2].get<double>();
+      e.eval_metrics = {{"accuracy", h[3].get<double>()}};
+      e.samples_per_s = h[4].get<double>();
+      e.seconds = h[5].get<double>();
+    } else {
+      e.epoch = h.at("epoch").get<int64_t>();
+      e.train_loss = h.at("train_loss").get<double>();
+      e.eval_loss = h.at("eval_loss").get<double>();
+      for (const auto& [name, v] : h.at("eval").items()) e.eval_metrics.push_back({name, v.get<double>()});
+      e.samples_per_s = h.at("samples_per_s").get<double>();
+      e.seconds = h.at("seconds").get<double>();
+      e.noise_scale = h.value("noise_scale", -1.0);
+    }
     p.history.push_back(e);
   }
   return p;

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "worker/data/pipeline.h"
+#include "worker/task/metrics.h"
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -30,7 +31,7 @@ struct EpochStats {
   int64_t epoch = 0;
   double train_loss = 0;
   double eval_loss = 0;
-  double eval_accuracy = 0;
+  Metrics eval_metrics;     ///< the task's (Note [task]); empty without a validation set
   double samples_per_s = 0;
   double seconds = 0;
   double noise_scale = -1;  ///< B_simple over the epoch's steps (< 0: not measured)
@@ -49,7 +50,7 @@ struct MetricPoint {
   TimeBreakdown time;       ///< over the interval, rank 0
   double noise_scale = -1;  ///< smoothed B_simple (< 0: unknown)
   double eval_loss = 0;     ///< epoch end only
-  double eval_accuracy = 0; ///< epoch end only
+  Metrics eval_metrics;     ///< epoch end only
   int64_t global_batch = 0; ///< the split in force at `step`
   int64_t per_gpu = 0;
   int64_t accum = 0;
@@ -145,7 +146,10 @@ struct TrainResult {
   double samples_per_s = 0;
   double train_loss = 0;
   double eval_loss = 0;
-  double eval_accuracy = 0;
+  Metrics eval_metrics;      ///< the last evaluation's (Note [task])
+  std::string task;          ///< "classification", "regression" (Note [task choice])
+  std::string best_metric;   ///< the task's "better" metric, e.g. accuracy
+  bool best_higher = true;   ///< ... and whether higher is better
   double wall_s = 0;
   bool completed = true;     ///< false if a stop request ended the run early
   TimeBreakdown time;        ///< summed over the run, this rank (rank 0 reports)

@@ -139,8 +139,10 @@ Trainer::Trainer(const Config& cfg, collective::Communicator& comm, const DataSp
   // rank 0's state is broadcast anyway (TorchScript modules bring their own).
   torch::manual_seed(static_cast<uint64_t>(cfg.train.seed));
   const auto transform = Transform::fromConfig(cfg.data, /*training=*/true);
-  model_ = buildModel(cfg.model, transform.outputShape(data.train.sample_shape),
-                      data.train.classes, cfg.base_dir, &comm_);
+  const auto task = chooseTask(cfg, data);  // Note [task choice]: the same on every rank
+  task_ = makeTask(task.kind);
+  model_ = buildModel(cfg.model, transform.outputShape(data.train.sample_shape), task.outputs,
+                      cfg.base_dir, &comm_);
   model_->to(device_);
   collective::broadcastCoalesced(comm_, model_->state(), 0);
   // Per-rank stream for dropout etc., deterministic for a fixed world size.
@@ -286,10 +288,7 @@ torch::Tensor Trainer::forwardLoss(const Batch& batch, bool inject) {
       AutocastScope autocast(device_, cfg_.train.precision);
       out = model_->forward(batch.x);
     }
-    auto per_sample = torch::nn::functional::cross_entropy(
-        out.to(torch::kFloat), batch.y,
-        torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
-    weighted = (per_sample * batch.w).sum();
+    weighted = (task_->perSampleLoss(out, batch.target) * batch.w).sum();
   } catch (const std::exception& e) {
     if (sync && isOutOfMemory(e)) sync->endForward(/*failed=*/true);
     throw;
@@ -436,9 +435,8 @@ EvalResult Trainer::evaluate() {
   collective::broadcastCoalesced(comm_, model_->buffers(), 0);
   model_->train(false);
   const auto& val = data_.val;
-  double loss = 0;
-  double correct = 0;
-  double count = 0;
+  // Note [task]: the task's sums, then the validation sample count, in one allreduce.
+  std::vector<double> sums(static_cast<std::size_t>(task_->sumCount()) + 1, 0.0);
   if (val.size() > 0) {
     const auto [begin, end] = evalShard(val.size(), comm_.size(), comm_.rank());
     const int64_t chunk = cfg_.batch.eval_per_gpu > 0 ? cfg_.batch.eval_per_gpu
@@ -461,27 +459,22 @@ EvalResult Trainer::evaluate() {
         if (val.x_scale != 1.0) x.mul_(val.x_scale);
         x = eval_transform_.apply(x.to(device_), 0);
       }
-      auto y = val.y.slice(0, b, e).to(device_);
+      const auto target = val.target.slice(0, b, e).to(device_);
       torch::Tensor out;
       {
         AutocastScope autocast(device_, cfg_.train.precision);
         out = model_->forward(x);
       }
-      out = out.to(torch::kFloat);
-      loss += torch::nn::functional::cross_entropy(
-                  out, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                  .item<double>();
-      correct += out.argmax(1).eq(y).sum().item<double>();
-      count += static_cast<double>(e - b);
+      task_->addEvalSums(out, target, sums);
+      sums.back() += static_cast<double>(e - b);
     }
   }
-  const auto total = comm_.allreduce({loss, correct, count}, collective::ReduceOp::kSum);
+  const auto total = comm_.allreduce(sums, collective::ReduceOp::kSum);
   EvalResult r;
-  r.samples = static_cast<int64_t>(total[2]);
-  if (total[2] > 0) {
-    r.loss = total[0] / total[2];
-    r.accuracy = total[1] / total[2];
-  }
+  r.samples = static_cast<int64_t>(total.back());
+  // Without validation samples the metrics are 0 (named all the same).
+  r.metrics = task_->metrics(total, std::max(1.0, total.back()));
+  if (r.samples > 0) r.loss = total[0] / total.back();
   return r;
 }
 
@@ -614,7 +607,7 @@ void Trainer::logEpochMetrics(const EpochRun& e, const EpochStats& h, int64_t gl
   m.time = e.time;
   m.noise_scale = h.noise_scale;
   m.eval_loss = h.eval_loss;
-  m.eval_accuracy = h.eval_accuracy;
+  m.eval_metrics = h.eval_metrics;
   addMetric(m, result);
 }
 
@@ -956,13 +949,13 @@ EpochStats Trainer::finishEpoch(const EpochRun& e, Console& console) {
   const auto ev = evaluate();
   eval_seconds_ += monotonicSeconds() - eval_started;
   ++evals_;
-  EpochStats st{e.epoch, train_loss, ev.loss, ev.accuracy, e.samples / std::max(train_secs, 1e-9),
+  EpochStats st{e.epoch, train_loss, ev.loss, ev.metrics, e.samples / std::max(train_secs, 1e-9),
                 monotonicSeconds() - e.started, noise_.windowBSimple()};
   noise_.resetWindow();
   console.line(strCat(epochLabel(e.epoch), "  train_loss ",
                       formatFixed(train_loss, 4),
-                      ev.samples > 0 ? strCat("  eval_loss ", formatFixed(ev.loss, 4), "  eval_acc ",
-                                              formatFixed(100.0 * ev.accuracy, 2), " %  ")
+                      ev.samples > 0 ? strCat("  eval_loss ", formatFixed(ev.loss, 4), "  ",
+                                              task_->epochFigures(ev.metrics), "  ")
                                      : std::string("  (no validation set)  "),
                       static_cast<int64_t>(st.samples_per_s), " samples/s  (",
                       formatDuration(st.seconds), ")",
@@ -1415,8 +1408,14 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
     const auto& last = result.history.back();
     result.train_loss = last.train_loss;
     result.eval_loss = last.eval_loss;
-    result.eval_accuracy = last.eval_accuracy;
+    result.eval_metrics = last.eval_metrics;
   }
+  if (result.history.empty()) {  // no epoch ended: the metrics named, at 0
+    result.eval_metrics = task_->metrics(std::vector<double>(task_->sumCount(), 0.0), 1.0);
+  }
+  result.task = toString(task_->kind());
+  result.best_metric = task_->best().name;
+  result.best_higher = task_->best().higher_is_better;
   // Training throughput: real samples over the time spent in training steps.
   result.samples_per_s = result.samples / std::max(train_time, 1e-9);
   console_ = nullptr;

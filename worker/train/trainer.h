@@ -70,6 +70,7 @@
 #include "worker/model/precision.h"
 #include "worker/train/gpu_monitor.h"
 #include "worker/train/noise_scale.h"
+#include "worker/task/task.h"
 #include "worker/train/result.h"
 
 namespace batchdist::worker {
@@ -150,7 +151,7 @@ StepWishes unpackWishes(const collective::SideChannel& summed);
 
 struct EvalResult {
   double loss = 0;
-  double accuracy = 0;
+  Metrics metrics;  ///< the task's, over every validation sample (empty: none)
   int64_t samples = 0;
 };
 
@@ -166,6 +167,7 @@ class Trainer {
   /// Replaces the plan (the batch search measures several per-GPU batches).
   void setPlan(const Plan& plan) { plan_ = plan; }
   Model& model() { return *model_; }
+  const Task& task() const { return *task_; }
   Loader& loader() { return *loader_; }
   at::Device device() const { return device_; }
 
@@ -339,6 +341,7 @@ class Trainer {
   const DataSplit& data_;
   at::Device device_;
   Plan plan_;
+  std::unique_ptr<Task> task_;  ///< Note [task]
   std::unique_ptr<Model> model_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<collective::Reducer> reducer_;              // dist.overlap: true

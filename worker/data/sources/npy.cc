@@ -161,6 +161,7 @@ struct DtypeInfo {
 constexpr DtypeInfo kDtypes[] = {{NpyType::kUint8, "u1"},
                                  {NpyType::kFloat16, "f2"},
                                  {NpyType::kFloat32, "f4"},
+                                 {NpyType::kFloat64, "f8"},
                                  {NpyType::kInt32, "i4"},
                                  {NpyType::kInt64, "i8"}};
 
@@ -186,6 +187,7 @@ int64_t NpyArray::itemBytes() const {
     case NpyType::kUint8: return 1;
     case NpyType::kFloat16: return 2;
     case NpyType::kFloat32: return 4;
+    case NpyType::kFloat64: return 8;
     case NpyType::kInt32: return 4;
     case NpyType::kInt64: return 8;
   }
@@ -203,6 +205,7 @@ const char* toString(NpyType t) {
     case NpyType::kUint8: return "uint8";
     case NpyType::kFloat16: return "float16";
     case NpyType::kFloat32: return "float32";
+    case NpyType::kFloat64: return "float64";
     case NpyType::kInt32: return "int32";
     case NpyType::kInt64: return "int64";
   }

@@ -9,7 +9,7 @@
 
 namespace batchdist::worker {
 
-enum class NpyType { kUint8, kFloat16, kFloat32, kInt32, kInt64 };
+enum class NpyType { kUint8, kFloat16, kFloat32, kFloat64, kInt32, kInt64 };
 
 /// A read-only mapping; unmapped when the last copy goes.
 struct NpyArray {

@@ -1,0 +1,164 @@
+#include "worker/task/task.h"
+
+#include <torch/torch.h>
+
+#include <cstdio>
+
+#include "collective/error.h"
+#include "worker/common/console.h"
+#include "worker/data/data.h"
+
+namespace batchdist::worker {
+
+std::string Task::describe(const Metrics& m) const {
+  std::string out;
+  for (const auto& x : m) {
+    char v[32];
+    std::snprintf(v, sizeof v, "%.4g", x.value);
+    out += strCat(out.empty() ? "eval " : ", eval ", x.name, " ", v);
+  }
+  return out;
+}
+
+std::string Task::epochFigures(const Metrics& m) const {
+  std::string out;
+  for (const auto& x : m) {
+    char v[32];
+    std::snprintf(v, sizeof v, "%.4g", x.value);
+    out += strCat(out.empty() ? "eval_" : "  eval_", x.name, " ", v);
+  }
+  return out;
+}
+
+namespace {
+
+/// Integer labels, one logit per class: cross-entropy, accuracy by argmax.
+class Classification final : public Task {
+ public:
+  TaskKind kind() const override { return TaskKind::kClassification; }
+  at::Tensor perSampleLoss(const at::Tensor& out, const at::Tensor& target) const override {
+    return torch::nn::functional::cross_entropy(
+        out.to(torch::kFloat), target,
+        torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+  }
+  int sumCount() const override { return 2; }  // loss, correct
+  void addEvalSums(const at::Tensor& out, const at::Tensor& target,
+                   std::vector<double>& sums) const override {
+    const auto logits = out.to(torch::kFloat);
+    sums[0] += torch::nn::functional::cross_entropy(
+                   logits, target,
+                   torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                   .item<double>();
+    sums[1] += logits.argmax(1).eq(target).sum().item<double>();
+  }
+  Metrics metrics(const std::vector<double>& sums, double samples) const override {
+    return {{"accuracy", sums[1] / samples}};
+  }
+  BestMetric best() const override { return {"accuracy", true}; }
+  at::ScalarType targetDtype() const override { return at::kLong; }
+  std::string describe(const Metrics& m) const override {
+    return strCat("eval accuracy ", formatFixed(100.0 * metricValue(m, "accuracy"), 2), " %");
+  }
+  std::string epochFigures(const Metrics& m) const override {
+    return strCat("eval_acc ", formatFixed(100.0 * metricValue(m, "accuracy"), 2), " %");
+  }
+};
+
+/// Float targets, N or N x k, one output per target: mean squared error per
+/// sample (the mean over its k values); metrics mse and mae over all values.
+class Regression final : public Task {
+ public:
+  TaskKind kind() const override { return TaskKind::kRegression; }
+  at::Tensor perSampleLoss(const at::Tensor& out, const at::Tensor& target) const override {
+    const auto d = diff(out, target);
+    return d.square().mean(1);
+  }
+  int sumCount() const override { return 3; }  // loss (per-sample mse summed), squared, absolute
+  void addEvalSums(const at::Tensor& out, const at::Tensor& target,
+                   std::vector<double>& sums) const override {
+    const auto d = diff(out, target).to(torch::kDouble);
+    const double squared = d.square().mean(1).sum().item<double>();
+    sums[0] += squared;
+    sums[1] += squared;
+    sums[2] += d.abs().mean(1).sum().item<double>();
+  }
+  Metrics metrics(const std::vector<double>& sums, double samples) const override {
+    return {{"mse", sums[1] / samples}, {"mae", sums[2] / samples}};
+  }
+  BestMetric best() const override { return {"mse", false}; }
+  at::ScalarType targetDtype() const override { return at::kFloat; }
+
+ private:
+  /// outputs - targets as fp32 [n, k] (a target of shape [n] is [n, 1]).
+  static at::Tensor diff(const at::Tensor& out, const at::Tensor& target) {
+    const int64_t n = out.size(0);
+    return out.to(torch::kFloat).reshape({n, -1}) - target.to(torch::kFloat).reshape({n, -1});
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Task> makeTask(TaskKind kind) {
+  switch (kind) {
+    case TaskKind::kClassification:
+      return std::make_unique<Classification>();
+    case TaskKind::kRegression:
+      return std::make_unique<Regression>();
+    case TaskKind::kAuto:
+      break;
+  }
+  throw Error("makeTask: task.name auto must be resolved from the data first (resolveTask)");
+}
+
+// Note [task choice]: task.name auto takes regression when the data's targets are
+// floats (npy: a float32/float64 y.npy) and classification otherwise (integer
+// labels: every other source). An explicit task.name must match the targets. The
+// head: classification's is the class count (model.outputs, if given, at least
+// that); regression's is the targets' k (1 for N targets; model.outputs, if given,
+// equal to it).
+TaskChoice chooseTask(const Config& cfg, const DataSplit& data) {
+  const auto& y = data.train.target;
+  const bool floats = y.defined() && y.is_floating_point();
+  TaskChoice c;
+  if (cfg.task.name == TaskKind::kAuto) {
+    c.kind = floats ? TaskKind::kRegression : TaskKind::kClassification;
+    c.why = floats ? strCat("task.name: auto; ", toString(cfg.data.name), " has float targets")
+                   : strCat("task.name: auto; ", toString(cfg.data.name), " has class labels");
+  } else {
+    c.kind = cfg.task.name;
+    c.why = strCat("task.name: ", toString(c.kind));
+    if ((c.kind == TaskKind::kRegression) != floats) {
+      throw keyError(cfg.source, "task.name",
+                     c.kind == TaskKind::kRegression
+                         ? strCat("regression needs float targets, but data.name ",
+                                  toString(cfg.data.name),
+                                  " gives class labels (regression reads data.name: npy with a "
+                                  "float32 or float64 y.npy)")
+                         : strCat("classification needs integer class labels, but ",
+                                  toString(cfg.data.name),
+                                  "'s y.npy holds floats; use task.name: regression (or auto), or "
+                                  "integer labels"));
+    }
+  }
+  const int64_t given = cfg.model.outputs;
+  if (c.kind == TaskKind::kClassification) {
+    const int64_t classes = data.train.classes;
+    if (given > 0 && given < classes) {
+      throw keyError(cfg.source, "model.outputs",
+                     strCat(given, " is below the ", classes, " classes of the data; one output per "
+                                   "class (leave it out for exactly ", classes, ")"));
+    }
+    c.outputs = given > 0 ? given : classes;
+  } else {
+    const int64_t k = y.dim() == 1 ? 1 : y.size(1);
+    if (given > 0 && given != k) {
+      throw keyError(cfg.source, "model.outputs",
+                     strCat(given, ", but the targets have ", k, " value", k == 1 ? "" : "s",
+                            " per sample; one output per value (leave it out for ", k, ")"));
+    }
+    c.outputs = k;
+  }
+  return c;
+}
+
+}  // namespace batchdist::worker
