@@ -531,147 +531,205 @@ struct PhaseClock {
   }
 };
 
-int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
-  PhaseClock clock;
-  auto conn = connect(s, place);
-  auto& comm = *conn.comm;
-  checkConfigsAgree(s.cfg, comm);
-  clock.lap("rendezvous");
-  const bool lead = place.rank == 0;
-  Console console(lead && !req.quiet, progressStyle(s.cfg.train.progress));
-  console.line(strCat("batchdist ", BATCHDIST_VERSION, ": ", place.size, " rank(s) on ",
-                      place.host_count, " host(s), backend ", comm.backendName(), ", device ",
-                      s.device.str(), ", torch ", compat::torchVersion(), ", ", conn.threads,
-                      " thread(s)/rank, store ", conn.store_address));
-  if (!s.device.is_cuda()) s.blas = configureHostBlas(conn.threads);  // Note [host blas]
-  if (const auto line = blasLine(s.blas); !line.empty()) console.line(line);
-  console.line(strCat("data: ", s.data.origin, " -> ", s.data.train.size(), " train / ",
-                      s.data.val.size(), " validation samples"));
+namespace {
 
+// Note [run phases]: executeRun is five phases, each a short function over one
+// RunState: connect (rendezvous, the configs agree, the banner), resolve the batch
+// (a checkpoint to resume from, then the search or its cache: may end the run),
+// build (the trainer, the adaptive batch, checkpoints, the metric sinks), train,
+// and finish (rank 0's artifacts; the exit code, runExitCode()). Every phase is
+// collective: every rank runs the same phases in the same order.
+struct RunState {
+  const RunRequest& req;
+  const RankPlace& place;
+  RunSetup& s;
+  PhaseClock clock;
+  Connection conn;
+  std::unique_ptr<Console> console;
   std::optional<SearchResult> searched;
   CacheEntry cache;
-  const auto resumed = prepareResume(req, s, comm, console, &searched);
-  clock.lap("resume_plan");
-  // A resumed run was planned by prepareResume, unless the search picks m for a new world size.
-  if (req.search_only || s.cfg.batch.per_gpu_auto) {
-    const double search_t0 = monotonicSeconds();
-    try {
-      searched = searchBatch(req, s, comm, console, &cache);
-      clock.lap("search");
-      if (!searched->data_bound.empty()) console.line("search: " + searched->data_bound);
-    } catch (const SearchStopped& e) {
-      const int own_sig = req.stop_signal();
-      const int sig = agreedSignal(req, comm);
-      if (own_sig != 0) {
-        std::cerr << strCat(place.tag(), " received SIG", sigabbrev_np(own_sig),
-                            ": the batch search stopped cleanly ", e.what(),
-                            "; rank 0 writes the report\n")
-                  << std::flush;
-      }
-      if (lead) {
-        finishStoppedSearch(req, place, s, comm, e.lastPerGpu(),
-                            monotonicSeconds() - search_t0, sig);
-      }
-      console.line(strCat("stop requested during the batch search: every rank stopped ", e.what(),
-                          "; nothing was trained; wrote ", req.output, "/report.json"));
-      comm.barrier();
-      return 128 + (sig ? sig : SIGTERM);
-    }
-    if (lead) {
-      writeSearchArtifacts(req, *searched);
-      if (s.cfg.report.tensorboard) {
-        writeSearchEvents((fs::path(req.output) / "tensorboard" / "search").string(), *searched);
-      }
-    }
-    // The plan (shards, lr scaling, warmup, BatchNorm minimum) follows the choice.
-    s.plan = makePlan(s.cfg, place.size, s.data.train.size(), s.has_bn, searched->chosen);
-    if (req.search_only) {
-      if (console.enabled()) std::cout << planText(s.plan) << std::flush;
-      comm.barrier();
-      clock.write(req, place, nullptr);
-      return 0;
-    }
-  }
-  if (console.enabled()) std::cout << planText(s.plan) << std::flush;
+  std::optional<CheckpointCheck> resumed;
+  bool lead() const { return place.rank == 0; }
+  collective::Communicator& comm() { return *conn.comm; }
+};
 
-  Trainer trainer(s.cfg, comm, s.data, s.device, s.plan);
-  if (s.cfg.batch.adapt == BatchAdapt::kGoodput) {
-    // Note [adaptive training]: the search's samples/s per per-GPU batch (a
-    // resume on the same world size takes back its checkpoint's table instead).
-    auto space = adaptSpace(s.cfg, s.plan, s.has_bn);
-    if (searched) {
-      const auto table = adaptThroughput(*searched);
-      space.throughput.insert(space.throughput.end(), table.begin(), table.end());
+void connectPhase(RunState& r) {
+  r.conn = connect(r.s, r.place);
+  checkConfigsAgree(r.s.cfg, r.comm());
+  r.clock.lap("rendezvous");
+  auto& s = r.s;
+  r.console = std::make_unique<Console>(r.lead() && !r.req.quiet, progressStyle(s.cfg.train.progress));
+  r.console->line(strCat("batchdist ", BATCHDIST_VERSION, ": ", r.place.size, " rank(s) on ",
+                         r.place.host_count, " host(s), backend ", r.comm().backendName(),
+                         ", device ", s.device.str(), ", torch ", compat::torchVersion(), ", ",
+                         r.conn.threads, " thread(s)/rank, store ", r.conn.store_address));
+  if (!s.device.is_cuda()) s.blas = configureHostBlas(r.conn.threads);  // Note [host blas]
+  if (const auto line = blasLine(s.blas); !line.empty()) r.console->line(line);
+  r.console->line(strCat("data: ", s.data.origin, " -> ", s.data.train.size(), " train / ",
+                         s.data.val.size(), " validation samples"));
+}
+
+/// The batch search (or its cache) and the plan it gives. Returns the exit code
+/// when the run ends here: a stop signal during the search, or the `search` verb.
+std::optional<int> searchPhase(RunState& r) {
+  auto& s = r.s;
+  const double search_t0 = monotonicSeconds();
+  try {
+    r.searched = searchBatch(r.req, s, r.comm(), *r.console, &r.cache);
+    r.clock.lap("search");
+    if (!r.searched->data_bound.empty()) r.console->line("search: " + r.searched->data_bound);
+  } catch (const SearchStopped& e) {
+    const int own_sig = r.req.stop_signal();
+    const int sig = agreedSignal(r.req, r.comm());
+    if (own_sig != 0) {
+      std::cerr << strCat(r.place.tag(), " received SIG", sigabbrev_np(own_sig),
+                          ": the batch search stopped cleanly ", e.what(),
+                          "; rank 0 writes the report\n")
+                << std::flush;
     }
-    trainer.setAdaptive(space);
-    console.line(strCat("adapt: batch.adapt: goodput: global batch from ", space.g0, " up to ",
-                        space.ceiling, ", re-decided every ", s.cfg.batch.adapt_every_steps,
-                        " steps and at epoch ends",
-                        s.plan.warmup_steps <= 0 ? std::string()
-                        : s.cfg.batch.adapt_in_warmup
-                            ? strCat(" (in the warmup's ", s.plan.warmup_steps,
-                                     " steps too: batch.adapt_in_warmup)")
-                            : strCat(" once the warmup's ", s.plan.warmup_steps, " steps are done"),
-                        "; the run ends at ", s.plan.total_steps, " G0-equivalent steps",
-                        s.cfg.batch.adapt_gain == AdaptGain::kLinear
-                            ? " (a step at G counts G/G0 of them, the lr scales with G/G0: "
-                              "batch.adapt_gain: linear)"
-                            : ""));
+    if (r.lead()) {
+      finishStoppedSearch(r.req, r.place, s, r.comm(), e.lastPerGpu(),
+                          monotonicSeconds() - search_t0, sig);
+    }
+    r.console->line(strCat("stop requested during the batch search: every rank stopped ", e.what(),
+                           "; nothing was trained; wrote ", r.req.output, "/report.json"));
+    r.comm().barrier();
+    return 128 + (sig ? sig : SIGTERM);
   }
-  console.line(strCat("model: ", trainer.model().describe(), ", precision ",
-                      toString(s.cfg.train.precision),
-                      s.cfg.model.sync_batchnorm ? ", synchronised BatchNorm" : ""));
-  Checkpointer checkpointer(s.cfg.checkpoint, s.checkpoint_dir,
-                            {s.plan, searched ? searched->chosen : 0, s.cfg.resolved}, comm);
-  trainer.setCheckpointer(&checkpointer);
-  // Note [streamed metrics]: rank 0 appends as training goes; a resume continues the file.
-  // Note [tensorboard events]: a new event file, opening with START at the first step it holds.
-  std::optional<MetricsLog> metrics_log;
-  std::optional<EventFileWriter> events;
-  if (lead) {
-    const int64_t resumed_step = resumed ? resumed->manifest["step"].get<int64_t>() : -1;
-    metrics_log.emplace((fs::path(req.output) / "metrics.jsonl").string(), resumed_step);
+  if (r.lead()) {
+    writeSearchArtifacts(r.req, *r.searched);
     if (s.cfg.report.tensorboard) {
-      events.emplace((fs::path(req.output) / "tensorboard" / "train").string(), resumed_step + 1);
+      writeSearchEvents((fs::path(r.req.output) / "tensorboard" / "search").string(), *r.searched);
     }
-    trainer.setMetricSink([&](const MetricPoint& m) {
-      metrics_log->append(m);
-      if (events) appendMetrics(*events, m);
-    });
   }
-  clock.lap("model");
-  if (resumed) {
-    restoreState(*resumed, trainer.state(), place.rank, place.size);
-    trainer.resumeAt(positionOf(resumed->manifest));
-    clock.lap("resume_read");
+  // The plan (shards, lr scaling, warmup, BatchNorm minimum) follows the choice.
+  s.plan = makePlan(s.cfg, r.place.size, s.data.train.size(), s.has_bn, r.searched->chosen);
+  if (r.req.search_only) {
+    if (r.console->enabled()) std::cout << planText(s.plan) << std::flush;
+    r.comm().barrier();
+    r.clock.write(r.req, r.place, nullptr);
+    return 0;
   }
-  const auto result = trainer.train(console, [&req] { return req.stop_signal() != 0; });
-  clock.lap("train");
+  return std::nullopt;
+}
+
+/// A checkpoint to resume from, then the per-GPU batch: the config's, the
+/// checkpoint's, or the search's. Returns the exit code when the run ends here.
+std::optional<int> resolveBatchPhase(RunState& r) {
+  r.resumed = prepareResume(r.req, r.s, r.comm(), *r.console, &r.searched);
+  r.clock.lap("resume_plan");
+  // A resumed run was planned by prepareResume, unless the search picks m for a new world size.
+  if (r.req.search_only || r.s.cfg.batch.per_gpu_auto) {
+    if (auto code = searchPhase(r)) return code;
+  }
+  if (r.console->enabled()) std::cout << planText(r.s.plan) << std::flush;
+  return std::nullopt;
+}
+
+/// Note [adaptive training]: the search's samples/s per per-GPU batch (a resume
+/// on the same world size takes back its checkpoint's table instead).
+void setUpAdaptive(RunState& r, Trainer& trainer) {
+  const auto& s = r.s;
+  auto space = adaptSpace(s.cfg, s.plan, s.has_bn);
+  if (r.searched) {
+    const auto table = adaptThroughput(*r.searched);
+    space.throughput.insert(space.throughput.end(), table.begin(), table.end());
+  }
+  trainer.setAdaptive(space);
+  r.console->line(strCat("adapt: batch.adapt: goodput: global batch from ", space.g0, " up to ",
+                         space.ceiling, ", re-decided every ", s.cfg.batch.adapt_every_steps,
+                         " steps and at epoch ends",
+                         s.plan.warmup_steps <= 0 ? std::string()
+                         : s.cfg.batch.adapt_in_warmup
+                             ? strCat(" (in the warmup's ", s.plan.warmup_steps,
+                                      " steps too: batch.adapt_in_warmup)")
+                             : strCat(" once the warmup's ", s.plan.warmup_steps, " steps are done"),
+                         "; the run ends at ", s.plan.total_steps, " G0-equivalent steps",
+                         s.cfg.batch.adapt_gain == AdaptGain::kLinear
+                             ? " (a step at G counts G/G0 of them, the lr scales with G/G0: "
+                               "batch.adapt_gain: linear)"
+                             : ""));
+}
+
+/// Rank 0's streams while training: metrics.jsonl and TensorBoard's events.
+struct MetricSinks {
+  std::optional<MetricsLog> log;
+  std::optional<EventFileWriter> events;
+};
+
+// Note [streamed metrics]: rank 0 appends as training goes; a resume continues the file.
+// Note [tensorboard events]: a new event file, opening with START at the first step it holds.
+void attachMetricSinks(RunState& r, Trainer& trainer, MetricSinks& sinks) {
+  if (!r.lead()) return;
+  const int64_t resumed_step = r.resumed ? r.resumed->manifest["step"].get<int64_t>() : -1;
+  sinks.log.emplace((fs::path(r.req.output) / "metrics.jsonl").string(), resumed_step);
+  if (r.s.cfg.report.tensorboard) {
+    sinks.events.emplace((fs::path(r.req.output) / "tensorboard" / "train").string(), resumed_step + 1);
+  }
+  trainer.setMetricSink([&sinks](const MetricPoint& m) {
+    sinks.log->append(m);
+    if (sinks.events) appendMetrics(*sinks.events, m);
+  });
+}
+
+/// Rank 0's artifacts and the run's exit code, after training.
+int finishPhase(RunState& r, Trainer& trainer, const TrainResult& result) {
   // The signal may have reached only some ranks; all learn which (once per run).
-  const int own_sig = req.stop_signal();
-  const int sig = agreedSignal(req, comm);
+  const int own_sig = r.req.stop_signal();
+  const int sig = agreedSignal(r.req, r.comm());
   if (!result.completed && own_sig != 0) {
-    std::cerr << strCat(place.tag(), " received SIG", sigabbrev_np(own_sig),
+    std::cerr << strCat(r.place.tag(), " received SIG", sigabbrev_np(own_sig),
                         ": stopped cleanly after step ", result.steps,
                         "; rank 0 saves the model and the report\n")
               << std::flush;
   }
-  if (lead) {
-    finishRun(req, place, s, comm, trainer, result, searched, resumed, sig, console);
-    markCache(cache, result);
+  if (r.lead()) {
+    finishRun(r.req, r.place, r.s, r.comm(), trainer, result, r.searched, r.resumed, sig, *r.console);
+    markCache(r.cache, result);
   }
-  comm.barrier();
-  clock.lap("artifacts");
-  clock.write(req, place, &result.phases);
+  r.comm().barrier();
+  r.clock.lap("artifacts");
+  r.clock.write(r.req, r.place, &result.phases);
+  if (!result.completed && !result.failure.empty() && r.lead()) {
+    std::cerr << strCat(r.place.tag(), " error: ", result.failure, "\n") << std::flush;
+  }
+  return runExitCode(result, sig);
+}
+
+}  // namespace
+
+int runExitCode(const TrainResult& result, int sig) {
   if (result.completed) return 0;
-  if (!result.failure.empty()) {
-    if (lead) std::cerr << strCat(place.tag(), " error: ", result.failure, "\n") << std::flush;
-    return 1;
-  }
+  if (!result.failure.empty()) return 1;
   // A stop whose checkpoint failed must not look like a clean, resumable stop.
   const bool lost = !result.checkpoints.empty() && result.checkpoints.back().on_signal &&
                     !result.checkpoints.back().error.empty();
   return lost ? 1 : 128 + (sig ? sig : SIGTERM);
+}
+
+int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
+  RunState r{req, place, s};
+  connectPhase(r);
+  if (auto code = resolveBatchPhase(r)) return *code;
+  Trainer trainer(s.cfg, r.comm(), s.data, s.device, s.plan);
+  if (s.cfg.batch.adapt == BatchAdapt::kGoodput) setUpAdaptive(r, trainer);
+  r.console->line(strCat("model: ", trainer.model().describe(), ", precision ",
+                         toString(s.cfg.train.precision),
+                         s.cfg.model.sync_batchnorm ? ", synchronised BatchNorm" : ""));
+  Checkpointer checkpointer(s.cfg.checkpoint, s.checkpoint_dir,
+                            {s.plan, r.searched ? r.searched->chosen : 0, s.cfg.resolved}, r.comm());
+  trainer.setCheckpointer(&checkpointer);
+  MetricSinks sinks;
+  attachMetricSinks(r, trainer, sinks);
+  r.clock.lap("model");
+  if (r.resumed) {
+    restoreState(*r.resumed, trainer.state(), place.rank, place.size);
+    trainer.resumeAt(positionOf(r.resumed->manifest));
+    r.clock.lap("resume_read");
+  }
+  const auto result = trainer.train(*r.console, [&req] { return req.stop_signal() != 0; });
+  r.clock.lap("train");
+  return finishPhase(r, trainer, result);
 }
 
 std::string planOutput(const RunRequest& req, int world, bool json) {

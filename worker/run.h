@@ -14,6 +14,7 @@
 #include "worker/device.h"
 #include "worker/plan/plan.h"
 #include "worker/task/task.h"
+#include "worker/train/result.h"
 
 namespace batchdist::worker {
 
@@ -82,7 +83,14 @@ void prepareData(const RunRequest& req, const RankPlace& place, RunSetup& setup)
 /// batch search (or its cache), training, and rank 0's artifacts (model.pt,
 /// report.json, search.json/svg). Collective. Returns the exit code: 0, or
 /// 128 + signal when a stop request ended the run early. Throws Error.
+/// Note [run phases] in run.cc.
 int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& setup);
+
+/// A training run's exit code: 0 when it completed; 1 when it failed (nothing
+/// left after an out-of-memory back-off), or when a stop's checkpoint could not
+/// be written (the stop is not resumable); else 128 + the agreed stop signal
+/// `sig` (SIGTERM when 0): a clean, resumable stop.
+int runExitCode(const TrainResult& result, int sig);
 
 /// The `plan` verb's output (text, or JSON with `json`) for `world` ranks.
 /// Throws Error.

@@ -1316,6 +1316,40 @@ void Trainer::restoreAdaptive(const nlohmann::ordered_json& rec, TrainResult& re
   a.done = a.progress >= static_cast<double>(a.plan0.total_steps) - 1e-9;
 }
 
+// Note [epoch from the step]: a resumed run continues at resume_.global_step; its
+// epoch and the step in it follow from the plan (steps per epoch depend on G and N
+// only: Note [equal shards]), or from the adaptive record (Note [adaptive checkpoint]).
+Trainer::EpochRun Trainer::beginEpoch(Sharder& sharder, int64_t epoch, int64_t global_step) {
+  EpochRun e;
+  e.epoch = epoch;
+  const int64_t spe = std::max<int64_t>(1, plan_.steps_per_epoch);
+  sharder = Sharder(plan_, static_cast<uint64_t>(cfg_.train.seed));  // the split may have changed
+  sharder.setEpoch(epoch);
+  if (adapt_.on) {
+    if (epoch == adapt_.resume_epoch) {
+      sharder.setCut(adapt_.resume_cut_step, adapt_.resume_cut_begin);
+      e.first = adapt_.resume_step;
+    }
+    e.steps = sharder.stepsInEpoch();
+  } else {
+    e.first = global_step - epoch * spe;
+    e.steps = std::min(plan_.steps_per_epoch, plan_.total_steps - epoch * spe);
+  }
+  e.cut_step = sharder.cutFirstStep();
+  e.cut_begin = sharder.cutBegin();
+  e.next = e.first;
+  if (e.first > 0) {
+    e.samples = resume_.epoch_samples;
+    if (comm_.rank() == 0) e.loss_sum = resume_.epoch_loss_sum;
+    e.logged_loss = e.loss_sum;  // metrics.jsonl: intervals start at the resume
+    e.logged_samples = e.samples;
+  }
+  // Job indices as in an uninterrupted epoch: the loader's transform seeds follow them.
+  loader_->start(jobs(sharder, e.first, e.steps - e.first), epoch, sharder.jobIndex(e.first));
+  e.started = monotonicSeconds();
+  return e;
+}
+
 TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_requested) {
   TrainResult result;
   console_ = &console;
@@ -1327,14 +1361,11 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
   }
   takeTime();
   const double t0 = monotonicSeconds();
-  // A resumed run continues at resume_.global_step: epoch and step in it follow
-  // from the plan (steps per epoch depend on G and N only: Note [equal shards]).
-  int64_t global_step = resume_.global_step;
+  int64_t global_step = resume_.global_step;  // Note [epoch from the step]
   result.history = resume_.history;
   result.samples = resume_.samples;
-  const int64_t spe = std::max<int64_t>(1, plan_.steps_per_epoch);
   double train_time = 0;
-  int64_t epoch = global_step / spe;
+  int64_t epoch = global_step / std::max<int64_t>(1, plan_.steps_per_epoch);
   if (adapt_.on) {
     restoreAdaptive(resume_.adapt, result);
     epoch = adapt_.resume_epoch;
@@ -1346,71 +1377,55 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
     return adapt_.on ? adapt_.done : !(epoch < plan_.epochs && global_step < plan_.total_steps);
   };
   for (; !finished(); ++epoch) {
-    EpochRun e;
-    e.epoch = epoch;
-    sharder = Sharder(plan_, static_cast<uint64_t>(cfg_.train.seed));  // the split may have changed
-    sharder.setEpoch(epoch);
-    if (adapt_.on) {
-      if (epoch == adapt_.resume_epoch) {
-        sharder.setCut(adapt_.resume_cut_step, adapt_.resume_cut_begin);
-        e.first = adapt_.resume_step;
-      }
-      e.steps = sharder.stepsInEpoch();
-    } else {
-      e.first = global_step - epoch * spe;
-      e.steps = std::min(plan_.steps_per_epoch, plan_.total_steps - epoch * spe);
-    }
-    e.cut_step = sharder.cutFirstStep();
-    e.cut_begin = sharder.cutBegin();
-    e.next = e.first;
-    if (e.first > 0) {
-      e.samples = resume_.epoch_samples;
-      if (comm_.rank() == 0) e.loss_sum = resume_.epoch_loss_sum;
-      e.logged_loss = e.loss_sum;  // metrics.jsonl: intervals start at the resume
-      e.logged_samples = e.samples;
-    }
-    // Job indices as in an uninterrupted epoch: the loader's transform seeds follow them.
-    loader_->start(jobs(sharder, e.first, e.steps - e.first), epoch, sharder.jobIndex(e.first));
-    e.started = monotonicSeconds();
+    EpochRun e = beginEpoch(sharder, epoch, global_step);
     runSteps(e, sharder, &global_step, stop_requested, console, t0, gpu, result);
     train_time += monotonicSeconds() - e.started - e.checkpoint_s;
     result.time.add(e.time);
+    result.samples += e.samples;
     if (e.failed) {
       // Note [oom back-off]: nothing left to back off to; no evaluation (it could
       // run out of memory too). The run ends with the last good weights.
       result.completed = false;
-      result.samples += e.samples;
       break;
     }
     result.history.push_back(finishEpoch(e, console));
     logEpochMetrics(e, result.history.back(), global_step, t0, result);
-    result.samples += e.samples;
     if (e.checkpoint_due && (e.stop || !finished())) {
       checkpoint(e, global_step, /*mid_epoch=*/false, console, result);
     }
     if (e.stop) {
+      stoppedLine(console, global_step, epoch);
       result.completed = false;
-      console.line(strCat("stop requested: every rank stopped after step ", global_step,
-                          adapt_.on ? strCat(" (G0-equivalent progress ",
-                                             formatFixed(adapt_.progress, 1), " of ",
-                                             adapt_.plan0.total_steps, ")")
-                                    : strCat(" of ", plan_.total_steps),
-                          " (epoch ", epoch + 1, ")"));
       break;
     }
   }
+  console_ = nullptr;
+  summarise(result, global_step, monotonicSeconds() - t0, train_time, gpu);
+  return result;
+}
+
+void Trainer::stoppedLine(Console& console, int64_t global_step, int64_t epoch) const {
+  console.line(strCat("stop requested: every rank stopped after step ", global_step,
+                      adapt_.on ? strCat(" (G0-equivalent progress ",
+                                         formatFixed(adapt_.progress, 1), " of ",
+                                         adapt_.plan0.total_steps, ")")
+                                : strCat(" of ", plan_.total_steps),
+                      " (epoch ", epoch + 1, ")"));
+}
+
+void Trainer::summarise(TrainResult& result, int64_t global_step, double wall_s, double train_time,
+                        const UtilizationSampler& gpu) {
   result.steps = global_step;
   if (adapt_.on) result.progress = adapt_.progress;
   result.epochs = static_cast<int64_t>(result.history.size());
-  result.wall_s = monotonicSeconds() - t0;
+  result.wall_s = wall_s;
   result.phases = phaseSeconds(result);
   if (!result.history.empty()) {
     const auto& last = result.history.back();
     result.train_loss = last.train_loss;
     result.eval_loss = last.eval_loss;
     result.eval_metrics = last.eval_metrics;
-  }
-  if (result.history.empty()) {  // no epoch ended: the metrics named, at 0
+  } else {  // no epoch ended: the metrics named, at 0
     result.eval_metrics = task_->metrics(std::vector<double>(task_->sumCount(), 0.0), 1.0);
   }
   result.task = toString(task_->kind());
@@ -1418,48 +1433,49 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
   result.best_higher = task_->best().higher_is_better;
   // Training throughput: real samples over the time spent in training steps.
   result.samples_per_s = result.samples / std::max(train_time, 1e-9);
-  console_ = nullptr;
   // CPU: the peak resident set (VmHWM) of this rank; without a memory limit it is
   // the process's, search included.
   result.peak_memory_mb = std::max(run_peak_mb_, stepPeakMb());
   if (device_.is_cuda()) result.memory_total_mb = compat::cudaTotalBytes(device_.index()) / (1 << 20);
   if (gpu.count > 0) result.gpu_utilization = gpu.sum / gpu.count;
   result.noise = noiseResult();
-  result.data.workers = loader_->workers();
-  result.data.stages = loader_->takeStageSeconds();
-  if (const auto busy = result.data.stages.read + result.data.stages.decode +
-                        result.data.stages.transform;
-      busy > 0) {
-    result.data.capacity_samples_per_s =
-        result.data.stages.samples * std::max<int64_t>(1, result.data.workers) / busy;
-  }
-  if (const auto* decoder = loader_->decoder()) {
-    // Every rank gets here together (the last step was agreed). A bad file met
-    // by several ranks counts once: the union of the ranks' bad samples, sent as
-    // a mask only when there are any. The walk's bad files (the same list on every
-    // rank) count too. Note [bad files named]: the names are gathered the same way.
-    result.data.errors = static_cast<int64_t>(data_.bad_files.size());
-    std::vector<std::vector<DataErrorRecord>> met;
-    const auto any = comm_.allreduce(static_cast<double>(decoder->errorCount()), collective::ReduceOp::kSum);
-    if (any > 0) {
-      auto mask = torch::zeros({data_.train.size()}, torch::kFloat);
-      for (const auto i : decoder->badIndices()) mask[i] = 1.0f;
-      mask = mask.to(device_);
-      comm_.allreduce(mask, collective::ReduceOp::kMax);
-      result.data.errors += mask.gt(0).sum().item<int64_t>();
-      met = allgatherErrors(comm_, decoder->firstErrors());
-    }
-    result.data.first_errors = mergeDataErrors(data_.bad_files, met);
-    if (cfg_.data.cache == DataCache::kRam) {
-      result.data.cache_mb = decoder->cachedBytes() / 1048576.0;
-      result.data.cache_hits = decoder->cacheHits();
-    }
-  }
+  result.data = dataFigures();
   if (scaler_) {
     result.skipped_steps = scaler_->skippedSteps();
     result.loss_scale = scaler_->scale();
   }
-  return result;
+}
+
+DataFigures Trainer::dataFigures() {
+  DataFigures f;
+  f.workers = loader_->workers();
+  f.stages = loader_->takeStageSeconds();
+  if (const auto busy = f.stages.read + f.stages.decode + f.stages.transform; busy > 0) {
+    f.capacity_samples_per_s = f.stages.samples * std::max<int64_t>(1, f.workers) / busy;
+  }
+  const auto* decoder = loader_->decoder();
+  if (!decoder) return f;
+  // Every rank gets here together (the last step was agreed). A bad file met by
+  // several ranks counts once: the union of the ranks' bad samples, sent as a
+  // mask only when there are any. The walk's bad files (the same list on every
+  // rank) count too. Note [bad files named]: the names are gathered the same way.
+  f.errors = static_cast<int64_t>(data_.bad_files.size());
+  std::vector<std::vector<DataErrorRecord>> met;
+  const auto any = comm_.allreduce(static_cast<double>(decoder->errorCount()), collective::ReduceOp::kSum);
+  if (any > 0) {
+    auto mask = torch::zeros({data_.train.size()}, torch::kFloat);
+    for (const auto i : decoder->badIndices()) mask[i] = 1.0f;
+    mask = mask.to(device_);
+    comm_.allreduce(mask, collective::ReduceOp::kMax);
+    f.errors += mask.gt(0).sum().item<int64_t>();
+    met = allgatherErrors(comm_, decoder->firstErrors());
+  }
+  f.first_errors = mergeDataErrors(data_.bad_files, met);
+  if (cfg_.data.cache == DataCache::kRam) {
+    f.cache_mb = decoder->cachedBytes() / 1048576.0;
+    f.cache_hits = decoder->cacheHits();
+  }
+  return f;
 }
 
 }  // namespace batchdist::worker

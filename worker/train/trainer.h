@@ -330,6 +330,14 @@ class Trainer {
   void trackMicroBatch(int64_t k);
   NoiseScaleResult noiseResult() const;
   EpochStats finishEpoch(const EpochRun& e, Console& console);
+  /// The epoch `epoch` from `global_step` on: its sharder cut and the loader started.
+  EpochRun beginEpoch(Sharder& sharder, int64_t epoch, int64_t global_step);
+  void stoppedLine(Console& console, int64_t global_step, int64_t epoch) const;
+  /// After the last step: the run's figures in `result`. Collective (the data errors).
+  void summarise(TrainResult& result, int64_t global_step, double wall_s, double train_time,
+                 const UtilizationSampler& gpu);
+  /// The input pipeline over the run; bad files counted and named over all ranks. Collective.
+  DataFigures dataFigures();
   void synchronize() const;
 
   std::vector<double> step_seconds_;  ///< wall time of this run's steps (the first 100 000)
