@@ -540,6 +540,7 @@ namespace {
 // and finish (rank 0's artifacts; the exit code, runExitCode()). Every phase is
 // collective: every rank runs the same phases in the same order.
 struct RunState {
+  RunState(const RunRequest& q, const RankPlace& p, RunSetup& setup) : req(q), place(p), s(setup) {}
   const RunRequest& req;
   const RankPlace& place;
   RunSetup& s;
@@ -708,7 +709,7 @@ int runExitCode(const TrainResult& result, int sig) {
 }
 
 int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
-  RunState r{req, place, s};
+  RunState r(req, place, s);
   connectPhase(r);
   if (auto code = resolveBatchPhase(r)) return *code;
   Trainer trainer(s.cfg, r.comm(), s.data, s.device, s.plan);
