@@ -10,6 +10,7 @@
 #include "collective/error.h"
 #include "worker/config/config.h"
 #include "worker/plan/adapt.h"
+#include "worker/train/adapt_record.h"
 #include "worker/plan/plan.h"
 
 using batchdist::ConfigError;
@@ -583,4 +584,48 @@ TEST(AdaptiveCut, WithGlobalPlansTheStepsOfTheNewBatch) {
   EXPECT_EQ(p.lr, p0.lr);            // the lr and the run's length stay the plan at G0's
   EXPECT_EQ(p.total_steps, p0.total_steps);
   EXPECT_THROW(withGlobal(p0, 176, 40, 2), batchdist::Error);  // 40 x 2 x 2 != 176
+}
+
+// Note [adaptive checkpoint]: the record's entries are keyed (format 4) and read
+// back the same; a format 2/3 record's positional arrays read to the same values.
+TEST(AdaptRecord, KeyedEntriesRoundTripAndPositionalOnesStillRead) {
+  namespace ar = batchdist::worker::adapt_record;
+  const std::vector<ThroughputPoint> tp{{8, 1200.5, 30.0}, {16, 2100.0, 0.0},
+                                        {32, std::nan(""), 1.0}};  // not finite: left out
+  const std::vector<AdaptSegment> seg{{0, 64, 1.0}, {40, 128, 1.7}};
+  const std::vector<BatchChange> hist{{0, 64, 32, 1, 1.0, -1, 1.0, "start at G0"},
+                                      {40, 128, 32, 2, 1.7, 210.5, 0.81, "goodput +12 %"}};
+  const NoiseScaleEstimator::State noise{12, 0.5, 3.25, 0.9, 4, 0.125, 1.5};
+  const auto tpj = ar::throughputJson(tp);
+  ASSERT_EQ(tpj.size(), 2u);
+  EXPECT_EQ(tpj[0].at("per_gpu"), 8);
+  const auto tp2 = ar::throughputFrom(tpj);
+  EXPECT_EQ(tp2[1].per_gpu, 16);
+  EXPECT_DOUBLE_EQ(tp2[0].uncertainty, 30.0);
+  const auto seg2 = ar::segmentsFrom(ar::segmentsJson(seg));
+  ASSERT_EQ(seg2.size(), 2u);
+  EXPECT_EQ(seg2[1].begin_step, 40);
+  EXPECT_DOUBLE_EQ(seg2[1].gain, 1.7);
+  const auto hist2 = ar::historyFrom(ar::historyJson(hist));
+  ASSERT_EQ(hist2.size(), 2u);
+  EXPECT_EQ(hist2[1].why, "goodput +12 %");
+  EXPECT_DOUBLE_EQ(hist2[1].efficiency, 0.81);
+  const auto n2 = ar::noiseFrom(ar::noiseJson(noise));
+  EXPECT_EQ(n2.steps, 12);
+  EXPECT_DOUBLE_EQ(n2.window_tr, 1.5);
+  // The positional forms of formats 2 and 3 (throughput with two or three values).
+  const auto old = nlohmann::ordered_json::parse(R"({
+    "throughput": [[8, 1200.5, 30.0], [16, 2100.0]],
+    "segments": [[0, 64, 1.0], [40, 128, 1.7]],
+    "history": [[40, 128, 32, 2, 1.7, 210.5, 0.81, "goodput +12 %"]],
+    "noise": [12, 0.5, 3.25, 0.9, 4, 0.125, 1.5]})");
+  const auto otp = ar::throughputFrom(old["throughput"]);
+  EXPECT_EQ(otp[1].per_gpu, 16);
+  EXPECT_DOUBLE_EQ(otp[1].uncertainty, 0.0);
+  EXPECT_EQ(ar::segmentsFrom(old["segments"])[1].global, 128);
+  EXPECT_EQ(ar::historyFrom(old["history"])[0].accum, 2);
+  EXPECT_DOUBLE_EQ(ar::noiseFrom(old["noise"]).ema_tr, 3.25);
+  // A damaged entry throws (restoreAdaptive names the record as damaged).
+  EXPECT_THROW(ar::segmentsFrom(nlohmann::ordered_json::parse(R"([{"begin_step": 0}])")),
+               nlohmann::json::exception);
 }

@@ -49,12 +49,14 @@ std::string checkpointName(int64_t step) {
 
 namespace {
 
-// Format 3: the history's epochs as keyed objects with the task's metrics
+// Format 4: the adaptive record's throughput, segments, history and noise entries
+// keyed (worker/train/adapt_record.h); formats 2 and 3's positional ones are still
+// read. Format 3: the history's epochs as keyed objects with the task's metrics
 // (Note [task]); format 2's positional [epoch, train_loss, eval_loss,
 // eval_accuracy, samples_per_s, seconds] is still read. Format 2: rng.pt as
 // generator records (Note [rng records]) and the manifest's "rng"; format 1 (a
 // torch archive of CPU generators) is still read.
-constexpr int kFormat = 3;
+constexpr int kFormat = 4;
 constexpr int kOldestFormat = 1;
 constexpr std::uintmax_t kMaxCheckpointFile = std::uintmax_t{1} << 40;
 

@@ -18,6 +18,7 @@
 #include "worker/common/util.h"
 #include "collective/torch_compat.h"
 #include "worker/common/console.h"
+#include "worker/train/adapt_record.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/gpu_monitor.h"
 #include "worker/train/memory.h"
@@ -1158,21 +1159,8 @@ nlohmann::ordered_json Trainer::adaptRecord(int64_t epoch, int64_t next_step, in
                                             int64_t cut_begin) const {
   // JSON has no inf or NaN: a figure that is not finite is written as unknown.
   const auto finite = [](double x, double unknown) { return std::isfinite(x) ? x : unknown; };
-  auto throughput = nlohmann::ordered_json::array();
-  for (const auto& p : adapt_.space.throughput) {
-    if (std::isfinite(p.samples_per_s)) {
-      throughput.push_back({p.per_gpu, p.samples_per_s, std::isfinite(p.uncertainty) ? p.uncertainty : 0.0});
-    }
-  }
   auto larger = nlohmann::ordered_json::array();
   for (const auto m : oom_.larger) larger.push_back(m);
-  auto segments = nlohmann::ordered_json::array();
-  for (const auto& g : adapt_.segments) segments.push_back({g.begin_step, g.global, g.gain});
-  auto history = nlohmann::ordered_json::array();
-  for (const auto& c : adapt_.history) {
-    history.push_back({c.step, c.global, c.per_gpu, c.accum, c.gain, c.noise_scale, c.efficiency, c.why});
-  }
-  const auto n = noise_.state();
   return {{"world_size", comm_.size()},
           {"global", plan_.global},
           {"per_gpu", plan_.per_gpu},
@@ -1197,11 +1185,10 @@ nlohmann::ordered_json Trainer::adaptRecord(int64_t epoch, int64_t next_step, in
                    {"retrying", oom_.retrying}}},
           {"fixed_per_gpu", adapt_.space.fixed_per_gpu},
           {"multiple_of", adapt_.space.multiple_of},
-          {"throughput", throughput},
-          {"segments", segments},
-          {"history", history},
-          {"noise", {n.steps, finite(n.ema_g2, 0), finite(n.ema_tr, 0), finite(n.weight, 0),
-                     n.window_steps, finite(n.window_g2, 0), finite(n.window_tr, 0)}},
+          {"throughput", adapt_record::throughputJson(adapt_.space.throughput)},
+          {"segments", adapt_record::segmentsJson(adapt_.segments)},
+          {"history", adapt_record::historyJson(adapt_.history)},
+          {"noise", adapt_record::noiseJson(noise_.state())},
           {"noise_ticks", noise_ticks_}};
 }
 
@@ -1226,61 +1213,14 @@ void Trainer::restoreAdaptive(const nlohmann::ordered_json& rec, TrainResult& re
     a.resume_step = rec.at("step_in_epoch").get<int64_t>();
     a.resume_cut_step = rec.at("cut_step").get<int64_t>();
     a.resume_cut_begin = rec.at("cut_begin").get<int64_t>();
-    for (const auto& g : rec.at("segments")) {
-      a.segments.push_back({g.at(0).get<int64_t>(), g.at(1).get<int64_t>(), g.at(2).get<double>()});
-    }
-    const auto& n = rec.at("noise");
-    noise_.restore({n.at(0).get<int64_t>(), n.at(1).get<double>(), n.at(2).get<double>(),
-                    n.at(3).get<double>(), n.at(4).get<int64_t>(), n.at(5).get<double>(),
-                    n.at(6).get<double>()});
+    a.segments = adapt_record::segmentsFrom(rec.at("segments"));
+    noise_.restore(adapt_record::noiseFrom(rec.at("noise")));
     noise_ticks_ = rec.at("noise_ticks").get<int64_t>();
     a.b_noise = rec.at("b_noise").get<double>();
-    const int64_t g = rec.at("global").get<int64_t>();
     if (rec.at("world_size").get<int64_t>() == comm_.size()) {
-      // The same world: the same split and figures, so the run continues bitwise.
-      a.space.fixed_step_s = rec.at("fixed_step_s").get<double>();
-      a.fixed_sum = rec.at("fixed_sum").get<double>();
-      a.fixed_steps = rec.at("fixed_steps").get<int64_t>();
-      a.step_sum = rec.at("step_sum").get<double>();
-      a.step_count = rec.at("step_count").get<int64_t>();
-      // Where the out-of-memory back-off stood: the same decisions and retries.
-      const auto& oom = rec.at("oom");
-      oom_.larger = oom.at("larger").get<std::vector<int64_t>>();
-      oom_.good_steps = oom.at("good_steps").get<int64_t>();
-      oom_.recover_after = oom.at("recover_after").get<int64_t>();
-      oom_.retrying = oom.at("retrying").get<bool>();
-      a.space.fixed_per_gpu = rec.at("fixed_per_gpu").get<int64_t>();
-      a.space.multiple_of = rec.at("multiple_of").get<int64_t>();
-      a.space.throughput.clear();
-      for (const auto& p : rec.at("throughput")) {
-        // [m, samples/s, uncertainty]; checkpoints before the uncertainty have two.
-        a.space.throughput.push_back({p.at(0).get<int64_t>(), p.at(1).get<double>(),
-                                      p.size() > 2 ? p.at(2).get<double>() : 0.0});
-      }
-      plan_ = withGlobal(plan_, g, rec.at("per_gpu").get<int64_t>(), rec.at("accum").get<int64_t>());
+      restoreAdaptSameWorld(rec);
     } else {
-      // Another world: G kept where it splits over it with this search's sizes,
-      // else the best candidate now; the rest of the epoch is cut anew.
-      const int64_t pos = a.resume_cut_begin + (a.resume_step - a.resume_cut_step) * g;
-      const auto candidates = adaptCandidates(a.space, a.b_noise);
-      const AdaptCandidate* pick = nullptr;
-      for (const auto& c : candidates) {
-        if (c.split.global == g) pick = &c;
-      }
-      for (const auto& c : candidates) {
-        if (pick == nullptr || (pick->split.global != g && c.goodput > pick->goodput)) pick = &c;
-      }
-      const int64_t fixed = a.space.fixed_per_gpu;
-      const int64_t w = comm_.size();
-      if (pick) {
-        plan_ = withGlobal(plan_, pick->split.global, pick->split.per_gpu, pick->split.accum);
-      } else if (fixed > 0 && g % (fixed * w) == 0) {
-        // A fixed batch.per_gpu and no figures for this world yet: G kept by
-        // accumulation (the table fills again from this run's steps).
-        plan_ = withGlobal(plan_, g, fixed, g / (fixed * w));
-      }
-      a.resume_cut_step = a.resume_step;
-      a.resume_cut_begin = pos;
+      resplitAdaptForWorld(rec.at("global").get<int64_t>());
     }
   } catch (const nlohmann::json::exception& e) {
     throw Error(strCat("checkpoint: the adaptive batch record is damaged: ", e.what()));
@@ -1289,31 +1229,78 @@ void Trainer::restoreAdaptive(const nlohmann::ordered_json& rec, TrainResult& re
     throw Error("checkpoint: the adaptive batch record has no history from step 0");
   }
   try {
-    for (const auto& h : rec.at("history")) {
-      a.history.push_back({h.at(0).get<int64_t>(), h.at(1).get<int64_t>(), h.at(2).get<int64_t>(),
-                           h.at(3).get<int64_t>(), h.at(4).get<double>(), h.at(5).get<double>(),
-                           h.at(6).get<double>(), h.at(7).get<std::string>()});
-    }
+    a.history = adapt_record::historyFrom(rec.at("history"));
   } catch (const nlohmann::json::exception& e) {
     throw Error(strCat("checkpoint: the adaptive batch record is damaged: ", e.what()));
   }
   result.batch_history = a.history;
-  if (plan_.global != a.segments.back().global) {
-    if (console_) {
-      const bool fixed = a.space.fixed_per_gpu > 0;
-      console_->line(strCat("adapt: resumed on ", comm_.size(), " ranks: global batch ",
-                            a.segments.back().global, " does not split over them with ",
-                            fixed ? strCat("batch.per_gpu ", a.space.fixed_per_gpu)
-                                  : std::string("the measured per-GPU batches"),
-                            "; ", splitText({plan_.global, plan_.per_gpu, plan_.accum}, comm_.size()),
-                            " from step ", step + 1));
-    }
-    beginSegment(step, a.b_noise,
-                 statisticalEfficiency(static_cast<double>(plan_.global),
-                                       static_cast<double>(a.plan0.global), a.b_noise),
-                 strCat("resumed on ", comm_.size(), " ranks"), result);
-  }
+  if (plan_.global != a.segments.back().global) resumedOtherSplit(step, result);
   a.done = a.progress >= static_cast<double>(a.plan0.total_steps) - 1e-9;
+}
+
+// The same world: the same split and figures, so the run continues bitwise.
+void Trainer::restoreAdaptSameWorld(const nlohmann::ordered_json& rec) {
+  auto& a = adapt_;
+  a.space.fixed_step_s = rec.at("fixed_step_s").get<double>();
+  a.fixed_sum = rec.at("fixed_sum").get<double>();
+  a.fixed_steps = rec.at("fixed_steps").get<int64_t>();
+  a.step_sum = rec.at("step_sum").get<double>();
+  a.step_count = rec.at("step_count").get<int64_t>();
+  // Where the out-of-memory back-off stood: the same decisions and retries.
+  const auto& oom = rec.at("oom");
+  oom_.larger = oom.at("larger").get<std::vector<int64_t>>();
+  oom_.good_steps = oom.at("good_steps").get<int64_t>();
+  oom_.recover_after = oom.at("recover_after").get<int64_t>();
+  oom_.retrying = oom.at("retrying").get<bool>();
+  a.space.fixed_per_gpu = rec.at("fixed_per_gpu").get<int64_t>();
+  a.space.multiple_of = rec.at("multiple_of").get<int64_t>();
+  a.space.throughput = adapt_record::throughputFrom(rec.at("throughput"));
+  plan_ = withGlobal(plan_, rec.at("global").get<int64_t>(), rec.at("per_gpu").get<int64_t>(),
+                     rec.at("accum").get<int64_t>());
+}
+
+// Another world: G kept where it splits over it with this search's sizes, else
+// the best candidate now; the rest of the epoch is cut anew.
+void Trainer::resplitAdaptForWorld(int64_t g) {
+  auto& a = adapt_;
+  const int64_t pos = a.resume_cut_begin + (a.resume_step - a.resume_cut_step) * g;
+  const auto candidates = adaptCandidates(a.space, a.b_noise);
+  const AdaptCandidate* pick = nullptr;
+  for (const auto& c : candidates) {
+    if (c.split.global == g) pick = &c;
+  }
+  for (const auto& c : candidates) {
+    if (pick == nullptr || (pick->split.global != g && c.goodput > pick->goodput)) pick = &c;
+  }
+  const int64_t fixed = a.space.fixed_per_gpu;
+  const int64_t w = comm_.size();
+  if (pick) {
+    plan_ = withGlobal(plan_, pick->split.global, pick->split.per_gpu, pick->split.accum);
+  } else if (fixed > 0 && g % (fixed * w) == 0) {
+    // A fixed batch.per_gpu and no figures for this world yet: G kept by
+    // accumulation (the table fills again from this run's steps).
+    plan_ = withGlobal(plan_, g, fixed, g / (fixed * w));
+  }
+  a.resume_cut_step = a.resume_step;
+  a.resume_cut_begin = pos;
+}
+
+// A resume on another world whose G did not split: a new segment from `step`.
+void Trainer::resumedOtherSplit(int64_t step, TrainResult& result) {
+  auto& a = adapt_;
+  if (console_) {
+    const bool fixed = a.space.fixed_per_gpu > 0;
+    console_->line(strCat("adapt: resumed on ", comm_.size(), " ranks: global batch ",
+                          a.segments.back().global, " does not split over them with ",
+                          fixed ? strCat("batch.per_gpu ", a.space.fixed_per_gpu)
+                                : std::string("the measured per-GPU batches"),
+                          "; ", splitText({plan_.global, plan_.per_gpu, plan_.accum}, comm_.size()),
+                          " from step ", step + 1));
+  }
+  beginSegment(step, a.b_noise,
+               statisticalEfficiency(static_cast<double>(plan_.global),
+                                     static_cast<double>(a.plan0.global), a.b_noise),
+               strCat("resumed on ", comm_.size(), " ranks"), result);
 }
 
 // Note [epoch from the step]: a resumed run continues at resume_.global_step; its

@@ -326,6 +326,11 @@ class Trainer {
   std::string epochLabel(int64_t epoch) const;
   /// Takes back a checkpoint's adaptive record (or starts the history at G0).
   void restoreAdaptive(const nlohmann::ordered_json& rec, TrainResult& result);
+  /// ... its split, figures and back-off state on the world that wrote it (bitwise).
+  void restoreAdaptSameWorld(const nlohmann::ordered_json& rec);
+  /// ... or global batch `g` split anew over this world.
+  void resplitAdaptForWorld(int64_t g);
+  void resumedOtherSplit(int64_t step, TrainResult& result);
   PhaseSeconds phaseSeconds(const TrainResult& result) const;
   void trackMicroBatch(int64_t k);
   NoiseScaleResult noiseResult() const;
