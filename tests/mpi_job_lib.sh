@@ -4,6 +4,32 @@
 
 fail() { echo "FAIL: $*"; exit 1; }
 
+# Note [scratch dirs] (tests/scratch_dir.h): $out becomes OUTDIR.XXXXXX, this run's
+# own; removed when the script succeeds, kept on failure.
+own_scratch_out() {
+  mkdir -p "$(dirname "$out")"
+  out=$(mktemp -d "$out.XXXXXX") || { echo "FAIL: mktemp -d $out.XXXXXX"; exit 1; }
+  trap 'rc_=$?; [ "$rc_" = 0 ] && rm -rf "$out"; exit "$rc_"' EXIT
+}
+
+# json RUN KEY...: a value of $out/RUN/report.json (a number KEY indexes a list).
+json() {
+  python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+for k in sys.argv[2:]: d = d[int(k)] if isinstance(d, list) else d[k]
+print(d)' "$out/$1/report.json" "${@:2}"
+}
+
+# expect_error NAME CODE TEXT...: the run NAME exited CODE, and each TEXT is in its log.
+expect_error() {
+  local name=$1 code=$2; shift 2
+  [ "$rc" = "$code" ] || { cat "$out/$name.log"; fail "$name: exit $rc, expected $code"; }
+  for text in "$@"; do
+    grep -qF -- "$text" "$out/$name.log" || { cat "$out/$name.log"; fail "$name: no '$text' in the log"; }
+  done
+  echo "ok: $name: exit $code, names: $*"
+}
+
 # run_into NAME NP ARGS...: `batchdist CFG ARGS... --output $out/NAME` on NP ranks,
 # its log in $out/NAME.log; sets rc to the job's exit code.
 run_into() {

@@ -12,26 +12,10 @@
 set -u
 mpirun=$1 flags=$2 bin=$3 diff=$4 make=$5 src=$6 out=$7 scenario=$8
 cfg=$src/configs/regression-tiny.yaml
-# Note [scratch dirs] (tests/scratch_dir.h): OUTDIR.XXXXXX, this run's own; kept on failure.
-mkdir -p "$(dirname "$out")"
-out=$(mktemp -d "$out.XXXXXX") || { echo "FAIL: mktemp -d $out.XXXXXX"; exit 1; }
-trap 'rc_=$?; [ "$rc_" = 0 ] && rm -rf "$out"; exit "$rc_"' EXIT
 . "$(dirname "$0")/mpi_job_lib.sh"
+own_scratch_out
 
 run() { run_into "$@"; }
-json() {  # json RUN KEY...: a value of RUN's report.json
-  python3 -c 'import json, sys
-d = json.load(open(sys.argv[1]))
-for k in sys.argv[2:]: d = d[int(k)] if isinstance(d, list) else d[k]
-print(d)' "$out/$1/report.json" "${@:2}"
-}
-expect_error() {  # expect_error NAME CODE TEXT...: exit CODE, and each TEXT in the log
-  local name=$1 code=$2; shift 2
-  [ "$rc" = "$code" ] || { cat "$out/$name.log"; fail "$name: exit $rc, expected $code"; }
-  for text in "$@"; do
-    grep -qF -- "$text" "$out/$name.log" || { cat "$out/$name.log"; fail "$name: no '$text' in its log"; }
-  done
-}
 
 "$make" npy "$out/reg" --dtype float32 --shape 24 --targets 3 --val 40 >/dev/null || fail "make_data npy --targets"
 

@@ -21,6 +21,10 @@ double share(double part, double whole) { return whole > 0 ? part / whole : 0.0;
 
 }  // namespace
 
+void addEvalMetrics(const Metrics& metrics, nlohmann::ordered_json& o) {
+  for (const auto& x : metrics) o["eval_" + x.name] = x.value;
+}
+
 std::string metricsLine(const MetricPoint& m) {
   const double total = m.time.total();
   nlohmann::ordered_json j{{"kind", m.epoch_end ? "epoch" : "step"},
@@ -43,7 +47,7 @@ std::string metricsLine(const MetricPoint& m) {
   if (m.progress >= 0) j["progress"] = m.progress;  // batch.adapt: G0-equivalent steps
   if (m.epoch_end) {
     j["eval_loss"] = m.eval_loss;
-    for (const auto& x : m.eval_metrics) j["eval_" + x.name] = x.value;  // Note [task]
+    addEvalMetrics(m.eval_metrics, j);
   }
   // Non-finite losses are written as null (JSON has no NaN), never as bad text.
   return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";

@@ -1,6 +1,8 @@
 #pragma once
 // metrics.jsonl written as the run goes (Note [streamed metrics]).
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <string>
 
@@ -22,6 +24,10 @@ namespace batchdist::worker {
 // which the resumed run makes again, and a torn last line), so steps never go
 // back and every line parses. A fresh run starts the file empty. A file that
 // cannot be written costs the run a warning, not the run.
+
+/// The task's metrics as eval_<name> keys of `o` (Note [task]), e.g. eval_accuracy:
+/// metrics.jsonl's epoch lines and report.json (its history too) name them alike.
+void addEvalMetrics(const Metrics& metrics, nlohmann::ordered_json& o);
 
 /// One line of metrics.jsonl (with its newline).
 std::string metricsLine(const MetricPoint& m);

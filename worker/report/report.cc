@@ -28,11 +28,6 @@ nlohmann::ordered_json noiseJson(const NoiseScaleResult& n) {
   return o;
 }
 
-/// The task's metrics as eval_<name> keys (Note [task]), e.g. eval_accuracy.
-void addEvalMetrics(const Metrics& metrics, nlohmann::ordered_json& o) {
-  for (const auto& x : metrics) o["eval_" + x.name] = x.value;
-}
-
 nlohmann::ordered_json historyJson(const TrainResult& r) {
   auto out = nlohmann::ordered_json::array();
   for (const auto& h : r.history) {

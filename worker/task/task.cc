@@ -10,25 +10,24 @@
 
 namespace batchdist::worker {
 
-std::string Task::describe(const Metrics& m) const {
+namespace {
+
+/// "<first>name value<sep><first>name value...", each value to 4 significant digits.
+std::string joinMetrics(const Metrics& m, const char* first, const char* sep) {
   std::string out;
   for (const auto& x : m) {
     char v[32];
     std::snprintf(v, sizeof v, "%.4g", x.value);
-    out += strCat(out.empty() ? "eval " : ", eval ", x.name, " ", v);
+    out += strCat(out.empty() ? "" : sep, first, x.name, " ", v);
   }
   return out;
 }
 
-std::string Task::epochFigures(const Metrics& m) const {
-  std::string out;
-  for (const auto& x : m) {
-    char v[32];
-    std::snprintf(v, sizeof v, "%.4g", x.value);
-    out += strCat(out.empty() ? "eval_" : "  eval_", x.name, " ", v);
-  }
-  return out;
-}
+}  // namespace
+
+std::string Task::describe(const Metrics& m) const { return joinMetrics(m, "eval ", ", "); }
+
+std::string Task::epochFigures(const Metrics& m) const { return joinMetrics(m, "eval_", "  "); }
 
 namespace {
 
@@ -73,17 +72,16 @@ class Regression final : public Task {
     const auto d = diff(out, target);
     return d.square().mean(1);
   }
-  int sumCount() const override { return 3; }  // loss (per-sample mse summed), squared, absolute
+  // The loss (the per-sample squared error summed: mse's sum too), the absolute error.
+  int sumCount() const override { return 2; }
   void addEvalSums(const at::Tensor& out, const at::Tensor& target,
                    std::vector<double>& sums) const override {
     const auto d = diff(out, target).to(torch::kDouble);
-    const double squared = d.square().mean(1).sum().item<double>();
-    sums[0] += squared;
-    sums[1] += squared;
-    sums[2] += d.abs().mean(1).sum().item<double>();
+    sums[0] += d.square().mean(1).sum().item<double>();
+    sums[1] += d.abs().mean(1).sum().item<double>();
   }
   Metrics metrics(const std::vector<double>& sums, double samples) const override {
-    return {{"mse", sums[1] / samples}, {"mae", sums[2] / samples}};
+    return {{"mse", sums[0] / samples}, {"mae", sums[1] / samples}};
   }
   BestMetric best() const override { return {"mse", false}; }
   at::ScalarType targetDtype() const override { return at::kFloat; }
@@ -107,7 +105,7 @@ std::unique_ptr<Task> makeTask(TaskKind kind) {
     case TaskKind::kAuto:
       break;
   }
-  throw Error("makeTask: task.name auto must be resolved from the data first (resolveTask)");
+  throw Error("makeTask: task.name auto must be resolved from the data first (chooseTask)");
 }
 
 // Note [task choice]: task.name auto takes regression when the data's targets are
