@@ -5,12 +5,25 @@
 #include <map>
 #include <memory>
 
+#include "collective/reducer.h"
+
 namespace batchdist::collective {
-namespace {
 
-constexpr int64_t kSideSlots = static_cast<int64_t>(std::tuple_size_v<SideChannel>);
+TailLayout tailLayout(int64_t param_elements, int64_t arrival_slots) {
+  TailLayout t;
+  t.side = param_elements;
+  t.norm = t.side + kSideSlots;
+  t.arrivals = t.norm + 1;
+  t.size = kSideSlots + 1 + arrival_slots;
+  return t;
+}
 
-}  // namespace
+std::unique_ptr<GradientSync> makeGradientSync(bool overlap, Communicator& comm,
+                                               std::vector<at::Tensor> params,
+                                               std::size_t bucket_bytes) {
+  if (overlap) return std::make_unique<Reducer>(comm, std::move(params), bucket_bytes);
+  return std::make_unique<GradientSynchronizer>(comm, std::move(params), bucket_bytes);
+}
 
 GradientSynchronizer::GradientSynchronizer(Communicator& comm, std::vector<at::Tensor> params,
                                            std::size_t bucket_bytes)
@@ -33,22 +46,29 @@ GradientSynchronizer::GradientSynchronizer(Communicator& comm, std::vector<at::T
     bytes[it->second] += nbytes;
   }
   if (buckets_.empty()) {
-    // No trainable parameter: one bucket holding only the side channel, so the
-    // per-step agreement (stop requests) still travels.
+    // No trainable parameter: a bucket of the tail alone (Note [side channel]).
     buckets_.push_back({});
-    buckets_.back().flat =
-        at::zeros({kSideSlots + 1}, at::TensorOptions().dtype(at::kFloat).device(comm_.device()));
+    buckets_.back().flat = at::zeros({tailLayout(0, 0).size},
+                                     at::TensorOptions().dtype(at::kFloat).device(comm_.device()));
     return;
   }
   for (std::size_t i = 0; i < buckets_.size(); ++i) {
     auto& b = buckets_[i];
-    int64_t n = 0;
-    for (auto k : b.params) n += params_[k].numel();
-    // Bucket 0 carries a few extra elements, the side channel of sumGradients();
-    // the last one more, the local squared norm (Note [gradient norms]).
-    const int64_t tail = (i == 0 ? kSideSlots : 0) + (i + 1 == buckets_.size() ? 1 : 0);
+    const int64_t n = paramElements(b);
+    // The last bucket carries the tail of Note [side channel].
+    const int64_t tail = i + 1 == buckets_.size() ? tailLayout(n, 0).size : 0;
     b.flat = at::zeros({n + tail}, params_[b.params.front()].options());
   }
+}
+
+void GradientSynchronizer::zeroGrad() {
+  for (auto& p : params_) {
+    if (p.grad().defined()) p.mutable_grad().zero_();
+  }
+}
+
+void GradientSynchronizer::dropGrad() {
+  for (auto& p : params_) p.mutable_grad() = at::Tensor();
 }
 
 namespace {
@@ -68,13 +88,13 @@ int64_t GradientSynchronizer::paramElements(const Bucket& b) const {
   return n;
 }
 
-void GradientSynchronizer::sumGradients(SideChannel* side) {
-  // Tail layout: [params][side (bucket 0)][local norm (last bucket)].
-  auto& first = buckets_.front().flat;
-  auto side_slots = first.narrow(0, paramElements(buckets_.front()), kSideSlots);
-  for (int64_t i = 0; i < kSideSlots; ++i) side_slots.narrow(0, i, 1).fill_(side ? (*side)[i] : 0.0);
+SideChannel GradientSynchronizer::sumGradients(const SideChannel& side) {
+  // Note [side channel]: [params][side][local norm] in the last bucket.
   auto& last = buckets_.back();
-  auto norm_slot = last.flat.narrow(0, last.flat.numel() - 1, 1);
+  const auto tail = tailLayout(paramElements(last), 0);
+  auto side_slots = last.flat.narrow(0, tail.side, kSideSlots);
+  for (int64_t i = 0; i < kSideSlots; ++i) side_slots.narrow(0, i, 1).fill_(side[i]);
+  auto norm_slot = last.flat.narrow(0, tail.norm, 1);
   norm_slot.zero_();
   at::Tensor local;
   norms_ = GradSqNorms{};
@@ -115,9 +135,10 @@ void GradientSynchronizer::sumGradients(SideChannel* side) {
       offset += p.numel();
     }
   }
-  if (side) {
+  SideChannel summed_side{};
+  {
     const auto sum = side_slots.to(at::kDouble).cpu();
-    for (int64_t i = 0; i < kSideSlots; ++i) (*side)[i] = sum.data_ptr<double>()[i];
+    for (int64_t i = 0; i < kSideSlots; ++i) summed_side[i] = sum.data_ptr<double>()[i];
   }
   if (measure_) {
     at::Tensor summed = at::zeros({}, norm_slot.options().dtype(at::kDouble));
@@ -128,6 +149,7 @@ void GradientSynchronizer::sumGradients(SideChannel* side) {
     const auto both = at::stack({norm_slot.to(at::kDouble).reshape({}), summed}).cpu();
     norms_ = {both[0].item<double>(), both[1].item<double>(), true};
   }
+  return summed_side;
 }
 
 void broadcastCoalesced(Communicator& comm, const std::vector<at::Tensor>& tensors, int root) {

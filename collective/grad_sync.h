@@ -5,13 +5,16 @@
 // which is roughly the order backward produces their gradients) into buckets of
 // at most `bucket_bytes` of one dtype/device. Each bucket is one flat buffer and
 // one allreduce, so a model with hundreds of tensors costs a handful of
-// collectives. Buckets are launched asynchronously and waited in order; a later
-// change can launch a bucket from autograd hooks as soon as its last gradient is
-// ready, overlapping communication with the rest of backward.
+// collectives. Buckets are launched asynchronously and waited in order; the
+// Reducer (collective/reducer.h) launches them from autograd hooks instead, as
+// soon as a bucket's last gradient is ready, overlapping communication with the
+// rest of backward. Both are a GradientSync (Note [gradient sync]).
 
 #include <ATen/core/Tensor.h>
 
 #include <cstddef>
+#include <memory>
+#include <tuple>
 #include <vector>
 
 #include "collective/communicator.h"
@@ -33,28 +36,92 @@ struct GradSqNorms {
   bool valid = false;  ///< measured at the last sum (measuring on, world size > 1)
 };
 
-class GradientSynchronizer {
+/// Note [side channel]: the per-step side channel (SideChannel, Note [step wishes]
+/// in worker/train/trainer.h) and the gradient norms ride in the tail of the
+/// bucket sent last, in every GradientSync, laid out as
+///   [the bucket's gradients][side channel: kSideSlots][own |g|^2: 1][arrivals: W or 0]
+/// (the arrivals, each rank's step time in its own slot, only in the reducer).
+/// Last, because the overlapped reducer starts that bucket only from its
+/// sumGradients(), never from a hook: a rank whose backward failed halfway can
+/// still say so in it. A model without trainable parameters gets one bucket of
+/// the tail alone, so the agreement still travels.
+constexpr int64_t kSideSlots = static_cast<int64_t>(std::tuple_size_v<SideChannel>);
+struct TailLayout {
+  int64_t side = 0;      ///< offset of the side channel in the last bucket
+  int64_t norm = 0;      ///< offset of this rank's squared norm
+  int64_t arrivals = 0;  ///< offset of the W arrival slots (if any)
+  int64_t size = 0;      ///< the tail's length
+};
+/// The tail after `param_elements` gradient elements, with `arrival_slots` arrivals.
+TailLayout tailLayout(int64_t param_elements, int64_t arrival_slots);
+
+/// Note [gradient sync]: how a step's gradients become their sum over the ranks,
+/// the communication half of an update strategy. The trainer calls only this:
+///   zeroGrad(); { beforeBackward(final?); backward } x accum; sumGradients(side);
+/// with backwardFailed() before sumGradients() on a rank whose backward threw. Two strategies today: the Reducer
+/// (dist.overlap: true; buckets start from autograd hooks during the last
+/// backward) and the GradientSynchronizer (dist.overlap: false; one pass after
+/// backward). Both keep Note [side channel]'s layout; a sharded strategy
+/// (reduce-scatter) would be a third implementation.
+class GradientSync {
+ public:
+  virtual ~GradientSync() = default;
+  /// Before a step's first micro-batch: every gradient zero.
+  virtual void zeroGrad() = 0;
+  /// Every gradient gone (after a step that is not applied), once no bucket is
+  /// in flight.
+  virtual void dropGrad() = 0;
+  /// After a backward that failed on this rank, before sumGradients(): what
+  /// this rank sends for its partial gradients (every rank discards the step).
+  virtual void backwardFailed() = 0;
+  /// Before each micro-batch's backward; `final_micro`: the last of the
+  /// accumulation window (the only one whose gradients are sent).
+  virtual void beforeBackward(bool final_micro) = 0;
+  /// After the final micro-batch's backward, on every rank at every step (also
+  /// one whose backward failed: it sends what it has, so no rank waits): every
+  /// gradient becomes its sum over the ranks, and `side` is summed in the same
+  /// allreduce. Returns the summed side channel. Divide in the loss, not here
+  /// (Note [loss normalisation] in the trainer).
+  virtual SideChannel sumGradients(const SideChannel& side) = 0;
+  /// Measure Note [gradient norms] at every sumGradients() (off by default; only
+  /// with more than one rank).
+  virtual void setMeasureNorms(bool on) = 0;
+  /// The norms of the last sumGradients() (valid = false when not measured).
+  virtual const GradSqNorms& lastNorms() const = 0;
+  /// How much of the last sumGradients() was spent waiting for a slower rank to
+  /// end its backward (seconds; 0 where the strategy cannot tell).
+  virtual double lastSkewSeconds() const { return 0; }
+  virtual std::size_t bucketCount() const = 0;
+};
+
+/// The strategy of dist.overlap: the Reducer (true) or the GradientSynchronizer.
+/// `params` as their constructors ask.
+std::unique_ptr<GradientSync> makeGradientSync(bool overlap, Communicator& comm,
+                                               std::vector<at::Tensor> params,
+                                               std::size_t bucket_bytes);
+
+/// The plain strategy: after backward, each bucket's gradients copied into one
+/// flat buffer, summed, copied back.
+class GradientSynchronizer : public GradientSync {
  public:
   /// `params` must outlive this object and be the same, in the same order, on
   /// every rank.
   GradientSynchronizer(Communicator& comm, std::vector<at::Tensor> params,
                        std::size_t bucket_bytes = 25u << 20);
 
+  void zeroGrad() override;
+  /// Gradients set to undefined.
+  void dropGrad() override;
+  /// dropGrad(): zeros are sent.
+  void backwardFailed() override { dropGrad(); }
+  void beforeBackward(bool /*final_micro*/) override {}
   /// Replaces every parameter's gradient by its sum over the ranks. A parameter
   /// without a gradient on this rank contributes zeros (and receives the sum).
-  /// Divide in the loss, not here: see Note [loss normalisation] in the trainer.
-  /// `side`, if given, is summed over the ranks in the same allreduce (extra
-  /// elements of the first bucket): a free channel for per-step agreement, e.g. a
-  /// stop request, or an out-of-memory, that every rank must honour at the same step.
-  void sumGradients(SideChannel* side = nullptr);
+  SideChannel sumGradients(const SideChannel& side = {}) override;
 
-  std::size_t bucketCount() const { return buckets_.size(); }
-
-  /// Measure the norms of Note [gradient norms] at every sumGradients() (off by
-  /// default; only with more than one rank).
-  void setMeasureNorms(bool on) { measure_ = on && comm_.size() > 1; }
-  /// The norms of the last sumGradients() (valid = false when not measured).
-  const GradSqNorms& lastNorms() const { return norms_; }
+  std::size_t bucketCount() const override { return buckets_.size(); }
+  void setMeasureNorms(bool on) override { measure_ = on && comm_.size() > 1; }
+  const GradSqNorms& lastNorms() const override { return norms_; }
 
  private:
   struct Bucket {

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <thread>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "collective/process_group.h"
 
 namespace batchdist::collective {

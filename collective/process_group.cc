@@ -9,7 +9,7 @@
 #include <memory>
 #include <thread>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "collective/mpi_comm.h"
 #include "collective/torch_compat.h"
 

@@ -11,12 +11,10 @@
 #include <string>
 #include <utility>
 
-#include "collective/error.h"
+#include "common/error.h"
 
 namespace batchdist::collective {
 namespace {
-
-constexpr int64_t kSideSlots = static_cast<int64_t>(std::tuple_size_v<SideChannel>);
 
 double steadySeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -82,18 +80,17 @@ void Reducer::build(const std::vector<std::size_t>& order) {
     bytes[it->second] += nbytes;
   }
   if (buckets_.empty()) {
-    // No parameter: a bucket of the tail alone, so agreement still travels.
+    // No parameter: a bucket of the tail alone (Note [side channel]).
     buckets_.emplace_back();
-    buckets_.back().flat = at::zeros({kSideSlots + 1 + comm_.size()},
+    buckets_.back().flat = at::zeros({tailLayout(0, comm_.size()).size},
                                      at::TensorOptions().dtype(at::kFloat).device(comm_.device()));
     return;
   }
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     auto& bucket = buckets_[b];
-    int64_t n = 0;
-    for (auto k : bucket.params) n += params_[k].numel();
-    // Tail of the last bucket: the side channel, the norm slot, the arrival slots.
-    const int64_t tail = b + 1 == buckets_.size() ? kSideSlots + 1 + comm_.size() : 0;
+    const int64_t n = paramElements(bucket);
+    // Note [side channel]: the last bucket's tail, with W arrival slots.
+    const int64_t tail = b + 1 == buckets_.size() ? tailLayout(n, comm_.size()).size : 0;
     bucket.flat = at::zeros({n + tail}, params_[bucket.params.front()].options());
   }
   attachViews();
@@ -167,19 +164,19 @@ float* Reducer::hostTail() const {
   return flat.data_ptr<float>() + paramElements(buckets_.back());
 }
 
-at::Tensor Reducer::sideSlot() const {
-  const auto& last = buckets_.back();
-  return last.flat.narrow(0, paramElements(last), kSideSlots);
+SideChannel Reducer::sumGradients(const SideChannel& side) {
+  setSide(side);
+  return finish();
 }
 
-at::Tensor Reducer::normSlot() const {
-  const auto& last = buckets_.back();
-  return last.flat.narrow(0, paramElements(last) + kSideSlots, 1);
-}
+TailLayout Reducer::tail() const { return tailLayout(paramElements(buckets_.back()), comm_.size()); }
+
+at::Tensor Reducer::sideSlot() const { return buckets_.back().flat.narrow(0, tail().side, kSideSlots); }
+
+at::Tensor Reducer::normSlot() const { return buckets_.back().flat.narrow(0, tail().norm, 1); }
 
 at::Tensor Reducer::arrivalSlots() const {
-  const auto& last = buckets_.back();
-  return last.flat.narrow(0, paramElements(last) + kSideSlots + 1, comm_.size());
+  return buckets_.back().flat.narrow(0, tail().arrivals, comm_.size());
 }
 
 int64_t Reducer::paramElements(const Bucket& bucket) const {
@@ -191,9 +188,10 @@ int64_t Reducer::paramElements(const Bucket& bucket) const {
 void Reducer::stampArrival(Bucket& bucket) {
   if (&bucket != &buckets_.back()) return;
   const double now = steadySeconds() - step_started_;
-  if (float* tail = hostTail()) {  // Note [host tail]
-    for (int64_t i = 0; i < kSideSlots; ++i) tail[i] = static_cast<float>(side_[i]);
-    float* slots = tail + kSideSlots + 1;
+  if (float* host = hostTail()) {  // Note [host tail]
+    const auto t = tail();
+    for (int64_t i = 0; i < kSideSlots; ++i) host[i] = static_cast<float>(side_[i]);
+    float* slots = host + (t.arrivals - t.side);
     std::fill(slots, slots + comm_.size(), 0.0f);
     slots[comm_.rank()] = static_cast<float>(now);
     return;
@@ -234,8 +232,9 @@ void Reducer::startReadyBuckets(bool from_hook) {
       const int64_t n = paramElements(bucket);
       if (n > 0) local_sq_.add(bucket.flat.narrow(0, 0, n));
       if (&bucket == &buckets_.back()) {
-        if (float* tail = hostTail()) {
-          tail[kSideSlots] = static_cast<float>(local_sq_.on_host);
+        if (float* host = hostTail()) {
+          const auto t = tail();
+          host[t.norm - t.side] = static_cast<float>(local_sq_.on_host);
         } else {
           auto slot = normSlot();
           if (local_sq_.on_device.defined()) slot.copy_(local_sq_.on_device.reshape({1}));
@@ -269,25 +268,26 @@ SideChannel Reducer::finish() {
     if (bucket.work) bucket.work->wait();
     bucket.work.reset();
   }
-  const std::vector<double> tail = summedTail();
+  const std::vector<double> summed = summedTail();  // from the side channel on
+  const auto t = tail();
   SideChannel side{};
-  for (int64_t i = 0; i < kSideSlots; ++i) side[i] = tail[i];
+  for (int64_t i = 0; i < kSideSlots; ++i) side[i] = summed[i];
   side_ = SideChannel{};
-  const double* t = tail.data() + kSideSlots + 1;
+  const double* arrivals = summed.data() + (t.arrivals - t.side);
   double latest = 0;
-  for (int r = 0; r < comm_.size(); ++r) latest = std::max(latest, t[r]);
-  last_skew_s_ = std::max(0.0, latest - t[comm_.rank()]);
+  for (int r = 0; r < comm_.size(); ++r) latest = std::max(latest, arrivals[r]);
+  last_skew_s_ = std::max(0.0, latest - arrivals[comm_.rank()]);
   norms_ = GradSqNorms{};
-  if (measure_) norms_ = {tail[kSideSlots], summedSqNorm(), true};
+  if (measure_) norms_ = {summed[t.norm - t.side], summedSqNorm(), true};
   if (++steps_ == 1 && !rebuilt_) rebuildInReadyOrder();
   return side;
 }
 
 std::vector<double> Reducer::summedTail() const {
-  const int64_t n = kSideSlots + 1 + comm_.size();
-  if (const float* tail = hostTail()) return std::vector<double>(tail, tail + n);  // Note [host tail]
-  const auto& last = buckets_.back();
-  const auto t = last.flat.narrow(0, paramElements(last), n).to(at::kDouble).cpu();
+  const auto layout = tail();
+  const int64_t n = layout.size;
+  if (const float* host = hostTail()) return std::vector<double>(host, host + n);  // Note [host tail]
+  const auto t = buckets_.back().flat.narrow(0, layout.side, n).to(at::kDouble).cpu();
   return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + n);
 }
 

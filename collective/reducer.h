@@ -17,8 +17,9 @@
 //    waits for all buckets.
 //  - After the first step, buckets are rebuilt in the order gradients really
 //    became ready (rank 0's order, broadcast, so all ranks agree).
-//  - The last bucket carries a tail: the side channel (SideChannel, e.g. a stop
-//    request or an out-of-memory that every rank must honour at the same step),
+//  - The last bucket carries the tail of Note [side channel] (grad_sync.h):
+//    the side channel (SideChannel, e.g. a stop request or an out-of-memory
+//    that every rank must honour at the same step),
 //    then one slot for this rank's squared gradient norm (with norms measured,
 //    each bucket's squared norm is taken just before it is sent: the rank's own
 //    gradient, final, not yet summed; the running total goes here; Note
@@ -53,7 +54,7 @@ struct Node;
 
 namespace batchdist::collective {
 
-class Reducer {
+class Reducer : public GradientSync {
  public:
   /// `params` (those that require grad) must be identical in order, shape and
   /// dtype on every rank. Their .grad becomes a view into the buckets.
@@ -64,7 +65,15 @@ class Reducer {
 
   /// Zeroes every gradient (the bucket buffers), re-attaching any .grad that was
   /// replaced or dropped.
-  void zeroGrad();
+  void zeroGrad() override;
+  /// The same: the gradients stay views of the buckets.
+  void dropGrad() override { zeroGrad(); }
+  /// Nothing: buckets may be in flight; sumGradients() sends what it has (zeros,
+  /// or partial sums that every rank discards) and the next zeroGrad() clears it.
+  void backwardFailed() override {}
+  void beforeBackward(bool final_micro) override { prepare(final_micro); }
+  /// setSide(side), then finish().
+  SideChannel sumGradients(const SideChannel& side) override;
 
   /// Before a micro-batch's backward. `final_micro`: the last of the accumulation
   /// window (only then do hooks start allreduces). `side`: this rank's value of
@@ -83,7 +92,7 @@ class Reducer {
   /// rebuilds the buckets in ready order (a collective).
   SideChannel finish();
 
-  std::size_t bucketCount() const { return buckets_.size(); }
+  std::size_t bucketCount() const override { return buckets_.size(); }
   /// Bucket allreduces started so far (from hooks or finish()).
   int64_t collectivesStarted() const { return started_total_; }
   /// Of those, started from an autograd hook, i.e. during backward.
@@ -93,14 +102,14 @@ class Reducer {
   /// After finish(): how much later than this rank the slowest rank reached the
   /// end of its backward in the last step (seconds, >= 0): waiting for it is
   /// skew, not communication.
-  double lastSkewSeconds() const { return last_skew_s_; }
+  double lastSkewSeconds() const override { return last_skew_s_; }
 
   /// Measure the norms of Note [gradient norms] at every step (off by default;
   /// only with more than one rank): one pass over each bucket before it is sent,
   /// one after finish() has summed it.
-  void setMeasureNorms(bool on) { measure_ = on && comm_.size() > 1; }
+  void setMeasureNorms(bool on) override { measure_ = on && comm_.size() > 1; }
   /// The norms of the last finish() (valid = false when not measured).
-  const GradSqNorms& lastNorms() const { return norms_; }
+  const GradSqNorms& lastNorms() const override { return norms_; }
 
  private:
   struct Bucket {
@@ -117,6 +126,7 @@ class Reducer {
   void startReadyBuckets(bool from_hook);  // holds mu_
   void rebuildInReadyOrder();
   void stampArrival(Bucket& bucket);  // the last bucket: this rank's step time
+  TailLayout tail() const;  // Note [side channel]
   at::Tensor sideSlot() const;
   at::Tensor arrivalSlots() const;
   at::Tensor normSlot() const;

@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "collective/mpi_comm.h"
 #include "collective/torch_compat.h"
 

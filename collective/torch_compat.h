@@ -5,7 +5,7 @@
 // objects, and ProcessGroupGloo/ProcessGroupNCCL derive from Backend. Both expose
 // the same collective calls (allreduce/broadcast/allgather/barrier returning
 // c10::intrusive_ptr<c10d::Work>), so everything else talks to `compat::Backend`.
-// This header is the c10d half; collective/device_compat.h (included below) is the
+// This header is the c10d half; common/device_compat.h (included below) is the
 // device half. CI compiles both against 1.13.1 (Debian) and 2.14.1 (pip, CUDA 13.0,
 // tests/cuda_leg.sh); the guards for the releases in between (2.4: generic autocast
 // setters, NCCL shutdown) are not compiled anywhere.
@@ -25,7 +25,7 @@
 #include <vector>
 
 // The device half (CUDA memory, streams, autocast, GPU discovery).
-#include "collective/device_compat.h"
+#include "common/device_compat.h"
 
 namespace batchdist::compat {
 

@@ -4,7 +4,7 @@
 
 #include <sstream>
 
-#include "collective/error.h"
+#include "common/error.h"
 
 namespace po = boost::program_options;
 

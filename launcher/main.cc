@@ -14,7 +14,7 @@
 #include <optional>
 #include <sstream>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "collective/process_group.h"
 #include "collective/torch_compat.h"
 #include "launcher/cli.h"

@@ -73,7 +73,7 @@ class MpiScope {
 
 }  // namespace batchdist::launcher
 
-#include "collective/error.h"
+#include "common/error.h"
 #include <exception>
 
 namespace batchdist::launcher {

@@ -14,7 +14,7 @@
 #include <sstream>
 #include <utility>
 
-#include "collective/error.h"
+#include "common/error.h"
 
 namespace batchdist::launcher {
 

@@ -7,7 +7,7 @@
 #include <limits>
 #include <random>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "worker/config/config.h"
 #include "worker/plan/adapt.h"
 #include "worker/train/adapt_record.h"

@@ -13,7 +13,7 @@
 
 #include "tests/scratch_dir.h"
 #include "tests/thread_ranks.h"
-#include "collective/error.h"
+#include "common/error.h"
 #include "collective/process_group.h"
 #include "collective/torch_compat.h"
 #include "worker/common/console.h"

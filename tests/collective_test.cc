@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "tests/thread_ranks.h"
-#include "collective/error.h"
+#include "common/error.h"
 #include "collective/grad_sync.h"
 #include "collective/reducer.h"
 #include "collective/mpi_comm.h"
@@ -80,8 +80,7 @@ TEST_P(Collectives, GradientSumUsesFewBucketsAndMatchesTheSum) {
     EXPECT_GE(sync.bucketCount(), 2u);
     EXPECT_LE(sync.bucketCount(), 5u);
     // e.g. one rank asking to stop, every rank reporting an out-of-memory
-    SideChannel side{c.rank() == 1 ? 1.0 : 0.0, 1.0};
-    sync.sumGradients(&side);
+    const SideChannel side = sync.sumGradients({c.rank() == 1 ? 1.0 : 0.0, 1.0});
     EXPECT_DOUBLE_EQ(side[0], 1.0);
     EXPECT_DOUBLE_EQ(side[1], world);
     const float rank_sum = world * (world - 1) / 2.0f;
@@ -311,6 +310,71 @@ TEST_P(Collectives, ReducerCarriesASideValueSetAfterABackwardThatFailedHalfway) 
       EXPECT_DOUBLE_EQ(side[1], step == 1 || step == 2 ? 1.0 : 0.0) << "step " << step;
     }
   });
+}
+
+// Note [gradient sync]: both strategies through the one interface the trainer
+// calls, with the same calls: gradients summed in good steps, a rank whose
+// backward failed halfway still meets the others and its wish reaches them
+// (Note [side channel]), and a model with nothing to train still agrees.
+TEST_P(Collectives, EveryGradientSyncSumsAndCarriesTheSideChannelThroughOneInterface) {
+  const int world = GetParam();
+  for (const bool overlap : {false, true}) {
+    SCOPED_TRACE(overlap ? "reducer" : "plain");
+    runRanks(world, [world, overlap](Communicator& c) {
+      std::vector<torch::Tensor> w;
+      for (int i = 0; i < 4; ++i) w.push_back(torch::full({8, 8}, 0.1 * (i + 1), torch::requires_grad()));
+      const auto sync = makeGradientSync(overlap, c, w, /*bucket_bytes=*/256);  // a layer a bucket
+      EXPECT_GE(sync->bucketCount(), 2u);
+      for (int step = 0; step < 3; ++step) {
+        const bool fail = step == 1 && c.rank() == world - 1;
+        sync->zeroGrad();
+        sync->beforeBackward(/*final_micro=*/true);
+        auto x = torch::full({2, 8}, 1.0);
+        for (auto& layer : w) x = torch::mm(x, layer);
+        const auto hook = w[0].register_hook([fail](const torch::Tensor& g) {
+          if (fail) throw c10::OutOfMemoryError({__func__, __FILE__, __LINE__}, "injected");
+          return g;
+        });
+        bool failed = false;
+        try {
+          (x.sum() * (c.rank() + 1)).backward();
+        } catch (const c10::OutOfMemoryError&) {
+          failed = true;
+          sync->backwardFailed();
+        }
+        w[0].remove_hook(hook);
+        const SideChannel side = sync->sumGradients({1.0, failed ? 1.0 : 0.0, 0.0});
+        EXPECT_DOUBLE_EQ(side[0], world) << "step " << step;
+        EXPECT_DOUBLE_EQ(side[1], step == 1 ? 1.0 : 0.0) << "step " << step;
+        if (step == 1) continue;  // discarded by every rank
+        // d(sum(x) * (r + 1)) is (r + 1) times rank 0's gradient: the sum is W(W+1)/2 times it.
+        const auto one = torch::autograd::grad({[&] {
+                                                 auto y = torch::full({2, 8}, 1.0);
+                                                 for (auto& layer : w) y = torch::mm(y, layer);
+                                                 return y.sum();
+                                               }()},
+                                               {w[3]})[0];
+        EXPECT_TRUE(torch::allclose(w[3].grad(), one * (world * (world + 1) / 2.0)))
+            << "step " << step;
+      }
+      const auto none = makeGradientSync(overlap, c, {}, 256);
+      none->zeroGrad();
+      none->beforeBackward(true);
+      EXPECT_DOUBLE_EQ(none->sumGradients({0.0, 0.0, c.rank() == 0 ? 1.0 : 0.0})[2], 1.0);
+    });
+  }
+}
+
+TEST(Collective, TheSideChannelTailFollowsTheGradientsOfTheLastBucket) {
+  const auto plain = tailLayout(100, 0);
+  EXPECT_EQ(plain.side, 100);
+  EXPECT_EQ(plain.norm, 100 + kSideSlots);
+  EXPECT_EQ(plain.size, kSideSlots + 1);
+  const auto reducer = tailLayout(100, 4);
+  EXPECT_EQ(reducer.side, plain.side);  // one layout: the arrivals only added at the end
+  EXPECT_EQ(reducer.norm, plain.norm);
+  EXPECT_EQ(reducer.arrivals, plain.norm + 1);
+  EXPECT_EQ(reducer.size, kSideSlots + 1 + 4);
 }
 
 TEST_P(Collectives, BroadcastCoalescedMakesEveryRankEqualToRoot) {

@@ -3,7 +3,7 @@
 
 #include <filesystem>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "worker/config/config.h"
 
 using batchdist::ConfigError;

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "tests/image_fixtures.h"
 #include "tests/scratch_dir.h"
 #include "worker/data/data.h"

@@ -4,9 +4,9 @@
 
 #include <filesystem>
 
-#include "collective/device_compat.h"
+#include "common/device_compat.h"
 #include "collective/torch_compat.h"
-#include "collective/error.h"
+#include "common/error.h"
 #include "worker/device.h"
 #include "worker/config/config.h"
 

@@ -201,3 +201,29 @@ TEST(SyncBatchNorm, WRanksOfMSamplesMatchOneRankOfWM) {
   EXPECT_LT(d_sync, 1e-4);
   EXPECT_GT(d_local, 1e-3);  // the test can tell: per-rank statistics do differ
 }
+
+TEST(SyncBatchNorm, LocalScopePausesOneModelAndIsUndoneOnThrow) {
+  const int P = mpitest::worldSize();
+  if (P < 2) GTEST_FAIL() << "needs 2 or more ranks (registered with mpirun -np >= 2)";
+  ModelConfig cfg;
+  cfg.name = ModelName::kCnn;
+  cfg.sync_batchnorm = true;
+  mpitest::inGroup(P, [&](collective::Communicator& comm) {
+    auto a = buildModel(cfg, {1, 8, 8}, 10, "", &comm);
+    auto b = buildModel(cfg, {1, 8, 8}, 10, "", &comm);
+    ASSERT_NE(a->syncBatchNorm(), nullptr);
+    EXPECT_TRUE(a->syncBatchNorm()->synchronising());
+    try {
+      const LocalBatchNorm outer(*a);
+      {
+        const LocalBatchNorm inner(*a);  // scopes nest
+        EXPECT_FALSE(a->syncBatchNorm()->synchronising());
+      }
+      EXPECT_FALSE(a->syncBatchNorm()->synchronising());
+      EXPECT_TRUE(b->syncBatchNorm()->synchronising());  // per model, not process-wide
+      throw std::runtime_error("a step failed");
+    } catch (const std::runtime_error&) {
+    }
+    EXPECT_TRUE(a->syncBatchNorm()->synchronising());
+  });
+}

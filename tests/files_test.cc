@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "tests/scratch_dir.h"
 #include "worker/common/files.h"
 

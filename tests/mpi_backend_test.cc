@@ -6,7 +6,7 @@
 #include <chrono>
 #include <thread>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "mpi_helpers.h"
 
 using namespace batchdist;

@@ -87,15 +87,9 @@ Outcome estimate(Task task, const Population& pop, int world, int64_t b, int64_t
     std::vector<at::Tensor> params{w, bias};
     // Tiny buckets: one parameter each, so the local norm is summed over buckets
     // and rides in the one sent last (Note [overlapped reducer]).
-    std::unique_ptr<Reducer> reducer;
-    std::unique_ptr<GradientSynchronizer> sync;
-    if (overlap) {
-      reducer = std::make_unique<Reducer>(c, params, /*bucket_bytes=*/16);
-      reducer->setMeasureNorms(true);
-    } else {
-      sync = std::make_unique<GradientSynchronizer>(c, params, 16);
-      sync->setMeasureNorms(true);
-    }
+    // Through the interface the trainer uses (Note [gradient sync]).
+    const auto sync = makeGradientSync(overlap, c, params, /*bucket_bytes=*/16);
+    sync->setMeasureNorms(true);
     NoiseScaleEstimator est;
     std::mt19937_64 rng(1000 + c.rank());
     std::uniform_int_distribution<int64_t> pick(0, pop.x.size(0) - 1);
@@ -106,25 +100,15 @@ Outcome estimate(Task task, const Population& pop, int world, int64_t b, int64_t
       for (auto& i : idx) i = pick(rng);
       auto ix = torch::tensor(idx);
       auto x = pop.x.index_select(0, ix), y = pop.y.index_select(0, ix);
-      if (reducer) {
-        reducer->zeroGrad();
-        reducer->prepare(true);
-      } else {
-        for (auto& p : params) p.mutable_grad() = torch::Tensor();
-      }
+      sync->zeroGrad();
+      sync->beforeBackward(/*final_micro=*/true);
       auto loss = lossSum(task, w, bias, x, y) * (scale / R);
       // This rank's own gradient, for the check: autograd::grad does not touch
       // .grad (nor the reducer's hooks).
       const auto own = torch::autograd::grad({loss}, {w, bias}, {}, /*retain_graph=*/true);
       loss.backward();
-      GradSqNorms n;
-      if (reducer) {
-        reducer->finish();
-        n = reducer->lastNorms();
-      } else {
-        sync->sumGradients();
-        n = sync->lastNorms();
-      }
+      sync->sumGradients({});
+      const GradSqNorms n = sync->lastNorms();
       ASSERT_TRUE(n.valid);
       {
         const double mine = (own[0].pow(2).sum() + own[1].pow(2).sum()).item<double>();

@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "tests/image_fixtures.h"
 #include "tests/scratch_dir.h"
 #include "worker/data/data.h"

@@ -5,7 +5,7 @@
 #include <map>
 #include <set>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "worker/plan/plan.h"
 
 using batchdist::ConfigError;

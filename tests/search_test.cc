@@ -12,7 +12,7 @@
 #include <sstream>
 #include <thread>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "collective/process_group.h"
 #include "collective/torch_compat.h"
 #include "simulated_measurer.h"

@@ -15,7 +15,7 @@
 #include <functional>
 #include <initializer_list>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "tests/image_fixtures.h"
 #include "worker/data/labels.h"
 #include "worker/data/sources/image_folder.h"

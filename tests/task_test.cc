@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "tests/image_fixtures.h"
 #include "tests/scratch_dir.h"
 #include "worker/data/data.h"

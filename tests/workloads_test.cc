@@ -7,7 +7,7 @@
 #include <fstream>
 #include <thread>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "worker/common/files.h"
 #include "worker/data/data.h"
 #include "worker/data/loader.h"

@@ -5,8 +5,8 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "collective/device_compat.h"
-#include "collective/error.h"
+#include "common/device_compat.h"
+#include "common/error.h"
 #include "collective/process_group.h"
 #include "worker/config/config.h"
 

@@ -13,7 +13,7 @@
 #include <optional>
 #include <thread>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "collective/process_group.h"
 #include "collective/rendezvous.h"
 #include "collective/torch_compat.h"

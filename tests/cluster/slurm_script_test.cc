@@ -12,7 +12,7 @@
 #include <regex>
 #include <sstream>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "launcher/slurm_script.h"
 #include "../command.h"
 #include "../scratch_dir.h"

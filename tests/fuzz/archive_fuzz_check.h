@@ -20,7 +20,7 @@
 #include <typeinfo>
 #include <vector>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "worker/data/sources/image_folder.h"
 #include "worker/data/sources/npy.h"
 #include "worker/data/sources/tar_index.h"

@@ -13,7 +13,7 @@
 #include <typeinfo>
 #include <vector>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "worker/config/config.h"
 
 namespace batchdist::fuzz {

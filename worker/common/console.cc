@@ -8,7 +8,7 @@
 #include <iostream>
 #include <unistd.h>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "worker/common/util.h"
 
 namespace batchdist::worker {

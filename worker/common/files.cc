@@ -10,7 +10,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "collective/error.h"
+#include "common/error.h"
 
 namespace batchdist::worker {
 namespace {

@@ -11,7 +11,7 @@
 #include <set>
 #include <sstream>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "worker/common/files.h"
 
 namespace batchdist::worker {

@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "collective/error.h"
+#include "common/error.h"
 
 namespace batchdist::worker {
 

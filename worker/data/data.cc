@@ -13,7 +13,7 @@
 #include <numeric>
 #include <sstream>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "worker/data/labels.h"
 #include "worker/data/pipeline.h"
 #include "worker/data/sources/npy.h"

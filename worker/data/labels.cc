@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <limits>
 
-#include "collective/error.h"
+#include "common/error.h"
 
 namespace batchdist::worker {
 namespace {

@@ -5,7 +5,7 @@
 
 #include <chrono>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "worker/common/util.h"
 #include "collective/torch_compat.h"
 

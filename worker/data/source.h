@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "worker/data/sources/image_folder.h"
 #include "worker/data/sources/tar_index.h"
 

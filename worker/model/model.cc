@@ -3,13 +3,12 @@
 #include <torch/script.h>
 #include <torch/torch.h>
 
-#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <numeric>
 #include <sstream>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "worker/common/util.h"
 #include "worker/config/config.h"
 
@@ -46,8 +45,6 @@ std::string countText(int64_t n) {
   std::snprintf(buf, sizeof buf, "%.2f M", n / 1e6);
   return buf;
 }
-
-std::atomic<bool> g_sync_bn_enabled{true};
 
 /// allreduce(SUM) whose gradient is again an allreduce(SUM): the building block of
 /// SyncBatchNorm (Note [sync batchnorm]).
@@ -400,9 +397,15 @@ std::unique_ptr<Model> checked(std::unique_ptr<Model> model, const std::vector<i
 
 }  // namespace
 
-void setSyncBatchNormEnabled(bool enabled) { g_sync_bn_enabled.store(enabled); }
+bool SyncBatchNorm::synchronising() const { return comm_.size() > 1 && paused_ == 0; }
 
-bool SyncBatchNorm::synchronising() const { return comm_.size() > 1 && g_sync_bn_enabled.load(); }
+LocalBatchNorm::LocalBatchNorm(Model& model) : sync_(model.syncBatchNorm()) {
+  if (sync_ != nullptr) ++sync_->paused_;
+}
+
+LocalBatchNorm::~LocalBatchNorm() {
+  if (sync_ != nullptr) --sync_->paused_;
+}
 
 void SyncBatchNorm::beginForward() { current_.clear(); }
 

@@ -41,8 +41,8 @@ class SyncBatchNorm {
  public:
   explicit SyncBatchNorm(collective::Communicator& comm) : comm_(comm) {}
   collective::Communicator& comm() const { return comm_; }
-  /// Whether a training forward synchronises: more than one rank, and not
-  /// switched off (setSyncBatchNormEnabled).
+  /// Whether a training forward synchronises: more than one rank, and no
+  /// LocalBatchNorm alive.
   bool synchronising() const;
   /// BatchNorm layers that synchronise, known at construction.
   int64_t layers() const { return static_cast<int64_t>(layer_sizes_.size()); }
@@ -69,6 +69,8 @@ class SyncBatchNorm {
   std::vector<int64_t> last_;         ///< the last complete forward's allreduces
   std::vector<int64_t> current_;      ///< this forward's so far
   int64_t fail_at_ = -1;
+  int paused_ = 0;  ///< LocalBatchNorm scopes alive
+  friend class LocalBatchNorm;
 };
 
 /// What the trainer needs of a model. Parameters and buffers come in a fixed
@@ -117,8 +119,20 @@ bool modelHasBatchNorm(const ModelConfig& cfg, const std::string& base_dir = "")
 /// Note [sync batchnorm]: while a SyncBatchNorm layer trains, its batch statistics
 /// are summed over all ranks (one allreduce per layer in forward and one in
 /// backward), so every rank normalises with the global batch's mean and variance.
-/// The switch lets the batch search measure without it (a rank that runs out of
-/// memory mid-forward could otherwise strand the others in a collective).
-void setSyncBatchNormEnabled(bool enabled);
+/// The batch search measures without it (a rank that runs out of memory
+/// mid-forward could otherwise strand the others in a collective): while a
+/// LocalBatchNorm lives, `model`'s layers normalise with their own rank's
+/// statistics, as plain BatchNorm. Per model, not process-wide, and undone
+/// however the scope is left (an exception included).
+class LocalBatchNorm {
+ public:
+  explicit LocalBatchNorm(Model& model);
+  ~LocalBatchNorm();
+  LocalBatchNorm(const LocalBatchNorm&) = delete;
+  LocalBatchNorm& operator=(const LocalBatchNorm&) = delete;
+
+ private:
+  SyncBatchNorm* sync_;
+};
 
 }  // namespace batchdist::worker

@@ -2,7 +2,7 @@
 
 #include <ATen/ATen.h>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "collective/torch_compat.h"
 
 namespace batchdist::worker {

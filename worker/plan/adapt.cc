@@ -6,7 +6,7 @@
 #include <limits>
 #include <map>
 
-#include "collective/error.h"
+#include "common/error.h"
 
 namespace batchdist::worker {
 namespace {

@@ -5,7 +5,7 @@
 #include <random>
 #include <sstream>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "worker/plan/adapt.h"
 
 namespace batchdist::worker {

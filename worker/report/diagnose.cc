@@ -3,7 +3,7 @@
 #include <cmath>
 #include <optional>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "worker/common/console.h"
 #include "worker/plan/adapt.h"
 

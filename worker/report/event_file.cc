@@ -11,7 +11,7 @@
 #include <filesystem>
 #include <iostream>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "tensorboard_event.pb.h"
 
 namespace batchdist::worker {

@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <sstream>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "worker/common/console.h"
 #include "worker/plan/adapt.h"
 #include "worker/search/output.h"

@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "worker/common/files.h"
 
 namespace batchdist::worker {

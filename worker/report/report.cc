@@ -1,6 +1,6 @@
 #include "worker/report/report.h"
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "worker/report/metrics_log.h"
 
 namespace batchdist::worker {

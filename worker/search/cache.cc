@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <set>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "collective/torch_compat.h"
 #include "worker/common/console.h"
 #include "worker/common/files.h"

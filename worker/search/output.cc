@@ -7,7 +7,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "worker/common/console.h"
 
 namespace batchdist::worker {

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <limits>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "worker/common/console.h"
 #include "worker/common/util.h"
 #include "worker/plan/adapt.h"

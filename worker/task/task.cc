@@ -4,7 +4,7 @@
 
 #include <cstdio>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "worker/common/console.h"
 #include "worker/data/data.h"
 

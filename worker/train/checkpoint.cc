@@ -20,7 +20,7 @@
 #include <mutex>
 #include <sstream>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "collective/torch_compat.h"
 #include "worker/common/console.h"
 #include "worker/common/files.h"

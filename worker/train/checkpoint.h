@@ -10,7 +10,7 @@
 //   optimizer.pt  the optimizer's state (SGD momentum, Adam moments and step
 //                 counts, LARS momentum), restored into the optimizer's own tensors
 //   rng.pt        every rank's CPU generator (dropout) and, on GPUs, its CUDA
-//                 generator (Note [cuda rng] in collective/device_compat.h), as
+//                 generator (Note [cuda rng] in common/device_compat.h), as
 //                 records (Note [rng records]); restored only when the world size
 //                 is the same, since rank r's streams belong to rank r. On another
 //                 world size every rank keeps the streams its seed gave it (train

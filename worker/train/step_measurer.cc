@@ -66,7 +66,7 @@ class TrainStepMeasurer : public Measurer {
     queueSteps(sharder, warm + rule.max_steps);
     // Note [sync batchnorm]: measured without it, so that a rank running out of
     // memory mid-forward cannot strand the others in a BatchNorm allreduce.
-    setSyncBatchNormEnabled(false);
+    const LocalBatchNorm local_bn(trainer_->model());
     resetPeak();
     for (int64_t i = 0; i < warm; ++i) step(sharder, i, out);
     // Note [adaptive timing]: each timed step is timed alone and the median taken
@@ -115,7 +115,6 @@ class TrainStepMeasurer : public Measurer {
     }
     trainer_->clearGradients();
     trainer_->takeTime();
-    setSyncBatchNormEnabled(true);
     if (device_.is_cuda()) compat::cudaEmptyCache();
     return out;
   }

@@ -14,7 +14,7 @@
 #include <sstream>
 #include <thread>
 
-#include "collective/error.h"
+#include "common/error.h"
 #include "worker/common/util.h"
 #include "collective/torch_compat.h"
 #include "worker/common/console.h"
@@ -153,11 +153,7 @@ Trainer::Trainer(const Config& cfg, collective::Communicator& comm, const DataSp
   const auto trainable = model_->trainableParameters();
   optimizer_ = makeOptimizer(cfg.optim, trainable);
   const auto bucket_bytes = static_cast<std::size_t>(cfg.dist.bucket_mb * (1 << 20));
-  if (cfg.dist.overlap) {
-    reducer_ = std::make_unique<collective::Reducer>(comm_, trainable, bucket_bytes);
-  } else {
-    sync_ = std::make_unique<collective::GradientSynchronizer>(comm_, trainable, bucket_bytes);
-  }
+  grad_sync_ = collective::makeGradientSync(cfg.dist.overlap, comm_, trainable, bucket_bytes);
   const auto warn = [rank = comm_.rank(), size = comm_.size()](const std::string& msg) {
     std::cerr << strCat("[rank ", rank, "/", size, "] warning: ", msg, "\n") << std::flush;
   };
@@ -226,11 +222,7 @@ double Trainer::trainStep(int64_t real, double lr, bool* stop, bool* checkpoint)
 // the R samples, whatever the split G = m x a x W; padded samples (w = 0) add nothing.
 double Trainer::computeGradients(int64_t real) {
   model_->train(true);
-  if (reducer_) {
-    reducer_->zeroGrad();
-  } else {
-    optimizer_->zeroGrad();
-  }
+  grad_sync_->zeroGrad();
   const double denom = static_cast<double>(std::max<int64_t>(1, real));
   const double scale = scaler_ ? scaler_->scale() : 1.0;
   grad_scale_ = scale;
@@ -239,8 +231,7 @@ double Trainer::computeGradients(int64_t real) {
   // Note [noise cadence]: every rank counts the same steps, so all agree whether
   // this one carries its norm in the allreduce.
   noise_now_ = cfg_.train.noise_scale && noise_ticks_++ % cfg_.train.noise_scale_every == 0;
-  if (reducer_) reducer_->setMeasureNorms(noise_now_);
-  if (sync_) sync_->setMeasureNorms(noise_now_);
+  grad_sync_->setMeasureNorms(noise_now_);
   // Summed on the device, read once per step: no host sync per micro-batch.
   torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device_));
   for (int64_t k = 0; k < plan_.accum; ++k) {
@@ -249,9 +240,9 @@ double Trainer::computeGradients(int64_t real) {
     const double t1 = monotonicSeconds();
     time_.data_wait += t1 - t0;
     // Note [overlapped reducer]: only the last micro-batch's backward sends.
-    // The side channel is set in syncGradients(): the reducer sends it last.
+    // The side channel is given in syncGradients() (Note [side channel]).
     const bool final_micro = k == plan_.accum - 1;
-    if (reducer_) reducer_->prepare(final_micro);
+    grad_sync_->beforeBackward(final_micro);
     if (batch.x.size(0) == 0) continue;  // only under last_batch: keep
     std::optional<InjectedOom> fault;
     if (oom_.inject && final_micro && !oom_.inject_forward) {
@@ -298,13 +289,7 @@ torch::Tensor Trainer::forwardLoss(const Batch& batch, bool inject) {
   return weighted;
 }
 
-void Trainer::clearGradients() {
-  if (reducer_) {
-    reducer_->zeroGrad();  // the gradients are views of its buckets: keep them
-    return;
-  }
-  for (auto& p : model_->trainableParameters()) p.mutable_grad() = torch::Tensor();
-}
+void Trainer::clearGradients() { grad_sync_->dropGrad(); }
 
 void Trainer::syncGradients(bool* stop, bool* checkpoint, bool* oom) {
   // Timed with device synchronisation around it: what remains is the exposed
@@ -315,30 +300,17 @@ void Trainer::syncGradients(bool* stop, bool* checkpoint, bool* oom) {
   // Note [step wishes]
   collective::SideChannel side =
       packWishes({stop && *stop, checkpoint && *checkpoint, oom && *oom});
-  const auto decode = [&] {
-    const auto all = unpackWishes(side);
-    if (stop) *stop = all.stop;
-    if (checkpoint) *checkpoint = all.checkpoint;
-    if (oom) *oom = all.oom;
-  };
-  if (reducer_) {
-    reducer_->setSide(side);
-    side = reducer_->finish();
-    decode();
-    synchronize();
-    // Part of the wait was for a slower rank to finish its backward, not for the
-    // network: report that apart.
-    const double waited = monotonicSeconds() - t0;
-    const double skew = std::min(waited, reducer_->lastSkewSeconds());
-    time_.skew += skew;
-    time_.comm += waited - skew;
-    if (!oom || !*oom) recordNoise();  // a failed step is redone (Note [oom back-off])
-    return;
-  }
-  sync_->sumGradients(&side);
-  decode();
+  const auto all = unpackWishes(grad_sync_->sumGradients(side));
+  if (stop) *stop = all.stop;
+  if (checkpoint) *checkpoint = all.checkpoint;
+  if (oom) *oom = all.oom;
   synchronize();
-  time_.comm += monotonicSeconds() - t0;
+  // Part of the wait may have been for a slower rank to finish its backward, not
+  // for the network (the reducer can tell): reported apart.
+  const double waited = monotonicSeconds() - t0;
+  const double skew = std::min(waited, grad_sync_->lastSkewSeconds());
+  time_.skew += skew;
+  time_.comm += waited - skew;
   if (!oom || !*oom) recordNoise();  // a failed step is redone (Note [oom back-off])
 }
 
@@ -378,7 +350,7 @@ void Trainer::recordNoise() {
     noise_.add(x.small_sq, x.b_small, x.big_sq, x.b_big);
     return;
   }
-  const auto& n = reducer_ ? reducer_->lastNorms() : sync_->lastNorms();
+  const auto& n = grad_sync_->lastNorms();
   // A padded (or uneven, last_batch: keep) step has ranks of different real
   // batch sizes: Note [gradient noise scale] assumes equal ones, so it is left out.
   if (!n.valid || step_real_ != plan_.global) return;
@@ -724,15 +696,13 @@ bool Trainer::computeOrFail(int64_t real, double* loss) {
     // Note [sync batchnorm failure]: not this rank's failure; the side channel
     // carries the failing rank's, and every rank discards the step.
     oom_.inject = false;
-    if (!reducer_) clearGradients();
+    grad_sync_->backwardFailed();
     return false;
   } catch (const std::exception& e) {
     oom_.inject = false;
     if (!isOutOfMemory(e)) throw;
-    // The failed graph was freed as the exception unwound. With the reducer the
-    // gradients are views of buckets that may be in flight: finish() first, and
-    // the next step zeroes them anyway.
-    if (!reducer_) clearGradients();
+    // The failed graph was freed as the exception unwound.
+    grad_sync_->backwardFailed();
     if (device_.is_cuda()) compat::cudaEmptyCache();
     return true;
   }

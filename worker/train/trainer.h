@@ -59,7 +59,6 @@
 
 #include "collective/communicator.h"
 #include "collective/grad_sync.h"
-#include "collective/reducer.h"
 #include "worker/config/config.h"
 #include "worker/data/data.h"
 #include "worker/data/loader.h"
@@ -357,8 +356,7 @@ class Trainer {
   std::unique_ptr<Task> task_;  ///< Note [task]
   std::unique_ptr<Model> model_;
   std::unique_ptr<Optimizer> optimizer_;
-  std::unique_ptr<collective::Reducer> reducer_;              // dist.overlap: true
-  std::unique_ptr<collective::GradientSynchronizer> sync_;   // dist.overlap: false
+  std::unique_ptr<collective::GradientSync> grad_sync_;  ///< Note [gradient sync]
   std::unique_ptr<Loader> loader_;
   std::unique_ptr<Loader> val_loader_;  ///< decoded validation sets (Note [loader])
   std::unique_ptr<LossScaler> scaler_;  // fp16 only

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "collective/error.h"
+#include "common/error.h"
 
 namespace batchdist::worker {
 

@@ -17,7 +17,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "collective/error.h"
+#include "common/error.h"
 
 namespace batchdist::worker {
 namespace {

@@ -10,7 +10,7 @@
 #include <cstring>
 #include <limits>
 
-#include "collective/error.h"
+#include "common/error.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "npy.cc assumes a little-endian host ('=' and '<' dtypes are read as native)"

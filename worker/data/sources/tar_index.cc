@@ -13,7 +13,7 @@
 #include <filesystem>
 #include <limits>
 
-#include "collective/error.h"
+#include "common/error.h"
 
 namespace batchdist::worker {
 namespace {
