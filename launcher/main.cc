@@ -20,6 +20,7 @@
 #include "launcher/cli.h"
 #include "launcher/mpi_scope.h"
 #include "launcher/slurm_script.h"
+#include "worker/common/faults.h"
 #include "worker/common/files.h"
 #include "worker/config/config.h"
 #include "worker/data/data.h"
@@ -229,12 +230,14 @@ int prepare(const worker::RunRequest& req, const worker::RankPlace& place, MpiSc
 /// `train` and `search`: the local set-up agreed over MPI (every rank exits
 /// with the same code, the lowest failing rank says why), then the run; a
 /// failure during it ends the whole job with one message from the failing rank.
-int runTrain(const CliOptions& cli, MpiScope& mpi, double loaded_s, double mpi_ready_s) {
+int runTrain(const CliOptions& cli, MpiScope& mpi, const worker::FaultPlan& faults,
+             double loaded_s, double mpi_ready_s) {
   // From the start, so that a signal during set-up or the batch search is not
   // fatal: the search stops after the current candidate, training after the
   // current step (rank 0 still writes the report and the model).
   installStopHandlers();
   auto req = requestFrom(cli);
+  req.faults = faults;
   req.load_s = loaded_s;
   req.mpi_init_s = mpi_ready_s - loaded_s;
   const worker::RankPlace place = placeOf(mpi);
@@ -259,7 +262,7 @@ int runTrain(const CliOptions& cli, MpiScope& mpi, double loaded_s, double mpi_r
 
 /// `data`: the input pipeline alone on every rank, no model, no rendezvous; rank 0
 /// prints every rank's figures and the total.
-int runData(const CliOptions& cli, MpiScope& mpi) {
+int runData(const CliOptions& cli, MpiScope& mpi, const worker::FaultPlan& faults) {
   auto req = requestFrom(cli);
   if (cli.json) req.quiet = true;  // stdout is the JSON object alone
   const worker::RankPlace place = placeOf(mpi);
@@ -273,7 +276,7 @@ int runData(const CliOptions& cli, MpiScope& mpi) {
                               std::min<int64_t>(64, std::max<int64_t>(2, setup.data.train.size() / place.size)));
     }
     mine = worker::measureLoader(setup.cfg, setup.data.train, plan, place.rank, cli.seconds,
-                                 /*uint8_images=*/!cli.float_images);
+                                 /*uint8_images=*/!cli.float_images, faults.slow_read_us);
   });
   if (code != 0) return code;
   const auto all = mpi.gatherToRank0(mine.json().dump());
@@ -287,11 +290,10 @@ int runData(const CliOptions& cli, MpiScope& mpi) {
 
 /// Note [same command]: every rank runs the same verb of the same version, or
 /// every rank exits 2 and rank 0 says which rank differs. Collective.
-int checkSameCommand(const CliOptions& cli, MpiScope& mpi) {
+int checkSameCommand(const CliOptions& cli, MpiScope& mpi, const worker::FaultPlan& faults) {
   // Tests stand in for another build: BATCHDIST_FAULT_VERSION=V on some ranks.
-  const char* fault = std::getenv("BATCHDIST_FAULT_VERSION");
-  const auto problem = mpi.commandMismatch(toString(cli.verb),
-                                           fault && *fault ? fault : BATCHDIST_VERSION);
+  const auto problem = mpi.commandMismatch(
+      toString(cli.verb), faults.version.empty() ? BATCHDIST_VERSION : faults.version);
   if (problem.empty()) return 0;
   if (mpi.rank() == 0) std::cerr << strCat(mpi.tag(), " error: ", problem, "\n") << std::flush;
   return 2;
@@ -306,9 +308,11 @@ int runMpiVerb(const CliOptions& cli, MpiScope& mpi, const EnvLookup& env, doubl
     if (const auto problem = srunWorldProblem(env, mpi.size()); !problem.empty()) {
       return srunProblem(problem);
     }
-    if (const int code = checkSameCommand(cli, mpi); code != 0) return code;
-    if (cli.verb == Verb::kData) return runData(cli, mpi);
-    return runTrain(cli, mpi, loaded_s, mpi_ready_s);
+    // Note [fault plan]: read once, here; a bad value ends the job before anything starts.
+    const auto faults = worker::faultPlanFromEnvironment(env);
+    if (const int code = checkSameCommand(cli, mpi, faults); code != 0) return code;
+    if (cli.verb == Verb::kData) return runData(cli, mpi, faults);
+    return runTrain(cli, mpi, faults, loaded_s, mpi_ready_s);
   } catch (const Error& e) {
     std::cerr << strCat(mpi.tag(), " error: ", e.what(), "\n") << std::flush;
     abortJob(mpi, e.exitCode());

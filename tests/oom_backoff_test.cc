@@ -7,7 +7,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 
 #include "mpi_helpers.h"
@@ -49,24 +48,22 @@ struct Run {
   Plan plan;            ///< the split training ended with
 };
 
-/// Trainer::train() on every rank with BATCHDIST_FAULT_OOM = `faults`.
+/// Trainer::train() on every rank with the fault plan of BATCHDIST_FAULT_OOM =
+/// `faults` (Note [fault plan]; the process's environment untouched).
 Run trainWithFaults(const Config& cfg, const std::string& faults,
                     std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  const auto plan_of_faults = faultPlanFromEnvironment([&faults](const char* name) {
+    return std::string(name) == "BATCHDIST_FAULT_OOM" ? faults.c_str() : nullptr;
+  });
   Run run;
-  if (faults.empty()) {
-    unsetenv("BATCHDIST_FAULT_OOM");
-  } else {
-    setenv("BATCHDIST_FAULT_OOM", faults.c_str(), 1);
-  }
   mpitest::inGroup(mpitest::worldSize(), [&](collective::Communicator& comm) {
     const auto data = loadData(cfg.data, cfg.train.seed, "");
     const auto plan = makePlan(cfg, comm.size(), data.train.size(), cfg.model.batchnorm);
-    Trainer trainer(cfg, comm, data, at::kCPU, plan);
+    Trainer trainer(cfg, comm, data, at::kCPU, plan, &plan_of_faults);
     Console quiet(false, ProgressStyle::kOff);
     const auto result = trainer.train(quiet);
     run = {stateOf(trainer), result, trainer.plan()};  // this rank's (tests read rank 0's)
   }, "gloo", timeout);
-  unsetenv("BATCHDIST_FAULT_OOM");
   return run;
 }
 

@@ -165,7 +165,7 @@ struct CacheEntry {
 /// Runs (or reads from the cache) the coordinated batch search. Collective.
 SearchResult searchBatch(const RunRequest& req, const RunSetup& s, collective::Communicator& comm,
                          Console& console, CacheEntry* entry) {
-  auto measurer = makeTrainStepMeasurer(s.cfg, comm, s.data, s.device);
+  auto measurer = makeTrainStepMeasurer(s.cfg, comm, s.data, s.device, &req.faults);
   SearchCacheInputs in;
   in.train_size = s.data.train.size();
   in.sample_shape = s.data.train.sample_shape;
@@ -712,13 +712,14 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
   RunState r(req, place, s);
   connectPhase(r);
   if (auto code = resolveBatchPhase(r)) return *code;
-  Trainer trainer(s.cfg, r.comm(), s.data, s.device, s.plan);
+  Trainer trainer(s.cfg, r.comm(), s.data, s.device, s.plan, &req.faults);
   if (s.cfg.batch.adapt == BatchAdapt::kGoodput) setUpAdaptive(r, trainer);
   r.console->line(strCat("model: ", trainer.model().describe(), ", precision ",
                          toString(s.cfg.train.precision),
                          s.cfg.model.sync_batchnorm ? ", synchronised BatchNorm" : ""));
   Checkpointer checkpointer(s.cfg.checkpoint, s.checkpoint_dir,
-                            {s.plan, r.searched ? r.searched->chosen : 0, s.cfg.resolved}, r.comm());
+                            {s.plan, r.searched ? r.searched->chosen : 0, s.cfg.resolved}, r.comm(),
+                            &req.faults);
   trainer.setCheckpointer(&checkpointer);
   MetricSinks sinks;
   attachMetricSinks(r, trainer, sinks);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "worker/common/faults.h"
 #include "worker/config/config.h"
 #include "worker/data/data.h"
 #include "worker/device.h"
@@ -51,6 +52,9 @@ struct RunRequest {
   double load_s = -1;
   double mpi_init_s = -1;
   double setup_s = -1;
+  /// The faults the tests inject (Note [fault plan]): parsed once by the
+  /// launcher, empty in production.
+  FaultPlan faults;
 };
 
 /// The local, deterministic part of the set-up: every rank does it alone and

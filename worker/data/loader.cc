@@ -75,7 +75,8 @@ at::Tensor Transform::apply(const at::Tensor& input, uint64_t seed) const {
 }
 
 LoaderOptions loaderOptions(const DataConfig& cfg, const Dataset& data, bool training,
-                            at::Device device, uint64_t seed, SampleDecoder::Warn warn) {
+                            at::Device device, uint64_t seed, SampleDecoder::Warn warn,
+                            int64_t read_delay_us) {
   LoaderOptions lo;
   lo.workers = resolveWorkers(cfg, static_cast<int>(std::thread::hardware_concurrency()), 1);
   lo.prefetch = cfg.prefetch;
@@ -86,7 +87,8 @@ LoaderOptions loaderOptions(const DataConfig& cfg, const Dataset& data, bool tra
   if (data.source) {
     const int64_t cache = cfg.cache == DataCache::kRam ? cfg.cache_mb << 20 : 0;
     lo.decoder = std::make_shared<SampleDecoder>(data.source, ImageTransform::fromConfig(cfg, training),
-                                                 cfg.on_error, seed, std::move(warn), cache);
+                                                 cfg.on_error, seed, std::move(warn), cache,
+                                                 read_delay_us);
   }
   return lo;
 }

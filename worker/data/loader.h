@@ -72,9 +72,11 @@ struct LoaderOptions {
 /// The options of a loader for `data` as `cfg` configures it (threads: data.workers
 /// resolved, or the machine's share when still auto), with a decoder for decoded
 /// sources (crop and flip for training, resize + centre crop for evaluation).
-/// `warn` receives each bad file's message once.
+/// `warn` receives each bad file's message once. `read_delay_us`: the decoder's
+/// (Note [fault plan]: the tests' slow storage; 0 outside them).
 LoaderOptions loaderOptions(const DataConfig& cfg, const Dataset& data, bool training,
-                            at::Device device, uint64_t seed, SampleDecoder::Warn warn);
+                            at::Device device, uint64_t seed, SampleDecoder::Warn warn,
+                            int64_t read_delay_us = 0);
 
 /// Resolves data.workers: a number as given; auto: 0 (the training thread) for
 /// in-memory data, else this rank's share of `cpus` less one, at least 1.

@@ -47,11 +47,12 @@ LoaderMeasurement LoaderMeasurement::fromJson(const nlohmann::json& j) {
 }
 
 LoaderMeasurement measureLoader(const Config& cfg, const Dataset& train, const Plan& plan, int rank,
-                                double seconds, bool uint8_images) {
+                                double seconds, bool uint8_images, int64_t read_delay_us) {
+  const auto warn = [rank](const std::string& w) {
+    std::fprintf(stderr, "[rank %d] warning: %s\n", rank, w.c_str());
+  };
   auto opts = loaderOptions(cfg.data, train, /*training=*/true, at::kCPU,
-                            static_cast<uint64_t>(cfg.train.seed), [rank](const std::string& w) {
-                              std::fprintf(stderr, "[rank %d] warning: %s\n", rank, w.c_str());
-                            });
+                            static_cast<uint64_t>(cfg.train.seed), warn, read_delay_us);
   opts.uint8_images = uint8_images && train.source != nullptr;
   Loader loader(train, opts);
   Sharder sharder(plan, static_cast<uint64_t>(cfg.train.seed));

@@ -36,8 +36,10 @@ struct LoaderMeasurement {
 /// plan's per-GPU batch. Decoded sources: uint8 NHWC batches when `uint8_images`
 /// (the pipeline's own output, as the CUDA path ships it), else float NCHW
 /// normalised, as CPU training gets them (the conversion in the workers included).
+/// `read_delay_us`: Note [fault plan]'s slow storage (0 outside the tests).
 LoaderMeasurement measureLoader(const Config& cfg, const Dataset& train, const Plan& plan, int rank,
-                                double seconds, bool uint8_images = true);
+                                double seconds, bool uint8_images = true,
+                                int64_t read_delay_us = 0);
 
 /// The `data` verb's report over all ranks: text (a line per rank and the total)
 /// or one JSON object (`samples_per_s` total, `per_rank`, `workers`, ...).

@@ -2,21 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <thread>
 
 namespace batchdist::worker {
 namespace {
-
-/// Fault injection for the tests: BATCHDIST_FAULT_SLOW_READ_US=N makes every
-/// sample read take N us longer (slow storage: a network file system, a cold disk).
-int64_t slowReadMicros() {
-  static const int64_t us = [] {
-    const char* v = std::getenv("BATCHDIST_FAULT_SLOW_READ_US");
-    return v ? std::max<int64_t>(0, std::atoll(v)) : int64_t{0};
-  }();
-  return us;
-}
 
 /// A thread's decode buffer above this is released after the image that needed it.
 constexpr std::size_t kScratchKeptBytes = std::size_t{64} << 20;
@@ -41,13 +30,15 @@ ImageTransform ImageTransform::fromConfig(const DataConfig& cfg, bool training) 
 }
 
 SampleDecoder::SampleDecoder(std::shared_ptr<const Source> source, ImageTransform transform,
-                             OnError on_error, uint64_t seed, Warn warn, int64_t cache_bytes)
+                             OnError on_error, uint64_t seed, Warn warn, int64_t cache_bytes,
+                             int64_t read_delay_us)
     : source_(std::move(source)),
       transform_(transform),
       on_error_(on_error),
       seed_(seed),
       warn_(std::move(warn)),
-      cache_limit_(cache_bytes) {}
+      cache_limit_(cache_bytes),
+      read_delay_us_(read_delay_us) {}
 
 int64_t SampleDecoder::cachedBytes() const {
   std::lock_guard<std::mutex> lock(cache_mu_);
@@ -74,7 +65,7 @@ bool SampleDecoder::tryDecode(int64_t index, int64_t epoch, uint8_t* out, Decode
       }
     }
     if (!cached) {
-      if (const auto us = slowReadMicros()) std::this_thread::sleep_for(std::chrono::microseconds(us));
+      if (read_delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(read_delay_us_));
       source_->read(index, &read_buffer);
       if (cache_limit_ > 0) {
         std::lock_guard<std::mutex> lock(cache_mu_);

@@ -46,9 +46,11 @@ class SampleDecoder {
  public:
   using Warn = std::function<void(const std::string&)>;
   /// `cache_bytes` > 0: data.cache ram, keep the encoded bytes of samples read
-  /// (each once) while their total stays within it.
+  /// (each once) while their total stays within it. `read_delay_us` > 0: every
+  /// read from the source takes that much longer (Note [fault plan]: the tests'
+  /// slow storage, BATCHDIST_FAULT_SLOW_READ_US; counted as read time).
   SampleDecoder(std::shared_ptr<const Source> source, ImageTransform transform, OnError on_error,
-                uint64_t seed, Warn warn, int64_t cache_bytes = 0);
+                uint64_t seed, Warn warn, int64_t cache_bytes = 0, int64_t read_delay_us = 0);
 
   /// Writes sample `index` of `epoch` (size x size x 3 uint8, HWC) to `out`. With
   /// on_error skip, an unreadable or undecodable sample is replaced by the next
@@ -80,6 +82,7 @@ class SampleDecoder {
   uint64_t seed_;
   Warn warn_;
   int64_t cache_limit_ = 0;
+  int64_t read_delay_us_ = 0;
   mutable std::mutex cache_mu_;
   mutable std::unordered_map<int64_t, std::shared_ptr<const std::string>> cache_;
   mutable int64_t cache_bytes_ = 0;

@@ -106,18 +106,15 @@ void fsyncDir(const std::string& dir) {
   if (::fsync(f.fd) != 0) ioError(dir, "fsync", errno);
 }
 
-/// Fault injection for the tests: BATCHDIST_FAULT_CHECKPOINT=POINT kills this
-/// process (SIGKILL, as kill -9 would) when the write reaches POINT, at the first
-/// checkpoint or at step BATCHDIST_FAULT_CHECKPOINT_STEP.
-void faultPoint(const char* point, int64_t step) {
-  const char* want = std::getenv("BATCHDIST_FAULT_CHECKPOINT");
-  const char* at_step = std::getenv("BATCHDIST_FAULT_CHECKPOINT_STEP");
-  if (at_step != nullptr && std::atoll(at_step) != step) return;
-  if (want != nullptr && std::strcmp(want, point) == 0) {
-    std::cerr << strCat("batchdist: BATCHDIST_FAULT_CHECKPOINT=", point, ": killing rank 0\n")
-              << std::flush;
-    ::raise(SIGKILL);
-  }
+/// Fault injection for the tests (Note [fault plan]): kills this process
+/// (SIGKILL, as kill -9 would) when the write of the checkpoint after `step`
+/// reaches `point` and `fault` asks for it there.
+void faultPoint(const CheckpointFault& fault, CheckpointKill point, int64_t step) {
+  if (!fault.killsAt(point, step)) return;
+  std::cerr << strCat("batchdist: BATCHDIST_FAULT_CHECKPOINT=", checkpointKillName(point),
+                      ": killing rank 0\n")
+            << std::flush;
+  ::raise(SIGKILL);
 }
 
 std::string archiveBytes(torch::serialize::OutputArchive& archive) {
@@ -280,8 +277,9 @@ nlohmann::ordered_json namesOf(const std::vector<std::pair<std::string, at::Tens
 }  // namespace
 
 Checkpointer::Checkpointer(const CheckpointConfig& cfg, std::string dir, CheckpointIdentity id,
-                           collective::Communicator& comm)
+                           collective::Communicator& comm, const FaultPlan* faults)
     : cfg_(cfg), dir_(std::move(dir)), id_(std::move(id)), comm_(comm),
+      fault_(faults ? faults->checkpoint : CheckpointFault{}),
       last_write_(monotonicSeconds()) {}
 
 bool Checkpointer::dueBySteps(int64_t global_step) const {
@@ -421,7 +419,7 @@ int64_t Checkpointer::writeInto(const std::string& tmp, const TrainState& state,
     list.push_back({{"name", file}, {"bytes", data.size()}, {"fnv1a64", hashOf(data)}});
     bytes += static_cast<int64_t>(data.size());
   }
-  faultPoint("after_files", pos.global_step);
+  faultPoint(fault_, CheckpointKill::kAfterFiles, pos.global_step);
   m["files"] = list;
   m["checksum"] = manifestChecksum(m);
   const std::string manifest = m.dump(1) + "\n";
@@ -433,7 +431,7 @@ int64_t Checkpointer::writeInto(const std::string& tmp, const TrainState& state,
   if (fs::exists(final_path)) fs::rename(final_path, aside);
   if (::rename(tmp.c_str(), final_path.c_str()) != 0) ioError(final_path, "rename into place", errno);
   fsyncDir(dir_);
-  faultPoint("after_rename", pos.global_step);
+  faultPoint(fault_, CheckpointKill::kAfterRename, pos.global_step);
   fs::remove_all(aside);
   writeFileAtomic((fs::path(dir_) / "latest").string(), name + "\n");
   return bytes + static_cast<int64_t>(manifest.size());

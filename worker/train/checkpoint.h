@@ -77,6 +77,7 @@
 #include <vector>
 
 #include "collective/communicator.h"
+#include "worker/common/faults.h"
 #include "worker/config/config.h"
 #include "worker/plan/plan.h"
 #include "worker/train/result.h"
@@ -112,8 +113,9 @@ struct CheckpointIdentity {
 /// Writes this run's checkpoints (rank 0 writes; every call is collective).
 class Checkpointer {
  public:
+  /// `faults`: the tests' checkpoint kill (Note [fault plan]), copied; null: none.
   Checkpointer(const CheckpointConfig& cfg, std::string dir, CheckpointIdentity id,
-               collective::Communicator& comm);
+               collective::Communicator& comm, const FaultPlan* faults = nullptr);
 
   const std::string& dir() const { return dir_; }
   /// The split training uses from now on (Note [oom back-off]): later checkpoints
@@ -150,6 +152,7 @@ class Checkpointer {
   std::string dir_;
   CheckpointIdentity id_;
   collective::Communicator& comm_;
+  CheckpointFault fault_;  ///< Note [fault plan]: where a test kills the write
   double last_write_ = 0;  ///< monotonic seconds of the last write (or the start)
   std::size_t rng_chunk_bytes_ = std::size_t{1} << 20;
 };

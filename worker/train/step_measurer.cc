@@ -20,13 +20,14 @@ namespace {
 class TrainStepMeasurer : public Measurer {
  public:
   TrainStepMeasurer(const Config& cfg, collective::Communicator& comm, const DataSplit& data,
-                    at::Device device)
+                    at::Device device, const FaultPlan* faults)
       : cfg_(cfg), comm_(comm), data_(data), device_(device) {
     // A throwaway model: the training run starts from a fresh, identical one.
     has_bn_ = modelHasBatchNorm(cfg_.model, cfg_.base_dir);
     const auto first = makePlan(cfg_, comm_.size(), data_.train.size(), has_bn_,
                                 std::max<int64_t>(2, cfg_.search.min));
-    trainer_ = std::make_unique<Trainer>(cfg_, comm_, data_, device_, first);
+    // Note [fault plan]: the search times the real step, slow reads and updates included.
+    trainer_ = std::make_unique<Trainer>(cfg_, comm_, data_, device_, first, faults);
     if (device_.is_cuda()) {
       total_mb_ = compat::cudaTotalBytes(device_.index()) / (1 << 20);
       budget_mb_ = cfg_.search.memory_fraction * total_mb_;
@@ -180,7 +181,8 @@ class TrainStepMeasurer : public Measurer {
 }  // namespace
 
 std::unique_ptr<Measurer> makeTrainStepMeasurer(const Config& cfg, collective::Communicator& comm,
-                                                const DataSplit& data, at::Device device) {
-  return std::make_unique<TrainStepMeasurer>(cfg, comm, data, device);
+                                                const DataSplit& data, at::Device device,
+                                                const FaultPlan* faults) {
+  return std::make_unique<TrainStepMeasurer>(cfg, comm, data, device, faults);
 }
 }  // namespace batchdist::worker

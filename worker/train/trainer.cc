@@ -26,45 +26,6 @@
 namespace batchdist::worker {
 namespace {
 
-/// BATCHDIST_FAULT_OOM="R:S[:N][:forward],...": the tries of step S that fail
-/// on `rank` (Note [oom back-off]), one entry per try: (step, in forward).
-std::vector<std::pair<int64_t, bool>> parseOomFaults(const char* env, int rank) {
-  std::vector<std::pair<int64_t, bool>> out;
-  if (env == nullptr) return out;
-  std::stringstream list(env);
-  std::string item;
-  while (std::getline(list, item, ',')) {
-    if (item.empty()) continue;
-    std::vector<int64_t> v;
-    std::stringstream parts(item);
-    std::string part;
-    bool ok = true;
-    bool forward = false;
-    while (std::getline(parts, part, ':')) {
-      if (part == "forward" && v.size() >= 2) {
-        forward = true;
-        continue;
-      }
-      std::size_t used = 0;
-      try {
-        v.push_back(std::stoll(part, &used));
-      } catch (const std::exception&) {
-        ok = false;
-      }
-      ok = ok && used == part.size() && !forward;  // "forward" comes last
-    }
-    const int64_t r = v.size() > 0 ? v[0] : -1, step = v.size() > 1 ? v[1] : 0;
-    const int64_t tries = v.size() > 2 ? v[2] : 1;
-    if (!ok || v.size() < 2 || v.size() > 3 || r < 0 || step < 1 || tries < 1) {
-      throw Error(strCat("BATCHDIST_FAULT_OOM: '", item, "' is not RANK:STEP[:TRIES][:forward] "
-                         "(STEP 1-based; e.g. 1:5 makes rank 1 fail its first try of step 5 in "
-                         "backward, 1:5:1:forward in forward)"));
-    }
-    for (int64_t i = 0; i < tries && r == rank; ++i) out.emplace_back(step, forward);
-  }
-  return out;
-}
-
 /// Note [sync batchnorm failure]: this rank's forward finished, but another
 /// rank's ran out of memory; the step is abandoned on every rank.
 struct PeerOutOfMemory : std::exception {
@@ -133,8 +94,10 @@ std::vector<std::vector<DataErrorRecord>> allgatherErrors(collective::Communicat
 
 }  // namespace
 Trainer::Trainer(const Config& cfg, collective::Communicator& comm, const DataSplit& data,
-                 at::Device device, const Plan& plan)
+                 at::Device device, const Plan& plan, const FaultPlan* faults)
     : cfg_(cfg), comm_(comm), data_(data), device_(device), plan_(plan) {
+  const FaultPlan none;
+  const FaultPlan& f = faults ? *faults : none;  // Note [fault plan]
   checkPrecision(cfg.train.precision, device, cfg.source);
   // Same seed on every rank: identical initial weights without communication;
   // rank 0's state is broadcast anyway (TorchScript modules bring their own).
@@ -158,23 +121,21 @@ Trainer::Trainer(const Config& cfg, collective::Communicator& comm, const DataSp
     std::cerr << strCat("[rank ", rank, "/", size, "] warning: ", msg, "\n") << std::flush;
   };
   LoaderOptions lo = loaderOptions(cfg.data, data.train, /*training=*/true, device_,
-                                   static_cast<uint64_t>(cfg.train.seed), warn);
+                                   static_cast<uint64_t>(cfg.train.seed), warn, f.slow_read_us);
   lo.seed = static_cast<uint64_t>(cfg.train.seed) * 31 + comm_.rank();
   loader_ = std::make_unique<Loader>(data.train, lo);
   eval_transform_ = Transform::fromConfig(cfg.data, /*training=*/false);
   if (data.val.source) {
     val_loader_ = std::make_unique<Loader>(
         data.val, loaderOptions(cfg.data, data.val, /*training=*/false, device_,
-                                static_cast<uint64_t>(cfg.train.seed), warn));
+                                static_cast<uint64_t>(cfg.train.seed), warn, f.slow_read_us));
   }
   if (cfg.train.precision == Precision::kFp16) {
     scaler_ = std::make_unique<LossScaler>(cfg.train.loss_scale, cfg.train.scale_growth_interval);
   }
-  oom_.faults = parseOomFaults(std::getenv("BATCHDIST_FAULT_OOM"), comm_.rank());
-  if (const char* v = std::getenv("BATCHDIST_FAULT_SLOW_UPDATE_US")) slow_update_us_ = std::atoll(v);
-  if (const char* v = std::getenv("BATCHDIST_FAULT_ADAPT_FIGURES")) {
-    adapt_figures_fault_ = *v != '\0' && std::atoll(v) == comm_.rank();
-  }
+  oom_.faults = f.oomTries(comm_.rank());
+  slow_update_us_ = f.slow_update_us;
+  adapt_figures_fault_ = f.adapt_figures_rank == comm_.rank();
   oom_.recover_after = cfg.train.oom_recover_after_steps;
   if (!device_.is_cuda()) oom_.limit_mb = static_cast<double>(cfg.search.memory_limit_mb);
 }

@@ -38,7 +38,8 @@
 //    to come back, each failed retry costs a wasted step and churns the
 //    allocator, and a run that changes its split back and forth is harder to
 //    reproduce (BatchNorm statistics follow the per-GPU batch).
-//  - Fault injection for tests: BATCHDIST_FAULT_OOM="R:S[:N][:forward],..." makes
+//  - Fault injection for tests (Note [fault plan] in worker/common/faults.h: the
+//    plan's oom entries, BATCHDIST_FAULT_OOM="R:S[:N][:forward],...") makes
 //    rank R throw c10::OutOfMemoryError (the type the real path catches) from a
 //    hook on the first parameter's gradient, i.e. halfway through the final
 //    micro-batch's backward, in the first N (default 1) tries of global step S
@@ -59,6 +60,7 @@
 
 #include "collective/communicator.h"
 #include "collective/grad_sync.h"
+#include "worker/common/faults.h"
 #include "worker/config/config.h"
 #include "worker/data/data.h"
 #include "worker/data/loader.h"
@@ -97,8 +99,8 @@ namespace batchdist::worker {
 //    whose figures differed (a bug: it happened once, when a cache hit reached
 //    the other ranks without the table) would otherwise post collectives of
 //    other sizes, which MPI may answer with a truncation and a corrupted heap.
-//    Such a rank says so on stderr. Fault injection for tests:
-//    BATCHDIST_FAULT_ADAPT_FIGURES=R starts rank R with an empty table.
+//    Such a rank says so on stderr. Fault injection for tests (Note [fault
+//    plan]): BATCHDIST_FAULT_ADAPT_FIGURES=R starts rank R with an empty table.
 //  - No decision before the warmup (plan0.warmup_steps) is over: G stays G0
 //    through it (batch.adapt_in_warmup: true lifts that). The warmup exists because the first steps are fragile, and a
 //    larger G would multiply its lr by the gain r; and B_simple measured while
@@ -157,9 +159,11 @@ struct EvalResult {
 class Trainer {
  public:
   /// Builds the model (seeded, identical on every rank; rank 0's state is
-  /// broadcast anyway), the optimizer and the loader. Collective.
+  /// broadcast anyway), the optimizer and the loader. Collective. `faults`: the
+  /// faults the tests inject (Note [fault plan]), read here and not kept; null:
+  /// none.
   Trainer(const Config& cfg, collective::Communicator& comm, const DataSplit& data,
-          at::Device device, const Plan& plan);
+          at::Device device, const Plan& plan, const FaultPlan* faults = nullptr);
   ~Trainer();
 
   const Plan& plan() const { return plan_; }
@@ -235,7 +239,7 @@ class Trainer {
   struct EpochRun;
   /// Where the out-of-memory back-off stands (Note [oom back-off]).
   struct OomState {
-    std::vector<std::pair<int64_t, bool>> faults;  ///< BATCHDIST_FAULT_OOM: (step, in forward) tries
+    std::vector<std::pair<int64_t, bool>> faults;  ///< Note [fault plan]: (step, in forward) tries
     bool inject = false;            ///< fail the current try (this rank)
     bool inject_forward = false;    ///< ... in forward rather than backward
     bool failed_here = false;       ///< the last try failed on this rank
@@ -272,7 +276,7 @@ class Trainer {
   bool tryStep(int64_t real, double lr, bool* stop, bool* checkpoint, double* loss);
   /// One micro-batch's forward and weighted loss sum; with synchronised BatchNorm
   /// ends with the agreement of Note [sync batchnorm failure] (throws
-  /// PeerOutOfMemory when another rank failed). `inject`: BATCHDIST_FAULT_OOM.
+  /// PeerOutOfMemory when another rank failed). `inject`: Note [fault plan]'s oom.
   at::Tensor forwardLoss(const Batch& batch, bool inject);
   /// Forward and backward, an out-of-memory caught; true if this rank failed.
   bool computeOrFail(int64_t real, double* loss);
@@ -386,8 +390,8 @@ class Trainer {
   AdaptState adapt_;
   double update_s_ = 0;  ///< optimizer update seconds (this rank), for the fixed cost
   double last_lr_ = 0;   ///< the lr of the last step run
-  /// Fault injection for the tests: BATCHDIST_FAULT_SLOW_UPDATE_US=N makes this
-  /// rank's optimizer update N us slower (a rank with its own timings).
+  /// Note [fault plan]: BATCHDIST_FAULT_SLOW_UPDATE_US=N makes this rank's
+  /// optimizer update N us slower (a rank with its own timings).
   int64_t slow_update_us_ = 0;
   bool adapt_figures_fault_ = false;  ///< BATCHDIST_FAULT_ADAPT_FIGURES names this rank
   OomState oom_;
