@@ -744,7 +744,8 @@ bool Trainer::backOff(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_s
   if (oom_.retrying) oom_.recover_after *= 2;  // the larger batch still does not fit: wait longer
   oom_.retrying = false;
   oom_.larger.push_back(plan_.per_gpu);
-  switchSplit(e, sharder, s, next);
+  changeSplit(e, sharder, s, {plan_.global, next, plan_.per_gpu * plan_.accum / next},
+              SplitCut::kKeep);
   if (console_) {
     console_->line(strCat("oom back-off: ", what, "; every rank redoes the step as per-GPU batch ",
                           plan_.per_gpu, " x accumulation ", plan_.accum,
@@ -753,12 +754,29 @@ bool Trainer::backOff(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_s
   return true;
 }
 
-void Trainer::switchSplit(EpochRun& e, Sharder& sharder, int64_t s, int64_t per_gpu) {
-  plan_ = withPerGpu(plan_, per_gpu);
-  sharder = sharder.withPlan(plan_);  // same G: the same positions
-  // The rest of the epoch, cut the new way; job indices as in an uninterrupted
-  // epoch with this split.
-  loader_->start(jobs(sharder, s, e.steps - s), e.epoch, sharder.jobIndex(s));
+// Note [split change]: every change of split in a run goes through here: an
+// out-of-memory back-off or its retry (SplitCut::kKeep: the same G, so every
+// sample keeps its position, Note [equal shards]) and an adaptive decision
+// (SplitCut::kAnew: a new G, the rest of the epoch cut anew from step `s`, Note
+// [adaptive cut] in worker/plan/plan.h). The plan, the sharder, the loader
+// (restarted at `s` with job indices as in an uninterrupted epoch of this
+// split), the checkpointer's plan and the back-off's count of good steps change
+// together.
+void Trainer::changeSplit(EpochRun& e, Sharder& sharder, int64_t s, const AdaptSplit& to,
+                          SplitCut cut) {
+  if (cut == SplitCut::kAnew) {
+    const int64_t pos = sharder.position(s);
+    plan_ = withGlobal(plan_, to.global, to.per_gpu, to.accum);
+    sharder = sharder.withPlan(plan_);
+    sharder.setCut(s, pos);
+    e.steps = sharder.stepsInEpoch();
+    e.cut_step = s;
+    e.cut_begin = pos;
+  } else {
+    plan_ = withPerGpu(plan_, to.per_gpu);
+    sharder = sharder.withPlan(plan_);
+  }
+  loader_->start(jobs(sharder, s, std::max<int64_t>(0, e.steps - s)), e.epoch, sharder.jobIndex(s));
   // Adaptive: the manifest's plan stays the plan at G0 (Note [adaptive checkpoint]).
   if (checkpointer_ && !adapt_.on) checkpointer_->setPlan(plan_);
   oom_.good_steps = 0;
@@ -780,7 +798,7 @@ void Trainer::maybeRecover(EpochRun& e, Sharder& sharder, int64_t s, int64_t glo
   if (it == larger.rend()) return;
   const int64_t m = *it;
   larger.erase(std::next(it).base());
-  switchSplit(e, sharder, s, m);
+  changeSplit(e, sharder, s, {plan_.global, m, plan_.per_gpu * plan_.accum / m}, SplitCut::kKeep);
   oom_.retrying = true;
   ++result.oom_retries;
   if (console_) {
@@ -972,26 +990,6 @@ void Trainer::beginSegment(int64_t global_step, double b_noise, double efficienc
   result.batch_history = adapt_.history;
 }
 
-void Trainer::applySplit(EpochRun& e, Sharder& sharder, int64_t s, const AdaptSplit& to) {
-  const int64_t pos = sharder.position(s);
-  plan_ = withGlobal(plan_, to.global, to.per_gpu, to.accum);
-  sharder = sharder.withPlan(plan_);
-  sharder.setCut(s, pos);
-  e.steps = sharder.stepsInEpoch();
-  e.cut_step = s;
-  e.cut_begin = pos;
-  loader_->start(jobs(sharder, s, std::max<int64_t>(0, e.steps - s)), e.epoch, sharder.jobIndex(s));
-  oom_.good_steps = 0;
-  oom_.retrying = false;
-  // Note [oom back-off]: oom_.larger keeps every per-GPU batch above this one that
-  // ran out of memory, also those that do not split this G: maybeAdapt() stays
-  // below all of them, and a retry (maybeRecover) takes the newest that splits G.
-  auto& larger = oom_.larger;
-  larger.erase(std::remove_if(larger.begin(), larger.end(),
-                              [&](int64_t m) { return m <= plan_.per_gpu; }),
-               larger.end());
-}
-
 void Trainer::maybeAdapt(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_step,
                          TrainResult& result) {
   if (!adapt_.on) return;
@@ -1050,7 +1048,16 @@ void Trainer::maybeAdapt(EpochRun& e, Sharder& sharder, int64_t s, int64_t globa
   followRankZero(d, current, global_step);
   const double g0 = static_cast<double>(adapt_.plan0.global);
   if (d.change) {
-    applySplit(e, sharder, s, d.chosen);
+    changeSplit(e, sharder, s, d.chosen, SplitCut::kAnew);
+    // Note [oom back-off]: the new split is no retry, and oom_.larger keeps every
+    // per-GPU batch above it that ran out of memory, also those that do not split
+    // this G: maybeAdapt() stays below all of them, and a retry (maybeRecover)
+    // takes the newest that splits G.
+    oom_.retrying = false;
+    auto& larger = oom_.larger;
+    larger.erase(std::remove_if(larger.begin(), larger.end(),
+                                [&](int64_t m) { return m <= plan_.per_gpu; }),
+                 larger.end());
     const double eff = statisticalEfficiency(static_cast<double>(plan_.global), g0, b);
     const double old_gain = adapt_.segments.back().gain;
     beginSegment(global_step, b, eff, d.why, result);

@@ -281,8 +281,10 @@ class Trainer {
   /// Forward and backward, an out-of-memory caught; true if this rank failed.
   bool computeOrFail(int64_t real, double* loss);
   OomFigures agreeOomFigures(bool failed);
-  /// Switches every rank to per-GPU batch `per_gpu` from step `s` of this epoch.
-  void switchSplit(EpochRun& e, Sharder& sharder, int64_t s, int64_t per_gpu);
+  /// How a change of split cuts the rest of the epoch (Note [split change]).
+  enum class SplitCut { kKeep, kAnew };
+  /// Every rank's split becomes `to` from step `s` of this epoch (Note [split change]).
+  void changeSplit(EpochRun& e, Sharder& sharder, int64_t s, const AdaptSplit& to, SplitCut cut);
   /// After a failed try: the smaller split, or false at the minimum.
   bool backOff(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_step,
                const OomFigures& f, TrainResult& result);
@@ -314,8 +316,6 @@ class Trainer {
   /// Note [adaptive training]: takes rank 0's split (broadcast) should this
   /// rank's decision `d` differ from it, and says so. Collective.
   void followRankZero(AdaptDecision& d, const AdaptSplit& current, int64_t global_step);
-  /// Applies split `to` from step `s` (the rest of the epoch cut anew).
-  void applySplit(EpochRun& e, Sharder& sharder, int64_t s, const AdaptSplit& to);
   /// Starts a history segment at `global_step` with the split in force.
   void beginSegment(int64_t global_step, double b_noise, double efficiency,
                     const std::string& why, TrainResult& result);
