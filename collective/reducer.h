@@ -30,7 +30,7 @@
 //  - The last bucket starts only from finish(), never from a hook, so the side
 //    channel can still say what happened during the whole step: a rank whose
 //    backward failed halfway (out of memory) sets it after the failure and it
-//    still travels (Note [oom back-off] in worker/train/trainer.h). It costs
+//    still travels (Note [oom back-off] in worker/train/oom_guard.h). It costs
 //    little overlap: with buckets in ready order the last one's gradients are
 //    the last of backward.
 // On CUDA, c10d's NCCL backend runs the collectives on its own stream after an

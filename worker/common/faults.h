@@ -8,7 +8,7 @@
 //   BATCHDIST_FAULT_OOM="R:S[:N][:forward],..."  rank R fails the first N (default
 //       1) tries of global step S (1-based), halfway through backward, or with
 //       ":forward" halfway through forward (Note [oom back-off] in
-//       worker/train/trainer.h)
+//       worker/train/oom_guard.h)
 //   BATCHDIST_FAULT_SLOW_UPDATE_US=N  this process's optimizer update takes N us
 //       longer (set on some ranks only: mpirun -x on one app context)
 //   BATCHDIST_FAULT_SLOW_READ_US=N    every sample read takes N us longer (slow

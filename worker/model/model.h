@@ -29,7 +29,7 @@ namespace batchdist::worker {
 ///  - a count > 0 ends the forward on every rank before backward: no BatchNorm
 ///    backward allreduce and no bucket has started anywhere, so every rank goes on
 ///    to the reducer's finish() in step (Note [oom back-off] in
-///    worker/train/trainer.h), which discards the step and backs off.
+///    worker/train/oom_guard.h), which discards the step and backs off.
 /// Why this one: the normal step pays one small allreduce per micro-batch, next
 /// to the 2 L it already makes (ResNet-50: 106 -> 107); zero extra would need
 /// the failure flag inside the last BatchNorm allreduce, which misses a failure

@@ -70,7 +70,7 @@ Plan makePlan(const Config& cfg, int64_t world_size, int64_t dataset_size, bool 
 /// batch.min_per_gpu and never below 2; 1 without.
 int64_t minPerGpu(const Config& cfg, bool has_batchnorm);
 
-/// Note [oom back-off] (worker/train/trainer.h): the per-GPU batch a step is
+/// Note [oom back-off] (worker/train/oom_guard.h): the per-GPU batch a step is
 /// redone with after an out-of-memory: the largest proper divisor of m (m / 2
 /// when m is even); 0 when that is below `min_per_gpu` (the BatchNorm minimum,
 /// 1 without BatchNorm) or m is 1.

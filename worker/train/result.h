@@ -108,7 +108,7 @@ struct TrainPosition {
   nlohmann::ordered_json adapt;
 };
 
-/// One back-off after an out-of-memory (Note [oom back-off] in trainer.h).
+/// One back-off after an out-of-memory (Note [oom back-off] in oom_guard.h).
 struct OomBackoff {
   int64_t step = 0;            ///< the global step redone (1-based, as on the console)
   std::vector<int64_t> ranks;  ///< the ranks that ran out of memory

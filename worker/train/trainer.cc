@@ -52,12 +52,6 @@ class InjectedOom {
   unsigned hook_ = 0;
 };
 
-std::string ranksText(const std::vector<int64_t>& ranks) {
-  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
-  for (std::size_t i = 0; i < ranks.size(); ++i) out += strCat(i ? ", " : "", ranks[i]);
-  return out;
-}
-
 /// Every rank's `text`, indexed by rank: the lengths, then the bytes padded to the
 /// longest (one allgather each, on the communicator's device).
 std::vector<std::string> allgatherText(collective::Communicator& comm, const std::string& text) {
@@ -95,7 +89,8 @@ std::vector<std::vector<DataErrorRecord>> allgatherErrors(collective::Communicat
 }  // namespace
 Trainer::Trainer(const Config& cfg, collective::Communicator& comm, const DataSplit& data,
                  at::Device device, const Plan& plan, const FaultPlan* faults)
-    : cfg_(cfg), comm_(comm), data_(data), device_(device), plan_(plan) {
+    : cfg_(cfg), comm_(comm), data_(data), device_(device), plan_(plan),
+      oom_(comm, device, cfg, faults) {
   const FaultPlan none;
   const FaultPlan& f = faults ? *faults : none;  // Note [fault plan]
   checkPrecision(cfg.train.precision, device, cfg.source);
@@ -133,11 +128,8 @@ Trainer::Trainer(const Config& cfg, collective::Communicator& comm, const DataSp
   if (cfg.train.precision == Precision::kFp16) {
     scaler_ = std::make_unique<LossScaler>(cfg.train.loss_scale, cfg.train.scale_growth_interval);
   }
-  oom_.faults = f.oomTries(comm_.rank());
   slow_update_us_ = f.slow_update_us;
   adapt_figures_fault_ = f.adapt_figures_rank == comm_.rank();
-  oom_.recover_after = cfg.train.oom_recover_after_steps;
-  if (!device_.is_cuda()) oom_.limit_mb = static_cast<double>(cfg.search.memory_limit_mb);
 }
 
 Trainer::~Trainer() = default;
@@ -206,11 +198,11 @@ double Trainer::computeGradients(int64_t real) {
     grad_sync_->beforeBackward(final_micro);
     if (batch.x.size(0) == 0) continue;  // only under last_batch: keep
     std::optional<InjectedOom> fault;
-    if (oom_.inject && final_micro && !oom_.inject_forward) {
+    if (final_micro && oom_.injectInBackward()) {
       const auto params = model_->trainableParameters();
       if (!params.empty()) fault.emplace(params.front());
     }
-    torch::Tensor weighted = forwardLoss(batch, oom_.inject && final_micro && oom_.inject_forward);
+    torch::Tensor weighted = forwardLoss(batch, final_micro && oom_.injectInForward());
     (weighted * (scale / denom)).backward();
     if (noise_now_ && microNoise()) trackMicroBatch(k);
     loss_sum += weighted.detach().to(torch::kDouble);
@@ -485,7 +477,7 @@ void Trainer::progress(Console& console, const EpochRun& e, int64_t step, int64_
                              "% comm ", formatFixed(pct(e.time.comm, e.time.total()), 0), "%");
   if (device_.is_cuda()) {
     // The run's peak so far (each step resets the allocator's: Note [oom back-off]).
-    extra += strCat("  mem ", formatFixed(std::max(run_peak_mb_, stepPeakMb()) / 1024, 1), " GiB");
+    extra += strCat("  mem ", formatFixed(oom_.runPeakMb() / 1024, 1), " GiB");
   }
   // Adaptive: the steps left at the current gain (Note [adaptive training]).
   const double left = adapt_.on ? (adapt_.plan0.total_steps - adapt_.progress) /
@@ -549,7 +541,7 @@ void Trainer::addMetric(MetricPoint m, TrainResult& result) {
   m.global_batch = plan_.global;
   m.per_gpu = plan_.per_gpu;
   m.accum = plan_.accum;
-  m.peak_memory_mb = std::max(run_peak_mb_, stepPeakMb());
+  m.peak_memory_mb = oom_.runPeakMb();
   if (adapt_.on) m.progress = adapt_.progress;
   result.metrics.push_back(m);
   if (metric_sink_) metric_sink_(m);
@@ -618,32 +610,24 @@ bool Trainer::runStep(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_s
   for (;;) {
     *stop = stop_wish;
     if (due) *due = due_wish;
-    auto& faults = oom_.faults;
-    const auto it = std::find_if(faults.begin(), faults.end(),
-                                 [&](const auto& f) { return f.first == global_step + 1; });
-    oom_.inject = it != faults.end();
-    oom_.inject_forward = oom_.inject && it->second;
-    if (oom_.inject) faults.erase(it);
+    oom_.armFault(global_step);
     last_lr_ = stepLr(global_step);
     if (tryStep(sharder.realSamples(s), last_lr_, stop, due, loss)) {
-      ++oom_.good_steps;
+      oom_.goodStep();
       return true;
     }
-    if (!backOff(e, sharder, s, global_step, agreeOomFigures(oom_.failed_here), result)) {
-      return false;
-    }
+    if (!backOff(e, sharder, s, global_step, result)) return false;
   }
 }
 
 bool Trainer::tryStep(int64_t real, double lr, bool* stop, bool* checkpoint, double* loss) {
-  saveBuffers();
-  resetStepPeak();
-  oom_.failed_here = computeOrFail(real, loss);
+  oom_.beginTry(*model_);
+  failed_here_ = computeOrFail(real, loss);
   // Always: every rank makes every bucket's allreduce (Note [search agreement]).
-  bool any = oom_.failed_here;
+  bool any = failed_here_;
   syncGradients(stop, checkpoint, &any);
   if (any) {
-    restoreBuffers();  // the failed forward passes updated BatchNorm's running statistics
+    oom_.restoreBuffers();
     return false;
   }
   applyUpdate(lr);
@@ -656,100 +640,38 @@ bool Trainer::computeOrFail(int64_t real, double* loss) {
   } catch (const PeerOutOfMemory&) {
     // Note [sync batchnorm failure]: not this rank's failure; the side channel
     // carries the failing rank's, and every rank discards the step.
-    oom_.inject = false;
+    oom_.disarm();
     grad_sync_->backwardFailed();
     return false;
   } catch (const std::exception& e) {
-    oom_.inject = false;
+    oom_.disarm();
     if (!isOutOfMemory(e)) throw;
     // The failed graph was freed as the exception unwound.
     grad_sync_->backwardFailed();
     if (device_.is_cuda()) compat::cudaEmptyCache();
     return true;
   }
-  oom_.inject = false;
+  oom_.disarm();
   // CPU: over search.memory_limit_mb counts as out of memory, as in the search.
-  return oom_.limit_mb > 0 && stepPeakMb() > oom_.limit_mb;
+  return oom_.overLimit();
 }
-
-Trainer::OomFigures Trainer::agreeOomFigures(bool failed) {
-  // Every rank knows the step failed somewhere, so every rank is here: one
-  // allreduce of (failed, peak, capacity) per rank.
-  const int w = comm_.size();
-  std::vector<double> v(3 * w, 0.0);
-  if (failed) {
-    v[3 * comm_.rank()] = 1;
-    v[3 * comm_.rank() + 1] = stepPeakMb();
-    v[3 * comm_.rank() + 2] = capacityMb();
-  }
-  v = comm_.allreduce(v, collective::ReduceOp::kSum);
-  OomFigures f;
-  for (int r = 0; r < w; ++r) {
-    if (v[3 * r] < 0.5) continue;
-    if (f.ranks.empty() || v[3 * r + 1] > f.peak_mb) {
-      f.peak_mb = v[3 * r + 1];
-      f.capacity_mb = v[3 * r + 2];
-    }
-    f.ranks.push_back(r);
-  }
-  return f;
-}
-
-namespace {
-
-std::string memoryText(const OomBackoff& b, bool cuda) {
-  if (cuda) {
-    return strCat("peak ", formatFixed(b.peak_mb, 0), " MB allocated of ",
-                  formatFixed(b.capacity_mb, 0), " MB on the GPU");
-  }
-  return strCat("peak resident ", formatFixed(b.peak_mb, 0), " MB",
-                b.capacity_mb > 0 ? strCat(", limit ", formatFixed(b.capacity_mb, 0),
-                                           " MB (search.memory_limit_mb)")
-                                  : std::string());
-}
-
-}  // namespace
 
 bool Trainer::backOff(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_step,
-                      const OomFigures& f, TrainResult& result) {
-  OomBackoff b;
-  b.step = global_step + 1;
-  b.ranks = f.ranks;
-  b.from_per_gpu = plan_.per_gpu;
-  b.from_accum = plan_.accum;
-  b.peak_mb = f.peak_mb;
-  b.capacity_mb = f.capacity_mb;
-  b.retry = oom_.retrying;
+                      TrainResult& result) {
+  const OomFigures f = oom_.agreeFigures(failed_here_);  // collective
   const int64_t floor = minPerGpu(cfg_, model_->hasBatchNorm());
-  const int64_t next = backedOffPerGpu(plan_.per_gpu, floor);
-  if (next > 0) {
-    b.to_per_gpu = next;
-    b.to_accum = plan_.per_gpu * plan_.accum / next;
-  }
+  const OomBackoff b = oom_.backOff(plan_, f, floor, global_step);
   result.oom_backoffs.push_back(b);
-  const std::string what = strCat("out of memory at step ", b.step, " on ", ranksText(b.ranks),
-                                  " with per-GPU batch ", b.from_per_gpu, " x accumulation ",
-                                  b.from_accum, " (", memoryText(b, device_.is_cuda()), ")");
-  if (next == 0) {
-    result.failure = strCat(
-        what, ", and no smaller split is left: ",
-        floor > 1 ? strCat("the model has BatchNorm, which needs at least ", floor,
-                           " samples per micro-batch (batch.min_per_gpu)")
-                  : std::string("one sample per micro-batch is the least"),
-        "; every rank stopped after step ", global_step,
-        ". Lower the memory a sample needs (a smaller model or data.resize, train.precision: "
-        "bf16) or give each rank more memory");
+  if (b.to_per_gpu == 0) {
+    result.failure = oomFailure(b, device_.is_cuda(), floor);
     return false;
   }
-  if (oom_.retrying) oom_.recover_after *= 2;  // the larger batch still does not fit: wait longer
-  oom_.retrying = false;
-  oom_.larger.push_back(plan_.per_gpu);
-  changeSplit(e, sharder, s, {plan_.global, next, plan_.per_gpu * plan_.accum / next},
-              SplitCut::kKeep);
+  changeSplit(e, sharder, s, {plan_.global, b.to_per_gpu, b.to_accum}, SplitCut::kKeep);
   if (console_) {
-    console_->line(strCat("oom back-off: ", what, "; every rank redoes the step as per-GPU batch ",
-                          plan_.per_gpu, " x accumulation ", plan_.accum,
-                          ": global batch ", plan_.global, ", its samples and lr unchanged"));
+    console_->line(strCat("oom back-off: ", oomWhat(b, device_.is_cuda()),
+                          "; every rank redoes the step as per-GPU batch ", plan_.per_gpu,
+                          " x accumulation ", plan_.accum, ": global batch ", plan_.global,
+                          ", its samples and lr unchanged"));
   }
   return true;
 }
@@ -779,86 +701,22 @@ void Trainer::changeSplit(EpochRun& e, Sharder& sharder, int64_t s, const AdaptS
   loader_->start(jobs(sharder, s, std::max<int64_t>(0, e.steps - s)), e.epoch, sharder.jobIndex(s));
   // Adaptive: the manifest's plan stays the plan at G0 (Note [adaptive checkpoint]).
   if (checkpointer_ && !adapt_.on) checkpointer_->setPlan(plan_);
-  oom_.good_steps = 0;
+  oom_.splitChanged();
 }
 
 void Trainer::maybeRecover(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_step,
                            TrainResult& result) {
-  if (oom_.recover_after <= 0 || oom_.larger.empty() || oom_.good_steps < oom_.recover_after) {
-    return;
-  }
+  const int64_t m = oom_.recoverTo(plan_);
+  if (m == 0) return;
   const int64_t from_m = plan_.per_gpu, from_a = plan_.accum;
-  // The newest per-GPU batch backed off from that splits this G (an adaptive
-  // change of G may have left some that do not: Note [oom back-off]).
-  const int64_t rank_batch = plan_.per_gpu * plan_.accum;
-  auto& larger = oom_.larger;
-  const auto it = std::find_if(larger.rbegin(), larger.rend(), [&](int64_t m) {
-    return m > plan_.per_gpu && rank_batch % m == 0;
-  });
-  if (it == larger.rend()) return;
-  const int64_t m = *it;
-  larger.erase(std::next(it).base());
   changeSplit(e, sharder, s, {plan_.global, m, plan_.per_gpu * plan_.accum / m}, SplitCut::kKeep);
-  oom_.retrying = true;
   ++result.oom_retries;
   if (console_) {
     console_->line(strCat("oom recover: step ", global_step + 1, ": trying per-GPU batch ",
                           plan_.per_gpu, " x accumulation ", plan_.accum, " again after ",
-                          oom_.recover_after, " good steps at ", from_m, " x ", from_a,
+                          oom_.state().recover_after, " good steps at ", from_m, " x ", from_a,
                           " (train.oom_recover_after_steps)"));
   }
-}
-
-// Every step, so kept cheap: one concatenation per dtype (ResNet-50's 160
-// buffers: two kernels), into storage kept from step to step. The buffers are
-// looked up each time: a checkpoint restore may have replaced them.
-void Trainer::saveBuffers() {
-  torch::NoGradGuard no_grad;
-  std::map<int, std::vector<at::Tensor>> by_dtype;
-  for (const auto& b : model_->buffers()) by_dtype[static_cast<int>(b.scalar_type())].push_back(b);
-  oom_.buffers.resize(by_dtype.size());
-  std::size_t i = 0;
-  for (auto& [dtype, group] : by_dtype) {
-    auto& copy = oom_.buffers[i++];
-    std::vector<at::Tensor> flat;
-    for (const auto& b : group) flat.push_back(b.detach().reshape({-1}));
-    if (!copy.saved.defined()) copy.saved = at::empty({0}, group.front().options());
-    at::cat_out(copy.saved, flat, 0);  // resizes once, then reuses the storage
-    copy.live = std::move(group);
-  }
-}
-
-void Trainer::restoreBuffers() {
-  torch::NoGradGuard no_grad;
-  for (auto& copy : oom_.buffers) {
-    int64_t offset = 0;
-    for (auto& b : copy.live) {
-      b.detach().copy_(copy.saved.narrow(0, offset, b.numel()).view(b.sizes()));
-      offset += b.numel();
-    }
-  }
-}
-
-void Trainer::resetStepPeak() {
-  // CPU: only when a limit is checked (it trims the heap).
-  if (!device_.is_cuda() && oom_.limit_mb <= 0) return;
-  // The step's peak is kept first, so the run's peak in report.json is not just
-  // its last step's.
-  run_peak_mb_ = std::max(run_peak_mb_, stepPeakMb());
-  if (device_.is_cuda()) {
-    compat::cudaResetPeak(device_.index());
-  } else {
-    resetPeakRss();
-  }
-}
-
-double Trainer::stepPeakMb() const {
-  return device_.is_cuda() ? compat::cudaPeakAllocatedBytes(device_.index()) / (1 << 20)
-                           : peakRssMb();
-}
-
-double Trainer::capacityMb() const {
-  return device_.is_cuda() ? compat::cudaTotalBytes(device_.index()) / (1 << 20) : oom_.limit_mb;
 }
 
 void Trainer::checkpoint(const EpochRun& e, int64_t global_step, bool mid_epoch,
@@ -1026,9 +884,9 @@ void Trainer::maybeAdapt(EpochRun& e, Sharder& sharder, int64_t s, int64_t globa
     }
   }
   AdaptSpace now = space;
-  if (!oom_.larger.empty()) {
+  if (const auto& larger = oom_.state().larger; !larger.empty()) {
     // Not back to a per-GPU batch that ran out of memory (Note [oom back-off]).
-    const int64_t limit = *std::min_element(oom_.larger.begin(), oom_.larger.end());
+    const int64_t limit = *std::min_element(larger.begin(), larger.end());
     auto& t = now.throughput;
     t.erase(std::remove_if(t.begin(), t.end(),
                            [&](const ThroughputPoint& p) { return p.per_gpu >= limit; }),
@@ -1049,15 +907,7 @@ void Trainer::maybeAdapt(EpochRun& e, Sharder& sharder, int64_t s, int64_t globa
   const double g0 = static_cast<double>(adapt_.plan0.global);
   if (d.change) {
     changeSplit(e, sharder, s, d.chosen, SplitCut::kAnew);
-    // Note [oom back-off]: the new split is no retry, and oom_.larger keeps every
-    // per-GPU batch above it that ran out of memory, also those that do not split
-    // this G: maybeAdapt() stays below all of them, and a retry (maybeRecover)
-    // takes the newest that splits G.
-    oom_.retrying = false;
-    auto& larger = oom_.larger;
-    larger.erase(std::remove_if(larger.begin(), larger.end(),
-                                [&](int64_t m) { return m <= plan_.per_gpu; }),
-                 larger.end());
+    oom_.adaptiveSplit(plan_.per_gpu);  // Note [oom back-off]
     const double eff = statisticalEfficiency(static_cast<double>(plan_.global), g0, b);
     const double old_gain = adapt_.segments.back().gain;
     beginSegment(global_step, b, eff, d.why, result);
@@ -1098,7 +948,7 @@ nlohmann::ordered_json Trainer::adaptRecord(int64_t epoch, int64_t next_step, in
   // JSON has no inf or NaN: a figure that is not finite is written as unknown.
   const auto finite = [](double x, double unknown) { return std::isfinite(x) ? x : unknown; };
   auto larger = nlohmann::ordered_json::array();
-  for (const auto m : oom_.larger) larger.push_back(m);
+  for (const auto m : oom_.state().larger) larger.push_back(m);
   return {{"world_size", comm_.size()},
           {"global", plan_.global},
           {"per_gpu", plan_.per_gpu},
@@ -1118,9 +968,9 @@ nlohmann::ordered_json Trainer::adaptRecord(int64_t epoch, int64_t next_step, in
           {"step_sum", finite(adapt_.step_sum, 0)},
           {"step_count", adapt_.step_count},
           {"oom", {{"larger", larger},
-                   {"good_steps", oom_.good_steps},
-                   {"recover_after", oom_.recover_after},
-                   {"retrying", oom_.retrying}}},
+                   {"good_steps", oom_.state().good_steps},
+                   {"recover_after", oom_.state().recover_after},
+                   {"retrying", oom_.state().retrying}}},
           {"fixed_per_gpu", adapt_.space.fixed_per_gpu},
           {"multiple_of", adapt_.space.multiple_of},
           {"throughput", adapt_record::throughputJson(adapt_.space.throughput)},
@@ -1186,10 +1036,8 @@ void Trainer::restoreAdaptSameWorld(const nlohmann::ordered_json& rec) {
   a.step_count = rec.at("step_count").get<int64_t>();
   // Where the out-of-memory back-off stood: the same decisions and retries.
   const auto& oom = rec.at("oom");
-  oom_.larger = oom.at("larger").get<std::vector<int64_t>>();
-  oom_.good_steps = oom.at("good_steps").get<int64_t>();
-  oom_.recover_after = oom.at("recover_after").get<int64_t>();
-  oom_.retrying = oom.at("retrying").get<bool>();
+  oom_.restore({oom.at("larger").get<std::vector<int64_t>>(), oom.at("good_steps").get<int64_t>(),
+                oom.at("recover_after").get<int64_t>(), oom.at("retrying").get<bool>()});
   a.space.fixed_per_gpu = rec.at("fixed_per_gpu").get<int64_t>();
   a.space.multiple_of = rec.at("multiple_of").get<int64_t>();
   a.space.throughput = adapt_record::throughputFrom(rec.at("throughput"));
@@ -1360,7 +1208,7 @@ void Trainer::summarise(TrainResult& result, int64_t global_step, double wall_s,
   result.samples_per_s = result.samples / std::max(train_time, 1e-9);
   // CPU: the peak resident set (VmHWM) of this rank; without a memory limit it is
   // the process's, search included.
-  result.peak_memory_mb = std::max(run_peak_mb_, stepPeakMb());
+  result.peak_memory_mb = oom_.runPeakMb();
   if (device_.is_cuda()) result.memory_total_mb = compat::cudaTotalBytes(device_.index()) / (1 << 20);
   if (gpu.count > 0) result.gpu_utilization = gpu.sum / gpu.count;
   result.noise = noiseResult();

@@ -3,53 +3,7 @@
 // optimizer, with distributed evaluation, per-epoch health checks and a
 // breakdown of where the time goes.
 //
-// Note [oom back-off]: an out-of-memory in a training step does not end the run.
-//  - Detection, per rank: the allocator's exception (c10::OutOfMemoryError and
-//    the other forms isOutOfMemory() knows), or on CPU a step whose peak resident
-//    memory exceeds search.memory_limit_mb (as in the search). The exception is
-//    caught in computeGradients()'s caller; the failed forward/backward's graph is
-//    freed as it unwinds (and the CUDA cache emptied).
-//  - Agreement, no extra collective: the failing rank still calls
-//    syncGradients(), which sends every bucket in the same order (Note
-//    [overlapped reducer]: the reducer's last bucket, the side channel's, starts
-//    only in finish(), so a flag set after a failure halfway through backward
-//    still travels) with its out-of-memory wish in the side channel (Note [step wishes]).
-//    Every rank reads the same sum after the same step, so every rank discards
-//    that step (no optimizer update; BatchNorm buffers restored from the copy
-//    taken before the step) and only then do they meet in one small allreduce for
-//    the figures (which ranks, their peak and capacity) that the message needs.
-//  - Redo: the same step, same samples, same LR, split as m' x a' with m' the
-//    largest proper divisor of m (m / 2 for even m) and a' = a m / m', so
-//    G = m' a' W: by Note [equal shards] rank r gets exactly the same samples,
-//    and by Note [loss normalisation] the update is the same mean gradient (to
-//    float rounding; BatchNorm statistics follow the micro-batch, as always).
-//    The loader is restarted at that step with the new jobs; the checkpointer
-//    records the new split, so a resume continues with it.
-//  - Below the BatchNorm minimum (batch.min_per_gpu, 2) or at m = 1 there is
-//    nothing left: every rank stops after the failed step, and the run ends with
-//    completed = false, the reason in the report and exit code 1.
-//  - train.oom_recover_after_steps = N > 0: after N good steps at the smaller
-//    split the larger one is tried again (one level up); a back-off from a split
-//    that was such a retry doubles N. A resumed run does not retry. Under an
-//    adaptive G (Note [adaptive training]) the per-GPU batches backed off from stay
-//    marked even when a new G does not split them: no decision goes back to one
-//    (or above), and a retry takes the newest that splits the G in force.
-//    Off by default: a spike that came from the data or from fragmentation tends
-//    to come back, each failed retry costs a wasted step and churns the
-//    allocator, and a run that changes its split back and forth is harder to
-//    reproduce (BatchNorm statistics follow the per-GPU batch).
-//  - Fault injection for tests (Note [fault plan] in worker/common/faults.h: the
-//    plan's oom entries, BATCHDIST_FAULT_OOM="R:S[:N][:forward],...") makes
-//    rank R throw c10::OutOfMemoryError (the type the real path catches) from a
-//    hook on the first parameter's gradient, i.e. halfway through the final
-//    micro-batch's backward, in the first N (default 1) tries of global step S
-//    (1-based); with ":forward", halfway through its forward instead (before the
-//    middle synchronised BatchNorm allreduce, or before the forward without one).
-//  - With model.sync_batchnorm an out-of-memory inside forward would leave the
-//    other ranks in a BatchNorm allreduce: Note [sync batchnorm failure] in
-//    worker/model/model.h makes every rank learn of it at the end of that
-//    forward, and all take the path above. Still not covered: one inside
-//    backward before the BatchNorm backward allreduces are done.
+// The out-of-memory back-off: Note [oom back-off] in worker/train/oom_guard.h.
 
 #include <ATen/core/Tensor.h>
 
@@ -71,6 +25,7 @@
 #include "worker/model/precision.h"
 #include "worker/train/gpu_monitor.h"
 #include "worker/train/noise_scale.h"
+#include "worker/train/oom_guard.h"
 #include "worker/task/task.h"
 #include "worker/train/result.h"
 
@@ -237,30 +192,6 @@ class Trainer {
 
  private:
   struct EpochRun;
-  /// Where the out-of-memory back-off stands (Note [oom back-off]).
-  struct OomState {
-    std::vector<std::pair<int64_t, bool>> faults;  ///< Note [fault plan]: (step, in forward) tries
-    bool inject = false;            ///< fail the current try (this rank)
-    bool inject_forward = false;    ///< ... in forward rather than backward
-    bool failed_here = false;       ///< the last try failed on this rank
-    std::vector<int64_t> larger;    ///< per-GPU batches backed off from (above the split), newest last
-    int64_t good_steps = 0;         ///< since the last switch of split
-    int64_t recover_after = 0;      ///< current wait before a retry (0: never)
-    bool retrying = false;          ///< the current split is a retry of a larger one
-    double limit_mb = 0;            ///< CPU: search.memory_limit_mb (0: none)
-    /// The model's buffers (BatchNorm statistics) before the step, per dtype.
-    struct SavedBuffers {
-      std::vector<at::Tensor> live;
-      at::Tensor saved;
-    };
-    std::vector<SavedBuffers> buffers;
-  };
-  /// The figures of a failed step, agreed over the ranks (one allreduce).
-  struct OomFigures {
-    std::vector<int64_t> ranks;
-    double peak_mb = 0;
-    double capacity_mb = 0;
-  };
   /// NVML utilization, sampled every 10 steps on CUDA.
   struct UtilizationSampler {
     std::unique_ptr<GpuMonitor> monitor;
@@ -280,22 +211,15 @@ class Trainer {
   at::Tensor forwardLoss(const Batch& batch, bool inject);
   /// Forward and backward, an out-of-memory caught; true if this rank failed.
   bool computeOrFail(int64_t real, double* loss);
-  OomFigures agreeOomFigures(bool failed);
   /// How a change of split cuts the rest of the epoch (Note [split change]).
   enum class SplitCut { kKeep, kAnew };
   /// Every rank's split becomes `to` from step `s` of this epoch (Note [split change]).
   void changeSplit(EpochRun& e, Sharder& sharder, int64_t s, const AdaptSplit& to, SplitCut cut);
-  /// After a failed try: the smaller split, or false at the minimum.
-  bool backOff(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_step,
-               const OomFigures& f, TrainResult& result);
+  /// After a failed try: the smaller split in force, or false at the minimum.
+  bool backOff(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_step, TrainResult& result);
   /// Before a step: the larger split again when train.oom_recover_after_steps says so.
   void maybeRecover(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_step,
                     TrainResult& result);
-  void saveBuffers();
-  void restoreBuffers();
-  void resetStepPeak();
-  double stepPeakMb() const;
-  double capacityMb() const;
   void runSteps(EpochRun& e, Sharder& sharder, int64_t* global_step,
                 const std::function<bool()>& stop_requested, Console& console, double run_started,
                 UtilizationSampler& gpu, TrainResult& result);
@@ -394,10 +318,10 @@ class Trainer {
   /// optimizer update N us slower (a rank with its own timings).
   int64_t slow_update_us_ = 0;
   bool adapt_figures_fault_ = false;  ///< BATCHDIST_FAULT_ADAPT_FIGURES names this rank
-  OomState oom_;
+  OomGuard oom_;  ///< Note [oom back-off]
+  bool failed_here_ = false;  ///< the last try failed on this rank
   Console* console_ = nullptr;  ///< during train(): for the back-off lines
   std::function<void(const MetricPoint&)> metric_sink_;
-  double run_peak_mb_ = 0;      ///< CUDA: the run's peak (the step's is reset each step)
   NoiseScaleEstimator noise_;
   double grad_scale_ = 1;  // fp16 loss scale the current gradients carry
   int64_t step_real_ = 0;  // real samples of the current step, all ranks
