@@ -11,6 +11,7 @@
 #include "worker/config/config.h"
 #include "worker/plan/adapt.h"
 #include "worker/train/adapt_record.h"
+#include "worker/train/adaptive_batch.h"
 #include "worker/plan/plan.h"
 
 using batchdist::ConfigError;
@@ -162,6 +163,39 @@ TEST(Adapt, UnknownNoiseScaleOrThroughputKeepsTheBatch) {
   const auto d = decideGlobalBatch(s, {256, 32, 2}, 1000);
   EXPECT_FALSE(d.change);
   EXPECT_TRUE(contains(d.why, "no measured samples/s for per-GPU batch 32")) << d.why;
+}
+
+TEST(Adapt, TheTableInForceLeavesOutBackedOffBatchesAndStandsInForAnUnmeasuredSplit) {
+  auto s = space4();
+  s.throughput = {{16, 1000}, {32, 1500}, {64, 1600}, {128, 4000}};
+  // Nothing backed off and the split in force measured: the table as it is.
+  EXPECT_EQ(spaceInForce(s, {}, 32).throughput.size(), 4u);
+  // Backed off from 128, then from 64: nothing at or above the smallest (64) is left.
+  auto now = spaceInForce(s, {128, 64}, 32);
+  ASSERT_EQ(now.throughput.size(), 2u);
+  EXPECT_EQ(now.throughput[0].per_gpu, 16);
+  EXPECT_EQ(now.throughput[1].per_gpu, 32);
+  EXPECT_EQ(now.g0, 256);  // the rest of the space as it was
+  // The split in force (24, made by a back-off) was never measured: the table's
+  // lowest figure stands for it.
+  now = spaceInForce(s, {48}, 24);
+  ASSERT_EQ(now.throughput.size(), 3u);
+  EXPECT_EQ(now.throughput.back().per_gpu, 24);
+  EXPECT_DOUBLE_EQ(now.throughput.back().samples_per_s, 1000);
+  // An empty table (a fixed batch.per_gpu before its first figure) stays empty.
+  EXPECT_TRUE(spaceInForce(AdaptSpace{}, {64}, 32).throughput.empty());
+  EXPECT_EQ(s.throughput.size(), 4u);  // the measured table is not touched
+
+  // With the stand-in a split the search never measured still moves (without it
+  // decideGlobalBatch keeps it: UnknownNoiseScaleOrThroughputKeepsTheBatch) ...
+  s.throughput = {{64, 1600}, {128, 4000}};
+  auto d = decideGlobalBatch(spaceInForce(s, {}, 32), {256, 32, 2}, 1000);
+  EXPECT_TRUE(d.change) << d.why;
+  EXPECT_EQ(d.chosen, (AdaptSplit{512, 128, 1}));
+  // ... but never back to a per-GPU batch that ran out of memory.
+  d = decideGlobalBatch(spaceInForce(s, {128}, 32), {256, 32, 2}, 1000);
+  EXPECT_FALSE(d.change) << d.why;
+  EXPECT_LT(d.chosen.per_gpu, 128);
 }
 
 TEST(Adapt, HysteresisStopsFlappingWhileTheNoiseScaleWobbles) {

@@ -171,7 +171,7 @@ const Candidate& chooseCandidate(const std::vector<Candidate>& candidates,
                                  std::string* why = nullptr);
 
 /// The samples/s table of the adaptive global batch (Note [adaptive training] in
-/// worker/train/trainer.h): every candidate that ran, the walk's and the adapt
+/// worker/train/adaptive_batch.h): every candidate that ran, the walk's and the adapt
 /// range's, with its relative uncertainty. When the search paired the adapt range
 /// with the pick (Note [adapt range], pairing) those figures are ratios to the
 /// pick, so the pick's own uncertainty is 0 there.

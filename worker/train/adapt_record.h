@@ -1,8 +1,8 @@
 #pragma once
-// Note [adaptive checkpoint] (worker/train/trainer.h): the entries of the adaptive
-// batch's record, keyed (checkpoint format 4). A record written by formats 2 and
-// 3 held them as positional arrays; those still read, so such a checkpoint
-// resumes as before.
+// Note [adaptive checkpoint] (worker/train/adaptive_batch.h): the entries of the
+// adaptive batch's record, keyed (checkpoint format 4). A record written by
+// formats 2 and 3 held them as positional arrays; those still read, so such a
+// checkpoint resumes as before.
 
 #include <nlohmann/json.hpp>
 

@@ -104,7 +104,7 @@ struct TrainPosition {
   double epoch_loss_sum = 0;    ///< their weighted loss sum, all ranks
   std::vector<EpochStats> history;  ///< completed epochs
   /// batch.adapt: goodput: the trainer's own record (Note [adaptive checkpoint]
-  /// in trainer.h); null otherwise.
+  /// in adaptive_batch.h); null otherwise.
   nlohmann::ordered_json adapt;
 };
 

@@ -11,7 +11,6 @@
 #include <iostream>
 #include <map>
 #include <optional>
-#include <sstream>
 #include <thread>
 
 #include "common/error.h"
@@ -19,6 +18,7 @@
 #include "collective/torch_compat.h"
 #include "worker/common/console.h"
 #include "worker/train/adapt_record.h"
+#include "worker/train/adaptive_batch.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/gpu_monitor.h"
 #include "worker/train/memory.h"
@@ -480,12 +480,11 @@ void Trainer::progress(Console& console, const EpochRun& e, int64_t step, int64_
     extra += strCat("  mem ", formatFixed(oom_.runPeakMb() / 1024, 1), " GiB");
   }
   // Adaptive: the steps left at the current gain (Note [adaptive training]).
-  const double left = adapt_.on ? (adapt_.plan0.total_steps - adapt_.progress) /
-                                      std::max(1.0, adapt_.segments.back().gain)
-                                : static_cast<double>(plan_.total_steps - global_step);
+  const double left =
+      adapt_ ? adapt_->stepsLeft() : static_cast<double>(plan_.total_steps - global_step);
   console.status(strCat(epochLabel(e.epoch), " step ", step + 1, "/",
-                        adapt_.on ? e.steps : plan_.steps_per_epoch,
-                        adapt_.on ? strCat("  G ", plan_.global) : std::string(), "  loss ",
+                        adapt_ ? e.steps : plan_.steps_per_epoch,
+                        adapt_ ? strCat("  G ", plan_.global) : std::string(), "  loss ",
                         formatFixed(e.loss_sum * comm_.size() / std::max<int64_t>(1, e.samples), 4),
                         "  lr ", last_lr_, "  ", static_cast<int64_t>(rate),
                         " samples/s", extra, "  ETA ",
@@ -542,7 +541,7 @@ void Trainer::addMetric(MetricPoint m, TrainResult& result) {
   m.per_gpu = plan_.per_gpu;
   m.accum = plan_.accum;
   m.peak_memory_mb = oom_.runPeakMb();
-  if (adapt_.on) m.progress = adapt_.progress;
+  if (adapt_) m.progress = adapt_->progress();
   result.metrics.push_back(m);
   if (metric_sink_) metric_sink_(m);
 }
@@ -551,7 +550,7 @@ void Trainer::runSteps(EpochRun& e, Sharder& sharder, int64_t* global_step,
                        const std::function<bool()>& stop_requested, Console& console,
                        double run_started, UtilizationSampler& gpu, TrainResult& result) {
   for (int64_t s = e.first; s < e.steps && !e.stop; ++s) {
-    maybeAdapt(e, sharder, s, *global_step, result);
+    maybeAdapt(e, sharder, s, *global_step);
     // A larger G left no full step in the rest of the epoch. Before this rank's
     // stop wish is read: a wish is only acted on once the step agrees it.
     if (s >= e.steps) break;
@@ -572,17 +571,11 @@ void Trainer::runSteps(EpochRun& e, Sharder& sharder, int64_t* global_step,
     e.next = s + 1;
     const auto step_time = takeTime();
     e.time.add(step_time);
-    if (adapt_.on) {
-      // Note [adaptive training]: the step counts r steps at G0.
-      adapt_.progress += adapt_.segments.back().gain;
-      adapt_.fixed_sum += step_time.comm + update_s_;
-      ++adapt_.fixed_steps;
-      adapt_.step_sum += monotonicSeconds() - step_started;
-      ++adapt_.step_count;
-      if (adapt_.progress >= static_cast<double>(adapt_.plan0.total_steps) - 1e-9) {
-        adapt_.done = true;
-        e.steps = s + 1;  // the epoch ends here: evaluation, last metrics
-      }
+    // Note [adaptive training]: the step counts r steps at G0; at the plan's end
+    // the epoch ends here (evaluation, last metrics).
+    if (adapt_ &&
+        adapt_->countStep(step_time.comm + update_s_, monotonicSeconds() - step_started)) {
+      e.steps = s + 1;
     }
     update_s_ = 0;
     gpu.sample(*global_step);
@@ -700,7 +693,7 @@ void Trainer::changeSplit(EpochRun& e, Sharder& sharder, int64_t s, const AdaptS
   }
   loader_->start(jobs(sharder, s, std::max<int64_t>(0, e.steps - s)), e.epoch, sharder.jobIndex(s));
   // Adaptive: the manifest's plan stays the plan at G0 (Note [adaptive checkpoint]).
-  if (checkpointer_ && !adapt_.on) checkpointer_->setPlan(plan_);
+  if (checkpointer_ && !adapt_) checkpointer_->setPlan(plan_);
   oom_.splitChanged();
 }
 
@@ -730,7 +723,7 @@ void Trainer::checkpoint(const EpochRun& e, int64_t global_step, bool mid_epoch,
     pos.epoch_samples = e.samples;
     pos.epoch_loss_sum = comm_.allreduce(e.loss_sum, collective::ReduceOp::kSum);
   }
-  if (adapt_.on) {
+  if (adapt_) {
     pos.adapt = mid_epoch ? adaptRecord(e.epoch, e.next, e.cut_step, e.cut_begin)
                           : adaptRecord(e.epoch + 1, 0, 0, 0);
   }
@@ -807,286 +800,65 @@ PhaseSeconds Trainer::phaseSeconds(const TrainResult& result) const {
 // Note [adaptive training]
 
 void Trainer::setAdaptive(const AdaptSpace& space) {
-  adapt_ = AdaptState{};
-  adapt_.on = true;
-  adapt_.plan0 = plan_;
-  adapt_.space = space;
-  adapt_.space.fixed_step_s = -1;  // measured until the first decision
-  if (adapt_figures_fault_) adapt_.space.throughput.clear();
+  adapt_ = std::make_unique<AdaptiveBatch>(cfg_.batch, cfg_.optim.name, comm_, plan_, space,
+                                           adapt_figures_fault_);
 }
 
 std::string Trainer::epochLabel(int64_t epoch) const {
-  return adapt_.on ? strCat("epoch ", epoch + 1) : strCat("epoch ", epoch + 1, "/", plan_.epochs);
+  return adapt_ ? strCat("epoch ", epoch + 1) : strCat("epoch ", epoch + 1, "/", plan_.epochs);
 }
 
 double Trainer::stepLr(int64_t global_step) const {
-  if (!adapt_.on) return plan_.lrAt(global_step);
-  return adaptLr(adapt_.plan0, cfg_.optim.name, cfg_.batch.adapt_gain, adapt_.progress,
-                 plan_.global, adapt_.b_noise);
+  if (!adapt_) return plan_.lrAt(global_step);
+  return adapt_->lr(plan_.global);
 }
 
-void Trainer::beginSegment(int64_t global_step, double b_noise, double efficiency,
-                           const std::string& why, TrainResult& result) {
-  const double gain = stepGain(cfg_.batch.adapt_gain, static_cast<double>(plan_.global),
-                               static_cast<double>(adapt_.plan0.global), b_noise);
-  if (!adapt_.segments.empty() && adapt_.segments.back().begin_step == global_step) {
-    adapt_.segments.back() = {global_step, plan_.global, gain};
-  } else {
-    adapt_.segments.push_back({global_step, plan_.global, gain});
-  }
-  adapt_.b_noise = b_noise;
-  BatchChange c;
-  c.step = global_step;
-  c.global = plan_.global;
-  c.per_gpu = plan_.per_gpu;
-  c.accum = plan_.accum;
-  c.gain = gain;
-  c.noise_scale = b_noise > 0 ? b_noise : -1;
-  c.efficiency = efficiency;
-  c.why = why;
-  adapt_.history.push_back(c);
-  result.batch_history = adapt_.history;
-}
-
-void Trainer::maybeAdapt(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_step,
-                         TrainResult& result) {
-  if (!adapt_.on) return;
-  // Not during the warmup (Note [adaptive training]): G stays G0 until the
-  // progress has passed it, unless batch.adapt_in_warmup.
-  if (!cfg_.batch.adapt_in_warmup &&
-      adapt_.progress < static_cast<double>(adapt_.plan0.warmup_steps)) {
-    return;
-  }
-  const bool epoch_start = s == 0 && global_step > 0;
-  if (!epoch_start && global_step - adapt_.last_decision < cfg_.batch.adapt_every_steps) return;
-  // Once per step (an epoch cut short by a larger G starts the next at the same step).
-  if (global_step == adapt_.last_decision && global_step > 0) return;
-  adapt_.last_decision = global_step;
-  // The same figures on every rank: B from the allreduced norms (MAX only makes
-  // that certain), the slowest rank's fixed cost and step time, and the fewest
-  // steps any rank measured them over.
-  const double fixed = adapt_.fixed_steps > 0 ? adapt_.fixed_sum / adapt_.fixed_steps : 0.0;
-  const double step_s = adapt_.step_count > 0 ? adapt_.step_sum / adapt_.step_count : 0.0;
-  const auto v = comm_.allreduce(
-      {noise_.bSimple(), fixed, step_s, -static_cast<double>(adapt_.fixed_steps)},
-      collective::ReduceOp::kMax);
-  const double b = v[0];
-  auto& space = adapt_.space;
-  if (space.fixed_step_s < 0 && -v[3] > 0) {
-    // Frozen from here on: later decisions rest on B alone (Note [adaptive training]).
-    space.fixed_step_s = v[1];
-    const bool have = std::any_of(space.throughput.begin(), space.throughput.end(),
-                                  [&](const ThroughputPoint& p) { return p.per_gpu == plan_.per_gpu; });
-    if (!have && v[2] > 0) {
-      // No search figure for the split in force (a fixed batch.per_gpu): its own
-      // steps, as if at accumulation 1 (the model's lower bound).
-      space.throughput.push_back({plan_.per_gpu, static_cast<double>(plan_.global) / v[2]});
-    }
-  }
-  AdaptSpace now = space;
-  if (const auto& larger = oom_.state().larger; !larger.empty()) {
-    // Not back to a per-GPU batch that ran out of memory (Note [oom back-off]).
-    const int64_t limit = *std::min_element(larger.begin(), larger.end());
-    auto& t = now.throughput;
-    t.erase(std::remove_if(t.begin(), t.end(),
-                           [&](const ThroughputPoint& p) { return p.per_gpu >= limit; }),
-            t.end());
-  }
-  if (!now.throughput.empty() &&
-      std::none_of(now.throughput.begin(), now.throughput.end(),
-                   [&](const ThroughputPoint& p) { return p.per_gpu == plan_.per_gpu; })) {
-    // The split in force was never measured (an out-of-memory back-off made it):
-    // the lowest figure of the table stands for it, so the decision still moves.
-    double low = now.throughput.front().samples_per_s;
-    for (const auto& p : now.throughput) low = std::min(low, p.samples_per_s);
-    now.throughput.push_back({plan_.per_gpu, low});
-  }
-  const AdaptSplit current{plan_.global, plan_.per_gpu, plan_.accum};
-  auto d = decideGlobalBatch(now, current, b);
-  followRankZero(d, current, global_step);
-  const double g0 = static_cast<double>(adapt_.plan0.global);
-  if (d.change) {
-    changeSplit(e, sharder, s, d.chosen, SplitCut::kAnew);
-    oom_.adaptiveSplit(plan_.per_gpu);  // Note [oom back-off]
-    const double eff = statisticalEfficiency(static_cast<double>(plan_.global), g0, b);
-    const double old_gain = adapt_.segments.back().gain;
-    beginSegment(global_step, b, eff, d.why, result);
-    if (console_) {
-      console_->line(strCat("adapt: step ", global_step + 1, ": ", d.why, "; efficiency ",
-                            formatFixed(eff, 3), ", lr gain ", formatFixed(old_gain, 3), " -> ",
-                            formatFixed(adapt_.segments.back().gain, 3)));
-    }
-    return;
-  }
-  // G stays; its AdaScale gain follows B (a new segment when it moved by 1 %).
-  const double gain = stepGain(cfg_.batch.adapt_gain, static_cast<double>(plan_.global), g0, b);
-  if (std::abs(gain - adapt_.segments.back().gain) > 0.01 * adapt_.segments.back().gain) {
-    beginSegment(global_step, b, statisticalEfficiency(static_cast<double>(plan_.global), g0, b),
-                 d.why, result);
-  }
-}
-
-void Trainer::followRankZero(AdaptDecision& d, const AdaptSplit& current, int64_t global_step) {
-  const AdaptSplit mine = d.chosen;
-  const auto text = comm_.broadcast(strCat(mine.global, " ", mine.per_gpu, " ", mine.accum), 0);
-  AdaptSplit zero;
-  std::istringstream(text) >> zero.global >> zero.per_gpu >> zero.accum;
-  if (zero == mine) return;
-  d.chosen = zero;
-  d.change = zero != current;
-  if (adapt_.followed++ > 0) return;  // said once
-  std::cerr << strCat("batchdist: warning: rank ", comm_.rank(), ": the adaptive batch decision at step ",
-                      global_step + 1, " was global batch ", splitText(mine, comm_.size()),
-                      ", rank 0's ", splitText(zero, comm_.size()),
-                      ": taking rank 0's, in this decision and any later one that differs (this "
-                      "rank's samples/s figures differ from rank 0's)\n")
-            << std::flush;
+void Trainer::maybeAdapt(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_step) {
+  if (!adapt_) return;
+  const auto to = adapt_->decide(s, global_step, {plan_.global, plan_.per_gpu, plan_.accum},
+                                 noise_.bSimple(), oom_.state().larger, console_);
+  if (!to) return;
+  changeSplit(e, sharder, s, *to, SplitCut::kAnew);
+  oom_.adaptiveSplit(plan_.per_gpu);  // Note [oom back-off]
 }
 
 nlohmann::ordered_json Trainer::adaptRecord(int64_t epoch, int64_t next_step, int64_t cut_step,
                                             int64_t cut_begin) const {
-  // JSON has no inf or NaN: a figure that is not finite is written as unknown.
-  const auto finite = [](double x, double unknown) { return std::isfinite(x) ? x : unknown; };
+  return adapt_->record({plan_.global, plan_.per_gpu, plan_.accum}, epoch, next_step, cut_step,
+                        cut_begin, adaptRecordParts());
+}
+
+AdaptRecordParts Trainer::adaptRecordParts() const {
+  AdaptRecordParts parts;
   auto larger = nlohmann::ordered_json::array();
   for (const auto m : oom_.state().larger) larger.push_back(m);
-  return {{"world_size", comm_.size()},
-          {"global", plan_.global},
-          {"per_gpu", plan_.per_gpu},
-          {"accum", plan_.accum},
-          {"epoch", epoch},
-          {"step_in_epoch", next_step},
-          // The next step's lr if G stays (for the manifest; not read on resume).
-          {"lr_next", finite(stepLr(0), 0)},
-          {"cut_step", cut_step},
-          {"cut_begin", cut_begin},
-          {"progress", adapt_.progress},
-          {"b_noise", finite(adapt_.b_noise, -1)},
-          {"last_decision", adapt_.last_decision},
-          {"fixed_step_s", finite(adapt_.space.fixed_step_s, -1)},
-          {"fixed_sum", finite(adapt_.fixed_sum, 0)},
-          {"fixed_steps", adapt_.fixed_steps},
-          {"step_sum", finite(adapt_.step_sum, 0)},
-          {"step_count", adapt_.step_count},
-          {"oom", {{"larger", larger},
-                   {"good_steps", oom_.state().good_steps},
-                   {"recover_after", oom_.state().recover_after},
-                   {"retrying", oom_.state().retrying}}},
-          {"fixed_per_gpu", adapt_.space.fixed_per_gpu},
-          {"multiple_of", adapt_.space.multiple_of},
-          {"throughput", adapt_record::throughputJson(adapt_.space.throughput)},
-          {"segments", adapt_record::segmentsJson(adapt_.segments)},
-          {"history", adapt_record::historyJson(adapt_.history)},
-          {"noise", adapt_record::noiseJson(noise_.state())},
-          {"noise_ticks", noise_ticks_}};
+  parts.oom = {{"larger", larger},
+               {"good_steps", oom_.state().good_steps},
+               {"recover_after", oom_.state().recover_after},
+               {"retrying", oom_.state().retrying}};
+  parts.noise = adapt_record::noiseJson(noise_.state());
+  parts.noise_ticks = noise_ticks_;
+  return parts;
 }
 
-void Trainer::restoreAdaptive(const nlohmann::ordered_json& rec, TrainResult& result) {
-  auto& a = adapt_;
-  const int64_t step = resume_.global_step;
-  if (rec.is_null()) {
-    // A fresh run, or a checkpoint of a run at G0 only: its steps were all at G0.
-    a.progress = static_cast<double>(step);
-    a.last_decision = step;
-    const int64_t spe = std::max<int64_t>(1, plan_.steps_per_epoch);
-    a.resume_epoch = step / spe;
-    a.resume_step = a.resume_cut_step = step % spe;
-    a.resume_cut_begin = a.resume_step * plan_.global;
-    beginSegment(0, -1, 1.0, "start at G0", result);
-    return;
-  }
+void Trainer::restoreAdaptive(const nlohmann::ordered_json& rec) {
+  if (!rec.is_null()) restoreAdaptRecordParts(rec);
+  if (auto plan = adapt_->restore(rec, resume_.global_step, plan_, console_)) plan_ = *plan;
+}
+
+void Trainer::restoreAdaptRecordParts(const nlohmann::ordered_json& rec) {
   try {
-    a.progress = rec.at("progress").get<double>();
-    a.last_decision = rec.at("last_decision").get<int64_t>();
-    a.resume_epoch = rec.at("epoch").get<int64_t>();
-    a.resume_step = rec.at("step_in_epoch").get<int64_t>();
-    a.resume_cut_step = rec.at("cut_step").get<int64_t>();
-    a.resume_cut_begin = rec.at("cut_begin").get<int64_t>();
-    a.segments = adapt_record::segmentsFrom(rec.at("segments"));
     noise_.restore(adapt_record::noiseFrom(rec.at("noise")));
     noise_ticks_ = rec.at("noise_ticks").get<int64_t>();
-    a.b_noise = rec.at("b_noise").get<double>();
-    if (rec.at("world_size").get<int64_t>() == comm_.size()) {
-      restoreAdaptSameWorld(rec);
-    } else {
-      resplitAdaptForWorld(rec.at("global").get<int64_t>());
-    }
+    if (rec.at("world_size").get<int64_t>() != comm_.size()) return;
+    // Where the out-of-memory back-off stood: the same decisions and retries.
+    const auto& oom = rec.at("oom");
+    oom_.restore({oom.at("larger").get<std::vector<int64_t>>(),
+                  oom.at("good_steps").get<int64_t>(), oom.at("recover_after").get<int64_t>(),
+                  oom.at("retrying").get<bool>()});
   } catch (const nlohmann::json::exception& e) {
     throw Error(strCat("checkpoint: the adaptive batch record is damaged: ", e.what()));
   }
-  if (a.segments.empty() || a.segments.front().begin_step != 0) {
-    throw Error("checkpoint: the adaptive batch record has no history from step 0");
-  }
-  try {
-    a.history = adapt_record::historyFrom(rec.at("history"));
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(strCat("checkpoint: the adaptive batch record is damaged: ", e.what()));
-  }
-  result.batch_history = a.history;
-  if (plan_.global != a.segments.back().global) resumedOtherSplit(step, result);
-  a.done = a.progress >= static_cast<double>(a.plan0.total_steps) - 1e-9;
-}
-
-// The same world: the same split and figures, so the run continues bitwise.
-void Trainer::restoreAdaptSameWorld(const nlohmann::ordered_json& rec) {
-  auto& a = adapt_;
-  a.space.fixed_step_s = rec.at("fixed_step_s").get<double>();
-  a.fixed_sum = rec.at("fixed_sum").get<double>();
-  a.fixed_steps = rec.at("fixed_steps").get<int64_t>();
-  a.step_sum = rec.at("step_sum").get<double>();
-  a.step_count = rec.at("step_count").get<int64_t>();
-  // Where the out-of-memory back-off stood: the same decisions and retries.
-  const auto& oom = rec.at("oom");
-  oom_.restore({oom.at("larger").get<std::vector<int64_t>>(), oom.at("good_steps").get<int64_t>(),
-                oom.at("recover_after").get<int64_t>(), oom.at("retrying").get<bool>()});
-  a.space.fixed_per_gpu = rec.at("fixed_per_gpu").get<int64_t>();
-  a.space.multiple_of = rec.at("multiple_of").get<int64_t>();
-  a.space.throughput = adapt_record::throughputFrom(rec.at("throughput"));
-  plan_ = withGlobal(plan_, rec.at("global").get<int64_t>(), rec.at("per_gpu").get<int64_t>(),
-                     rec.at("accum").get<int64_t>());
-}
-
-// Another world: G kept where it splits over it with this search's sizes, else
-// the best candidate now; the rest of the epoch is cut anew.
-void Trainer::resplitAdaptForWorld(int64_t g) {
-  auto& a = adapt_;
-  const int64_t pos = a.resume_cut_begin + (a.resume_step - a.resume_cut_step) * g;
-  const auto candidates = adaptCandidates(a.space, a.b_noise);
-  const AdaptCandidate* pick = nullptr;
-  for (const auto& c : candidates) {
-    if (c.split.global == g) pick = &c;
-  }
-  for (const auto& c : candidates) {
-    if (pick == nullptr || (pick->split.global != g && c.goodput > pick->goodput)) pick = &c;
-  }
-  const int64_t fixed = a.space.fixed_per_gpu;
-  const int64_t w = comm_.size();
-  if (pick) {
-    plan_ = withGlobal(plan_, pick->split.global, pick->split.per_gpu, pick->split.accum);
-  } else if (fixed > 0 && g % (fixed * w) == 0) {
-    // A fixed batch.per_gpu and no figures for this world yet: G kept by
-    // accumulation (the table fills again from this run's steps).
-    plan_ = withGlobal(plan_, g, fixed, g / (fixed * w));
-  }
-  a.resume_cut_step = a.resume_step;
-  a.resume_cut_begin = pos;
-}
-
-// A resume on another world whose G did not split: a new segment from `step`.
-void Trainer::resumedOtherSplit(int64_t step, TrainResult& result) {
-  auto& a = adapt_;
-  if (console_) {
-    const bool fixed = a.space.fixed_per_gpu > 0;
-    console_->line(strCat("adapt: resumed on ", comm_.size(), " ranks: global batch ",
-                          a.segments.back().global, " does not split over them with ",
-                          fixed ? strCat("batch.per_gpu ", a.space.fixed_per_gpu)
-                                : std::string("the measured per-GPU batches"),
-                          "; ", splitText({plan_.global, plan_.per_gpu, plan_.accum}, comm_.size()),
-                          " from step ", step + 1));
-  }
-  beginSegment(step, a.b_noise,
-               statisticalEfficiency(static_cast<double>(plan_.global),
-                                     static_cast<double>(a.plan0.global), a.b_noise),
-               strCat("resumed on ", comm_.size(), " ranks"), result);
 }
 
 // Note [epoch from the step]: a resumed run continues at resume_.global_step; its
@@ -1098,10 +870,10 @@ Trainer::EpochRun Trainer::beginEpoch(Sharder& sharder, int64_t epoch, int64_t g
   const int64_t spe = std::max<int64_t>(1, plan_.steps_per_epoch);
   sharder = Sharder(plan_, static_cast<uint64_t>(cfg_.train.seed));  // the split may have changed
   sharder.setEpoch(epoch);
-  if (adapt_.on) {
-    if (epoch == adapt_.resume_epoch) {
-      sharder.setCut(adapt_.resume_cut_step, adapt_.resume_cut_begin);
-      e.first = adapt_.resume_step;
+  if (adapt_) {
+    if (const auto& r = adapt_->resumePoint(); epoch == r.epoch) {
+      sharder.setCut(r.cut_step, r.cut_begin);
+      e.first = r.step;
     }
     e.steps = sharder.stepsInEpoch();
   } else {
@@ -1139,15 +911,15 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
   result.samples = resume_.samples;
   double train_time = 0;
   int64_t epoch = global_step / std::max<int64_t>(1, plan_.steps_per_epoch);
-  if (adapt_.on) {
-    restoreAdaptive(resume_.adapt, result);
-    epoch = adapt_.resume_epoch;
+  if (adapt_) {
+    restoreAdaptive(resume_.adapt);
+    epoch = adapt_->resumePoint().epoch;
   }
   last_lr_ = stepLr(global_step);  // an epoch without steps still logs its lr
   // Adaptive: until the G0-equivalent progress reaches the plan's end (Note
   // [adaptive training]); else the plan's epochs and steps.
   const auto finished = [&] {
-    return adapt_.on ? adapt_.done : !(epoch < plan_.epochs && global_step < plan_.total_steps);
+    return adapt_ ? adapt_->done() : !(epoch < plan_.epochs && global_step < plan_.total_steps);
   };
   for (; !finished(); ++epoch) {
     EpochRun e = beginEpoch(sharder, epoch, global_step);
@@ -1179,9 +951,9 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
 
 void Trainer::stoppedLine(Console& console, int64_t global_step, int64_t epoch) const {
   console.line(strCat("stop requested: every rank stopped after step ", global_step,
-                      adapt_.on ? strCat(" (G0-equivalent progress ",
-                                         formatFixed(adapt_.progress, 1), " of ",
-                                         adapt_.plan0.total_steps, ")")
+                      adapt_ ? strCat(" (G0-equivalent progress ",
+                                      formatFixed(adapt_->progress(), 1), " of ",
+                                      adapt_->plan0().total_steps, ")")
                                 : strCat(" of ", plan_.total_steps),
                       " (epoch ", epoch + 1, ")"));
 }
@@ -1189,7 +961,10 @@ void Trainer::stoppedLine(Console& console, int64_t global_step, int64_t epoch) 
 void Trainer::summarise(TrainResult& result, int64_t global_step, double wall_s, double train_time,
                         const UtilizationSampler& gpu) {
   result.steps = global_step;
-  if (adapt_.on) result.progress = adapt_.progress;
+  if (adapt_) {
+    result.progress = adapt_->progress();
+    result.batch_history = adapt_->history();
+  }
   result.epochs = static_cast<int64_t>(result.history.size());
   result.wall_s = wall_s;
   result.phases = phaseSeconds(result);

@@ -31,60 +31,11 @@
 
 namespace batchdist::worker {
 
-// Note [adaptive training]: batch.adapt: goodput in the training loop (the
-// decision itself is Note [goodput] in worker/plan/adapt.h).
-//  - The trainer keeps the plan at G0 (plan0: the lr schedule and the run's
-//    length) apart from the split in force (plan_). Every batch.adapt_every_steps
-//    steps and at the first step of every epoch after the first, all ranks meet
-//    in one small allreduce (MAX of the smoothed B_simple and of the per-step
-//    fixed cost) and call decideGlobalBatch() with the same figures, so they
-//    reach the same split. The throughput table is the batch search's
-//    (identical on every rank: agreed in the search, read back from the cache
-//    by rank 0 and broadcast whole, or read from the checkpoint): the sizes
-//    dividing G0 / W, measured at their accumulation G0 / (m W) and taken as
-//    the rate at accumulation 1 (slightly optimistic for the smaller ones),
-//    and Note [adapt range]'s larger ones at accumulation 1; with a fixed
-//    batch.per_gpu, the run's own steps up to the first decision. The fixed
-//    cost c (exposed allreduce + optimizer update per step, the slowest rank's
-//    mean) is measured until the first decision after every rank ran a step,
-//    and then frozen: later decisions
-//    depend on B alone, which every rank computes from the same allreduced
-//    norms, so a resumed run decides as the uninterrupted one would.
-//  - Rank 0's split is broadcast with every decision and taken by all: a rank
-//    whose figures differed (a bug: it happened once, when a cache hit reached
-//    the other ranks without the table) would otherwise post collectives of
-//    other sizes, which MPI may answer with a truncation and a corrupted heap.
-//    Such a rank says so on stderr. Fault injection for tests (Note [fault
-//    plan]): BATCHDIST_FAULT_ADAPT_FIGURES=R starts rank R with an empty table.
-//  - No decision before the warmup (plan0.warmup_steps) is over: G stays G0
-//    through it (batch.adapt_in_warmup: true lifts that). The warmup exists because the first steps are fragile, and a
-//    larger G would multiply its lr by the gain r; and B_simple measured while
-//    the lr still rises describes a transient (configs/adaptive-wide.yaml: 843
-//    at step 100, 428 at the warmup's end, step 1200). An A/B over 5 seeds there:
-//    with this rule every seed reached fixed G0's final accuracy, without it 2
-//    of 5 (docs/batch-search.md, Benchmark).
-//  - A new G takes effect at the next step: the rest of the epoch is cut again
-//    from the position that step would have begun at (Note [adaptive cut] in
-//    worker/plan/plan.h), the loader restarted with the new jobs. An
-//    out-of-memory back-off (Note [oom back-off]) halves m under the current G,
-//    and a later decision starts from the split it left.
-//  - The gain r of each segment (AdaScale's, or G / G0 under batch.adapt_gain:
-//    linear) is fixed at its decision (a new segment also when G stays but r
-//    moved); the progress, in G0-equivalent steps, grows by r per step; the lr is
-//    adaptLr(plan0, rule, progress, G, B) and training ends
-//    when the progress reaches plan0.total_steps, so the schedule ends where the
-//    plan at G0 put it and an epoch is one pass over the data at whatever G.
-//  - Note [adaptive checkpoint]: the manifest's `plan` stays plan0 (so resume's
-//    checks and its planning at G0 hold); `adapt` records the split in force,
-//    the epoch and its cut, the progress, the history, the throughput table, c
-//    (or the sums it is being measured from), where the out-of-memory back-off
-//    stands, and the noise estimator (with the count of steps started, so the
-//    noise cadence resumes in phase). On the same world size the split and figures are
-//    taken back and the run continues bitwise; on another, G is kept if it
-//    splits over the new world with the new search's sizes, else decided anew.
-//  - One line on rank 0 per change; report.json's batch_history; metrics.jsonl
-//    lines carry `progress`.
+// Note [adaptive training] and Note [adaptive checkpoint]: in
+// worker/train/adaptive_batch.h (the adaptive batch's controller, AdaptiveBatch).
 
+class AdaptiveBatch;
+struct AdaptRecordParts;
 class Console;
 class Checkpointer;
 struct TrainState;
@@ -234,30 +185,23 @@ class Trainer {
   void logEpochMetrics(const EpochRun& e, const EpochStats& h, int64_t global_step,
                        double run_started, TrainResult& result);
   void recordNoise();
-  /// Note [adaptive training]: before step `s`, every rank's same decision.
-  void maybeAdapt(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_step,
-                  TrainResult& result);
-  /// Note [adaptive training]: takes rank 0's split (broadcast) should this
-  /// rank's decision `d` differ from it, and says so. Collective.
-  void followRankZero(AdaptDecision& d, const AdaptSplit& current, int64_t global_step);
-  /// Starts a history segment at `global_step` with the split in force.
-  void beginSegment(int64_t global_step, double b_noise, double efficiency,
-                    const std::string& why, TrainResult& result);
+  /// Note [adaptive training]: before step `s`, every rank's same decision
+  /// (AdaptiveBatch::decide), and a new split applied.
+  void maybeAdapt(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_step);
   /// The learning rate of the next step (adaptive: AdaScale on the progress).
   double stepLr(int64_t global_step) const;
   /// Note [adaptive checkpoint]: the record for a resume at step `next_step` of
   /// epoch `epoch` whose cut begins at (cut_step, cut_begin).
   nlohmann::ordered_json adaptRecord(int64_t epoch, int64_t next_step, int64_t cut_step,
                                      int64_t cut_begin) const;
+  /// ... its entries the back-off and the noise estimator keep.
+  AdaptRecordParts adaptRecordParts() const;
   /// The epoch's label on the console: "epoch 3/20", or "epoch 3" when adaptive.
   std::string epochLabel(int64_t epoch) const;
   /// Takes back a checkpoint's adaptive record (or starts the history at G0).
-  void restoreAdaptive(const nlohmann::ordered_json& rec, TrainResult& result);
-  /// ... its split, figures and back-off state on the world that wrote it (bitwise).
-  void restoreAdaptSameWorld(const nlohmann::ordered_json& rec);
-  /// ... or global batch `g` split anew over this world.
-  void resplitAdaptForWorld(int64_t g);
-  void resumedOtherSplit(int64_t step, TrainResult& result);
+  void restoreAdaptive(const nlohmann::ordered_json& rec);
+  /// ... its entries the noise estimator and (on the world that wrote it) the back-off keep.
+  void restoreAdaptRecordParts(const nlohmann::ordered_json& rec);
   PhaseSeconds phaseSeconds(const TrainResult& result) const;
   void trackMicroBatch(int64_t k);
   NoiseScaleResult noiseResult() const;
@@ -292,26 +236,7 @@ class Trainer {
   TimeBreakdown time_;
   Checkpointer* checkpointer_ = nullptr;
   TrainPosition resume_;
-  /// Note [adaptive training]
-  struct AdaptState {
-    bool on = false;
-    Plan plan0;                       ///< the plan at G0
-    AdaptSpace space;                 ///< fixed_step_s < 0 until frozen
-    std::vector<AdaptSegment> segments;
-    std::vector<BatchChange> history;  ///< report.json's batch_history
-    double b_noise = -1;              ///< the current segment's B (its gain's)
-    double progress = 0;              ///< G0-equivalent steps done
-    int64_t last_decision = 0;        ///< global step of the last decision
-    double fixed_sum = 0;             ///< this rank: comm + update seconds of good steps
-    int64_t fixed_steps = 0;
-    double step_sum = 0;              ///< this rank: wall seconds of good steps
-    int64_t step_count = 0;
-    bool done = false;                ///< progress reached plan0.total_steps
-    int64_t followed = 0;             ///< decisions this rank took from rank 0 (followRankZero)
-    // Resume: where the epoch stands (Note [adaptive checkpoint]).
-    int64_t resume_epoch = -1, resume_step = 0, resume_cut_step = 0, resume_cut_begin = 0;
-  };
-  AdaptState adapt_;
+  std::unique_ptr<AdaptiveBatch> adapt_;  ///< batch.adapt: goodput (null: off)
   double update_s_ = 0;  ///< optimizer update seconds (this rank), for the fixed cost
   double last_lr_ = 0;   ///< the lr of the last step run
   /// Note [fault plan]: BATCHDIST_FAULT_SLOW_UPDATE_US=N makes this rank's
