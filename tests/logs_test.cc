@@ -1,5 +1,6 @@
-// Rank 0's logs: the progress styles (Note [progress output]) and metrics.jsonl
-// written as training goes (Note [streamed metrics]).
+// Rank 0's logs: the progress styles (Note [progress output]), the trainer's
+// progress line and metrics points (TrainLog) and metrics.jsonl written as
+// training goes (Note [streamed metrics]).
 #include <fcntl.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -8,13 +9,16 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "tests/scratch_dir.h"
 #include "worker/common/console.h"
+#include "worker/common/util.h"
 #include "worker/report/metrics_log.h"
+#include "worker/train/train_log.h"
 
 namespace batchdist::worker {
 namespace {
@@ -162,6 +166,134 @@ TEST(StreamedMetrics, AFileThatCannotBeWrittenWarnsAndTheRunGoesOn) {
   const auto err = testing::internal::GetCapturedStderr();
   EXPECT_NE(err.find("metrics.jsonl is not written from here on"), std::string::npos) << err;
   EXPECT_NE(err.find("metrics.jsonl"), std::string::npos);
+}
+
+TEST(TrainLog, AboutTenPointsAnEpochAndOneAtItsEndOrAStop) {
+  // 100 steps an epoch: every 10th step.
+  EXPECT_FALSE(metricsDue(100, 100, 8, false));
+  EXPECT_TRUE(metricsDue(100, 100, 9, false));
+  EXPECT_TRUE(metricsDue(100, 100, 99, false));
+  // 25: every 2nd, and the last (an odd one).
+  EXPECT_TRUE(metricsDue(25, 25, 1, false));
+  EXPECT_FALSE(metricsDue(25, 25, 2, false));
+  EXPECT_TRUE(metricsDue(25, 25, 24, false));
+  // Fewer than ten steps: every step.
+  EXPECT_TRUE(metricsDue(5, 5, 0, false));
+  EXPECT_TRUE(metricsDue(0, 0, 0, false));
+  // An epoch cut short (a larger adaptive G) ends at its own last step; a stop at any.
+  EXPECT_TRUE(metricsDue(100, 37, 36, false));
+  EXPECT_FALSE(metricsDue(100, 100, 36, false));
+  EXPECT_TRUE(metricsDue(100, 100, 36, true));
+}
+
+TEST(TrainLog, RankZeroMakesThePointsAndTheStyleDecidesTheLine) {
+  EpochSoFar e;
+  e.steps = e.steps_per_epoch = 100;
+  const Console lines(true, ProgressStyle::kLines), bar(true, ProgressStyle::kBar),
+      off(true, ProgressStyle::kOff), quiet(false, ProgressStyle::kBar);
+  const TrainLog zero(0, 2), one(1, 2);
+  const auto due = zero.atStep(lines, e, 9);
+  EXPECT_TRUE(due.due && due.line && due.point);
+  const auto between = zero.atStep(lines, e, 8);
+  EXPECT_FALSE(between.due || between.line || between.point);
+  EXPECT_TRUE(zero.atStep(bar, e, 8).line);  // a bar is offered every step
+  EXPECT_FALSE(zero.atStep(off, e, 9).line);
+  EXPECT_FALSE(one.atStep(quiet, e, 9).line);
+  EXPECT_FALSE(one.atStep(quiet, e, 9).point);
+  EXPECT_TRUE(one.atStep(quiet, e, 9).due);
+}
+
+TEST(TrainLog, APointCoversItsIntervalOverAllRanksAndReachesTheSink) {
+  TrainLog log(0, 2);
+  std::vector<MetricPoint> sent;
+  log.setSink([&](const MetricPoint& m) { sent.push_back(m); });
+  Console quiet(false, ProgressStyle::kOff);
+  EpochSoFar e;
+  e.epoch = 1;
+  e.steps = e.steps_per_epoch = 20;
+  e.started = monotonicSeconds() - 1;
+  e.loss_sum = 4;  // rank 0's, over 8 of 16 samples
+  e.samples = 16;
+  e.time.data_wait = 0.5;
+  StepFigures f;
+  f.global_step = 22;
+  f.lr = 0.05;
+  f.global_batch = 8;
+  f.per_gpu = 2;
+  f.accum = 2;
+  f.peak_memory_mb = 300;
+  f.noise_scale = 40;
+  MetricsInterval since;
+  TrainResult result;
+  log.step(quiet, e, 1, log.atStep(quiet, e, 1), f, e.started - 5, since, result);
+  e.loss_sum = 7;
+  e.samples = 32;
+  e.time.data_wait = 0.75;
+  f.global_step = 24;
+  f.adaptive = true;
+  f.progress = 23.5;
+  log.step(quiet, e, 3, log.atStep(quiet, e, 3), f, e.started - 5, since, result);
+  ASSERT_EQ(result.metrics.size(), 2u);
+  ASSERT_EQ(sent.size(), 2u);
+  const auto& a = result.metrics[0];
+  EXPECT_FALSE(a.epoch_end);
+  EXPECT_EQ(a.step, 22);
+  EXPECT_EQ(a.epoch, 2);
+  EXPECT_DOUBLE_EQ(a.train_loss, 4.0 * 2 / 16);
+  EXPECT_DOUBLE_EQ(a.time.data_wait, 0.5);
+  EXPECT_GT(a.samples_per_s, 0);
+  EXPECT_DOUBLE_EQ(a.lr, 0.05);
+  EXPECT_EQ(a.global_batch, 8);
+  EXPECT_EQ(a.per_gpu, 2);
+  EXPECT_EQ(a.accum, 2);
+  EXPECT_DOUBLE_EQ(a.peak_memory_mb, 300);
+  EXPECT_DOUBLE_EQ(a.noise_scale, 40);
+  EXPECT_LT(a.progress, 0);  // not adaptive
+  const auto& b = result.metrics[1];
+  EXPECT_EQ(b.step, 24);
+  EXPECT_DOUBLE_EQ(b.train_loss, (7.0 - 4.0) * 2 / 16);  // the interval only
+  EXPECT_DOUBLE_EQ(b.time.data_wait, 0.25);
+  EXPECT_DOUBLE_EQ(b.progress, 23.5);
+  EXPECT_EQ(sent[1].step, 24);
+  EXPECT_DOUBLE_EQ(since.loss, 7);
+  EXPECT_EQ(since.samples, 32);
+  // The epoch's end: its own figures, and not from another rank.
+  EpochStats h;
+  h.epoch = 1;
+  h.train_loss = 0.3;
+  h.eval_loss = 0.4;
+  h.eval_metrics = {{"accuracy", 0.9}};
+  log.epochEnd(h, e.time, f, e.started - 5, result);
+  TrainLog(1, 2).epochEnd(h, e.time, f, e.started - 5, result);
+  ASSERT_EQ(result.metrics.size(), 3u);
+  EXPECT_TRUE(result.metrics[2].epoch_end);
+  EXPECT_DOUBLE_EQ(result.metrics[2].train_loss, 0.3);
+  EXPECT_DOUBLE_EQ(result.metrics[2].eval_loss, 0.4);
+  EXPECT_DOUBLE_EQ(result.metrics[2].time.data_wait, 0.75);
+}
+
+TEST(TrainLog, TheProgressLineNamesTheStepLossAndLr) {
+  TrainLog log(0, 2);
+  Console lines(true, ProgressStyle::kLines);
+  EpochSoFar e;
+  e.steps = e.steps_per_epoch = 100;
+  e.started = monotonicSeconds() - 1;
+  e.loss_sum = 5;
+  e.samples = 20;
+  StepFigures f;
+  f.epoch_label = "epoch 1/3";
+  f.global_step = 10;
+  f.lr = 0.1;
+  f.steps_left = 290;
+  MetricsInterval since;
+  TrainResult result;
+  const auto out = captured([&] {
+    log.step(lines, e, 9, log.atStep(lines, e, 9), f, e.started, since, result);
+  });
+  EXPECT_EQ(out.rfind("epoch 1/3 step 10/100  loss 0.5000  lr 0.1  ", 0), 0u) << out;
+  EXPECT_EQ(out.find("  G "), std::string::npos);  // adaptive only
+  EXPECT_EQ(out.find(" mem "), std::string::npos);  // CUDA only
+  EXPECT_NE(out.find("  ETA "), std::string::npos);
 }
 
 }  // namespace

@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -20,6 +19,7 @@
 #include "worker/train/adapt_record.h"
 #include "worker/train/adaptive_batch.h"
 #include "worker/train/checkpoint.h"
+#include "worker/train/data_figures.h"
 #include "worker/train/gpu_monitor.h"
 #include "worker/train/memory.h"
 
@@ -52,45 +52,12 @@ class InjectedOom {
   unsigned hook_ = 0;
 };
 
-/// Every rank's `text`, indexed by rank: the lengths, then the bytes padded to the
-/// longest (one allgather each, on the communicator's device).
-std::vector<std::string> allgatherText(collective::Communicator& comm, const std::string& text) {
-  const auto lengths = comm.allgather(static_cast<double>(text.size()));
-  int64_t longest = 1;
-  for (const double n : lengths) longest = std::max(longest, static_cast<int64_t>(n));
-  auto bytes = torch::zeros({longest}, torch::kByte);
-  std::memcpy(bytes.data_ptr(), text.data(), text.size());
-  const auto all = comm.allgather(bytes.to(comm.device())).cpu().contiguous();
-  const auto* p = reinterpret_cast<const char*>(all.data_ptr());
-  std::vector<std::string> out;
-  for (std::size_t r = 0; r < lengths.size(); ++r) {
-    out.emplace_back(p + r * longest, static_cast<std::size_t>(lengths[r]));
-  }
-  return out;
-}
-
-/// Note [bad files named]: every rank's first bad files, on every rank.
-std::vector<std::vector<DataErrorRecord>> allgatherErrors(collective::Communicator& comm,
-                                                          const std::vector<DataErrorRecord>& mine) {
-  auto j = nlohmann::json::array();
-  for (const auto& e : mine) j.push_back({e.index, e.where, e.reason});
-  // A file name need not be UTF-8: such bytes become U+FFFD rather than throw.
-  const auto mine_text = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  std::vector<std::vector<DataErrorRecord>> out;
-  for (const auto& text : allgatherText(comm, mine_text)) {
-    auto& rank = out.emplace_back();
-    for (const auto& e : nlohmann::json::parse(text)) {
-      rank.push_back({e[1].get<std::string>(), e[2].get<std::string>(), e[0].get<int64_t>()});
-    }
-  }
-  return out;
-}
-
 }  // namespace
 Trainer::Trainer(const Config& cfg, collective::Communicator& comm, const DataSplit& data,
                  at::Device device, const Plan& plan, const FaultPlan* faults)
     : cfg_(cfg), comm_(comm), data_(data), device_(device), plan_(plan),
-      oom_(comm, device, cfg, faults) {
+      oom_(comm, device, cfg, faults),
+      log_(comm.rank(), comm.size()) {
   const FaultPlan none;
   const FaultPlan& f = faults ? *faults : none;  // Note [fault plan]
   checkPrecision(cfg.train.precision, device, cfg.source);
@@ -119,12 +86,16 @@ Trainer::Trainer(const Config& cfg, collective::Communicator& comm, const DataSp
                                    static_cast<uint64_t>(cfg.train.seed), warn, f.slow_read_us);
   lo.seed = static_cast<uint64_t>(cfg.train.seed) * 31 + comm_.rank();
   loader_ = std::make_unique<Loader>(data.train, lo);
-  eval_transform_ = Transform::fromConfig(cfg.data, /*training=*/false);
+  std::unique_ptr<Loader> val_loader;  // decoded validation sets (Note [loader])
   if (data.val.source) {
-    val_loader_ = std::make_unique<Loader>(
+    val_loader = std::make_unique<Loader>(
         data.val, loaderOptions(cfg.data, data.val, /*training=*/false, device_,
                                 static_cast<uint64_t>(cfg.train.seed), warn, f.slow_read_us));
   }
+  evaluator_ = std::make_unique<Evaluator>(
+      comm_, *model_, *task_, data.val, std::move(val_loader),
+      Transform::fromConfig(cfg.data, /*training=*/false), device_, cfg.train.precision,
+      cfg.batch.eval_per_gpu);
   if (cfg.train.precision == Precision::kFp16) {
     scaler_ = std::make_unique<LossScaler>(cfg.train.loss_scale, cfg.train.scale_growth_interval);
   }
@@ -355,55 +326,6 @@ void Trainer::applyUpdate(double lr) {
   update_s_ += spent;
 }
 
-EvalResult Trainer::evaluate() {
-  torch::NoGradGuard no_grad;
-  // Every rank evaluates with rank 0's BatchNorm statistics (DDP's broadcast_buffers).
-  collective::broadcastCoalesced(comm_, model_->buffers(), 0);
-  model_->train(false);
-  const auto& val = data_.val;
-  // Note [task]: the task's sums, then the validation sample count, in one allreduce.
-  std::vector<double> sums(static_cast<std::size_t>(task_->sumCount()) + 1, 0.0);
-  if (val.size() > 0) {
-    const auto [begin, end] = evalShard(val.size(), comm_.size(), comm_.rank());
-    const int64_t chunk = cfg_.batch.eval_per_gpu > 0 ? cfg_.batch.eval_per_gpu
-                                                       : std::max<int64_t>(plan_.per_gpu, 256);
-    std::vector<MicroBatch> chunks;
-    for (int64_t b = begin; b < end; b += chunk) {
-      MicroBatch m;
-      for (int64_t i = b; i < std::min(end, b + chunk); ++i) m.indices.push_back(i);
-      m.weights.assign(m.indices.size(), 1.0f);
-      chunks.push_back(std::move(m));
-    }
-    if (val_loader_) val_loader_->start(chunks, 0);
-    for (int64_t b = begin; b < end; b += chunk) {
-      const int64_t e = std::min(end, b + chunk);
-      torch::Tensor x;
-      if (val_loader_) {
-        x = val_loader_->next().x;  // decoded, normalised, on the device
-      } else {
-        x = val.gather(torch::arange(b, e, torch::kLong)).to(torch::kFloat);
-        if (val.x_scale != 1.0) x.mul_(val.x_scale);
-        x = eval_transform_.apply(x.to(device_), 0);
-      }
-      const auto target = val.target.slice(0, b, e).to(device_);
-      torch::Tensor out;
-      {
-        AutocastScope autocast(device_, cfg_.train.precision);
-        out = model_->forward(x);
-      }
-      task_->addEvalSums(out, target, sums);
-      sums.back() += static_cast<double>(e - b);
-    }
-  }
-  const auto total = comm_.allreduce(sums, collective::ReduceOp::kSum);
-  EvalResult r;
-  r.samples = static_cast<int64_t>(total.back());
-  // Without validation samples the metrics are 0 (named all the same).
-  r.metrics = task_->metrics(total, std::max(1.0, total.back()));
-  if (r.samples > 0) r.loss = total[0] / total.back();
-  return r;
-}
-
 void Trainer::checkHealth(int64_t epoch) {
   torch::NoGradGuard no_grad;
   std::string bad;
@@ -450,100 +372,43 @@ struct Trainer::EpochRun {
   int64_t next = 0;         ///< the next step to run (after the last one done)
   int64_t cut_step = 0;     ///< Note [adaptive cut]: where the epoch's current cut begins
   int64_t cut_begin = 0;
-  // At the last metrics line (metrics.jsonl): its interval starts there.
-  double logged_at = 0;
-  double logged_loss = 0;
-  int64_t logged_samples = 0;
-  TimeBreakdown logged_time;
+  MetricsInterval logged;   ///< rank 0: since the last metrics point (metrics.jsonl)
 };
 
-// metrics.jsonl: about ten lines per epoch (every steps_per_epoch / 10 steps and
-// at the epoch's last step), from rank 0's own numbers: no collective. The
-// progress in `lines` style prints at the same steps (Note [progress output]).
-bool Trainer::metricsDue(const EpochRun& e, int64_t step) const {
-  const int64_t every = std::max<int64_t>(1, plan_.steps_per_epoch / 10);
-  return (step + 1) % every == 0 || step + 1 == e.steps || e.stop;
+void Trainer::logStep(Console& console, EpochRun& e, int64_t step, int64_t global_step,
+                      double run_started, TrainResult& result) {
+  const EpochSoFar so_far{e.epoch, e.steps, plan_.steps_per_epoch, e.started, e.loss_sum,
+                          e.samples, e.time, e.stop};
+  const StepOutput out = log_.atStep(console, so_far, step);
+  if (!out.line && !out.point) return;  // the figures are read only when shown
+  log_.step(console, so_far, step, out, stepFigures(e.epoch, global_step, out.point),
+            run_started, e.logged, result);
 }
 
-void Trainer::progress(Console& console, const EpochRun& e, int64_t step, int64_t global_step,
-                       double run_started) {
-  if (!console.enabled() || console.mode() == ProgressStyle::kOff) return;
-  if (console.mode() == ProgressStyle::kLines && !metricsDue(e, step)) return;
-  const auto pct = [](double part, double whole) { return whole > 0 ? 100.0 * part / whole : 0.0; };
-  const double now = monotonicSeconds();
-  const double rate = e.samples / std::max(now - e.started, 1e-9);
-  const double per_step = (now - run_started) / global_step;
-  std::string extra = strCat("  data ", formatFixed(pct(e.time.data_wait, e.time.total()), 0),
-                             "% comm ", formatFixed(pct(e.time.comm, e.time.total()), 0), "%");
-  if (device_.is_cuda()) {
-    // The run's peak so far (each step resets the allocator's: Note [oom back-off]).
-    extra += strCat("  mem ", formatFixed(oom_.runPeakMb() / 1024, 1), " GiB");
-  }
+void Trainer::logEpoch(const EpochRun& e, const EpochStats& h, int64_t global_step,
+                       double run_started, TrainResult& result) {
+  if (!log_.makesPoints()) return;
+  log_.epochEnd(h, e.time, stepFigures(e.epoch, global_step, /*peak=*/true), run_started, result);
+}
+
+StepFigures Trainer::stepFigures(int64_t epoch, int64_t global_step, bool peak) const {
+  StepFigures f;
+  f.epoch_label = epochLabel(epoch);
+  f.global_step = global_step;
+  f.lr = last_lr_;
+  f.global_batch = plan_.global;
+  f.per_gpu = plan_.per_gpu;
+  f.accum = plan_.accum;
+  f.cuda = device_.is_cuda();
+  // The run's peak so far (each step resets the allocator's: Note [oom back-off]).
+  if (peak || f.cuda) f.peak_memory_mb = oom_.runPeakMb();
+  f.noise_scale = noise_.bSimple();
+  f.adaptive = adapt_ != nullptr;
   // Adaptive: the steps left at the current gain (Note [adaptive training]).
-  const double left =
+  f.steps_left =
       adapt_ ? adapt_->stepsLeft() : static_cast<double>(plan_.total_steps - global_step);
-  console.status(strCat(epochLabel(e.epoch), " step ", step + 1, "/",
-                        adapt_ ? e.steps : plan_.steps_per_epoch,
-                        adapt_ ? strCat("  G ", plan_.global) : std::string(), "  loss ",
-                        formatFixed(e.loss_sum * comm_.size() / std::max<int64_t>(1, e.samples), 4),
-                        "  lr ", last_lr_, "  ", static_cast<int64_t>(rate),
-                        " samples/s", extra, "  ETA ",
-                        formatDuration(per_step * std::max(0.0, left))),
-                 metricsDue(e, step));
-}
-
-void Trainer::logMetrics(EpochRun& e, int64_t step, int64_t global_step, double run_started,
-                         TrainResult& result) {
-  if (comm_.rank() != 0 || !metricsDue(e, step)) return;
-  const double now = monotonicSeconds();
-  if (e.logged_at == 0) e.logged_at = e.started;
-  MetricPoint m;
-  m.step = global_step;
-  m.epoch = e.epoch + 1;
-  m.seconds = now - run_started;
-  const int64_t samples = e.samples - e.logged_samples;
-  m.train_loss = (e.loss_sum - e.logged_loss) * comm_.size() / std::max<int64_t>(1, samples);
-  m.lr = last_lr_;
-  m.samples_per_s = samples / std::max(now - e.logged_at, 1e-9);
-  m.time = e.time;
-  m.time.data_wait -= e.logged_time.data_wait;
-  m.time.compute -= e.logged_time.compute;
-  m.time.comm -= e.logged_time.comm;
-  m.time.skew -= e.logged_time.skew;
-  m.noise_scale = noise_.bSimple();
-  addMetric(m, result);
-  e.logged_at = now;
-  e.logged_loss = e.loss_sum;
-  e.logged_samples = e.samples;
-  e.logged_time = e.time;
-}
-
-void Trainer::logEpochMetrics(const EpochRun& e, const EpochStats& h, int64_t global_step,
-                              double run_started, TrainResult& result) {
-  if (comm_.rank() != 0) return;
-  MetricPoint m;
-  m.epoch_end = true;
-  m.step = global_step;
-  m.epoch = h.epoch + 1;
-  m.seconds = monotonicSeconds() - run_started;
-  m.train_loss = h.train_loss;
-  m.lr = last_lr_;
-  m.samples_per_s = h.samples_per_s;
-  m.time = e.time;
-  m.noise_scale = h.noise_scale;
-  m.eval_loss = h.eval_loss;
-  m.eval_metrics = h.eval_metrics;
-  addMetric(m, result);
-}
-
-void Trainer::addMetric(MetricPoint m, TrainResult& result) {
-  m.global_batch = plan_.global;
-  m.per_gpu = plan_.per_gpu;
-  m.accum = plan_.accum;
-  m.peak_memory_mb = oom_.runPeakMb();
-  if (adapt_) m.progress = adapt_->progress();
-  result.metrics.push_back(m);
-  if (metric_sink_) metric_sink_(m);
+  if (adapt_) f.progress = adapt_->progress();
+  return f;
 }
 
 void Trainer::runSteps(EpochRun& e, Sharder& sharder, int64_t* global_step,
@@ -579,8 +444,7 @@ void Trainer::runSteps(EpochRun& e, Sharder& sharder, int64_t* global_step,
     }
     update_s_ = 0;
     gpu.sample(*global_step);
-    progress(console, e, s, *global_step, run_started);
-    logMetrics(e, s, *global_step, run_started, result);
+    logStep(console, e, s, *global_step, run_started, result);
     if (!checkpointer_) continue;
     // Every rank reaches the same verdict: the wishes were agreed in the allreduce.
     due = due || checkpointer_->dueBySteps(*global_step) || (e.stop && checkpointer_->onSignal());
@@ -746,10 +610,7 @@ EpochStats Trainer::finishEpoch(const EpochRun& e, Console& console) {
   const double train_loss =
       comm_.allreduce(e.loss_sum, collective::ReduceOp::kSum) / std::max<int64_t>(1, e.samples);
   if (cfg_.train.check_finite) checkHealth(e.epoch);
-  const double eval_started = monotonicSeconds();
   const auto ev = evaluate();
-  eval_seconds_ += monotonicSeconds() - eval_started;
-  ++evals_;
   EpochStats st{e.epoch, train_loss, ev.loss, ev.metrics, e.samples / std::max(train_secs, 1e-9),
                 monotonicSeconds() - e.started, noise_.windowBSimple()};
   noise_.resetWindow();
@@ -783,7 +644,7 @@ PhaseSeconds Trainer::phaseSeconds(const TrainResult& result) const {
     std::nth_element(rest.begin(), rest.begin() + rest.size() / 2, rest.end());
     p.steady_step = rest[rest.size() / 2];
   }
-  if (evals_ > 0) p.eval = eval_seconds_ / evals_;
+  p.eval = evaluator_->meanSeconds();
   int64_t written = 0;
   double seconds = 0;
   for (const auto& c : result.checkpoints) {
@@ -886,8 +747,8 @@ Trainer::EpochRun Trainer::beginEpoch(Sharder& sharder, int64_t epoch, int64_t g
   if (e.first > 0) {
     e.samples = resume_.epoch_samples;
     if (comm_.rank() == 0) e.loss_sum = resume_.epoch_loss_sum;
-    e.logged_loss = e.loss_sum;  // metrics.jsonl: intervals start at the resume
-    e.logged_samples = e.samples;
+    e.logged.loss = e.loss_sum;  // metrics.jsonl: intervals start at the resume
+    e.logged.samples = e.samples;
   }
   // Job indices as in an uninterrupted epoch: the loader's transform seeds follow them.
   loader_->start(jobs(sharder, e.first, e.steps - e.first), epoch, sharder.jobIndex(e.first));
@@ -934,7 +795,7 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
       break;
     }
     result.history.push_back(finishEpoch(e, console));
-    logEpochMetrics(e, result.history.back(), global_step, t0, result);
+    logEpoch(e, result.history.back(), global_step, t0, result);
     if (e.checkpoint_due && (e.stop || !finished())) {
       checkpoint(e, global_step, /*mid_epoch=*/false, console, result);
     }
@@ -987,43 +848,11 @@ void Trainer::summarise(TrainResult& result, int64_t global_step, double wall_s,
   if (device_.is_cuda()) result.memory_total_mb = compat::cudaTotalBytes(device_.index()) / (1 << 20);
   if (gpu.count > 0) result.gpu_utilization = gpu.sum / gpu.count;
   result.noise = noiseResult();
-  result.data = dataFigures();
+  result.data = gatherDataFigures(comm_, *loader_, data_, cfg_.data.cache, device_);
   if (scaler_) {
     result.skipped_steps = scaler_->skippedSteps();
     result.loss_scale = scaler_->scale();
   }
-}
-
-DataFigures Trainer::dataFigures() {
-  DataFigures f;
-  f.workers = loader_->workers();
-  f.stages = loader_->takeStageSeconds();
-  if (const auto busy = f.stages.read + f.stages.decode + f.stages.transform; busy > 0) {
-    f.capacity_samples_per_s = f.stages.samples * std::max<int64_t>(1, f.workers) / busy;
-  }
-  const auto* decoder = loader_->decoder();
-  if (!decoder) return f;
-  // Every rank gets here together (the last step was agreed). A bad file met by
-  // several ranks counts once: the union of the ranks' bad samples, sent as a
-  // mask only when there are any. The walk's bad files (the same list on every
-  // rank) count too. Note [bad files named]: the names are gathered the same way.
-  f.errors = static_cast<int64_t>(data_.bad_files.size());
-  std::vector<std::vector<DataErrorRecord>> met;
-  const auto any = comm_.allreduce(static_cast<double>(decoder->errorCount()), collective::ReduceOp::kSum);
-  if (any > 0) {
-    auto mask = torch::zeros({data_.train.size()}, torch::kFloat);
-    for (const auto i : decoder->badIndices()) mask[i] = 1.0f;
-    mask = mask.to(device_);
-    comm_.allreduce(mask, collective::ReduceOp::kMax);
-    f.errors += mask.gt(0).sum().item<int64_t>();
-    met = allgatherErrors(comm_, decoder->firstErrors());
-  }
-  f.first_errors = mergeDataErrors(data_.bad_files, met);
-  if (cfg_.data.cache == DataCache::kRam) {
-    f.cache_mb = decoder->cachedBytes() / 1048576.0;
-    f.cache_hits = decoder->cacheHits();
-  }
-  return f;
 }
 
 }  // namespace batchdist::worker

@@ -23,11 +23,13 @@
 #include "worker/plan/plan.h"
 #include "worker/model/optimizer.h"
 #include "worker/model/precision.h"
+#include "worker/train/evaluator.h"
 #include "worker/train/gpu_monitor.h"
 #include "worker/train/noise_scale.h"
 #include "worker/train/oom_guard.h"
 #include "worker/task/task.h"
 #include "worker/train/result.h"
+#include "worker/train/train_log.h"
 
 namespace batchdist::worker {
 
@@ -55,12 +57,6 @@ struct StepWishes {
 collective::SideChannel packWishes(const StepWishes& mine);
 /// The job's wishes from the side channel summed over the ranks: any rank's wish counts.
 StepWishes unpackWishes(const collective::SideChannel& summed);
-
-struct EvalResult {
-  double loss = 0;
-  Metrics metrics;  ///< the task's, over every validation sample (empty: none)
-  int64_t samples = 0;
-};
 
 class Trainer {
  public:
@@ -109,8 +105,8 @@ class Trainer {
 
   /// Takes rank 0's BatchNorm buffers (as DDP's broadcast_buffers), then
   /// evaluates this rank's shard of the validation set; every validation sample
-  /// counts exactly once over all ranks.
-  EvalResult evaluate();
+  /// counts exactly once over all ranks (Evaluator). Collective.
+  EvalResult evaluate() { return evaluator_->evaluate(plan_.per_gpu); }
 
   /// Throws TrainingError if a parameter or buffer is not finite on any rank, or
   /// the parameters differ between ranks.
@@ -124,7 +120,7 @@ class Trainer {
   /// Checkpoints during train() (Note [checkpoint]); null: none. Not owned.
   void setCheckpointer(Checkpointer* checkpointer) { checkpointer_ = checkpointer; }
   /// Rank 0: called with each metrics point as it is made (metrics.jsonl, TensorBoard).
-  void setMetricSink(std::function<void(const MetricPoint&)> sink) { metric_sink_ = std::move(sink); }
+  void setMetricSink(std::function<void(const MetricPoint&)> sink) { log_.setSink(std::move(sink)); }
   /// Makes train() continue from `pos` (state restored with restoreState first).
   void resumeAt(const TrainPosition& pos) { resume_ = pos; }
   /// batch.adapt: goodput (Note [adaptive training]): `space` from adaptSpace()
@@ -176,14 +172,15 @@ class Trainer {
                 UtilizationSampler& gpu, TrainResult& result);
   void checkpoint(const EpochRun& e, int64_t global_step, bool mid_epoch, Console& console,
                   TrainResult& result);
-  void progress(Console& console, const EpochRun& e, int64_t step, int64_t global_step,
-                double run_started);
-  bool metricsDue(const EpochRun& e, int64_t step) const;
-  void addMetric(MetricPoint m, TrainResult& result);
-  void logMetrics(EpochRun& e, int64_t step, int64_t global_step, double run_started,
-                  TrainResult& result);
-  void logEpochMetrics(const EpochRun& e, const EpochStats& h, int64_t global_step,
-                       double run_started, TrainResult& result);
+  /// After step `step` of `e`: the progress line and rank 0's metrics point (TrainLog).
+  void logStep(Console& console, EpochRun& e, int64_t step, int64_t global_step,
+               double run_started, TrainResult& result);
+  /// At the end of epoch `e` (`h`: its figures and evaluation): rank 0's metrics point.
+  void logEpoch(const EpochRun& e, const EpochStats& h, int64_t global_step, double run_started,
+                TrainResult& result);
+  /// The figures TrainLog shows after a step of epoch `epoch`; the peak memory is
+  /// read when `peak` (a metrics point) or on CUDA (the progress line shows it).
+  StepFigures stepFigures(int64_t epoch, int64_t global_step, bool peak) const;
   void recordNoise();
   /// Note [adaptive training]: before step `s`, every rank's same decision
   /// (AdaptiveBatch::decide), and a new split applied.
@@ -209,16 +206,13 @@ class Trainer {
   /// The epoch `epoch` from `global_step` on: its sharder cut and the loader started.
   EpochRun beginEpoch(Sharder& sharder, int64_t epoch, int64_t global_step);
   void stoppedLine(Console& console, int64_t global_step, int64_t epoch) const;
-  /// After the last step: the run's figures in `result`. Collective (the data errors).
+  /// After the last step: the run's figures in `result`. Collective (the data errors:
+  /// gatherDataFigures).
   void summarise(TrainResult& result, int64_t global_step, double wall_s, double train_time,
                  const UtilizationSampler& gpu);
-  /// The input pipeline over the run; bad files counted and named over all ranks. Collective.
-  DataFigures dataFigures();
   void synchronize() const;
 
   std::vector<double> step_seconds_;  ///< wall time of this run's steps (the first 100 000)
-  double eval_seconds_ = 0;
-  int64_t evals_ = 0;
 
   const Config& cfg_;
   collective::Communicator& comm_;
@@ -230,9 +224,8 @@ class Trainer {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<collective::GradientSync> grad_sync_;  ///< Note [gradient sync]
   std::unique_ptr<Loader> loader_;
-  std::unique_ptr<Loader> val_loader_;  ///< decoded validation sets (Note [loader])
+  std::unique_ptr<Evaluator> evaluator_;
   std::unique_ptr<LossScaler> scaler_;  // fp16 only
-  Transform eval_transform_;
   TimeBreakdown time_;
   Checkpointer* checkpointer_ = nullptr;
   TrainPosition resume_;
@@ -246,7 +239,7 @@ class Trainer {
   OomGuard oom_;  ///< Note [oom back-off]
   bool failed_here_ = false;  ///< the last try failed on this rank
   Console* console_ = nullptr;  ///< during train(): for the back-off lines
-  std::function<void(const MetricPoint&)> metric_sink_;
+  TrainLog log_;  ///< rank 0's progress line and metrics points
   NoiseScaleEstimator noise_;
   double grad_scale_ = 1;  // fp16 loss scale the current gradients carry
   int64_t step_real_ = 0;  // real samples of the current step, all ranks

@@ -1,0 +1,30 @@
+#pragma once
+// The input pipeline's figures over a run, for report.json's `data` and
+// data_errors: this rank's loader stages, and the bad files counted and named over
+// every rank (Note [bad files named] in worker/data/pipeline.h).
+
+#include <ATen/core/Tensor.h>
+
+#include "collective/communicator.h"
+#include "worker/config/config.h"
+#include "worker/data/data.h"
+#include "worker/data/loader.h"
+#include "worker/train/result.h"
+
+namespace batchdist::worker {
+
+/// The figures of `train`, the training loader over `data.train` (its stage
+/// seconds are taken: the next call counts from here). A decoded source's bad
+/// files count once however many ranks met them, the walk's (`data.bad_files`)
+/// included, and the first few are named whichever rank met them. `cache`:
+/// data.cache (kRam adds the cache's size and hits); `device`: where the mask of
+/// bad samples is reduced (the training device).
+///
+/// Collective when the loader decodes (every rank must call it at the same
+/// point, after the same last step): an allreduce of the error counts, and when
+/// there are any, an allreduce of the bad-sample mask and two allgathers of the
+/// first errors. Without a decoder it returns this rank's figures, no collective.
+DataFigures gatherDataFigures(collective::Communicator& comm, Loader& train,
+                              const DataSplit& data, DataCache cache, at::Device device);
+
+}  // namespace batchdist::worker
