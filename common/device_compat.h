@@ -1,8 +1,8 @@
 #pragma once
-// Note [torch compat], device half: CUDA devices, memory, streams and autocast
-// across LibTorch 1.13 (Debian, CPU-only) and 2.x (pip wheel, CUDA). Every
-// function compiles in both; in a CPU build the CUDA ones are no-ops, return 0,
-// or say that the build is CPU-only. The c10d half is collective/torch_compat.h.
+// Note [torch compat], device half: CUDA devices, memory, streams, autocast and
+// the attention kernel across LibTorch 1.13 (Debian, CPU-only) and 2.x (pip
+// wheel, CUDA). Every function compiles in both; in a CPU build the CUDA ones
+// are no-ops, return 0, or say that the build is CPU-only. The c10d half is collective/torch_compat.h.
 
 #include <torch/version.h>
 
@@ -21,7 +21,9 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/core/Tensor.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -218,6 +220,43 @@ inline void setAutocast(at::DeviceType type, bool enabled, at::ScalarType dtype)
     at::autocast::set_cpu_enabled(enabled);
     at::autocast::set_autocast_cpu_dtype(dtype);
   }
+#endif
+}
+
+/// Note [causal attention]: softmax(q kᵀ / sqrt(d) + causal mask) v for q, k, v
+/// of [N, H, T, D], with dropout on the attention weights. LibTorch 2.x has
+/// at::scaled_dot_product_attention (a fused kernel: flash or memory-efficient
+/// on CUDA, no T x T matrix kept for backward); 1.13 has only the private
+/// _scaled_dot_product_attention, so it computes the product explicitly. 2.1
+/// added `scale` and 2.5 `enable_gqa` after is_causal, both defaulted: the six
+/// arguments below compile on every 2.x. `dropout_p` is applied whenever it is
+/// > 0 (neither path looks at a training flag): the caller passes 0 outside
+/// training.
+constexpr bool kHasFusedAttention = TORCH_VERSION_MAJOR >= 2;
+
+/// The explicit formulation, in every release: the reference the fused kernel
+/// is tested against, and the path on 1.13. q·kᵀ/sqrt(D), -inf above the
+/// diagonal (query i sees keys 0..i), softmax, dropout, ·v.
+inline at::Tensor causalAttentionExplicit(const at::Tensor& q, const at::Tensor& k,
+                                          const at::Tensor& v, double dropout_p) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  auto scores = at::matmul(q, k.transpose(-2, -1)) * scale;
+  const auto future = at::ones({q.size(-2), k.size(-2)}, q.options().dtype(at::kBool)).triu(1);
+  scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
+  auto weights = at::softmax(scores, -1);
+  if (dropout_p > 0) weights = at::dropout(weights, dropout_p, /*train=*/true);
+  return at::matmul(weights, v);
+}
+
+/// Causal self-attention (Note [causal attention]): the fused kernel where the
+/// LibTorch has one, else the explicit product.
+inline at::Tensor causalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  double dropout_p) {
+#if TORCH_VERSION_MAJOR >= 2
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout_p,
+                                          /*is_causal=*/true);
+#else
+  return causalAttentionExplicit(q, k, v, dropout_p);
 #endif
 }
 

@@ -627,6 +627,26 @@ void readModel(Context& ctx, const YAML::Node& root, ModelConfig& c) {
   c.batchnorm = s.boolean("batchnorm", true);
   c.dropout = s.real("dropout", 0.0, 0.0, 0.99);
   c.outputs = s.integer("outputs", 0, 0, 1 << 24);
+  c.layers = s.integer("layers", 2, 1, 1 << 12);
+  c.heads = s.integer("heads", 2, 1, 1 << 12);
+  c.embed = s.integer("embed", 64, 1, 1 << 16);
+  c.vocab = s.integer("vocab", 256, 2, 1 << 24);
+  c.seq_len = s.integer("seq_len", 64, 1, 1 << 20);
+  if (c.name == ModelName::kGpt && c.embed % c.heads != 0) {
+    throw keyError(ctx.from_set.count("model.embed") ? "--set model.embed" : ctx.source,
+                   "model.embed",
+                   strCat(c.embed, " is not divisible by model.heads (", c.heads,
+                          "): each head takes model.embed / model.heads channels; use e.g. "
+                          "model.embed: ", (c.embed / c.heads + 1) * c.heads));
+  }
+  // The gpt keys enter the resolved config of a gpt only: for the other models
+  // it stays as before, so their checkpoints still resume (checkResumable
+  // compares every model key) and their search cache entries still match.
+  if (c.name != ModelName::kGpt) {
+    for (const char* key : {"layers", "heads", "embed", "vocab", "seq_len"}) {
+      (*ctx.resolved)["model"].erase(key);
+    }
+  }
 }
 
 void readData(Context& ctx, const YAML::Node& root, DataConfig& c) {

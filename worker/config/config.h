@@ -22,7 +22,7 @@ enum class AdaptGain { kAdascale, kLinear };
 enum class LrScaling { kLinear, kSqrt, kNone };
 enum class Schedule { kConstant, kStep, kCosine };
 enum class TaskKind { kAuto, kClassification, kRegression };
-enum class ModelName { kMlp, kCnn, kResnet18, kResnet50, kTorchscript };
+enum class ModelName { kMlp, kCnn, kResnet18, kResnet50, kTorchscript, kGpt };
 enum class ResnetStem { kCifar, kImagenet };
 enum class DataName { kDigits, kCsv, kSynthetic, kSyntheticImages, kCifar10, kCifar100, kMnist,
                       kImageFolder, kWebdataset, kNpy };
@@ -57,7 +57,7 @@ BATCHDIST_ENUM_NAMES(TaskKind, {TaskKind::kAuto, "auto"},
                      {TaskKind::kRegression, "regression"});
 BATCHDIST_ENUM_NAMES(ModelName, {ModelName::kMlp, "mlp"}, {ModelName::kCnn, "cnn"},
                      {ModelName::kResnet18, "resnet18"}, {ModelName::kResnet50, "resnet50"},
-                     {ModelName::kTorchscript, "torchscript"});
+                     {ModelName::kTorchscript, "torchscript"}, {ModelName::kGpt, "gpt"});
 BATCHDIST_ENUM_NAMES(ResnetStem, {ResnetStem::kCifar, "cifar"}, {ResnetStem::kImagenet, "imagenet"});
 BATCHDIST_ENUM_NAMES(DataName, {DataName::kDigits, "digits"}, {DataName::kCsv, "csv"},
                      {DataName::kSynthetic, "synthetic"},
@@ -119,6 +119,12 @@ struct ModelConfig {
   bool batchnorm = true;
   double dropout = 0.0;
   int64_t outputs = 0;                       ///< the head's width (0: from the data: classes, or the targets' k)
+  // gpt (Note [gpt] in worker/model/gpt.h); model.dropout above is its dropout.
+  int64_t layers = 2;                        ///< transformer blocks
+  int64_t heads = 2;                         ///< attention heads (model.embed divisible by it)
+  int64_t embed = 64;                        ///< embedding width
+  int64_t vocab = 256;                       ///< token ids 0 .. vocab-1 (256: bytes)
+  int64_t seq_len = 64;                      ///< the longest sequence (learned positions)
 };
 
 struct DataConfig {

@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "worker/common/util.h"
 #include "worker/config/config.h"
+#include "worker/model/gpt.h"
 
 namespace batchdist::worker {
 namespace nn = torch::nn;
@@ -38,13 +39,13 @@ std::vector<torch::Tensor> Model::state() const {
   return out;
 }
 
-namespace {
-
-std::string countText(int64_t n) {
+std::string parameterCountText(int64_t n) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f M", n / 1e6);
   return buf;
 }
+
+namespace {
 
 /// allreduce(SUM) whose gradient is again an allreduce(SUM): the building block of
 /// SyncBatchNorm (Note [sync batchnorm]).
@@ -264,7 +265,7 @@ class NnModel : public Model {
   std::string describe() const override {
     int64_t n = 0;
     for (const auto& p : module_->parameters()) n += p.numel();
-    return name_ + ", " + countText(n) + " parameters";
+    return name_ + ", " + parameterCountText(n) + " parameters";
   }
 
  private:
@@ -325,7 +326,7 @@ class ScriptModel : public Model {
   std::string describe() const override {
     int64_t n = 0;
     for (const auto& p : m_.parameters(/*recurse=*/true)) n += p.numel();
-    return "torchscript " + path_ + ", " + countText(n) + " parameters";
+    return "torchscript " + path_ + ", " + parameterCountText(n) + " parameters";
   }
 
  private:
@@ -395,6 +396,33 @@ std::unique_ptr<Model> checked(std::unique_ptr<Model> model, const std::vector<i
   return model;
 }
 
+/// checked() for model.name: gpt (Note [gpt]): samples are [T] token ids with
+/// T <= model.seq_len, and a sample batch of [2, T] zeros gives [2, T, vocab]
+/// logits. `classes` is not the head's width here (model.vocab is); the
+/// language-model task that will feed it checks the data's vocabulary.
+std::unique_ptr<Model> checkedGpt(std::unique_ptr<Model> model, const std::vector<int64_t>& shape,
+                                  const ModelConfig& cfg) {
+  if (shape.size() != 1 || shape[0] > cfg.seq_len) {
+    throw ConfigError(strCat("model.name: gpt reads samples of [T] token ids with T <= "
+                             "model.seq_len (", cfg.seq_len, "), but the data has shape ",
+                             shapeText(shape), shape.size() == 1 ? "; raise model.seq_len" : ""));
+  }
+  const std::vector<int64_t> in{2, shape[0]};
+  torch::Tensor out;
+  {
+    torch::NoGradGuard no_grad;
+    model->train(false);
+    out = model->forward(torch::zeros(in, torch::kLong));
+    model->train(true);
+  }
+  const std::vector<int64_t> want{2, shape[0], cfg.vocab};
+  if (out.sizes().vec() != want) {
+    throw Error(strCat("model.name: gpt: forward on token ids of shape ", shapeText(in),
+                       " returned ", shapeText(out.sizes().vec()), "; expected ", shapeText(want)));
+  }
+  return model;
+}
+
 }  // namespace
 
 bool SyncBatchNorm::synchronising() const { return comm_.size() > 1 && paused_ == 0; }
@@ -451,6 +479,9 @@ std::unique_ptr<Model> buildModel(const ModelConfig& cfg, const std::vector<int6
     return checked(std::make_unique<ScriptModel>(loadScript(path), path), shape, classes,
                    "model.path: " + path);
   }
+  // Note [gpt]: token samples in, [N, T, vocab] out; the token data source and
+  // the language-model task (per-token cross-entropy) come in the next slice.
+  if (cfg.name == ModelName::kGpt) return checkedGpt(buildGpt(gptShape(cfg)), shape, cfg);
   if (cfg.name == ModelName::kMlp) {
     int64_t in = std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
     nn::Sequential net;
@@ -509,6 +540,7 @@ bool modelHasBatchNorm(const ModelConfig& cfg, const std::string& base_dir) {
     return m.hasBatchNorm();
   }
   if (cfg.name == ModelName::kResnet18 || cfg.name == ModelName::kResnet50) return true;
+  if (cfg.name == ModelName::kGpt) return false;
   return cfg.batchnorm;
 }
 

@@ -1,5 +1,5 @@
 #pragma once
-// Models: the built-ins (mlp, cnn, resnet18/50) and the user's own TorchScript
+// Models: the built-ins (mlp, cnn, resnet18/50, gpt) and the user's own TorchScript
 // module, behind one small interface the trainer uses.
 
 #include <ATen/core/Tensor.h>
@@ -103,7 +103,11 @@ class Model {
   std::vector<at::Tensor> state() const;
 };
 
-/// Builds the model of `cfg` for samples of `sample_shape` and `classes` outputs.
+/// A parameter count as describe() prints it ("11.17 M"): one format for every model.
+std::string parameterCountText(int64_t n);
+
+/// Builds the model of `cfg` for samples of `sample_shape` and `classes` outputs
+/// (gpt: samples of [T] token ids, and model.vocab outputs per token; Note [gpt]).
 /// TorchScript paths are resolved against `base_dir`. `comm` is used by
 /// model.sync_batchnorm (may be null otherwise). Throws ConfigError when the model
 /// does not fit the data, or the TorchScript file is missing, not TorchScript, or
