@@ -72,6 +72,7 @@ std::string makeNpy(worker::NpyType type, const std::vector<int64_t>& shape,
     case worker::NpyType::kFloat64: descr = "<f8"; break;
     case worker::NpyType::kInt32: descr = "<i4"; break;
     case worker::NpyType::kInt64: descr = "<i8"; break;
+    case worker::NpyType::kUint16: descr = "<u2"; break;
   }
   std::string tuple = "(";
   for (size_t i = 0; i < shape.size(); ++i) {

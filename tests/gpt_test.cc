@@ -243,7 +243,9 @@ TEST(Gpt, FusedAttentionMatchesTheExplicitProduct) {
 }
 
 TEST(Gpt, ConfigKeysDefaultsAndErrors) {
-  auto cfg = parseConfig("model: {name: gpt}", "test.yaml");
+  // A gpt reads token data (Note [task choice]: any other data is refused).
+  const std::string tokens = "\ndata: {name: tokens, path: t.bin}";
+  auto cfg = parseConfig("model: {name: gpt}" + tokens, "test.yaml");
   EXPECT_EQ(cfg.model.name, ModelName::kGpt);
   EXPECT_EQ(cfg.model.layers, 2);
   EXPECT_EQ(cfg.model.heads, 2);
@@ -256,7 +258,7 @@ TEST(Gpt, ConfigKeysDefaultsAndErrors) {
   EXPECT_FALSE(parseConfig("model: {name: mlp}", "test.yaml").resolved["model"].contains("layers"));
 
   cfg = parseConfig("model: {name: gpt, layers: 4, heads: 4, embed: 48, vocab: 1000, seq_len: 32, "
-                    "dropout: 0.1}", "test.yaml");
+                    "dropout: 0.1}" + tokens, "test.yaml");
   const auto s = gptShape(cfg.model);
   EXPECT_EQ(s.layers, 4);
   EXPECT_EQ(s.heads, 4);
@@ -280,7 +282,8 @@ TEST(Gpt, ConfigKeysDefaultsAndErrors) {
 
 // buildModel's check (Note [gpt]): samples of [T] token ids, T <= seq_len.
 TEST(Gpt, BuildModelChecksTheSampleShape) {
-  const auto cfg = parseConfig("model: {name: gpt, seq_len: 32}", "test.yaml");
+  const auto cfg = parseConfig("model: {name: gpt, seq_len: 32}\ndata: {name: tokens, path: t.bin}",
+                               "test.yaml");
   EXPECT_EQ(buildModel(cfg.model, {32}, 10)->describe().rfind("gpt (2 layers", 0), 0u);
   const auto error = [&](const std::vector<int64_t>& shape) -> std::string {
     try {

@@ -1,7 +1,8 @@
-// batchdist_make_data: writes the small image folders, WebDataset shards and .npy
-// files the tests, configs and benchmarks train on. The pictures are learnable:
-// patternRgb's class pattern plus noise, JPEG/PNG-encoded with the decoders' own
-// libraries (tests/image_fixtures.h). Deterministic for a given --seed.
+// batchdist_make_data: writes the small image folders, WebDataset shards, .npy
+// files and byte-level token files the tests, configs and benchmarks train on. The
+// pictures are learnable: patternRgb's class pattern plus noise, JPEG/PNG-encoded
+// with the decoders' own libraries (tests/image_fixtures.h). Deterministic for a
+// given --seed.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -9,6 +10,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -49,8 +51,14 @@ Writes a small, learnable data set for the tests and benchmarks.
     K = 1, N x K otherwise): fixed random linear functions of the sample plus
     noise 0.01, so a linear model reaches a mean squared error near 1e-4.
 
+  batchdist_make_data tokens --text FILE --out DIR [--val-fraction 0.1]
+    DIR/train.bin and DIR/val.bin: byte-level tokens of FILE, each byte one token
+    id 0..255, as little-endian uint16 (nanoGPT's train.bin/val.bin format) for
+    data.name: tokens with model.vocab: 256 (no tokenizer needed). val.bin holds
+    the last --val-fraction of the bytes (0: no val.bin).
+
 Options take a value as "--name V" or "--name=V". Exit status: 0 done, 2 bad
-arguments, 1 a write failed.
+arguments, 1 a read or write failed.
 )";
 
 struct UsageError : std::runtime_error {
@@ -70,11 +78,15 @@ Args parseArgs(int argc, char** argv, const std::map<std::string, std::set<std::
   Args a;
   a.mode = argv[1];
   if (options.count(a.mode) == 0) {
-    throw UsageError("unknown mode '" + a.mode + "' (expected image_folder, webdataset or npy)");
+    throw UsageError("unknown mode '" + a.mode +
+                     "' (expected image_folder, webdataset, npy or tokens)");
   }
   int i = 2;
-  if (i >= argc || std::strncmp(argv[i], "--", 2) == 0) throw UsageError(a.mode + ": missing DIR");
-  a.dir = argv[i++];
+  const bool dir_option = options.at(a.mode).count("out") > 0;  // tokens: --out DIR
+  if (!dir_option) {
+    if (i >= argc || std::strncmp(argv[i], "--", 2) == 0) throw UsageError(a.mode + ": missing DIR");
+    a.dir = argv[i++];
+  }
   for (; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg.rfind("--", 0) != 0) throw UsageError(a.mode + ": unexpected argument '" + arg + "'");
@@ -99,6 +111,12 @@ Args parseArgs(int argc, char** argv, const std::map<std::string, std::set<std::
     }
     if (a.values.count(name)) throw UsageError(a.mode + ": --" + name + " given twice");
     a.values[name] = value;
+  }
+  if (dir_option) {
+    if (!a.values.count("out") || a.values["out"].empty()) {
+      throw UsageError(a.mode + ": missing --out DIR");
+    }
+    a.dir = a.values["out"];
   }
   return a;
 }
@@ -445,6 +463,64 @@ int npy(const Args& a) {
   return 0;
 }
 
+/// --NAME as a number in [lo, hi].
+double realOpt(const Args& a, const std::string& name, double def, double lo, double hi) {
+  const auto it = a.values.find(name);
+  if (it == a.values.end()) return def;
+  const std::string& v = it->second;
+  size_t used = 0;
+  double x = 0;
+  try {
+    x = std::stod(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (v.empty() || used != v.size() || !(x >= lo && x <= hi)) {
+    throw UsageError(a.mode + ": --" + name + " '" + v + "' is not a number in [" +
+                     std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  }
+  return x;
+}
+
+/// `bytes` as little-endian uint16 token ids, one per byte (Note [tokens]).
+void writeByteTokens(const fs::path& path, const std::string& bytes) {
+  std::string out(bytes.size() * 2, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) out[2 * i] = bytes[i];  // the high byte stays 0
+  std::ofstream f(path, std::ios::binary);
+  f.write(out.data(), static_cast<std::streamsize>(out.size()));
+  f.close();
+  if (!f) throw std::runtime_error("writing " + path.string() + " failed");
+}
+
+int tokens(const Args& a) {
+  const auto it = a.values.find("text");
+  if (it == a.values.end() || it->second.empty()) throw UsageError(a.mode + ": missing --text FILE");
+  const double val_fraction = realOpt(a, "val-fraction", 0.1, 0.0, 0.9);
+  if (!fs::is_regular_file(it->second)) {
+    throw std::runtime_error("--text " + it->second + ": not a regular file");
+  }
+  std::ifstream in(it->second, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read --text " + it->second);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw std::runtime_error("reading --text " + it->second + " failed");
+  const auto n = static_cast<int64_t>(text.size());
+  const auto n_val = static_cast<int64_t>(std::llround(static_cast<double>(n) * val_fraction));
+  if (n - n_val < 2 || (val_fraction > 0 && n_val < 2)) {
+    char f[32];
+    std::snprintf(f, sizeof f, "%g", val_fraction);
+    throw UsageError(a.mode + ": --text " + it->second + " has " + std::to_string(n) +
+                     " bytes: too few for train.bin and val.bin at --val-fraction " + f);
+  }
+  const fs::path root(a.dir);
+  makeDirs(root);
+  writeByteTokens(root / "train.bin", text.substr(0, static_cast<size_t>(n - n_val)));
+  if (n_val > 0) writeByteTokens(root / "val.bin", text.substr(static_cast<size_t>(n - n_val)));
+  std::printf("batchdist_make_data: wrote %s/train.bin (%lld tokens)%s: byte-level, vocab 256\n",
+              a.dir.c_str(), static_cast<long long>(n - n_val),
+              n_val > 0 ? (" and val.bin (" + std::to_string(n_val) + " tokens)").c_str() : "");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -462,13 +538,15 @@ int main(int argc, char** argv) {
   const std::map<std::string, std::set<std::string>> options = {
       {"image_folder", {"classes", "train-per-class", "val-per-class", "size", "png-every", "seed"}},
       {"webdataset", {"shards", "classes", "samples", "val-samples", "size", "seed"}},
-      {"npy", {"samples", "shape", "dtype", "classes", "val", "label-dtype", "targets", "seed"}}};
+      {"npy", {"samples", "shape", "dtype", "classes", "val", "label-dtype", "targets", "seed"}},
+      {"tokens", {"text", "out", "val-fraction"}}};
   const std::map<std::string, std::set<std::string>> flags = {
-      {"image_folder", {"no-val"}}, {"webdataset", {}}, {"npy", {}}};
+      {"image_folder", {"no-val"}}, {"webdataset", {}}, {"npy", {}}, {"tokens", {}}};
   try {
     const Args a = parseArgs(argc, argv, options, flags);
     if (a.mode == "image_folder") return imageFolder(a);
     if (a.mode == "webdataset") return webDataset(a);
+    if (a.mode == "tokens") return tokens(a);
     return npy(a);
   } catch (const UsageError& e) {
     std::fprintf(stderr, "batchdist_make_data: %s (see batchdist_make_data --help)\n", e.what());

@@ -8,7 +8,14 @@
 #                TensorBoard and the closing line, no eval_accuracy anywhere; rank 0
 #                killed after the checkpoint of step 8 and resumed: bitwise equal
 #   task_errors  task.name regression on class labels, classification on float
-#                targets, model.outputs that is not the targets' k: exit 2, named
+#                targets, model.outputs that is not the targets' k, token data with
+#                a model that is not gpt, a gpt on other data: exit 2, named
+#   language_model  byte-level tokens of README.md (batchdist_make_data tokens),
+#                configs/gpt-tiny.yaml on 2 ranks for 4 epochs: task.name auto picks
+#                language_model; eval_loss falls below ln 256, eval_perplexity is its
+#                exp in report.json (and its history), metrics.jsonl, TensorBoard and
+#                the closing line; a token id >= model.vocab: exit 2 naming the file,
+#                the token's offset and its value (Note [tokens])
 set -u
 mpirun=$1 flags=$2 bin=$3 diff=$4 make=$5 src=$6 out=$7 scenario=$8
 cfg=$src/configs/regression-tiny.yaml
@@ -74,7 +81,56 @@ PY
     expect_error outputs 2 "model.outputs: 2, but the targets have 3 values per sample"
     run unknown 2 --set data.path="$out/reg" --set task.name=ranking
     expect_error unknown 2 "task.name" "ranking"
+    # Note [task choice]: token data, the gpt and the language model go together.
+    run tokens_mlp 2 --set data.name=tokens --set data.path="$out/none.bin"
+    expect_error tokens_mlp 2 "model.name: mlp, but data.name: tokens gives token ids, which only model.name: gpt reads"
+    run gpt_npy 2 --set data.path="$out/reg" --set model.name=gpt
+    expect_error gpt_npy 2 "data.name: npy, but model.name: gpt reads token ids"
     echo "ok: a task that does not fit the data, a head that does not fit the targets: exit 2, named"
+    ;;
+  language_model)
+    cfg=$src/configs/gpt-tiny.yaml
+    "$make" tokens --text "$src/README.md" --out "$out/tok" --val-fraction 0.1 >/dev/null \
+      || fail "make_data tokens"
+    python3 - "$src/README.md" "$out/tok" <<'PY' || fail "the token files are not the text's bytes as uint16"
+import struct, sys
+text = open(sys.argv[1], "rb").read()
+train, val = (open(f"{sys.argv[2]}/{name}", "rb").read() for name in ("train.bin", "val.bin"))
+assert abs(len(val) // 2 - len(text) * 0.1) <= 1, f"val.bin has {len(val) // 2} of {len(text)} tokens"
+assert train + val == b"".join(struct.pack("<H", b) for b in text), "not the bytes as uint16 ids"
+PY
+    tok=(--set data.path="$out/tok/train.bin" --set data.val_path="$out/tok/val.bin")
+    run lm 2 "${tok[@]}" --set train.epochs=4
+    [ "$rc" = 0 ] || { cat "$out/lm.log"; fail "language-model run: exit $rc"; }
+    grep -q 'task: language_model (task.name: auto; tokens are token windows), 256 outputs' "$out/lm.log" \
+      || { cat "$out/lm.log"; fail "the console does not say which task and why"; }
+    [ "$(json lm task)" = language_model ] || fail "report.json task = $(json lm task)"
+    [ "$(json lm best_metric)" = loss ] || fail "report.json best_metric = $(json lm best_metric)"
+    python3 - "$out/lm" <<'PY' || fail "the language-model metrics (above)"
+import json, math, sys
+run = sys.argv[1]
+r = json.load(open(run + "/report.json"))
+loss, ppl = r["eval_loss"], r["eval_perplexity"]
+assert math.isfinite(loss) and math.isfinite(ppl), (loss, ppl)
+assert abs(ppl - math.exp(loss)) <= 1e-9 * ppl, f"perplexity {ppl} is not exp(eval_loss {loss})"
+assert r["best_higher"] is False and "eval_accuracy" not in r, r.get("eval_accuracy")
+hist = r["history"]
+assert len(hist) == 4 and all({"eval_loss", "eval_perplexity"} <= set(h) for h in hist), hist
+assert loss < math.log(256) - 0.2, f"eval_loss {loss}: not below ln 256 = 5.545 (untrained)"
+assert hist[-1]["eval_loss"] < hist[0]["eval_loss"], f"the loss did not fall: {hist}"
+ends = [m for m in map(json.loads, open(run + "/metrics.jsonl")) if m["kind"] == "epoch"]
+assert len(ends) == 4 and all("eval_perplexity" in e for e in ends), ends[-1]
+html = open(run + "/report.html").read()
+assert "eval loss " in html and "plot-accuracy" not in html, "report.html speaks of accuracy"
+print(f"ok: eval loss {hist[0]['eval_loss']:.4g} -> {loss:.4g}, perplexity {ppl:.4g}")
+PY
+    grep -aqr 'eval/perplexity' "$out/lm/tensorboard" || fail "no eval/perplexity in the TensorBoard events"
+    grep -q '^done: .*eval loss [0-9.e+-]*, perplexity [0-9.e+-]*,' "$out/lm.log" \
+      || { tail -n 3 "$out/lm.log"; fail "the closing line does not give the loss and perplexity"; }
+    # Note [tokens]: bytes of the text are ids >= 64; named when the first batch gathers them.
+    run vocab 2 "${tok[@]}" --set model.vocab=64
+    expect_error vocab 2 "$out/tok/train.bin: token " ", outside model.vocab's 0..63; raise model.vocab"
+    echo "ok: a byte-level GPT trained on 2 ranks as a language model; ids beyond the vocabulary named"
     ;;
   *) fail "unknown scenario $scenario" ;;
 esac

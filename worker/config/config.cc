@@ -27,6 +27,35 @@ const std::vector<std::string>& Config::perRankKeys() {
   return keys;
 }
 
+// Note [task choice]: token windows are read by a gpt only and trained by the
+// language-model task only; each without the others is refused, naming both keys.
+std::optional<KeyProblem> languageModelMismatch(const Config& cfg) {
+  const bool tokens = cfg.data.name == DataName::kTokens;
+  const bool gpt = cfg.model.name == ModelName::kGpt;
+  const TaskKind task = cfg.task.name;
+  const char* const token_data = "data.name: tokens (a .bin or .npy of token ids: docs/data.md)";
+  if (task == TaskKind::kLanguageModel && !tokens) {
+    return KeyProblem{"task.name", strCat("language_model trains on token windows, but data.name "
+                                          "is ", toString(cfg.data.name), "; use ", token_data)};
+  }
+  if (tokens && task != TaskKind::kAuto && task != TaskKind::kLanguageModel) {
+    return KeyProblem{"task.name", strCat(toString(task), " does not fit data.name: tokens, whose "
+                                          "targets are the next tokens; use task.name: "
+                                          "language_model (or auto)")};
+  }
+  if (tokens && !gpt) {
+    return KeyProblem{"model.name", strCat(toString(cfg.model.name), ", but data.name: tokens "
+                                           "gives token ids, which only model.name: gpt reads; "
+                                           "use model.name: gpt")};
+  }
+  if (gpt && !tokens) {
+    return KeyProblem{"data.name", strCat(toString(cfg.data.name), ", but model.name: gpt reads "
+                                          "token ids and trains as a language model; use ",
+                                          token_data)};
+  }
+  return std::nullopt;
+}
+
 std::size_t editDistance(const std::string& a, const std::string& b) {
   std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
   for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
@@ -465,6 +494,30 @@ void applyOverride(YAML::Node& root, const std::string& spec, Context& ctx) {
   ctx.from_set.insert(path);
 }
 
+/// data.name: tokens (Note [tokens]): the pairing with gpt and the task, the
+/// file, and no image transform (token ids are neither pixels nor features).
+template <typename Err>
+void validateTokens(const Config& cfg, const Err& err) {
+  if (const auto p = languageModelMismatch(cfg)) throw err(p->key, p->what);
+  if (cfg.data.name != DataName::kTokens) return;
+  if (cfg.data.path.empty()) {
+    throw err("data.path", "data.name: tokens needs the token file: a .bin of little-endian uint16 "
+                           "ids (as nanoGPT's prepare.py or `batchdist_make_data tokens` write "
+                           "it) or a 1-D .npy of uint16, int32 or int64");
+  }
+  const std::pair<const char*, bool> image_keys[] = {
+      {"data.crop_padding", cfg.data.crop_padding > 0},
+      {"data.hflip", cfg.data.hflip},
+      {"data.resize", cfg.data.resize > 0},
+      {"data.mean", !cfg.data.mean.empty()}};
+  for (const auto& [key, given] : image_keys) {
+    if (given) {
+      throw err(key, "does not apply to data.name: tokens (token ids are not cropped, flipped, "
+                     "resized or normalised); remove it");
+    }
+  }
+}
+
 /// Rules that tie keys together (each key alone was checked as it was read).
 void validate(const Config& cfg, const Context& ctx) {
   const auto err = [&](const std::string& key, const std::string& what) {
@@ -526,6 +579,7 @@ void validate(const Config& cfg, const Context& ctx) {
       break;
     default: break;
   }
+  validateTokens(cfg, err);
   for (const auto& [key, v] : {std::pair<std::string, const std::vector<double>*>{
                                    "data.crop_scale", &cfg.data.crop_scale},
                                {"data.crop_ratio", &cfg.data.crop_ratio}}) {
@@ -886,6 +940,8 @@ Config parseConfig(const std::string& yaml_text, const std::string& source,
   readReport(ctx, root, cfg.report);
 
   checkUnknownKeys(ctx, root);
+  cfg.data.seq_len = cfg.model.seq_len;  // Note [tokens]: a window is seq_len + 1 tokens
+  cfg.data.vocab = cfg.model.vocab;
   validate(cfg, ctx);
   return cfg;
 }

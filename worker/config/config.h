@@ -21,11 +21,11 @@ enum class BatchAdapt { kOff, kGoodput };
 enum class AdaptGain { kAdascale, kLinear };
 enum class LrScaling { kLinear, kSqrt, kNone };
 enum class Schedule { kConstant, kStep, kCosine };
-enum class TaskKind { kAuto, kClassification, kRegression };
+enum class TaskKind { kAuto, kClassification, kRegression, kLanguageModel };
 enum class ModelName { kMlp, kCnn, kResnet18, kResnet50, kTorchscript, kGpt };
 enum class ResnetStem { kCifar, kImagenet };
 enum class DataName { kDigits, kCsv, kSynthetic, kSyntheticImages, kCifar10, kCifar100, kMnist,
-                      kImageFolder, kWebdataset, kNpy };
+                      kImageFolder, kWebdataset, kNpy, kTokens };
 enum class OnError { kSkip, kFail };
 enum class DataCache { kNone, kRam };
 enum class OptimName { kSgd, kAdamw, kLars };
@@ -54,7 +54,8 @@ BATCHDIST_ENUM_NAMES(Schedule, {Schedule::kConstant, "constant"}, {Schedule::kSt
                      {Schedule::kCosine, "cosine"});
 BATCHDIST_ENUM_NAMES(TaskKind, {TaskKind::kAuto, "auto"},
                      {TaskKind::kClassification, "classification"},
-                     {TaskKind::kRegression, "regression"});
+                     {TaskKind::kRegression, "regression"},
+                     {TaskKind::kLanguageModel, "language_model"});
 BATCHDIST_ENUM_NAMES(ModelName, {ModelName::kMlp, "mlp"}, {ModelName::kCnn, "cnn"},
                      {ModelName::kResnet18, "resnet18"}, {ModelName::kResnet50, "resnet50"},
                      {ModelName::kTorchscript, "torchscript"}, {ModelName::kGpt, "gpt"});
@@ -64,7 +65,8 @@ BATCHDIST_ENUM_NAMES(DataName, {DataName::kDigits, "digits"}, {DataName::kCsv, "
                      {DataName::kSyntheticImages, "synthetic_images"},
                      {DataName::kCifar10, "cifar10"}, {DataName::kCifar100, "cifar100"},
                      {DataName::kMnist, "mnist"}, {DataName::kImageFolder, "image_folder"},
-                     {DataName::kWebdataset, "webdataset"}, {DataName::kNpy, "npy"});
+                     {DataName::kWebdataset, "webdataset"}, {DataName::kNpy, "npy"},
+                     {DataName::kTokens, "tokens"});
 BATCHDIST_ENUM_NAMES(OnError, {OnError::kSkip, "skip"}, {OnError::kFail, "fail"});
 BATCHDIST_ENUM_NAMES(DataCache, {DataCache::kNone, "none"}, {DataCache::kRam, "ram"});
 BATCHDIST_ENUM_NAMES(OptimName, {OptimName::kSgd, "sgd"}, {OptimName::kAdamw, "adamw"},
@@ -106,7 +108,7 @@ ConfigError keyError(const std::string& source, const std::string& key, const st
 
 /// Note [task] in worker/task/task.h; Note [task choice] in worker/task/task.cc.
 struct TaskConfig {
-  TaskKind name = TaskKind::kAuto;           ///< auto: from the data (float targets: regression)
+  TaskKind name = TaskKind::kAuto;           ///< auto: from the data (float targets: regression; tokens: language_model)
 };
 
 struct ModelConfig {
@@ -130,7 +132,7 @@ struct ModelConfig {
 struct DataConfig {
   DataName name = DataName::kDigits;
   std::string path;                          ///< digits: optional (embedded copy); csv: required
-  std::string val_path;                      ///< webdataset: the validation shards
+  std::string val_path;                      ///< webdataset: the validation shards; tokens: the validation tokens
   std::string list;                          ///< image_folder: "relative/path label" lines, instead of walking
   bool list_outside_root = false;            ///< data.list may name files outside the data root
   int64_t samples = 4096;                    ///< synthetic: number of samples
@@ -157,6 +159,10 @@ struct DataConfig {
   OnError on_error = OnError::kSkip;         ///< an undecodable file: skip (next good one) | fail
   DataCache cache = DataCache::kNone;        ///< ram: keep each read sample's encoded bytes
   int64_t cache_mb = 4096;                   ///< bound of the RAM cache per rank
+  // tokens (Note [tokens] in worker/data/data.h): not data keys, but model.seq_len
+  // and model.vocab, copied here by parseConfig (a window is seq_len + 1 tokens).
+  int64_t seq_len = 64;
+  int64_t vocab = 256;
   /// True for sources decoded per sample by the loader (image_folder, webdataset).
   bool decoded() const { return name == DataName::kImageFolder || name == DataName::kWebdataset; }
 };
@@ -282,6 +288,15 @@ struct Config {
   /// interface, threads, cache file): "section.key".
   static const std::vector<std::string>& perRankKeys();
 };
+
+/// Note [task choice]: data.name: tokens, model.name: gpt and the language-model
+/// task go together. What is wrong with the config's pairing of them, if anything:
+/// the key to name and the message (which names the other key too).
+struct KeyProblem {
+  std::string key;
+  std::string what;
+};
+std::optional<KeyProblem> languageModelMismatch(const Config& cfg);
 
 /// Largest config file read (a safeguard against /dev/zero and the like).
 constexpr std::size_t kMaxConfigBytes = std::size_t{4} << 20;

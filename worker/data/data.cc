@@ -17,6 +17,7 @@
 #include "worker/data/labels.h"
 #include "worker/data/pipeline.h"
 #include "worker/data/sources/npy.h"
+#include "worker/data/sources/tokens.h"
 #include "worker/plan/plan.h"
 #include "worker/common/files.h"
 #include "worker/common/util.h"
@@ -178,7 +179,9 @@ Dataset parseCsv(const std::string& text, const std::string& source, int64_t cla
 Dataset subset(const Dataset& d, const std::vector<int64_t>& rows) {
   auto idx = at::tensor(rows, at::kLong);
   Dataset out;
-  out.target = d.target.index_select(0, idx).contiguous();
+  // Token windows (Note [tokens]): the target is a view of the file too.
+  out.target = d.tokens ? d.target : d.target.index_select(0, idx).contiguous();
+  out.tokens = d.tokens;
   out.sample_shape = d.sample_shape;
   out.classes = d.classes;
   out.x_scale = d.x_scale;
@@ -194,8 +197,56 @@ Dataset subset(const Dataset& d, const std::vector<int64_t>& rows) {
   return out;
 }
 
+namespace {
+
+/// The rows of x (and of a token set's target) that samples `idx` are.
+at::Tensor rowsOf(const Dataset& d, const at::Tensor& idx) {
+  return d.rows.defined() ? d.rows.index_select(0, idx) : idx;
+}
+
+/// Note [tokens]: stored ids as int64. A uint16 file is mapped as int16, so its
+/// ids from 32768 up read negative until masked.
+at::Tensor tokenIds(const at::Tensor& raw) {
+  auto ids = raw.to(at::kLong);
+  return raw.scalar_type() == at::kShort ? ids.bitwise_and_(0xFFFF) : ids;
+}
+
+}  // namespace
+
 at::Tensor Dataset::gather(const at::Tensor& idx) const {
-  return x.index_select(0, rows.defined() ? rows.index_select(0, idx) : idx);
+  return x.index_select(0, rowsOf(*this, idx));
+}
+
+at::Tensor Dataset::inputs(const at::Tensor& idx) const {
+  if (tokens) return tokens->ids(x, rowsOf(*this, idx));
+  auto b = gather(idx).to(at::kFloat);
+  if (x_scale != 1.0) b.mul_(x_scale);
+  return b;
+}
+
+at::Tensor Dataset::targets(const at::Tensor& idx) const {
+  if (tokens) return tokens->ids(target, rowsOf(*this, idx));
+  return target.index_select(0, idx);
+}
+
+at::Tensor TokenSource::ids(const at::Tensor& view, const at::Tensor& rows) const {
+  auto out = tokenIds(view.index_select(0, rows));
+  if (out.numel() == 0 || (out.min().item<int64_t>() >= 0 && out.max().item<int64_t>() < vocab)) {
+    return out;
+  }
+  // The first id out of range, in the batch's order, and where it is in the file.
+  const auto flat = out.reshape({-1});
+  const int64_t k = at::nonzero(at::logical_or(flat.lt(0), flat.ge(vocab)))[0][0].item<int64_t>();
+  const int64_t t = view.size(1);
+  const int64_t offset =
+      view.storage_offset() + rows[k / t].item<int64_t>() * view.stride(0) + k % t;
+  const int64_t value = flat[k].item<int64_t>();
+  const std::string fix = value >= vocab ? strCat("raise model.vocab to the tokenizer's vocabulary "
+                                                  "size (at least ", value + 1, ")")
+                                         : "token ids are not negative: is the file token ids?";
+  throw ConfigError(strCat(path, ": token ", offset, " (byte offset ",
+                           header_bytes + offset * item_bytes, ") is ", value,
+                           ", outside model.vocab's 0..", vocab - 1, "; ", fix));
 }
 
 Dataset parseCifar(const std::string& bytes, const std::string& source, int64_t label_bytes,
@@ -767,6 +818,74 @@ int64_t npyClasses(const DataConfig& cfg, const std::string& dir, const at::Tens
   return headClasses(labels, cfg, where, what, ctx);
 }
 
+/// Note [tokens]: the windows of a mapped token file, views of it.
+Dataset tokenWindows(const TokenFile& f, const DataConfig& cfg) {
+  const auto dtype = f.type == TokenType::kUint16  ? at::kShort
+                     : f.type == TokenType::kInt32 ? at::kInt
+                                                   : at::kLong;
+  auto keep = f.mapping;
+  const auto flat = at::from_blob(const_cast<uint8_t*>(f.data), {f.count},
+                                  [keep](void*) mutable { keep.reset(); },
+                                  at::TensorOptions().dtype(dtype));
+  const int64_t t = cfg.seq_len, n = (f.count - 1) / t;
+  Dataset d;
+  d.x = flat.as_strided({n, t}, {t, 1}, 0);
+  d.target = flat.as_strided({n, t}, {t, 1}, 1);
+  d.sample_shape = {t};
+  d.classes = cfg.vocab;  // the head: one logit per token id (Note [task choice])
+  d.mapped = true;
+  auto source = std::make_shared<TokenSource>();
+  source->path = f.path;
+  source->vocab = cfg.vocab;
+  source->header_bytes = f.header_bytes;
+  source->item_bytes = f.itemBytes();
+  d.tokens = std::move(source);
+  return d;
+}
+
+/// Windows [begin, begin + n) of a token set: narrowed views, nothing copied.
+Dataset windowsOf(const Dataset& all, int64_t begin, int64_t n) {
+  Dataset d = all;
+  d.x = all.x.narrow(0, begin, n);
+  d.target = all.target.narrow(0, begin, n);
+  return d;
+}
+
+/// data.name: tokens (Note [tokens]): data.path's windows; validation is
+/// data.val_path's, or else the last data.val_fraction of them, contiguous.
+DataSplit loadTokens(const DataConfig& cfg, const std::string& base_dir) {
+  const int64_t window = cfg.seq_len + 1;
+  const auto path = resolvePath(cfg.path, base_dir);
+  const TokenFile file = mapTokens(path, "data.path", window);
+  auto all = tokenWindows(file, cfg);
+  DataSplit split;
+  split.origin = strCat("tokens ", path, " (", file.count, " ", toString(file.type), " tokens, ",
+                        all.size(), " windows of ", cfg.seq_len, " + 1, memory-mapped)");
+  if (!cfg.val_path.empty()) {
+    const auto val_path = resolvePath(cfg.val_path, base_dir);
+    split.train = std::move(all);
+    split.val = tokenWindows(mapTokens(val_path, "data.val_path", window), cfg);
+    split.origin += strCat("; validation ", val_path, " (", split.val.size(), " windows)");
+    return split;
+  }
+  const int64_t n = all.size(), n_val = valCount(n, cfg.val_fraction);
+  if (n - n_val < 1) {
+    throw ConfigError(strCat(path, ": ", n, " window(s) of model.seq_len + 1 = ", window,
+                             " tokens, and data.val_fraction: ", cfg.val_fraction, " keeps ", n_val,
+                             " for validation; training needs at least one: give more tokens or "
+                             "data.val_path, or lower data.val_fraction or model.seq_len"));
+  }
+  split.train = windowsOf(all, 0, n - n_val);
+  if (n_val > 0) {
+    split.val = windowsOf(all, n - n_val, n_val);
+  } else {
+    split.val.sample_shape = all.sample_shape;
+    split.val.classes = all.classes;
+  }
+  split.origin += strCat("; validation: the last ", n_val, " windows");
+  return split;
+}
+
 DataSplit loadNpy(const DataConfig& cfg, int64_t seed, const std::string& base_dir,
                   const DataContext& ctx) {
   const auto dir = resolvePath(cfg.path, base_dir);
@@ -818,6 +937,9 @@ DataSplit loadData(const DataConfig& cfg, int64_t seed, const std::string& base_
       break;
     case DataName::kNpy:
       split = loadNpy(cfg, seed, base_dir, ctx);
+      break;
+    case DataName::kTokens:
+      split = loadTokens(cfg, base_dir);
       break;
     case DataName::kCifar10:
     case DataName::kCifar100:

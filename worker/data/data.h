@@ -1,6 +1,27 @@
 #pragma once
 // Data sets: the digits set (embedded in the binary), generic CSV, and a
 // seeded synthetic classification set for tests and benchmarks.
+//
+// Note [tokens]: data.name: tokens maps one flat file of token ids (a .bin of
+// little-endian uint16, or a 1-D .npy of uint16/int32/int64) and never copies it.
+// With T = model.seq_len, sample i is the window of tokens [i*T, i*T + T] (T + 1
+// tokens; consecutive windows share one): its input the first T, its target the
+// last T (each position's next token), so N = (tokens - 1) / T. Dataset::x and
+// Dataset::target are two strided views of the one mapped tensor ([N, T], strides
+// {T, 1}, storage offsets 0 and 1), so every index path (gather, `rows`, the
+// sharder's permutation, equal shards, drop/pad, resume, any world size) works on
+// windows unchanged. Without data.val_path the last data.val_fraction of the
+// windows are validation, contiguous (narrowed views): a seeded split would leave
+// each validation window's text inside its training neighbours; the two halves
+// share one token (training's last target is validation's first input). A batch
+// becomes int64 ids [n, T], x and target alike, as its windows are gathered
+// (Dataset::inputs, Dataset::targets: a uint16 file is mapped as int16, LibTorch
+// 1.13 having no uint16, and masked with 0xFFFF); never float, never scaled or
+// transformed. Every id a batch holds is checked there against model.vocab (a
+// ConfigError naming the file, the token's offset and its value, before an
+// embedding could index out of range): a min and a max over the batch. The file
+// itself is never scanned at load (a full pass runs at ~13 ms per 100 MB from the
+// page cache, but is disk-bound on a cold corpus of many GB, on every node).
 
 #include <ATen/core/Tensor.h>
 
@@ -15,9 +36,21 @@
 
 namespace batchdist::worker {
 
+/// Note [tokens]: the file a token data set's windows view, for the ids check.
+struct TokenSource {
+  std::string path;
+  int64_t vocab = 0;         ///< model.vocab: ids are 0 .. vocab-1
+  int64_t header_bytes = 0;  ///< bytes before the first token (a .npy's header)
+  int64_t item_bytes = 2;
+  /// The windows `rows` (int64) of `view`, a token Dataset's x or target, as int64
+  /// ids [n, T]. Throws ConfigError naming the file, the token's offset and its
+  /// value when an id is outside 0..vocab-1.
+  at::Tensor ids(const at::Tensor& view, const at::Tensor& rows) const;
+};
+
 struct Dataset {
   at::Tensor x;                       ///< [N', sample_shape...], float32/16 or uint8; undefined for a Source
-  at::Tensor target;                  ///< [N] int64 class labels (classification), [N] or [N, k] float (regression)
+  at::Tensor target;                  ///< [N] int64 class labels (classification), [N] or [N, k] float (regression); tokens: [N, T] windows
   std::vector<int64_t> sample_shape;  ///< e.g. {1, 8, 8} or {64}; a Source: {3, size, size}
   int64_t classes = 0;
   double x_scale = 1.0;               ///< multiply x by this after float conversion (uint8: 1/255)
@@ -26,9 +59,18 @@ struct Dataset {
   bool mapped = false;  ///< x maps a file (npy): splits select through `rows`
   /// Decoded sources (Note [sources]): samples are read and decoded by the loader.
   std::shared_ptr<const Source> source = nullptr;
-  int64_t size() const { return target.defined() ? target.size(0) : 0; }
+  /// Note [tokens]: x and target are windows of this file (both selected through `rows`).
+  std::shared_ptr<const TokenSource> tokens = nullptr;
+  int64_t size() const {
+    return rows.defined() ? rows.size(0) : target.defined() ? target.size(0) : 0;
+  }
   /// x of the samples `idx` (int64), gathered through `rows`; not for a Source.
   at::Tensor gather(const at::Tensor& idx) const;
+  /// The samples `idx` (int64) as the model takes them: gathered, float, times
+  /// x_scale; token windows as int64 ids (Note [tokens]). Not for a Source.
+  at::Tensor inputs(const at::Tensor& idx) const;
+  /// Their targets (the task's dtype): target[idx]; token windows as int64 ids.
+  at::Tensor targets(const at::Tensor& idx) const;
 };
 
 struct DataSplit {

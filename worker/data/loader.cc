@@ -12,6 +12,7 @@
 namespace batchdist::worker {
 Transform Transform::fromConfig(const DataConfig& cfg, bool training) {
   Transform t;
+  if (cfg.name == DataName::kTokens) return t;  // token ids pass untouched (Note [tokens])
   if (cfg.decoded()) {  // crop, resize and flip are the decoder's (Note [decode less])
     t.mean = cfg.mean;
     t.std = cfg.std;
@@ -158,7 +159,7 @@ int64_t Loader::partsOf(const MicroBatch& job) const {
 Batch Loader::allocate(const MicroBatch& job) const {
   Batch b;
   const auto idx = at::tensor(job.indices, at::kLong);
-  b.target = data_.target.index_select(0, idx);
+  b.target = data_.targets(idx);  // token windows: int64 ids, checked (Note [tokens])
   b.w = at::tensor(job.weights, at::kFloat);
   if (data_.source) {
     const int64_t n = static_cast<int64_t>(job.indices.size());
@@ -185,8 +186,7 @@ bool Loader::floatImages() const {
 
 void Loader::fill(const MicroBatch& job, int64_t part, int64_t index, int64_t epoch, Batch* b) {
   if (!data_.source) {
-    b->x = data_.gather(at::tensor(job.indices, at::kLong)).to(at::kFloat);
-    if (data_.x_scale != 1.0) b->x.mul_(data_.x_scale);
+    b->x = data_.inputs(at::tensor(job.indices, at::kLong));  // float, or token ids
     return;
   }
   thread_local DecodeScratch scratch;

@@ -2,8 +2,9 @@
 // Note [loader]: batches are made ahead of the training step by `workers` threads
 // into a bounded queue of at most `prefetch` batches (made or being made), so
 // memory is bounded whatever the data set's size. An in-memory batch is the gather
-// of one micro-batch's indices (uint8 images become float), then the configured
-// transforms, seeded by (seed, epoch, job). A decoded source's batch is cut into
+// of one micro-batch's indices (uint8 images become float; token windows int64
+// ids, untransformed: Note [tokens]), then the configured transforms, seeded by
+// (seed, epoch, job). A decoded source's batch is cut into
 // parts of a few samples that all threads share, so even one batch in flight keeps
 // every thread busy; each sample is decoded straight into the batch's uint8 NHWC
 // slot with its own seed (Note [sample seeds]), and normalised after the copy to
@@ -48,7 +49,7 @@ struct Transform {
 };
 
 struct Batch {
-  at::Tensor x;  ///< float, on the training device (uint8 NHWC: LoaderOptions::uint8_images)
+  at::Tensor x;  ///< float, on the training device (uint8 NHWC: LoaderOptions::uint8_images; tokens: int64 ids)
   at::Tensor target;  ///< the task's targets (Task::targetDtype): int64 labels, float values
   at::Tensor w;  ///< float loss weights (0 for padding)
 };

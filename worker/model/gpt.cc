@@ -161,8 +161,7 @@ class GptModel : public Model {
     if (x.dim() != 2 || !c10::isIntegralType(x.scalar_type(), /*includeBool=*/false)) {
       throw ConfigError(strCat("model.name: gpt takes token ids of shape [N, T] (integers), got ",
                                x.scalar_type(), " of shape ", shapeText(x.sizes().vec()),
-                               "; the token data source and the language-model task are not "
-                               "there yet (Note [gpt])"));
+                               "; give it data.name: tokens (Note [tokens])"));
     }
     if (x.size(1) > shape_.seq_len) {
       throw ConfigError(strCat("model.seq_len: ", shape_.seq_len, " positions, but the input has ",

@@ -26,10 +26,10 @@ namespace batchdist::worker {
 /// N(0, 0.02 / sqrt(2 layers)), so the residual stream's variance does not grow
 /// with depth. GPT-2 small (12 layers, 12 heads, embed 768, vocab 50257, seq_len
 /// 1024) has 124,439,808 parameters.
-/// Not yet here: a token data source and the language-model task (per-token
-/// cross-entropy over [N, T, vocab] against the next token) come in the next
-/// slice; until then the model builds and runs, but the classification and
-/// regression tasks cannot train it (forward refuses float samples, naming that).
+/// It trains on data.name: tokens (Note [tokens] in worker/data/data.h) with the
+/// language-model task (Note [language model] in worker/task/task.cc: per-token
+/// cross-entropy over [N, T, vocab] against the next token); the config refuses it
+/// with any other data (Note [task choice]), and forward refuses float samples.
 struct GptShape {
   int64_t layers = 2;
   int64_t heads = 2;

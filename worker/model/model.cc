@@ -398,8 +398,8 @@ std::unique_ptr<Model> checked(std::unique_ptr<Model> model, const std::vector<i
 
 /// checked() for model.name: gpt (Note [gpt]): samples are [T] token ids with
 /// T <= model.seq_len, and a sample batch of [2, T] zeros gives [2, T, vocab]
-/// logits. `classes` is not the head's width here (model.vocab is); the
-/// language-model task that will feed it checks the data's vocabulary.
+/// logits. `classes` is not the head's width here (model.vocab is); the token
+/// windows check their ids against model.vocab as they are gathered (Note [tokens]).
 std::unique_ptr<Model> checkedGpt(std::unique_ptr<Model> model, const std::vector<int64_t>& shape,
                                   const ModelConfig& cfg) {
   if (shape.size() != 1 || shape[0] > cfg.seq_len) {
@@ -479,8 +479,8 @@ std::unique_ptr<Model> buildModel(const ModelConfig& cfg, const std::vector<int6
     return checked(std::make_unique<ScriptModel>(loadScript(path), path), shape, classes,
                    "model.path: " + path);
   }
-  // Note [gpt]: token samples in, [N, T, vocab] out; the token data source and
-  // the language-model task (per-token cross-entropy) come in the next slice.
+  // Note [gpt]: token samples in, [N, T, vocab] out (data.name: tokens, the
+  // language-model task).
   if (cfg.name == ModelName::kGpt) return checkedGpt(buildGpt(gptShape(cfg)), shape, cfg);
   if (cfg.name == ModelName::kMlp) {
     int64_t in = std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());

@@ -645,10 +645,12 @@ std::string reportHtml(const nlohmann::ordered_json& report, const nlohmann::ord
   o.y_label = "loss";
   os << svgLineChart(o, {{"train (rank 0's shard)", "#1f77b4", loss, true, false},
                          {"eval (per epoch)", "#d62728", eval_loss, true, true}});
-  o.id = "plot-" + best;
-  o.title = "held-out " + best;
-  o.y_label = best == "accuracy" ? "accuracy (%)" : best;
-  os << svgLineChart(o, {{"eval (per epoch)", "#2ca02c", acc, true, true}});
+  if (best != "loss") {  // a language model's best metric is the loss chart's eval line
+    o.id = "plot-" + best;
+    o.title = "held-out " + best;
+    o.y_label = best == "accuracy" ? "accuracy (%)" : best;
+    os << svgLineChart(o, {{"eval (per epoch)", "#2ca02c", acc, true, true}});
+  }
   o.id = "plot-lr";
   o.title = "learning rate";
   o.y_label = "lr";

@@ -13,7 +13,10 @@ double share(double part, double whole) { return whole > 0 ? part / whole : 0.0;
 std::vector<Scalar> metricScalars(const MetricPoint& m) {
   if (m.epoch_end) {
     std::vector<Scalar> v{{"eval/loss", m.eval_loss}};
-    for (const auto& x : m.eval_metrics) v.push_back({"eval/" + x.name, x.value});  // Note [task]
+    for (const auto& x : m.eval_metrics) {
+      // Note [task]; a language model's `loss` metric is eval/loss itself.
+      if (x.name != "loss") v.push_back({"eval/" + x.name, x.value});
+    }
     v.push_back({"train/epoch_loss", m.train_loss});
     v.push_back({"train/epoch_samples_per_s", m.samples_per_s});
     return v;

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstdio>
 
 #include "common/error.h"
@@ -94,6 +95,45 @@ class Regression final : public Task {
   }
 };
 
+/// Note [language model]: token windows (Note [tokens]): logits [n, T, vocab]
+/// against the next tokens [n, T] (int64). A window's loss is the mean of its T
+/// tokens' cross-entropies (fp32), so the trainer's weighted mean over the R real
+/// windows of a step (Note [loss normalisation]) is the mean over its R x T real
+/// tokens: every window has exactly T, and padding weighs 0 whole windows. The
+/// evaluation likewise: the summed window losses over the windows is the mean
+/// token cross-entropy (`loss`), and `perplexity` is its exp.
+class LanguageModel final : public Task {
+ public:
+  TaskKind kind() const override { return TaskKind::kLanguageModel; }
+  at::Tensor perSampleLoss(const at::Tensor& out, const at::Tensor& target) const override {
+    const int64_t n = out.size(0), vocab = out.size(-1);
+    return torch::nn::functional::cross_entropy(
+               out.to(torch::kFloat).reshape({-1, vocab}), target.reshape({-1}),
+               torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone))
+        .view({n, -1})
+        .mean(1);
+  }
+  int sumCount() const override { return 1; }  // the summed window losses
+  void addEvalSums(const at::Tensor& out, const at::Tensor& target,
+                   std::vector<double>& sums) const override {
+    sums[0] += perSampleLoss(out, target).to(torch::kDouble).sum().item<double>();
+  }
+  Metrics metrics(const std::vector<double>& sums, double samples) const override {
+    const double loss = sums[0] / samples;
+    return {{"loss", loss}, {"perplexity", std::exp(loss)}};
+  }
+  BestMetric best() const override { return {"loss", false}; }
+  at::ScalarType targetDtype() const override { return at::kLong; }
+  /// "eval loss 2.345, perplexity 10.43".
+  std::string describe(const Metrics& m) const override {
+    return "eval " + joinMetrics(m, "", ", ");
+  }
+  /// "eval_perplexity 10.43": the epoch line gives eval_loss already.
+  std::string epochFigures(const Metrics& m) const override {
+    return joinMetrics({{"perplexity", metricValue(m, "perplexity")}}, "eval_", "  ");
+  }
+};
+
 }  // namespace
 
 std::unique_ptr<Task> makeTask(TaskKind kind) {
@@ -102,19 +142,46 @@ std::unique_ptr<Task> makeTask(TaskKind kind) {
       return std::make_unique<Classification>();
     case TaskKind::kRegression:
       return std::make_unique<Regression>();
+    case TaskKind::kLanguageModel:
+      return std::make_unique<LanguageModel>();
     case TaskKind::kAuto:
       break;
   }
   throw Error("makeTask: task.name auto must be resolved from the data first (chooseTask)");
 }
 
+namespace {
+
+/// Note [task choice] for token data: the language model; its head is model.vocab
+/// wide (the gpt's is tied to the token embedding).
+TaskChoice languageModelChoice(const Config& cfg) {
+  TaskChoice c;
+  c.kind = TaskKind::kLanguageModel;
+  c.why = cfg.task.name == TaskKind::kAuto ? "task.name: auto; tokens are token windows"
+                                           : "task.name: language_model";
+  c.outputs = cfg.model.vocab;
+  if (cfg.model.outputs > 0 && cfg.model.outputs != c.outputs) {
+    throw keyError(cfg.source, "model.outputs",
+                   strCat(cfg.model.outputs, ", but a language model's head is model.vocab (",
+                          c.outputs, ") wide, one logit per token id; leave model.outputs out"));
+  }
+  return c;
+}
+
+}  // namespace
+
 // Note [task choice]: task.name auto takes regression when the data's targets are
-// floats (npy: a float32/float64 y.npy) and classification otherwise (integer
-// labels: every other source). An explicit task.name must match the targets. The
-// head: classification's is the class count (model.outputs, if given, at least
-// that); regression's is the targets' k (1 for N targets; model.outputs, if given,
-// equal to it).
+// floats (npy: a float32/float64 y.npy), the language model for data.name: tokens
+// (token windows, read by model.name: gpt; each of the three without the others is
+// a ConfigError naming both keys: languageModelMismatch, also checked at config
+// load), and classification otherwise (integer labels: every other source). An
+// explicit task.name must match the targets. The head: classification's is the
+// class count (model.outputs, if given, at least that); regression's is the
+// targets' k (1 for N targets; model.outputs, if given, equal to it); the
+// language model's is model.vocab.
 TaskChoice chooseTask(const Config& cfg, const DataSplit& data) {
+  if (const auto p = languageModelMismatch(cfg)) throw keyError(cfg.source, p->key, p->what);
+  if (cfg.data.name == DataName::kTokens) return languageModelChoice(cfg);
   const auto& y = data.train.target;
   const bool floats = y.defined() && y.is_floating_point();
   TaskChoice c;

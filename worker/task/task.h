@@ -13,7 +13,10 @@
 //    console, metrics.jsonl (eval_<name>), report.json (eval_<name>), report.html,
 //    TensorBoard (eval/<name>) and the checkpoint's history (keyed).
 //  - The task is chosen once (config `task:`, or inferred from the data: Note
-//    [task choice] in worker/config/config.cc) and enters the search cache's key.
+//    [task choice] in worker/task/task.cc) and enters the search cache's key.
+// The tasks: classification, regression, and the language model (token windows
+// in, logits [n, T, vocab] out; its per-sample loss is the window's mean token
+// cross-entropy: Note [language model] in worker/task/task.cc).
 // A new task implements the interface below and gets one case in makeTask().
 
 #include <ATen/core/Tensor.h>

@@ -40,7 +40,12 @@ EvalResult Evaluator::evaluate(int64_t per_gpu) {
   std::vector<double> sums(static_cast<std::size_t>(task_.sumCount()) + 1, 0.0);
   if (val_.size() > 0) {
     const auto [begin, end] = evalShard(val_.size(), comm_.size(), comm_.rank());
-    const int64_t chunk = eval_per_gpu_ > 0 ? eval_per_gpu_ : std::max<int64_t>(per_gpu, 256);
+    // A language model's sample has T x vocab logits: evaluate its training
+    // micro-batch, which fits, not 256 windows (GPT-2 small: 52 GB of fp32 logits).
+    const bool lm = task_.kind() == TaskKind::kLanguageModel;
+    const int64_t chunk = eval_per_gpu_ > 0 ? eval_per_gpu_
+                          : lm              ? std::max<int64_t>(1, per_gpu)
+                                            : std::max<int64_t>(per_gpu, 256);
     std::vector<MicroBatch> chunks;
     for (int64_t b = begin; b < end; b += chunk) {
       MicroBatch m;
@@ -55,11 +60,10 @@ EvalResult Evaluator::evaluate(int64_t per_gpu) {
       if (loader_) {
         x = loader_->next().x;  // decoded, normalised, on the device
       } else {
-        x = val_.gather(torch::arange(b, e, torch::kLong)).to(torch::kFloat);
-        if (val_.x_scale != 1.0) x.mul_(val_.x_scale);
-        x = transform_.apply(x.to(device_), 0);
+        x = transform_.apply(val_.inputs(torch::arange(b, e, torch::kLong)).to(device_), 0);
       }
-      const auto target = val_.target.slice(0, b, e).to(device_);
+      // Token windows: int64 ids of the file's views (Note [tokens]).
+      const auto target = val_.targets(torch::arange(b, e, torch::kLong)).to(device_);
       torch::Tensor out;
       {
         AutocastScope autocast(device_, precision_);

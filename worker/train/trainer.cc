@@ -144,6 +144,9 @@ double Trainer::trainStep(int64_t real, double lr, bool* stop, bool* checkpoint)
 // known on every rank from the plan. Autograd sums over micro-batches, the
 // gradient synchroniser sums over ranks, so the update is the mean gradient over
 // the R samples, whatever the split G = m x a x W; padded samples (w = 0) add nothing.
+// Per token: a language model's sample is a window of T tokens whose loss is their
+// mean (Note [language model] in worker/task/task.cc), so the update is the mean
+// over the R x T real tokens.
 double Trainer::computeGradients(int64_t real) {
   model_->train(true);
   grad_sync_->zeroGrad();

@@ -163,7 +163,8 @@ constexpr DtypeInfo kDtypes[] = {{NpyType::kUint8, "u1"},
                                  {NpyType::kFloat32, "f4"},
                                  {NpyType::kFloat64, "f8"},
                                  {NpyType::kInt32, "i4"},
-                                 {NpyType::kInt64, "i8"}};
+                                 {NpyType::kInt64, "i8"},
+                                 {NpyType::kUint16, "u2"}};
 
 std::string allowedList(const std::vector<NpyType>& allowed) {
   std::string out;
@@ -190,6 +191,7 @@ int64_t NpyArray::itemBytes() const {
     case NpyType::kFloat64: return 8;
     case NpyType::kInt32: return 4;
     case NpyType::kInt64: return 8;
+    case NpyType::kUint16: return 2;
   }
   return 1;
 }
@@ -208,6 +210,7 @@ const char* toString(NpyType t) {
     case NpyType::kFloat64: return "float64";
     case NpyType::kInt32: return "int32";
     case NpyType::kInt64: return "int64";
+    case NpyType::kUint16: return "uint16";
   }
   return "?";
 }
@@ -295,11 +298,10 @@ NpyArray parseNpy(const uint8_t* data, std::size_t size, const std::string& path
   return a;
 }
 
-NpyArray mapNpy(const std::string& path, const std::vector<NpyType>& allowed) {
+MappedFile mapFile(const std::string& path, const std::string& hint) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    throw ConfigError(strCat(path, ": cannot open: ", std::strerror(errno),
-                             " (check data.path; expected a .npy file written by numpy.save)"));
+    throw ConfigError(strCat(path, ": cannot open: ", std::strerror(errno), " (", hint, ")"));
   }
   struct stat st;
   if (::fstat(fd, &st) != 0) {
@@ -309,12 +311,14 @@ NpyArray mapNpy(const std::string& path, const std::vector<NpyType>& allowed) {
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw ConfigError(strCat(path, ": not a regular file (expected a .npy file)"));
+    throw ConfigError(strCat(path, S_ISDIR(st.st_mode) ? ": is a directory, not a regular file ("
+                                                       : ": not a regular file (",
+                             hint, ")"));
   }
   const size_t size = static_cast<size_t>(st.st_size);
   if (size == 0) {
     ::close(fd);
-    throw ConfigError(strCat(path, ": empty file (expected a .npy file written by numpy.save)"));
+    throw ConfigError(strCat(path, ": empty file (", hint, ")"));
   }
   void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
   const int e = errno;
@@ -322,9 +326,17 @@ NpyArray mapNpy(const std::string& path, const std::vector<NpyType>& allowed) {
   if (p == MAP_FAILED) {
     throw ConfigError(strCat(path, ": mmap of ", size, " bytes failed: ", std::strerror(e)));
   }
-  std::shared_ptr<void> mapping(p, [size](void* q) { ::munmap(q, size); });
-  NpyArray a = parseNpy(static_cast<const uint8_t*>(p), size, path, allowed);
-  a.mapping = std::move(mapping);
+  MappedFile f;
+  f.data = static_cast<const uint8_t*>(p);
+  f.size = size;
+  f.mapping = std::shared_ptr<void>(p, [size](void* q) { ::munmap(q, size); });
+  return f;
+}
+
+NpyArray mapNpy(const std::string& path, const std::vector<NpyType>& allowed) {
+  MappedFile f = mapFile(path, "check data.path; expected a .npy file written by numpy.save");
+  NpyArray a = parseNpy(f.data, f.size, path, allowed);
+  a.mapping = std::move(f.mapping);
   return a;
 }
 

@@ -9,7 +9,7 @@
 
 namespace batchdist::worker {
 
-enum class NpyType { kUint8, kFloat16, kFloat32, kFloat64, kInt32, kInt64 };
+enum class NpyType { kUint8, kFloat16, kFloat32, kFloat64, kInt32, kInt64, kUint16 };
 
 /// A read-only mapping; unmapped when the last copy goes.
 struct NpyArray {
@@ -21,6 +21,20 @@ struct NpyArray {
   int64_t itemBytes() const;
   int64_t rowBytes() const;  ///< bytes of one x[i]
 };
+
+/// A whole regular file, mapped read-only; unmapped when the last copy of
+/// `mapping` goes. Pages are read as they are touched, never the file at once.
+struct MappedFile {
+  const uint8_t* data = nullptr;
+  std::size_t size = 0;
+  std::shared_ptr<void> mapping;
+};
+
+/// Maps `path` read-only (the .npy arrays, the token files of Note [tokens]).
+/// Throws ConfigError naming the file when it cannot be opened, is a directory or
+/// not a regular file, or is empty; `hint` (which key to check, what was expected)
+/// ends those messages.
+MappedFile mapFile(const std::string& path, const std::string& hint);
 
 /// Maps `path` and checks its header. `allowed` lists the element types the
 /// caller accepts. Throws ConfigError naming the file and what is wrong: wrong
