@@ -206,13 +206,11 @@ RunInfo runInfo(const RankPlace& place, const RunSetup& s, collective::Communica
   return info;
 }
 
-/// Rank 0's artifacts and summary lines after training.
-void finishRun(const RunRequest& req, const RankPlace& place, const RunSetup& s,
-               collective::Communicator& comm, Trainer& trainer, const TrainResult& result,
-               const std::optional<SearchResult>& searched,
-               const std::optional<CheckpointCheck>& resumed, int sig, Console& console) {
-  const std::string model_path = (fs::path(req.output) / "model.pt").string();
-  writeFileAtomic(model_path, trainer.model().serialize());
+/// The report's figures of a finished (or stopped) training run.
+RunInfo trainedRunInfo(const RankPlace& place, const RunSetup& s, collective::Communicator& comm,
+                       const TrainResult& result, const std::optional<SearchResult>& searched,
+                       const std::optional<CheckpointCheck>& resumed, int sig,
+                       const std::string& model_path) {
   RunInfo info = runInfo(place, s, comm);
   info.validation_samples = s.data.val.size();
   info.train_samples = s.data.train.size();
@@ -231,10 +229,17 @@ void finishRun(const RunRequest& req, const RankPlace& place, const RunSetup& s,
   const auto name = s.device.is_cuda() ? compat::cudaDeviceName(s.device.index()) : "cpu";
   info.diagnosis = diagnose(s.cfg, result, s.device.is_cuda(), name, info.train_samples);
   if (searched && !searched->data_bound.empty()) info.diagnosis.push_back(searched->data_bound);
+  return info;
+}
+
+/// report.json (and --report), then report.html from the documents as written.
+void writeReports(const RunRequest& req, const Config& cfg, const Plan& plan,
+                  const TrainResult& result, const RunInfo& info,
+                  const std::optional<SearchResult>& searched) {
   // Paths from the command line (--output, the config's directory) may hold bytes
   // that are not UTF-8; the report must still be written once the run is done.
   // The split training ended with (Note [oom back-off]: it may have backed off).
-  const auto report_json = runReport(s.cfg, trainer.plan(), result, info);
+  const auto report_json = runReport(cfg, plan, result, info);
   const auto report =
       report_json.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
   writeFileAtomic((fs::path(req.output) / "report.json").string(), report);
@@ -248,7 +253,11 @@ void finishRun(const RunRequest& req, const RankPlace& place, const RunSetup& s,
                : nlohmann::ordered_json();
   writeFileAtomic((fs::path(req.output) / "report.html").string(),
                   reportHtml(page_report, page_search, result.metrics));
+}
 
+/// Rank 0's closing lines: where the time went, the diagnosis, the noise scale, the outcome.
+void summaryLines(const RunRequest& req, const RunSetup& s, const Trainer& trainer,
+                  const TrainResult& result, const RunInfo& info, Console& console) {
   const auto& t = result.time;
   const double tt = std::max(1e-9, t.total());
   console.line(strCat("time: data wait ", formatFixed(100 * t.data_wait / tt, 1), " %, compute ",
@@ -272,6 +281,19 @@ void finishRun(const RunRequest& req, const RankPlace& place, const RunSetup& s,
                       static_cast<int64_t>(result.samples_per_s), " samples/s, ",
                       formatDuration(result.wall_s), "; wrote ", req.output,
                       "/report.json, report.html, metrics.jsonl and model.pt"));
+}
+
+/// Rank 0's artifacts and summary lines after training.
+void finishRun(const RunRequest& req, const RankPlace& place, const RunSetup& s,
+               collective::Communicator& comm, Trainer& trainer, const TrainResult& result,
+               const std::optional<SearchResult>& searched,
+               const std::optional<CheckpointCheck>& resumed, int sig, Console& console) {
+  const std::string model_path = (fs::path(req.output) / "model.pt").string();
+  writeFileAtomic(model_path, trainer.model().serialize());
+  const RunInfo info =
+      trainedRunInfo(place, s, comm, result, searched, resumed, sig, model_path);
+  writeReports(req, s.cfg, trainer.plan(), result, info, searched);
+  summaryLines(req, s, trainer, result, info, console);
 }
 
 /// Rank 0's report of a run stopped during the batch search (nothing trained, so
