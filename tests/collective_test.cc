@@ -261,6 +261,27 @@ TEST(Reducer, WaitingForASlowerRankIsReportedAsSkew) {
   }
 }
 
+namespace {
+/// Runs `loss`'s backward through the chain `w`; with `fail`, the first layer's
+/// gradient (the last to come) throws the allocator's out-of-memory type, as a
+/// backward that runs out of memory halfway. Returns whether it threw.
+bool backwardFailingAtFirstLayer(std::vector<torch::Tensor>& w, const torch::Tensor& loss,
+                                 bool fail) {
+  const auto hook = w[0].register_hook([fail](const torch::Tensor& g) {
+    if (fail) throw c10::OutOfMemoryError({__func__, __FILE__, __LINE__}, "injected");
+    return g;
+  });
+  bool failed = false;
+  try {
+    loss.backward();
+  } catch (const c10::OutOfMemoryError&) {
+    failed = true;
+  }
+  w[0].remove_hook(hook);
+  return failed;
+}
+}  // namespace
+
 // Note [oom back-off]: a rank whose backward fails halfway (after some buckets
 // left from hooks), or fails before its final micro-batch, still makes every
 // bucket's allreduce, in the same order, and its side channel, set after the
@@ -289,17 +310,7 @@ TEST_P(Collectives, ReducerCarriesASideValueSetAfterABackwardThatFailedHalfway) 
       for (auto& layer : w) x = torch::mm(x, layer);
       // The first layer's gradient comes last: the hook throws once the later
       // layers' buckets have started.
-      const auto hook = w[0].register_hook([fail](const torch::Tensor& g) {
-        if (fail) throw c10::OutOfMemoryError({__func__, __FILE__, __LINE__}, "injected");
-        return g;
-      });
-      bool failed = false;
-      try {
-        x.sum().backward();
-      } catch (const c10::OutOfMemoryError&) {
-        failed = true;
-      }
-      w[0].remove_hook(hook);
+      const bool failed = backwardFailingAtFirstLayer(w, x.sum(), fail);
       EXPECT_EQ(failed, fail);
       if (failed) {
         EXPECT_GE(reducer.startedFromHooks() - hooks_before, 1) << "no bucket left before the failure";
@@ -331,18 +342,8 @@ TEST_P(Collectives, EveryGradientSyncSumsAndCarriesTheSideChannelThroughOneInter
         sync->beforeBackward(/*final_micro=*/true);
         auto x = torch::full({2, 8}, 1.0);
         for (auto& layer : w) x = torch::mm(x, layer);
-        const auto hook = w[0].register_hook([fail](const torch::Tensor& g) {
-          if (fail) throw c10::OutOfMemoryError({__func__, __FILE__, __LINE__}, "injected");
-          return g;
-        });
-        bool failed = false;
-        try {
-          (x.sum() * (c.rank() + 1)).backward();
-        } catch (const c10::OutOfMemoryError&) {
-          failed = true;
-          sync->backwardFailed();
-        }
-        w[0].remove_hook(hook);
+        const bool failed = backwardFailingAtFirstLayer(w, x.sum() * (c.rank() + 1), fail);
+        if (failed) sync->backwardFailed();
         const SideChannel side = sync->sumGradients({1.0, failed ? 1.0 : 0.0, 0.0});
         EXPECT_DOUBLE_EQ(side[0], world) << "step " << step;
         EXPECT_DOUBLE_EQ(side[1], step == 1 ? 1.0 : 0.0) << "step " << step;

@@ -124,6 +124,8 @@ class LanguageModel final : public Task {
   }
   BestMetric best() const override { return {"loss", false}; }
   at::ScalarType targetDtype() const override { return at::kLong; }
+  /// A window's T x vocab logits (GPT-2 small: 256 windows are 52 GB in fp32).
+  int64_t evalChunk(int64_t per_gpu) const override { return std::max<int64_t>(1, per_gpu); }
   /// "eval loss 2.345, perplexity 10.43".
   std::string describe(const Metrics& m) const override {
     return "eval " + joinMetrics(m, "", ", ");

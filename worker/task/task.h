@@ -21,6 +21,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,6 +59,11 @@ class Task {
 
   /// The dtype of the targets a data set must give.
   virtual at::ScalarType targetDtype() const = 0;
+  /// Validation samples a rank evaluates at once, with training micro-batch
+  /// `per_gpu` (data.eval_per_gpu unset): at least 256 by default; a task whose
+  /// outputs are large per sample (a language model's T x vocab logits) keeps
+  /// to the micro-batch, which is known to fit.
+  virtual int64_t evalChunk(int64_t per_gpu) const { return std::max<int64_t>(per_gpu, 256); }
   /// The metrics in the run's closing line, e.g. "eval accuracy 98.61 %".
   virtual std::string describe(const Metrics& m) const;
   /// ... and in an epoch's line, e.g. "eval_acc 98.61 %".

@@ -40,12 +40,7 @@ EvalResult Evaluator::evaluate(int64_t per_gpu) {
   std::vector<double> sums(static_cast<std::size_t>(task_.sumCount()) + 1, 0.0);
   if (val_.size() > 0) {
     const auto [begin, end] = evalShard(val_.size(), comm_.size(), comm_.rank());
-    // A language model's sample has T x vocab logits: evaluate its training
-    // micro-batch, which fits, not 256 windows (GPT-2 small: 52 GB of fp32 logits).
-    const bool lm = task_.kind() == TaskKind::kLanguageModel;
-    const int64_t chunk = eval_per_gpu_ > 0 ? eval_per_gpu_
-                          : lm              ? std::max<int64_t>(1, per_gpu)
-                                            : std::max<int64_t>(per_gpu, 256);
+    const int64_t chunk = eval_per_gpu_ > 0 ? eval_per_gpu_ : task_.evalChunk(per_gpu);
     std::vector<MicroBatch> chunks;
     for (int64_t b = begin; b < end; b += chunk) {
       MicroBatch m;
