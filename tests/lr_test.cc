@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "common/error.h"
 #include "worker/model/model.h"
 #include "worker/model/optimizer.h"
 #include "worker/plan/plan.h"
@@ -107,4 +108,58 @@ TEST(Lars, StepScalesWeightsAndExcludesBiasAndBatchNorm) {
   EXPECT_TRUE(torch::allclose(lin->weight, want_w, 1e-6, 1e-7));
   // Bias: plain SGD, no trust ratio, no weight decay.
   EXPECT_TRUE(torch::allclose(lin->bias, b0 - 2.0 * torch::tensor({0.2, 0.2}), 1e-6, 1e-7));
+}
+
+// GPT-2's (and nanoGPT's) AdamW: weight decay on the weights only. With zero
+// gradients Adam's own update is 0, so what moves is the decoupled decay alone:
+// w <- w (1 - lr wd), the bias unchanged.
+TEST(Adamw, WeightDecayOnlyOnTensorsOfTwoOrMoreDimensions) {
+  auto cfg = parseConfig("optim: {name: adamw, weight_decay: 0.1}", "t.yaml").optim;
+  torch::nn::Linear lin(3, 2);
+  torch::nn::LayerNorm norm(torch::nn::LayerNormOptions({2}));
+  auto params = lin->parameters();
+  for (const auto& p : norm->parameters()) params.push_back(p);
+  torch::NoGradGuard guard;
+  for (auto& p : params) p.mutable_grad() = torch::zeros_like(p);
+  std::vector<torch::Tensor> before;
+  for (const auto& p : params) before.push_back(p.clone());
+  auto opt = makeOptimizer(cfg, params);
+  opt->step(0.5);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const auto want = params[i].dim() >= 2 ? before[i] * (1 - 0.5 * 0.1) : before[i];
+    EXPECT_TRUE(torch::allclose(params[i], want, 1e-6, 1e-7)) << "parameter " << i << " of dim "
+                                                              << params[i].dim();
+  }
+  // The state round-trips through a checkpoint's bytes (two parameter groups).
+  const auto bytes = opt->saveState();
+  auto again = makeOptimizer(cfg, params);
+  EXPECT_NO_THROW(again->loadState(bytes, torch::kCPU));
+  // ... and another optimizer's state is refused with a message, not a crash.
+  auto sgd = makeOptimizer(parseConfig("optim: {name: sgd}", "t.yaml").optim, params);
+  try {
+    again->loadState(sgd->saveState(), torch::kCPU);
+    ADD_FAILURE() << "sgd's state was taken by adamw";
+  } catch (const batchdist::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not fit this optimizer"), std::string::npos) << e.what();
+  }
+}
+
+// Note [gradient clipping]: the global L2 norm over every gradient.
+TEST(ClipGradNorm, ScalesToTheBoundAndReturnsTheNormBefore) {
+  auto a = torch::zeros({2, 2}, torch::requires_grad());
+  auto b = torch::zeros({1}, torch::requires_grad());
+  auto c = torch::zeros({3}, torch::requires_grad());  // no gradient: left out
+  a.mutable_grad() = torch::tensor({{3.0, 0.0}, {0.0, 0.0}});
+  b.mutable_grad() = torch::tensor({4.0});
+  EXPECT_NEAR(clipGradNorm({a, b, c}, 1.0), 5.0, 1e-12);
+  EXPECT_NEAR(a.grad()[0][0].item<double>(), 3.0 / 5.0, 1e-6);
+  EXPECT_NEAR(b.grad()[0].item<double>(), 4.0 / 5.0, 1e-6);
+  EXPECT_FALSE(c.grad().defined());
+  // Under the bound: untouched.
+  EXPECT_NEAR(clipGradNorm({a, b}, 2.0), 1.0, 1e-6);
+  EXPECT_NEAR(b.grad()[0].item<double>(), 4.0 / 5.0, 1e-6);
+  // A non-finite norm leaves the gradients for the scaler or the health check.
+  b.mutable_grad() = torch::tensor({INFINITY});
+  EXPECT_TRUE(std::isinf(clipGradNorm({a, b}, 1.0)));
+  EXPECT_NEAR(a.grad()[0][0].item<double>(), 3.0 / 5.0, 1e-6);
 }

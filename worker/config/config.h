@@ -199,11 +199,16 @@ struct OptimConfig {
   std::vector<int64_t> milestones;           ///< step schedule epochs
   double momentum = 0.9;
   bool nesterov = false;
+  /// sgd: every parameter; adamw and lars: weights of 2 or more dimensions only
+  /// (biases, LayerNorm and BatchNorm parameters are not decayed).
   double weight_decay = 0.0;
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
   double trust_coefficient = 0.001;          ///< lars eta
+  /// Note [gradient clipping]: the synchronised gradient's global L2 norm is
+  /// clipped to this once per step (0: off).
+  double clip_grad_norm = 0.0;
 };
 
 struct TrainConfig {

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
 #include <sstream>
 
 #include "common/error.h"
@@ -31,6 +32,8 @@ template <typename TorchOpt, typename Options>
 class TorchOptimizer : public Optimizer {
  public:
   TorchOptimizer(std::vector<torch::Tensor> params, Options opts) : opt_(std::move(params), opts) {}
+  TorchOptimizer(std::vector<torch::optim::OptimizerParamGroup> groups, Options opts)
+      : opt_(std::move(groups), opts) {}
   void step(double lr) override {
     for (auto& group : opt_.param_groups()) static_cast<Options&>(group.options()).lr(lr);
     opt_.step();
@@ -50,7 +53,13 @@ class TorchOptimizer : public Optimizer {
   void loadState(const std::string& bytes, const at::Device& device) override {
     torch::serialize::InputArchive archive;
     loadArchive(archive, bytes, device);
-    opt_.load(archive);  // creates the per-parameter state for these parameters
+    try {
+      opt_.load(archive);  // creates the per-parameter state for these parameters
+    } catch (const c10::Error& e) {
+      // e.g. another optimizer's state, or adamw's from before its two groups.
+      throw Error(strCat("the checkpoint's optimizer state does not fit this optimizer and "
+                         "model (", e.what_without_backtrace(), ")"));
+    }
   }
 
  private:
@@ -111,7 +120,45 @@ class Lars : public Optimizer {
   OptimConfig cfg_;
 };
 
+using AdamW = TorchOptimizer<torch::optim::AdamW, torch::optim::AdamWOptions>;
+
+/// Two groups, in the parameters' order within each: weights (dim >= 2) decayed,
+/// the rest not (a group with no parameters is left out).
+std::unique_ptr<Optimizer> makeAdamw(const OptimConfig& cfg, std::vector<torch::Tensor> params) {
+  const auto options = [&](double decay) {
+    return std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(cfg.lr)
+                                                            .betas({cfg.beta1, cfg.beta2})
+                                                            .eps(cfg.eps)
+                                                            .weight_decay(decay));
+  };
+  std::vector<torch::Tensor> decayed, plain;
+  for (auto& p : params) (p.dim() >= 2 ? decayed : plain).push_back(p);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  if (!decayed.empty()) groups.emplace_back(decayed, options(cfg.weight_decay));
+  if (!plain.empty()) groups.emplace_back(plain, options(0.0));
+  return std::make_unique<AdamW>(std::move(groups), *options(cfg.weight_decay));
+}
+
 }  // namespace
+
+double clipGradNorm(const std::vector<at::Tensor>& params, double max_norm) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : params) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  if (grads.empty()) return 0.0;
+  auto sq = torch::zeros({}, grads.front().options().dtype(torch::kDouble));
+  for (const auto& g : grads) sq += g.to(torch::kDouble).square().sum();
+  const double norm = std::sqrt(sq.item<double>());
+  // A non-finite norm leaves the gradients as they are: the fp16 scaler has
+  // already skipped such a step, and otherwise the health check names it.
+  if (std::isfinite(norm) && norm > max_norm) {
+    const double coef = max_norm / (norm + 1e-6);
+    for (auto& g : grads) g.mul_(coef);
+  }
+  return norm;
+}
 
 std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<torch::Tensor> params) {
   if (cfg.name == OptimName::kSgd) {
@@ -124,13 +171,7 @@ std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<tor
                     .nesterov(cfg.nesterov)
                     .weight_decay(cfg.weight_decay));
   }
-  if (cfg.name == OptimName::kAdamw) {
-    return std::make_unique<TorchOptimizer<torch::optim::AdamW, torch::optim::AdamWOptions>>(
-        params, torch::optim::AdamWOptions(cfg.lr)
-                    .betas({cfg.beta1, cfg.beta2})
-                    .eps(cfg.eps)
-                    .weight_decay(cfg.weight_decay));
-  }
+  if (cfg.name == OptimName::kAdamw) return makeAdamw(cfg, std::move(params));
   return std::make_unique<Lars>(params, cfg);
 }
 

@@ -27,7 +27,16 @@ class Optimizer {
 };
 
 /// sgd (momentum, nesterov, weight decay), adamw, or lars, over `params`.
+/// adamw decays only the tensors of 2 or more dimensions (weights), as GPT-2 and
+/// nanoGPT do: biases and norm parameters in a second group without decay.
 std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<at::Tensor> params);
+
+/// Note [gradient clipping]: scales the gradients of `params` so that their
+/// global L2 norm is at most `max_norm`, and returns the norm before clipping.
+/// Called on the synchronised gradient (every rank holds the same one, so every
+/// rank clips alike) once per optimizer step, after the fp16 scaler's unscale:
+/// under accumulation it sees the whole step's gradient, never a micro-batch's.
+double clipGradNorm(const std::vector<at::Tensor>& params, double max_norm);
 
 /// LARS trust ratio of one layer: eta * |w| / (|g| + wd * |w|), or 1 when either
 /// norm is zero (You et al. 2017).

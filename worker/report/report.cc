@@ -161,6 +161,12 @@ nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const Trai
   if (cfg.train.precision == Precision::kFp16) {
     o["loss_scaler"] = {{"scale", r.loss_scale}, {"skipped_steps", r.skipped_steps}};
   }
+  if (cfg.optim.clip_grad_norm > 0) {
+    const auto& c = r.grad_clip;
+    o["grad_clip"] = {{"clip_grad_norm", cfg.optim.clip_grad_norm}, {"steps", c.steps},
+                      {"clipped_steps", c.clipped}, {"last_norm", c.last_norm},
+                      {"max_norm", c.max_norm}};
+  }
   if (info.search) {
     const auto& s = *info.search;
     o["search"] = {{"chosen", s.chosen},

@@ -139,6 +139,15 @@ struct PhaseSeconds {
   double checkpoint = -1;   ///< the mean checkpoint write
 };
 
+/// Note [gradient clipping]: what optim.clip_grad_norm did over this process's
+/// training steps (a resumed run counts from its resume; the search's are not counted).
+struct GradClipFigures {
+  int64_t steps = 0;     ///< updates whose gradient norm was measured
+  int64_t clipped = 0;   ///< ... and scaled down
+  double last_norm = 0;  ///< the last step's norm before clipping
+  double max_norm = 0;   ///< the largest norm seen
+};
+
 struct TrainResult {
   int64_t steps = 0;
   int64_t epochs = 0;
@@ -157,6 +166,7 @@ struct TrainResult {
   double memory_total_mb = 0;
   double gpu_utilization = -1;  ///< mean NVML utilization in %, -1 if unknown
   int64_t skipped_steps = 0; ///< fp16: steps skipped for inf/NaN gradients
+  GradClipFigures grad_clip; ///< optim.clip_grad_norm > 0
   double loss_scale = 0;     ///< fp16: final loss scale
   std::vector<EpochStats> history;
   std::vector<MetricPoint> metrics;  ///< metrics.jsonl, one per logging interval and epoch

@@ -322,11 +322,22 @@ void Trainer::applyUpdate(double lr) {
     time_.compute += monotonicSeconds() - t0;
     return;  // skipped: the scale backed off
   }
+  if (cfg_.optim.clip_grad_norm > 0) clipGradients();
   optimizer_->step(lr);
   if (slow_update_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(slow_update_us_));
   const double spent = monotonicSeconds() - t0;
   time_.compute += spent;
   update_s_ += spent;
+}
+
+// Note [gradient clipping]: the gradients are the synchronised ones (the same on
+// every rank) and, under fp16, already unscaled; once per step, whatever the accumulation.
+void Trainer::clipGradients() {
+  const double norm = clipGradNorm(model_->trainableParameters(), cfg_.optim.clip_grad_norm);
+  ++clip_.steps;
+  if (norm > cfg_.optim.clip_grad_norm) ++clip_.clipped;
+  clip_.last_norm = norm;
+  clip_.max_norm = std::max(clip_.max_norm, norm);
 }
 
 void Trainer::checkHealth(int64_t epoch) {
@@ -769,6 +780,7 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
     compat::cudaResetPeak(device_.index());
   }
   takeTime();
+  clip_ = GradClipFigures();  // the search's steps are not the run's
   const double t0 = monotonicSeconds();
   int64_t global_step = resume_.global_step;  // Note [epoch from the step]
   result.history = resume_.history;
@@ -852,6 +864,7 @@ void Trainer::summarise(TrainResult& result, int64_t global_step, double wall_s,
   if (gpu.count > 0) result.gpu_utilization = gpu.sum / gpu.count;
   result.noise = noiseResult();
   result.data = gatherDataFigures(comm_, *loader_, data_, cfg_.data.cache, device_);
+  result.grad_clip = clip_;
   if (scaler_) {
     result.skipped_steps = scaler_->skippedSteps();
     result.loss_scale = scaler_->scale();

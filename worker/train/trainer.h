@@ -138,6 +138,8 @@ class Trainer {
   const NoiseScaleEstimator& noiseScale() const { return noise_; }
 
  private:
+  /// Note [gradient clipping]: optim.clip_grad_norm on the synchronised gradient.
+  void clipGradients();
   struct EpochRun;
   /// NVML utilization, sampled every 10 steps on CUDA.
   struct UtilizationSampler {
@@ -226,6 +228,7 @@ class Trainer {
   std::unique_ptr<Loader> loader_;
   std::unique_ptr<Evaluator> evaluator_;
   std::unique_ptr<LossScaler> scaler_;  // fp16 only
+  GradClipFigures clip_;                // optim.clip_grad_norm > 0
   TimeBreakdown time_;
   Checkpointer* checkpointer_ = nullptr;
   TrainPosition resume_;
