@@ -269,6 +269,7 @@ int runData(const CliOptions& cli, MpiScope& mpi, const worker::FaultPlan& fault
   worker::RunSetup setup;
   if (const int code = prepare(req, place, mpi, setup); code != 0) return code;
   worker::LoaderMeasurement mine;
+  int64_t tokens_per_sample = 0;  // Note [tokens per sample]: the plan's
   const int code = mpi.agree([&] {
     auto plan = setup.plan;
     if (plan.steps_per_epoch == 0) {  // per_gpu: auto: a typical batch
@@ -277,13 +278,15 @@ int runData(const CliOptions& cli, MpiScope& mpi, const worker::FaultPlan& fault
     }
     mine = worker::measureLoader(setup.cfg, setup.data.train, plan, place.rank, cli.seconds,
                                  /*uint8_images=*/!cli.float_images, faults.slow_read_us);
+    tokens_per_sample = plan.tokens_per_sample;
   });
   if (code != 0) return code;
   const auto all = mpi.gatherToRank0(mine.json().dump());
   if (place.rank == 0) {
     std::vector<worker::LoaderMeasurement> ranks;
     for (const auto& text : all) ranks.push_back(worker::LoaderMeasurement::fromJson(nlohmann::json::parse(text)));
-    std::cout << worker::dataReport(ranks, setup.data, setup.cfg, cli.json) << std::flush;
+    std::cout << worker::dataReport(ranks, setup.data, setup.cfg, cli.json, tokens_per_sample)
+              << std::flush;
   }
   return 0;
 }

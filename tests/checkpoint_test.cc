@@ -240,6 +240,29 @@ TEST(Checkpoint, ResumeOfAnAdaptiveRunKeepsAdaptAndItsGainRule) {
   EXPECT_EQ(message(adaptive(", adapt_gain: linear")).find("no error"), std::string::npos);
 }
 
+// Note [global tokens]: a resumed run reads the same config, so batch.global_tokens
+// gives the checkpoint's global batch again; one that rounds to another is refused,
+// naming both keys.
+TEST(Checkpoint, ResumeWithGlobalTokensKeepsTheRoundedBatch) {
+  const auto lm = [](const std::string& batch) {
+    return parseConfig("model: {name: gpt, seq_len: 64}\ndata: {name: tokens, path: t.bin}\n"
+                       "batch: " + batch, "t.yaml");
+  };
+  const auto then = lm("{global_tokens: 2070}");
+  nlohmann::ordered_json m{{"config", then.resolved}, {"plan", {{"global", then.batch.global}}}};
+  EXPECT_NO_THROW(checkResumable(m, lm("{global_tokens: 2070}"), "ck"));
+  EXPECT_NO_THROW(checkResumable(m, lm("{global_tokens: 2060}"), "ck"));  // 32 windows too
+  try {
+    checkResumable(m, lm("{global_tokens: 2100}"), "ck");
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("batch.global = 33 (batch.global_tokens 2100) now, 32 in "
+                                         "the checkpoint"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Checkpoint, ResumeRefusesAnotherModelNamingTheKey) {
   const auto then = parseConfig("model: {hidden: [16]}\nbatch: {global: 64}", "t.yaml");
   nlohmann::ordered_json m{{"config", then.resolved}, {"plan", {{"global", 64}}}};

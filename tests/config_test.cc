@@ -326,3 +326,49 @@ TEST(Config, NoiseScaleEveryDefaultsToFourAndIsValidated) {
             std::string::npos)
       << errorOf("train: {noise_scale_every: often}");
 }
+
+// Note [global tokens]: batch.global_tokens becomes batch.global in whole windows
+// of model.seq_len tokens, once, at load; the resolved config has both.
+TEST(Config, GlobalTokensBecomeWholeWindowsOfTheGlobalBatch) {
+  const std::string lm = "model: {name: gpt, seq_len: 64}\ndata: {name: tokens, path: t.bin}\n";
+  const auto cfg = parseConfig(lm + "batch: {global_tokens: 2070}", "t.yaml");
+  EXPECT_EQ(cfg.batch.global, 32);
+  EXPECT_EQ(cfg.batch.global_tokens, 2070);
+  EXPECT_FALSE(cfg.batch.global_auto);
+  EXPECT_EQ(cfg.resolved["batch"]["global"], 32);
+  EXPECT_EQ(cfg.resolved["batch"]["global_tokens"], 2070);
+  // The adaptive batch starts from it (G0 is batch.global).
+  const auto adaptive = parseConfig(lm + "batch: {global_tokens: 2048, adapt: goodput}", "t.yaml");
+  EXPECT_EQ(adaptive.batch.global, 32);
+  // --set may swap a file's batch.global for it (null removes a key).
+  const auto swapped = parseConfig(lm + "batch: {global: 16}", "t.yaml",
+                                   {"batch.global=null", "batch.global_tokens=4096"});
+  EXPECT_EQ(swapped.batch.global, 64);
+  // Without it the resolved batch section has no such key: other configs resolve
+  // (and key their search cache entries) as before.
+  EXPECT_FALSE(parseConfig("batch: {global: 64}", "t.yaml").resolved["batch"].contains("global_tokens"));
+  EXPECT_FALSE(parseConfig(lm + "batch: {global: 32}", "t.yaml").resolved["batch"].contains("global_tokens"));
+}
+
+TEST(Config, GlobalTokensWithGlobalOrWithoutTokenDataIsRefused) {
+  const std::string lm = "model: {name: gpt, seq_len: 64}\ndata: {name: tokens, path: t.bin}\n";
+  EXPECT_EQ(errorOf(lm + "batch: {global: 32, global_tokens: 2048}"),
+            "test.yaml: batch.global_tokens: 2048 and batch.global (32) both set the global batch; "
+            "give one: batch.global in samples, or batch.global_tokens in tokens");
+  EXPECT_EQ(errorOf(lm + "batch: {global: auto, global_tokens: 2048}"),
+            "test.yaml: batch.global_tokens: 2048 and batch.global (auto) both set the global "
+            "batch; give one: batch.global in samples, or batch.global_tokens in tokens");
+  EXPECT_EQ(errorOf(lm + "batch: {global: 32}", {"batch.global_tokens=2048"})
+                .rfind("--set batch.global_tokens: 2048 and batch.global (32) both set", 0),
+            0u)
+      << errorOf(lm + "batch: {global: 32}", {"batch.global_tokens=2048"});
+  EXPECT_EQ(errorOf("batch: {global_tokens: 2048}"),
+            "test.yaml: batch.global_tokens: needs data.name: tokens (samples that are windows of "
+            "model.seq_len tokens), but data.name is digits, whose samples are not tokens; give the "
+            "global batch in samples with batch.global");
+  EXPECT_NE(errorOf(lm + "batch: {global_tokens: -5}").find("batch.global_tokens: must be >= 0, got -5"),
+            std::string::npos)
+      << errorOf(lm + "batch: {global_tokens: -5}");
+  EXPECT_NE(errorOf(lm + "batch: {global_tokens: many}").find("batch.global_tokens: expected an integer"),
+            std::string::npos);
+}

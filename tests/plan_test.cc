@@ -313,3 +313,106 @@ TEST(Plan, ARanksSamplesOfAStepDoNotDependOnTheSplit) {
     }
   }
 }
+
+namespace {
+
+/// A byte-level language model's config (Note [tokens]) with `batch` as its
+/// batch section; the token file is not read by the config or the plan.
+Config tokensConfig(const std::string& batch, int64_t seq_len = 64) {
+  return parseConfig("model: {name: gpt, seq_len: " + std::to_string(seq_len) +
+                         "}\ndata: {name: tokens, path: t.bin}\nbatch: " + batch,
+                     "t.yaml");
+}
+
+}  // namespace
+
+// Note [global tokens]: the nearest whole number of windows (a half rounds up, at
+// least one), and the plan says how it rounded.
+TEST(Plan, GlobalTokensRoundToWholeWindowsAndThePlanSaysHow) {
+  struct Row {
+    int64_t tokens, seq_len, want_global;
+    std::string line;
+  };
+  const Row rows[] = {
+      {2048, 64, 32, "  tokens: batch.global_tokens 2048 = 32 windows of 64 tokens "
+                     "(model.seq_len): global batch 32 (2048 tokens per step)\n"},
+      {2070, 64, 32, "  tokens: batch.global_tokens 2070 = 32.34 windows of 64 tokens "
+                     "(model.seq_len), rounded down to whole windows: global batch 32 (2048 "
+                     "tokens per step)\n"},
+      {2080, 64, 33, "  tokens: batch.global_tokens 2080 = 32.50 windows of 64 tokens "
+                     "(model.seq_len), rounded up to whole windows: global batch 33 (2112 tokens "
+                     "per step)\n"},
+      {10, 64, 1, "  tokens: batch.global_tokens 10 = 0.16 windows of 64 tokens (model.seq_len), "
+                  "rounded up to whole windows: global batch 1 (64 tokens per step)\n"},
+      {500000, 1024, 488, "  tokens: batch.global_tokens 500000 = 488.28 windows of 1024 tokens "
+                          "(model.seq_len), rounded down to whole windows: global batch 488 "
+                          "(499712 tokens per step)\n"},
+  };
+  for (const auto& r : rows) {
+    SCOPED_TRACE(::testing::Message() << r.tokens << " tokens, seq_len " << r.seq_len);
+    const auto cfg = tokensConfig("{global_tokens: " + std::to_string(r.tokens) + "}", r.seq_len);
+    EXPECT_EQ(cfg.batch.global, r.want_global);
+    const auto plan = makePlan(cfg, 1, 100000, false);
+    EXPECT_EQ(plan.global, r.want_global);
+    EXPECT_EQ(plan.tokens_per_sample, r.seq_len);
+    EXPECT_EQ(plan.tokensPerStep(), r.want_global * r.seq_len);
+    const auto text = planText(plan);
+    // The line follows the split's line and replaces the plain tokens line.
+    EXPECT_EQ(text.find(r.line), text.find('\n') + 1) << text;
+    EXPECT_EQ(text.find("x " + std::to_string(r.seq_len) + " tokens (model.seq_len) ="),
+              std::string::npos)
+        << text;
+    const auto json = planJson(plan);
+    EXPECT_EQ(json.at("global_tokens_asked").get<int64_t>(), r.tokens);
+    EXPECT_EQ(json.at("tokens_per_step").get<int64_t>(), r.want_global * r.seq_len);
+  }
+}
+
+// A global batch from batch.global_tokens that does not split over the ranks is
+// named by that key, with the nearest valid values in tokens.
+TEST(Plan, AGlobalTokensBatchThatDoesNotSplitIsNamedInTokens) {
+  const auto msg = planError(tokensConfig("{global_tokens: 2080}"), 2, 100000, false);
+  EXPECT_EQ(msg, "t.yaml: batch.global_tokens=2080 (33 windows of 64 tokens) is not divisible by "
+                 "world size 2; use 2048 or 2176 for batch.global_tokens")
+      << msg;
+  const auto msg2 = planError(tokensConfig("{global_tokens: 2048, per_gpu: 5}"), 2, 100000, false);
+  EXPECT_EQ(msg2, "t.yaml: batch.global_tokens=2048 (32 windows of 64 tokens) is not divisible by "
+                  "world size 2 x batch.per_gpu 5 (= 10); use 1920 or 2560 for batch.global_tokens")
+      << msg2;
+  // The same numbers given in samples read as before.
+  EXPECT_EQ(planError(tokensConfig("{global: 33}"), 2, 100000, false),
+            "t.yaml: batch.global=33 is not divisible by world size 2; use 32 or 34");
+  EXPECT_NE(planError(tokensConfig("{global_tokens: 6400}"), 1, 50, false)
+                .find("fewer than batch.global_tokens=6400 (100 windows of 64 tokens)"),
+            std::string::npos);
+}
+
+// Note [tokens per sample]: token windows add tokens to the plan's text and JSON;
+// other samples leave both exactly as they were.
+TEST(Plan, TokensPerStepOnlyWhenSamplesAreTokens) {
+  const auto plan = makePlan(tokensConfig("{global: 32}"), 2, 494, false);
+  EXPECT_EQ(plan.tokens_per_sample, 64);
+  EXPECT_EQ(plan.global_tokens, 0);
+  const auto text = planText(plan);
+  EXPECT_EQ(text.find("  tokens: global batch 32 x 64 tokens (model.seq_len) = 2048 tokens per "
+                      "step\n"),
+            text.find('\n') + 1)
+      << text;
+  EXPECT_EQ(text.find("global_tokens"), std::string::npos) << text;
+  const auto json = planJson(plan);
+  EXPECT_EQ(json.at("tokens_per_sample").get<int64_t>(), 64);
+  EXPECT_EQ(json.at("tokens_per_step").get<int64_t>(), 2048);
+  EXPECT_FALSE(json.contains("global_tokens_asked"));
+  // An adaptive run's later split keeps the tokens of a sample; the step's follow G.
+  const auto wider = withGlobal(plan, 64, 32, 1);
+  EXPECT_EQ(wider.tokensPerStep(), 64 * 64);
+
+  const auto samples = makePlan(batchConfig(96, 0, 0, LastBatch::kPad), 3, 1438, false);
+  EXPECT_EQ(samples.tokens_per_sample, 0);
+  EXPECT_EQ(samples.tokensPerStep(), 0);
+  EXPECT_EQ(planText(samples).find("token"), std::string::npos) << planText(samples);
+  const auto keys = planJson(samples);
+  EXPECT_FALSE(keys.contains("tokens_per_sample") || keys.contains("tokens_per_step"));
+  EXPECT_EQ(tokensPerSample(batchConfig(96, 0, 0, LastBatch::kDrop)), 0);
+  EXPECT_EQ(tokensPerSample(tokensConfig("{global: 8}", 128)), 128);
+}

@@ -350,3 +350,46 @@ TEST(ReportHtml, ConstantGlobalBatchAddsNothing) {
   report["batch_history"] = Json::array();  // empty: nothing either
   EXPECT_EQ(reportHtml(report, Json(), r.metrics), before);
 }
+
+// Note [tokens per sample]: a run on token windows reports tokens beside samples
+// (report.json, its history, metrics.jsonl, the page's summary); any other run's
+// documents have no token key at all.
+TEST(ReportHtml, TokenRunsReportTokensBesideSamples) {
+  const auto cfg = parseConfig("model: {name: gpt, seq_len: 64}\ndata: {name: tokens, path: t.bin}\n"
+                               "batch: {global_tokens: 2070}", "t.yaml");
+  const auto plan = makePlan(cfg, 2, 494, false);
+  auto result = sampleResult();
+  result.samples = 1000;
+  result.samples_per_s = 250;
+  for (auto& m : result.metrics) {
+    m.tokens_per_sample = plan.tokens_per_sample;
+    m.global_batch = plan.global;
+  }
+  RunInfo info;
+  info.validation_samples = 54;
+  const auto report = runReport(cfg, plan, result, info);
+  EXPECT_EQ(report.at("tokens_per_step").get<int64_t>(), 32 * 64);
+  EXPECT_EQ(report.at("tokens").get<int64_t>(), 1000 * 64);
+  EXPECT_DOUBLE_EQ(report.at("tokens_per_s").get<double>(), 250.0 * 64);
+  EXPECT_DOUBLE_EQ(report["history"][0].at("tokens_per_s").get<double>(), 1000.0 * 64);
+  EXPECT_EQ(report["plan"].at("global_tokens_asked").get<int64_t>(), 2070);
+  EXPECT_EQ(report["config"]["batch"].at("global_tokens").get<int64_t>(), 2070);
+  std::istringstream lines(metricsJsonl(result));
+  std::string line;
+  while (std::getline(lines, line)) {
+    const auto j = nlohmann::json::parse(line);
+    EXPECT_DOUBLE_EQ(j.at("tokens_per_s").get<double>(), 64 * j.at("samples_per_s").get<double>());
+    EXPECT_EQ(j.at("tokens_per_step").get<int64_t>(), 2048);
+  }
+  const auto page = reportHtml(Json::parse(report.dump()), Json(), result.metrics);
+  EXPECT_NE(page.find("250 samples/s (16000 tokens/s, 2048 tokens per step)."), std::string::npos);
+
+  const auto other = parseConfig("batch: {global: 32}", "t.yaml");
+  const auto plain = runReport(other, makePlan(other, 2, 494, false), sampleResult(), info);
+  for (const auto& doc : {plain, plain["plan"], plain["history"][0]}) {
+    for (const auto& [key, value] : doc.items()) EXPECT_EQ(key.rfind("tokens", 0), std::string::npos) << key;
+  }
+  EXPECT_EQ(metricsJsonl(sampleResult()).find("tokens"), std::string::npos);
+  EXPECT_EQ(reportHtml(Json::parse(plain.dump()), Json(), sampleResult().metrics).find("tokens/s"),
+            std::string::npos);
+}

@@ -754,3 +754,40 @@ TEST(Search, TrainingOutOfMemoryMarksTheCacheEntry) {
   EXPECT_FALSE(found.result.has_value());
   EXPECT_NE(found.note.find("searching again"), std::string::npos) << found.note;
 }
+
+// Note [tokens per sample]: a search over token windows shows tokens/s beside
+// samples/s in its table, search.json and cache; a search over other samples
+// prints the table as it always did.
+TEST(Search, TokenSamplesAddATokensColumnAndLine) {
+  SearchResult r;
+  r.candidates = {ok(8, 100, 120), ok(16, 190, 140), bad(32, "out of memory on rank 0", 400)};
+  r.chosen = 16;
+  r.chosen_accum = 1;
+  r.world_size = 2;
+  const auto plain = searchTable(r);
+  EXPECT_EQ(plain.rfind("  per-GPU  accum  global   samples/s   95 % interval          vs best  "
+                        "steps   peak MB  result\n",
+                        0),
+            0u)
+      << plain;
+  EXPECT_EQ(plain.find("token"), std::string::npos) << plain;
+  EXPECT_FALSE(searchJson(r).contains("tokens_per_sample"));
+  EXPECT_FALSE(searchJson(r)["candidates"][0].contains("tokens_per_s"));
+
+  r.tokens_per_sample = 64;
+  const auto table = searchTable(r);
+  const auto header = table.substr(0, table.find('\n'));
+  const auto row = table.substr(table.find("\n       16 ") + 1);
+  ASSERT_NE(header.find("samples/s     tokens/s   95 % interval"), std::string::npos) << table;
+  // 190 samples/s x 64 tokens, right-aligned under its heading.
+  ASSERT_NE(row.find(" 12160 "), std::string::npos) << table;
+  EXPECT_EQ(row.find(" 12160 ") + 6, header.find("tokens/s") + 8) << table;
+  EXPECT_NE(table.find("  tokens: 64 per sample (model.seq_len); the chosen global batch 32 is "
+                       "2048 tokens per step\n"),
+            std::string::npos)
+      << table;
+  const auto json = searchJson(r);
+  EXPECT_EQ(json.at("tokens_per_sample").get<int64_t>(), 64);
+  EXPECT_DOUBLE_EQ(json["candidates"][1].at("tokens_per_s").get<double>(), 190.0 * 64);
+  EXPECT_EQ(searchFromJson(nlohmann::json::parse(json.dump())).tokens_per_sample, 64);
+}

@@ -14,8 +14,15 @@
 #                configs/gpt-tiny.yaml on 2 ranks for 4 epochs: task.name auto picks
 #                language_model; eval_loss falls below ln 256, eval_perplexity is its
 #                exp in report.json (and its history), metrics.jsonl, TensorBoard and
-#                the closing line; a token id >= model.vocab: exit 2 naming the file,
-#                the token's offset and its value (Note [tokens])
+#                the closing line; the batch given as batch.global_tokens 2070 (32.34
+#                windows of 64: global batch 32, said by the plan) with the per-GPU
+#                batch searched: tokens/s and tokens per step (Note [tokens per
+#                sample]) in the plan, the search's lines and table, the progress,
+#                epoch and closing lines, report.json (top level, history, plan,
+#                search), metrics.jsonl, search.json, report.html, TensorBoard (train
+#                and search) and `batchdist data --json`, each = samples x 64; a token
+#                id >= model.vocab: exit 2 naming the file, the token's offset and its
+#                value (Note [tokens])
 set -u
 mpirun=$1 flags=$2 bin=$3 diff=$4 make=$5 src=$6 out=$7 scenario=$8
 cfg=$src/configs/regression-tiny.yaml
@@ -23,6 +30,64 @@ cfg=$src/configs/regression-tiny.yaml
 own_scratch_out
 
 run() { run_into "$@"; }
+
+# Note [tokens per sample]: the language-model run `lm` shows tokens beside samples
+# wherever it shows a rate or a batch; then the `data` verb on the same tokens.
+lm_tokens() {
+  local log=$out/lm.log line
+  for line in \
+    '  tokens: batch.global_tokens 2070 = 32.34 windows of 64 tokens (model.seq_len), rounded down to whole windows: global batch 32 (2048 tokens per step)' \
+    'objective throughput, per-GPU from 8 dividing 16 (batch.global 32 = 2048 tokens)' \
+    '     tokens/s   95 % interval' \
+    'the chosen global batch 32 is 2048 tokens per step'; do
+    grep -qF -- "$line" "$log" || { cat "$log"; fail "no '$line' in the run's output"; }
+  done
+  for re in '^  per-GPU (8|16) x accum [12]: [0-9]+ samples/s \([0-9.]+\.\.[0-9.]+, [0-9]+ steps\), [0-9]+ tokens/s, peak' \
+            '^epoch 1/4 step [0-9]+/[0-9]+ .* [0-9]+ samples/s \([0-9]+ tokens/s\)  data ' \
+            '^epoch 4/4  train_loss .* [0-9]+ samples/s \([0-9]+ tokens/s\)  \(' \
+            '^done: .* [0-9]+ samples/s \([0-9]+ tokens/s\), '; do
+    grep -qE -- "$re" "$log" || { cat "$log"; fail "no line matching '$re' in the run's output"; }
+  done
+  python3 - "$out/lm" <<'PY' || fail "tokens in the language model's records (above)"
+import json, math, sys
+run = sys.argv[1]
+r = json.load(open(run + "/report.json"))
+close = lambda a, b: math.isclose(a, b, rel_tol=1e-9)
+assert r["global_batch"] == 32 and r["tokens_per_step"] == 32 * 64, (r["global_batch"], r.get("tokens_per_step"))
+assert close(r["tokens_per_s"], 64 * r["samples_per_s"]) and r["tokens"] == 64 * r["samples"], r
+p = r["plan"]
+assert (p["tokens_per_sample"], p["tokens_per_step"], p["global_tokens_asked"]) == (64, 2048, 2070), p
+assert all(close(h["tokens_per_s"], 64 * h["samples_per_s"]) for h in r["history"]), r["history"]
+assert close(r["search"]["chosen_tokens_per_s"], 64 * r["search"]["chosen_samples_per_s"]), r["search"]
+assert (r["config"]["batch"]["global"], r["config"]["batch"]["global_tokens"]) == (32, 2070), r["config"]["batch"]
+lines = [json.loads(l) for l in open(run + "/metrics.jsonl")]
+assert lines and all(close(m["tokens_per_s"], 64 * m["samples_per_s"]) and
+                     m["tokens_per_step"] == 64 * m["global_batch"] for m in lines), lines[0]
+s = json.load(open(run + "/search.json"))
+assert s["tokens_per_sample"] == 64 and all(
+    close(c["tokens_per_s"], 64 * c["samples_per_s"]) for c in s["candidates"]), s
+html = open(run + "/report.html").read()
+assert " tokens/s, 2048 tokens per step)" in html and "tokens_per_step" in html, "report.html"
+print(f"ok: {r['samples_per_s']:.0f} samples/s = {r['tokens_per_s']:.0f} tokens/s, 2048 tokens a step")
+PY
+  for tag in train/tokens_per_s batch/global_tokens train/epoch_tokens_per_s; do
+    grep -aqr "$tag" "$out/lm/tensorboard/train" || fail "no $tag in the TensorBoard events"
+  done
+  grep -aqr 'search/tokens_per_s' "$out/lm/tensorboard/search" || fail "no search/tokens_per_s in the TensorBoard events"
+  # shellcheck disable=SC2086
+  "$mpirun" $flags -np 2 "$bin" data "$cfg" "${tok[@]}" --seconds 0.3 --json --output "$out/data" \
+    >"$out/data.json" 2>"$out/data.log"
+  rc=$?
+  [ "$rc" = 0 ] || { cat "$out/data.log"; fail "batchdist data: exit $rc"; }
+  python3 - "$out/data.json" <<'PY' || fail "tokens in \`batchdist data --json\` (above)"
+import json, math, sys
+d = json.load(open(sys.argv[1]))
+assert d["tokens_per_sample"] == 64 and d["samples_per_s"] > 0, d
+assert math.isclose(d["tokens_per_s"], 64 * d["samples_per_s"], rel_tol=1e-9), d
+assert all(math.isclose(r["tokens_per_s"], 64 * r["samples_per_s"], rel_tol=1e-9) for r in d["per_rank"]), d
+print(f"ok: data verb {d['tokens_per_s']:.0f} tokens/s over 2 ranks")
+PY
+}
 
 "$make" npy "$out/reg" --dtype float32 --shape 24 --targets 3 --val 40 >/dev/null || fail "make_data npy --targets"
 
@@ -33,6 +98,7 @@ case "$scenario" in
     run full 2 "${base[@]}"; [ "$rc" = 0 ] || { cat "$out/full.log"; fail "regression run: exit $rc"; }
     grep -q 'task: regression (task.name: auto; npy has float targets), 3 outputs' "$out/full.log" \
       || { cat "$out/full.log"; fail "the console does not say which task and why"; }
+    ! grep -q 'tokens' "$out/full.log" || { cat "$out/full.log"; fail "a run on npy speaks of tokens"; }
     [ "$(json full task)" = regression ] || fail "report.json task = $(json full task)"
     [ "$(json full best_metric)" = mse ] || fail "report.json best_metric = $(json full best_metric)"
     [ "$(json full plan samples_padded)" -gt 0 ] || fail "no padded samples: the test needs a padded last batch"
@@ -52,6 +118,9 @@ assert len(ends) == len(r["history"]), f"{len(ends)} epoch-end lines in metrics.
 assert all("eval_mse" in e and "eval_mae" in e and "eval_accuracy" not in e for e in ends), ends[-1]
 html = open(run + "/report.html").read()
 assert 'id="plot-mse"' in html and "held-out mse" in html, "report.html has no mse chart"
+# Note [tokens per sample]: samples that are not tokens show no tokens anywhere.
+assert not [k for k in list(r) + list(r["plan"]) + list(ends[-1]) if k.startswith("tokens")], r
+assert "tokens/s" not in html, "report.html speaks of tokens"
 assert "eval mse " in html and "plot-accuracy" not in html, "report.html speaks of accuracy"
 print(f"ok: eval mse {first['eval_mse']:.4g} -> {last['eval_mse']:.4g}, mae {last['eval_mae']:.4g}")
 PY
@@ -100,7 +169,12 @@ assert abs(len(val) // 2 - len(text) * 0.1) <= 1, f"val.bin has {len(val) // 2} 
 assert train + val == b"".join(struct.pack("<H", b) for b in text), "not the bytes as uint16 ids"
 PY
     tok=(--set data.path="$out/tok/train.bin" --set data.val_path="$out/tok/val.bin")
-    run lm 2 "${tok[@]}" --set train.epochs=4
+    # Note [global tokens]: 2070 tokens = 32.34 windows of 64, so the same global
+    # batch 32 as the config's; the per-GPU batch (8 or 16) searched, briefly.
+    search=(--set batch.per_gpu=auto --set search.max=16 --set search.rounds=0
+            --set search.min_time_s=0.05 --set search.max_time_s=0.2)
+    run lm 2 "${tok[@]}" --set train.epochs=4 --set batch.global=null \
+      --set batch.global_tokens=2070 "${search[@]}" --set train.progress=lines
     [ "$rc" = 0 ] || { cat "$out/lm.log"; fail "language-model run: exit $rc"; }
     grep -q 'task: language_model (task.name: auto; tokens are token windows), 256 outputs' "$out/lm.log" \
       || { cat "$out/lm.log"; fail "the console does not say which task and why"; }
@@ -127,6 +201,7 @@ PY
     grep -aqr 'eval/perplexity' "$out/lm/tensorboard" || fail "no eval/perplexity in the TensorBoard events"
     grep -q '^done: .*eval loss [0-9.e+-]*, perplexity [0-9.e+-]*,' "$out/lm.log" \
       || { tail -n 3 "$out/lm.log"; fail "the closing line does not give the loss and perplexity"; }
+    lm_tokens
     # Note [tokens]: bytes of the text are ids >= 64; named when the first batch gathers them.
     run vocab 2 "${tok[@]}" --set model.vocab=64
     expect_error vocab 2 "$out/tok/train.bin: token " ", outside model.vocab's 0..63; raise model.vocab"

@@ -38,13 +38,17 @@ STEP_TAGS = {  # tag -> metrics.jsonl key of a "step" line
     "time/skew": "skew_fraction",
     "memory/peak_mb": "peak_memory_mb",
     "noise/B_simple": "noise_scale",  # only where known (> 0)
+    "train/tokens_per_s": "tokens_per_s",  # token data only (Note [tokens per sample])
+    "batch/global_tokens": "tokens_per_step",
 }
 EPOCH_TAGS = {  # tag -> key of an "epoch" line
     "eval/loss": "eval_loss",
     "eval/accuracy": "eval_accuracy",
     "train/epoch_loss": "train_loss",
     "train/epoch_samples_per_s": "samples_per_s",
+    "train/epoch_tokens_per_s": "tokens_per_s",  # token data only
 }
+TOKEN_KEYS = {"tokens_per_s", "tokens_per_step"}  # absent from a line: not token data
 
 
 def fail(msg):
@@ -90,6 +94,8 @@ def expected_training(metrics_path):
             for tag, key in tags.items():
                 v = m.get(key)
                 if tag == "noise/B_simple" and (v is None or v <= 0):
+                    continue
+                if key in TOKEN_KEYS and key not in m:
                     continue
                 if v is None:
                     fail(f"{metrics_path}:{n}: {key} is null (a non-finite value?)")
@@ -167,6 +173,8 @@ def main():
             "search/samples_per_s": [(c["per_gpu_batch"], c["samples_per_s"]) for c in fit],
             "search/peak_memory_mb": [(c["per_gpu_batch"], c["peak_memory_mb"]) for c in fit],
         }
+        if "tokens_per_sample" in search:  # token data (Note [tokens per sample])
+            want["search/tokens_per_s"] = [(c["per_gpu_batch"], c["tokens_per_s"]) for c in fit]
         n = compare(load(sd), want, sd)
         print(f"ok: {sd}: {n} points equal to search.json's {len(fit)} candidates that fit")
     elif os.path.exists(sd):

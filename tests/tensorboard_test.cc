@@ -331,3 +331,39 @@ TEST(TensorBoard, FailedWriteWarnsOnceAndStops) {
   EXPECT_NE(err.find(w.path()), std::string::npos) << "the message names the file: " << err;
   EXPECT_LE(fs::file_size(fs::directory_iterator(tmp.path)->path()), before + 20);
 }
+
+// Note [tokens per sample]: token samples add tokens/s and the step's tokens
+// beside samples/s and the global batch; other samples none of them.
+TEST(TensorBoard, TokenSamplesAddTokenScalars) {
+  const auto has = [](const std::vector<Scalar>& v, const std::string& tag) {
+    return std::any_of(v.begin(), v.end(), [&](const Scalar& s) { return s.first == tag; });
+  };
+  const auto value = [](const std::vector<Scalar>& v, const std::string& tag) {
+    for (const auto& s : v) {
+      if (s.first == tag) return s.second;
+    }
+    return -1.0;
+  };
+  MetricPoint step = stepPoint(10);
+  EXPECT_FALSE(has(metricScalars(step), "train/tokens_per_s"));
+  EXPECT_FALSE(has(metricScalars(step), "batch/global_tokens"));
+  step.tokens_per_sample = 64;
+  const auto v = metricScalars(step);
+  EXPECT_DOUBLE_EQ(value(v, "train/tokens_per_s"), 1234.5 * 64);
+  EXPECT_DOUBLE_EQ(value(v, "batch/global_tokens"), 64.0 * 64);
+  MetricPoint end = stepPoint(20);
+  end.epoch_end = true;
+  end.samples_per_s = 999;
+  EXPECT_FALSE(has(metricScalars(end), "train/epoch_tokens_per_s"));
+  end.tokens_per_sample = 64;
+  EXPECT_DOUBLE_EQ(value(metricScalars(end), "train/epoch_tokens_per_s"), 999.0 * 64);
+
+  SearchResult r;
+  Candidate c;
+  c.per_gpu = 8;
+  c.global_sps = 500;
+  r.candidates.push_back(c);
+  EXPECT_FALSE(has(searchScalars(r)[0].second, "search/tokens_per_s"));
+  r.tokens_per_sample = 16;
+  EXPECT_DOUBLE_EQ(value(searchScalars(r)[0].second, "search/tokens_per_s"), 500.0 * 16);
+}

@@ -179,7 +179,10 @@ SearchResult searchBatch(const RunRequest& req, const RunSetup& s, collective::C
                                      ? (fs::path(req.output) / "search_cache.json").string()
                                      : s.cfg.search.cache;
   *entry = {cache_path, key};
-  if (auto cached = lookupCache(req, comm, cache_path, key, console)) return *cached;
+  if (auto cached = lookupCache(req, comm, cache_path, key, console)) {
+    cached->tokens_per_sample = tokensPerSample(s.cfg);  // an entry from before it was kept
+    return *cached;
+  }
   BatchSearch search(s.cfg, comm, *measurer, s.data.train.size(), s.has_bn,
                      [&req] { return req.stop_signal() != 0; });
   auto result = search.run(&console);
@@ -278,7 +281,8 @@ void summaryLines(const RunRequest& req, const RunSetup& s, const Trainer& train
                       s.data.val.size() > 0
                           ? strCat(trainer.task().describe(result.eval_metrics), ", ")
                           : std::string("no validation set, "),
-                      static_cast<int64_t>(result.samples_per_s), " samples/s, ",
+                      static_cast<int64_t>(result.samples_per_s), " samples/s",
+                      tokenRate(result.samples_per_s, trainer.plan().tokens_per_sample), ", ",
                       formatDuration(result.wall_s), "; wrote ", req.output,
                       "/report.json, report.html, metrics.jsonl and model.pt"));
 }
@@ -659,8 +663,13 @@ void setUpAdaptive(RunState& r, Trainer& trainer) {
     space.throughput.insert(space.throughput.end(), table.begin(), table.end());
   }
   trainer.setAdaptive(space);
+  const int64_t tokens = s.plan.tokens_per_sample;  // Note [tokens per sample]
   r.console->line(strCat("adapt: batch.adapt: goodput: global batch from ", space.g0, " up to ",
-                         space.ceiling, ", re-decided every ", s.cfg.batch.adapt_every_steps,
+                         space.ceiling,
+                         tokens > 0 ? strCat(" (", space.g0 * tokens, " .. ", space.ceiling * tokens,
+                                             " tokens)")
+                                    : std::string(),
+                         ", re-decided every ", s.cfg.batch.adapt_every_steps,
                          " steps and at epoch ends",
                          s.plan.warmup_steps <= 0 ? std::string()
                          : s.cfg.batch.adapt_in_warmup
@@ -774,12 +783,17 @@ std::string planOutput(const RunRequest& req, int world, bool json) {
                                  {"tolerance", sc.tolerance}}}};
       return j.dump(2) + "\n";
     }
+    // The global batch may be known already, and with it the tokens of a step.
+    Plan known;
+    known.global = cfg.batch.global;
+    known.tokens_per_sample = cfg.batch.global > 0 ? tokensPerSample(cfg) : 0;
+    known.global_tokens = cfg.batch.global_tokens;
     return strCat("plan: world ", world,
                   " x per-GPU batch auto: the batch search picks it at run time, measuring "
                   "candidates from search.min=",
                   sc.min, sc.max > 0 ? strCat(" to search.max=", sc.max) : std::string(),
                   " on every rank (objective ", toString(sc.objective), "); run `batchdist search ",
-                  req.config_path, "` under mpirun to see it\n");
+                  req.config_path, "` under mpirun to see it\n", planTokensText(known));
   }
   const auto plan = makePlan(cfg, world, info.train_size, modelHasBatchNorm(cfg.model, cfg.base_dir));
   return json ? planJson(plan).dump(2) + "\n" : planText(plan);

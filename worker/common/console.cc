@@ -19,6 +19,13 @@ std::string formatFixed(double v, int digits) {
   return buf;
 }
 
+std::string tokenRate(double samples_per_s, int64_t tokens_per_sample) {
+  if (tokens_per_sample <= 0) return "";
+  const double rate = samples_per_s * static_cast<double>(tokens_per_sample);
+  return strCat(" (", std::isfinite(rate) ? static_cast<int64_t>(std::llround(rate)) : 0,
+                " tokens/s)");
+}
+
 std::string formatDuration(double s) {
   if (!std::isfinite(s) || s < 0) return "?";
   const auto total = static_cast<int64_t>(std::llround(s));

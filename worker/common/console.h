@@ -1,6 +1,7 @@
 #pragma once
 // Rank 0's console: progress, one-line events, and the number formats they use.
 
+#include <cstdint>
 #include <string>
 
 namespace batchdist::worker {
@@ -58,5 +59,10 @@ std::string formatFixed(double v, int digits);
 
 /// "1:02:03" / "2:03".
 std::string formatDuration(double seconds);
+
+/// " (12352 tokens/s)" beside a figure of `samples_per_s` when a sample is
+/// `tokens_per_sample` tokens (Note [tokens per sample] in worker/plan/plan.h);
+/// "" when it is 0 (samples are not tokens).
+std::string tokenRate(double samples_per_s, int64_t tokens_per_sample);
 
 }  // namespace batchdist::worker

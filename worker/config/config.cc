@@ -748,6 +748,10 @@ void readData(Context& ctx, const YAML::Node& root, DataConfig& c) {
 void readBatch(Context& ctx, const YAML::Node& root, BatchConfig& c) {
   Section s(ctx, root, "batch");
   c.global = s.integerOrAuto("global", 0, 1, &c.global_auto);
+  // Note [global tokens]: in the resolved config only when given, so a config
+  // without it resolves (and keys its search cache entry) as before.
+  c.global_tokens = s.integer("global_tokens", 0, 0, kMaxInt);
+  if (c.global_tokens == 0) (*ctx.resolved)["batch"].erase("global_tokens");
   c.per_gpu = s.integerOrAuto("per_gpu", 0, 1, &c.per_gpu_auto);
   c.accum = s.integer("accum", 0, 0, 1 << 20);
   c.last_batch = s.choice("last_batch", LastBatch::kDrop);
@@ -759,6 +763,42 @@ void readBatch(Context& ctx, const YAML::Node& root, BatchConfig& c) {
   c.adapt_min_steps = s.integer("adapt_min_steps", 8, 1, kMaxInt);
   c.adapt_in_warmup = s.boolean("adapt_in_warmup", false);
   c.adapt_gain = s.choice("adapt_gain", AdaptGain::kAdascale);
+}
+
+// Note [global tokens]: batch.global_tokens asks for the global batch in tokens,
+// the unit a language model's batch is quoted in. A sample of token data is one
+// window of model.seq_len tokens (Note [tokens]) and a step holds whole samples,
+// so the config turns it into batch.global here, once: the nearest whole number
+// of windows (a half rounds up), at least 1. Everything downstream reads
+// batch.global as if the user had written it: the plan, the search's fixed
+// global batch, the adaptive batch's G0, the lr's ratio to optim.base_batch (in
+// samples, i.e. windows), a resume's check of G against the checkpoint's (the
+// resumed run reads the same config, so gets the same G and the same plan).
+// global_tokens is kept for the plan to say how it rounded (Plan::global_tokens).
+// The resolved config has both, `global` as the windows in force.
+void globalFromTokens(Config& cfg, Context& ctx) {
+  auto& b = cfg.batch;
+  if (b.global_tokens == 0) return;
+  const std::string key = "batch.global_tokens";
+  const std::string where = ctx.from_set.count(key) ? "--set " + key : ctx.source;
+  if (b.global > 0 || b.global_auto) {
+    throw keyError(where, key,
+                   strCat(b.global_tokens, " and batch.global (",
+                          b.global_auto ? std::string("auto") : std::to_string(b.global),
+                          ") both set the global batch; give one: batch.global in samples, or "
+                          "batch.global_tokens in tokens"));
+  }
+  if (cfg.data.name != DataName::kTokens) {
+    throw keyError(where, key,
+                   strCat("needs data.name: tokens (samples that are windows of model.seq_len "
+                          "tokens), but data.name is ", toString(cfg.data.name),
+                          ", whose samples are not tokens; give the global batch in samples "
+                          "with batch.global"));
+  }
+  const int64_t len = cfg.model.seq_len;
+  const int64_t rest = b.global_tokens % len;
+  b.global = std::max<int64_t>(1, b.global_tokens / len + (2 * rest >= len ? 1 : 0));
+  (*ctx.resolved)["batch"]["global"] = b.global;
 }
 
 void readOptim(Context& ctx, const YAML::Node& root, OptimConfig& c) {
@@ -943,6 +983,7 @@ Config parseConfig(const std::string& yaml_text, const std::string& source,
   checkUnknownKeys(ctx, root);
   cfg.data.seq_len = cfg.model.seq_len;  // Note [tokens]: a window is seq_len + 1 tokens
   cfg.data.vocab = cfg.model.vocab;
+  globalFromTokens(cfg, ctx);
   validate(cfg, ctx);
   return cfg;
 }

@@ -171,6 +171,9 @@ struct DataConfig {
 struct BatchConfig {
   int64_t global = 0;
   bool global_auto = false;
+  /// Note [global tokens]: the global batch asked in tokens (0: not given); when
+  /// given, `global` holds it in whole windows of model.seq_len tokens.
+  int64_t global_tokens = 0;
   int64_t per_gpu = 0;
   bool per_gpu_auto = false;
   int64_t accum = 0;

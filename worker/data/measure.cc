@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "worker/common/console.h"
 #include "worker/common/util.h"
 #include "worker/data/loader.h"
 
@@ -94,7 +95,8 @@ LoaderMeasurement measureLoader(const Config& cfg, const Dataset& train, const P
 }
 
 std::string dataReport(const std::vector<LoaderMeasurement>& ranks, const DataSplit& data,
-                       const Config& cfg, bool json) {
+                       const Config& cfg, bool json, int64_t tokens_per_sample) {
+  const auto tokens = static_cast<double>(tokens_per_sample);
   double total = 0, bytes = 0;
   StageSeconds stages;
   int64_t errors = static_cast<int64_t>(data.bad_files.size()), workers = 0;
@@ -113,11 +115,19 @@ std::string dataReport(const std::vector<LoaderMeasurement>& ranks, const DataSp
     j["classes"] = data.train.classes;
     j["world_size"] = ranks.size();
     j["samples_per_s"] = total;
+    if (tokens > 0) {
+      j["tokens_per_sample"] = tokens_per_sample;
+      j["tokens_per_s"] = total * tokens;
+    }
     j["bytes_per_s"] = bytes;
     j["workers"] = workers;
     j["output"] = ranks.empty() ? "float" : ranks[0].output;
     j["per_rank"] = nlohmann::ordered_json::array();
-    for (const auto& r : ranks) j["per_rank"].push_back(r.json());
+    for (const auto& r : ranks) {
+      auto one = r.json();
+      if (tokens > 0) one["tokens_per_s"] = r.samplesPerSecond() * tokens;
+      j["per_rank"].push_back(one);
+    }
     j["data_errors"] = errors;
     return j.dump(2) + "\n";
   }
@@ -127,10 +137,12 @@ std::string dataReport(const std::vector<LoaderMeasurement>& ranks, const DataSp
     const double busy = std::max(1e-12, r.stages.read + r.stages.decode + r.stages.transform);
     char line[512];
     std::snprintf(line, sizeof line,
-                  "rank %d: %.1f samples/s (%lld %s batches of %lld, %.1f s, %lld thread(s)), "
+                  "rank %d: %.1f samples/s%s (%lld %s batches of %lld, %.1f s, %lld thread(s)), "
                   "%.1f MB/s; thread time: read %.0f%%, decode %.0f%%, transform %.0f%%; "
                   "waited %.0f%% of the time\n",
-                  r.rank, r.samplesPerSecond(), static_cast<long long>(r.batches),
+                  r.rank, r.samplesPerSecond(),
+                  tokenRate(r.samplesPerSecond(), tokens_per_sample).c_str(),
+                  static_cast<long long>(r.batches),
                   r.output.c_str(), static_cast<long long>(r.per_gpu), r.seconds, static_cast<long long>(r.workers),
                   r.seconds > 0 ? r.stages.bytes / r.seconds / 1e6 : 0.0,
                   100 * r.stages.read / busy, 100 * r.stages.decode / busy,
@@ -138,7 +150,8 @@ std::string dataReport(const std::vector<LoaderMeasurement>& ranks, const DataSp
     out += line;
   }
   char line[256];
-  std::snprintf(line, sizeof line, "total: %.1f samples/s over %zu rank(s)%s\n", total, ranks.size(),
+  std::snprintf(line, sizeof line, "total: %.1f samples/s%s over %zu rank(s)%s\n", total,
+                tokenRate(total, tokens_per_sample).c_str(), ranks.size(),
                 errors ? strCat(", ", errors, " bad file(s) skipped").c_str() : "");
   out += line;
   return out;

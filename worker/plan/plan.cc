@@ -6,20 +6,25 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "worker/common/console.h"
 #include "worker/plan/adapt.h"
 
 namespace batchdist::worker {
 namespace {
 
-/// "use 96 or 192" for a value that must be a positive multiple of `unit`.
-std::string nearestMultiples(int64_t value, int64_t unit) {
-  const int64_t below = (value / unit) * unit;
-  const int64_t above = below + unit;
-  if (below <= 0) return strCat("use ", above);
-  return strCat("use ", below, " or ", above);
+/// The global batch G as a message names it: "batch.global=96", or, when it came
+/// from batch.global_tokens (Note [global tokens]), that key and its windows.
+std::string globalName(const Config& cfg, int64_t G) {
+  if (cfg.batch.global_tokens == 0) return strCat("batch.global=", G);
+  return strCat("batch.global_tokens=", cfg.batch.global_tokens, " (", G, " windows of ",
+                cfg.model.seq_len, " tokens)");
 }
 
 }  // namespace
+
+int64_t tokensPerSample(const Config& cfg) {
+  return cfg.data.name == DataName::kTokens ? cfg.model.seq_len : 0;
+}
 
 double scaledLr(double base_lr, int64_t base_batch, int64_t global, LrScaling rule) {
   const double ratio = static_cast<double>(global) / static_cast<double>(base_batch);
@@ -43,6 +48,23 @@ int64_t mul(int64_t a, int64_t b, const std::string& src, const char* what) {
   return out;
 }
 
+/// "use 96 or 192": the valid global batches nearest to G, multiples of `unit`;
+/// `key` adds " for batch.global". In tokens, for batch.global_tokens, when the
+/// batch was given so (Note [global tokens]).
+std::string nearestGlobal(const Config& cfg, int64_t G, int64_t unit, bool key) {
+  const bool tokens = cfg.batch.global_tokens > 0;
+  const int64_t scale = tokens ? cfg.model.seq_len : 1;
+  const int64_t below = (G / unit) * unit;
+  const int64_t above = below + unit;
+  const char* what = "the nearest valid batch";
+  const std::string out =
+      below <= 0 ? strCat("use ", mul(above, scale, cfg.source, what))
+                 : strCat("use ", mul(below, scale, cfg.source, what), " or ",
+                          mul(above, scale, cfg.source, what));
+  if (tokens) return out + " for batch.global_tokens";
+  return key ? out + " for batch.global" : out;
+}
+
 /// Phase 1: the batch triple G = m x a x W from whichever of the three are set.
 void resolveBatch(const Config& cfg, int64_t world, int64_t per_gpu_override, Plan& p) {
   const auto& b = cfg.batch;
@@ -58,32 +80,32 @@ void resolveBatch(const Config& cfg, int64_t world, int64_t per_gpu_override, Pl
     const int64_t product = mul(mul(m, a, src, "batch.per_gpu x batch.accum"), world, src,
                                 "batch.per_gpu x batch.accum x world size");
     if (G != product) {
-      throw ConfigError(strCat(src, ": batch.global=", G, " != batch.per_gpu ", m,
+      throw ConfigError(strCat(src, ": ", globalName(cfg, G), " != batch.per_gpu ", m,
                                " x batch.accum ", a, " x world size ", world, " (= ", product,
                                "); drop one of the three to derive it, or ",
-                               nearestMultiples(G, mul(m, world, src, "batch.per_gpu x world size")),
-                               " for batch.global"));
+                               nearestGlobal(cfg, G, mul(m, world, src, "batch.per_gpu x world size"),
+                                             /*key=*/true)));
     }
   } else if (G > 0 && m > 0) {
     const int64_t unit = mul(m, world, src, "batch.per_gpu x world size");
     if (G % unit != 0) {
-      throw ConfigError(strCat(src, ": batch.global=", G, " is not divisible by world size ", world,
-                               " x batch.per_gpu ", m, " (= ", unit, "); ",
-                               nearestMultiples(G, unit)));
+      throw ConfigError(strCat(src, ": ", globalName(cfg, G), " is not divisible by world size ",
+                               world, " x batch.per_gpu ", m, " (= ", unit, "); ",
+                               nearestGlobal(cfg, G, unit, /*key=*/false)));
     }
     a = G / unit;
   } else if (G > 0 && a > 0) {
     const int64_t unit = mul(a, world, src, "batch.accum x world size");
     if (G % unit != 0) {
-      throw ConfigError(strCat(src, ": batch.global=", G, " is not divisible by world size ", world,
-                               " x batch.accum ", a, " (= ", unit, "); ",
-                               nearestMultiples(G, unit)));
+      throw ConfigError(strCat(src, ": ", globalName(cfg, G), " is not divisible by world size ",
+                               world, " x batch.accum ", a, " (= ", unit, "); ",
+                               nearestGlobal(cfg, G, unit, /*key=*/false)));
     }
     m = G / unit;
   } else if (G > 0) {
     if (G % world != 0) {
-      throw ConfigError(strCat(src, ": batch.global=", G, " is not divisible by world size ", world,
-                               "; ", nearestMultiples(G, world)));
+      throw ConfigError(strCat(src, ": ", globalName(cfg, G), " is not divisible by world size ",
+                               world, "; ", nearestGlobal(cfg, G, world, /*key=*/false)));
     }
     a = 1;
     m = G / world;
@@ -139,12 +161,12 @@ void planEpochs(const Config& cfg, int64_t n, Plan& p) {
   if (cfg.batch.last_batch == LastBatch::kDrop) {
     if (p.steps_per_epoch == 0) {
       throw ConfigError(strCat(cfg.source, ": the training set has ", n,
-                               " samples, fewer than batch.global=", G,
+                               " samples, fewer than ", globalName(cfg, G),
                                ", so batch.last_batch: drop leaves no step; lower the batch or "
                                "use last_batch: pad"));
     }
   } else if (p.samples_padded > n) {
-    throw ConfigError(strCat(cfg.source, ": batch.global=", G, " with batch.last_batch: pad "
+    throw ConfigError(strCat(cfg.source, ": ", globalName(cfg, G), " with batch.last_batch: pad "
                              "would add ", p.samples_padded, " padding samples to the ", n,
                              " of the training set each epoch (more padding than data); lower "
                              "the batch"));
@@ -196,7 +218,7 @@ void planWarnings(const Config& cfg, Plan& p) {
                                 p.total_steps, " steps)"));
   }
   if (G > n / 2 && cfg.batch.last_batch != LastBatch::kDrop) {
-    p.warnings.push_back(strCat("batch.global=", G, " is more than half the training set (", n,
+    p.warnings.push_back(strCat(globalName(cfg, G), " is more than half the training set (", n,
                                 "): few steps per epoch"));
   }
 }
@@ -208,6 +230,8 @@ Plan makePlan(const Config& cfg, int64_t world, int64_t n, bool has_bn, int64_t 
   p.world_size = world;
   p.last_batch = cfg.batch.last_batch;
   p.dataset_size = n;
+  p.tokens_per_sample = tokensPerSample(cfg);
+  p.global_tokens = p.tokens_per_sample > 0 ? cfg.batch.global_tokens : 0;
   resolveBatch(cfg, world, per_gpu_override, p);
   checkBatchNorm(cfg, has_bn, p);
   planEpochs(cfg, n, p);
@@ -326,10 +350,30 @@ int64_t Plan::rankSamplesPerEpoch(int64_t rank) const {
   return full * accum * per_gpu + mine;
 }
 
+std::string planTokensText(const Plan& p) {
+  if (p.tokens_per_sample <= 0) return "";
+  const int64_t len = p.tokens_per_sample;
+  const int64_t step = p.tokensPerStep();
+  if (p.global_tokens <= 0) {
+    return strCat("  tokens: global batch ", p.global, " x ", len, " tokens (model.seq_len) = ",
+                  step, " tokens per step\n");
+  }
+  const int64_t asked = p.global_tokens;
+  const std::string windows = asked % len == 0
+                                  ? strCat(asked / len)
+                                  : formatFixed(static_cast<double>(asked) / len, 2);
+  const char* rounded = step == asked ? "" : step > asked ? ", rounded up to whole windows"
+                                                          : ", rounded down to whole windows";
+  return strCat("  tokens: batch.global_tokens ", asked, " = ", windows, " windows of ", len,
+                " tokens (model.seq_len)", rounded, ": global batch ", p.global, " (", step,
+                " tokens per step)\n");
+}
+
 std::string planText(const Plan& p) {
   std::ostringstream os;
   os << "plan: world " << p.world_size << " x per-GPU batch " << p.per_gpu << " x accumulation "
      << p.accum << " = global batch " << p.global << "\n";
+  os << planTokensText(p);
   os << "  data: " << p.dataset_size << " training samples, " << p.steps_per_epoch
      << " steps/epoch, last batch '" << toString(p.last_batch) << "': " << p.samples_dropped
      << " dropped, " << p.samples_padded << " padded per epoch\n";
@@ -351,10 +395,16 @@ nlohmann::ordered_json planJson(const Plan& p) {
   for (int64_t r = 0; r < p.world_size; ++r) {
     ranks.push_back({{"rank", r}, {"samples_per_epoch", p.rankSamplesPerEpoch(r)}});
   }
-  return {{"world_size", p.world_size},
-          {"per_gpu_batch", p.per_gpu},
-          {"accum_steps", p.accum},
-          {"global_batch", p.global},
+  nlohmann::ordered_json j{{"world_size", p.world_size},
+                           {"per_gpu_batch", p.per_gpu},
+                           {"accum_steps", p.accum},
+                           {"global_batch", p.global}};
+  if (p.tokens_per_sample > 0) {  // Note [tokens per sample]
+    j["tokens_per_sample"] = p.tokens_per_sample;
+    j["tokens_per_step"] = p.tokensPerStep();
+    if (p.global_tokens > 0) j["global_tokens_asked"] = p.global_tokens;
+  }
+  j.update(nlohmann::ordered_json{
           {"last_batch", toString(p.last_batch)},
           {"dataset_size", p.dataset_size},
           {"steps_per_epoch", p.steps_per_epoch},
@@ -370,7 +420,8 @@ nlohmann::ordered_json planJson(const Plan& p) {
           {"warmup_steps", p.warmup_steps},
           {"schedule", toString(p.schedule)},
           {"ranks", ranks},
-          {"warnings", p.warnings}};
+          {"warnings", p.warnings}});
+  return j;
 }
 
 std::vector<int64_t> seededPermutation(int64_t n, uint64_t seed, int64_t epoch) {

@@ -22,11 +22,23 @@
 
 namespace batchdist::worker {
 
+// Note [tokens per sample]: when a sample is a window of token data (Note
+// [tokens]), a rate or a batch is also shown in tokens: tokens/s beside samples/s,
+// tokens per step beside the global batch (the console's plan, progress, epoch and
+// closing lines, report.json and report.html, metrics.jsonl, TensorBoard, the
+// search's lines, table and search.json, the `data` verb). tokensPerSample() is
+// the one place that knows how many tokens a sample trains on; the plan carries it
+// (Plan::tokens_per_sample) and everything after the plan reads it from there
+// (the search, which runs before the plan, from the same function). 0 means the
+// samples are not token windows: every output is then exactly as without tokens.
+
 struct Plan {
   int64_t world_size = 1;
   int64_t per_gpu = 1;       ///< m
   int64_t accum = 1;         ///< a
   int64_t global = 1;        ///< G = m * a * W
+  int64_t tokens_per_sample = 0;  ///< Note [tokens per sample] (0: samples are not tokens)
+  int64_t global_tokens = 0;      ///< batch.global_tokens asked (Note [global tokens]; 0: none)
   LastBatch last_batch = LastBatch::kDrop;
   int64_t dataset_size = 0;  ///< training samples N
   int64_t steps_per_epoch = 0;
@@ -58,7 +70,13 @@ struct Plan {
   /// Slots (samples incl. padding) each rank processes per epoch; equal on all
   /// ranks except under `keep`.
   int64_t rankSamplesPerEpoch(int64_t rank) const;
+  /// Tokens of a global batch (0 when samples are not tokens).
+  int64_t tokensPerStep() const { return global * tokens_per_sample; }
 };
+
+/// Note [tokens per sample]: model.seq_len when the samples are windows of token
+/// data (data.name: tokens), else 0.
+int64_t tokensPerSample(const Config& cfg);
 
 /// Resolves the batch triple and the learning rate. `per_gpu_override` > 0
 /// replaces batch.per_gpu (the batch search passes its choice here). Throws
@@ -92,6 +110,10 @@ double scaledLr(double base_lr, int64_t base_batch, int64_t global, LrScaling ru
 
 /// Human-readable plan (the `batchdist plan` output).
 std::string planText(const Plan& p);
+/// Its tokens lines (Note [tokens per sample]): the tokens of a step, and how
+/// batch.global_tokens rounded to whole windows (Note [global tokens] in
+/// worker/config/config.cc); "" when the samples are not tokens.
+std::string planTokensText(const Plan& p);
 /// The plan as JSON (`batchdist plan --json`, the run report).
 nlohmann::ordered_json planJson(const Plan& p);
 

@@ -44,6 +44,10 @@ std::string metricsLine(const MetricPoint& m) {
                            {"per_gpu_batch", m.per_gpu},
                            {"accum", m.accum},
                            {"peak_memory_mb", m.peak_memory_mb}};
+  if (m.tokens_per_sample > 0) {  // Note [tokens per sample]
+    j["tokens_per_s"] = m.samples_per_s * static_cast<double>(m.tokens_per_sample);
+    j["tokens_per_step"] = m.global_batch * m.tokens_per_sample;
+  }
   if (m.progress >= 0) j["progress"] = m.progress;  // batch.adapt: G0-equivalent steps
   if (m.epoch_end) {
     j["eval_loss"] = m.eval_loss;

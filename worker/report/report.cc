@@ -28,7 +28,7 @@ nlohmann::ordered_json noiseJson(const NoiseScaleResult& n) {
   return o;
 }
 
-nlohmann::ordered_json historyJson(const TrainResult& r) {
+nlohmann::ordered_json historyJson(const TrainResult& r, int64_t tokens_per_sample) {
   auto out = nlohmann::ordered_json::array();
   for (const auto& h : r.history) {
     nlohmann::ordered_json e{{"epoch", h.epoch + 1},
@@ -36,6 +36,7 @@ nlohmann::ordered_json historyJson(const TrainResult& r) {
                              {"eval_loss", h.eval_loss}};
     addEvalMetrics(h.eval_metrics, e);
     e["samples_per_s"] = h.samples_per_s;
+    if (tokens_per_sample > 0) e["tokens_per_s"] = h.samples_per_s * static_cast<double>(tokens_per_sample);
     e["seconds"] = h.seconds;
     e["noise_scale"] = positiveOrNull(h.noise_scale);
     out.push_back(std::move(e));
@@ -91,19 +92,25 @@ nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const Trai
                                  const RunInfo& info) {
   auto o = reportHeader(info);
   o["task"] = r.task;
+  // Note [tokens per sample]: tokens beside the batch and the rate, for token samples only.
+  const auto tokens = static_cast<double>(plan.tokens_per_sample);
   o.update(nlohmann::ordered_json{{"per_gpu_batch", plan.per_gpu},
                            {"accum_steps", plan.accum},
-                           {"global_batch", plan.global},
-                           {"lr", plan.lr},
+                           {"global_batch", plan.global}});
+  if (tokens > 0) o["tokens_per_step"] = plan.tokensPerStep();
+  o.update(nlohmann::ordered_json{{"lr", plan.lr},
                            {"warmup_steps", plan.warmup_steps},
                            {"schedule", toString(plan.schedule)},
                            {"precision", toString(cfg.train.precision)},
                            {"epochs", r.epochs},
                            {"steps", r.steps},
                            {"samples", r.samples},
-                           {"samples_per_s", r.samples_per_s},
-                           {"train_loss", r.train_loss},
-                           {"eval_loss", r.eval_loss}});
+                           {"samples_per_s", r.samples_per_s}});
+  if (tokens > 0) {
+    o["tokens"] = r.samples * plan.tokens_per_sample;
+    o["tokens_per_s"] = r.samples_per_s * tokens;
+  }
+  o.update(nlohmann::ordered_json{{"train_loss", r.train_loss}, {"eval_loss", r.eval_loss}});
   addEvalMetrics(r.eval_metrics, o);
   o.update(nlohmann::ordered_json{{"best_metric", r.best_metric},
                                   {"best_higher", r.best_higher},
@@ -116,7 +123,7 @@ nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const Trai
   o["oom_backoffs"] = oomJson(r);
   o["oom_retries"] = r.oom_retries;
   o["plan"] = planJson(plan);
-  o["history"] = historyJson(r);
+  o["history"] = historyJson(r, plan.tokens_per_sample);
   o["time_breakdown"] = timeJson(r.time);
   o["noise_scale"] = noiseJson(r.noise);
   if (!r.batch_history.empty()) {
@@ -181,6 +188,7 @@ nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const Trai
     for (const auto& c : s.candidates) {
       if (c.per_gpu != s.chosen || c.failed) continue;
       o["search"]["chosen_samples_per_s"] = c.global_sps;
+      if (tokens > 0) o["search"]["chosen_tokens_per_s"] = c.global_sps * tokens;
       o["search"]["chosen_ci_low"] = c.sps_low;
       o["search"]["chosen_ci_high"] = c.sps_high;
     }

@@ -19,6 +19,9 @@ std::vector<Scalar> metricScalars(const MetricPoint& m) {
     }
     v.push_back({"train/epoch_loss", m.train_loss});
     v.push_back({"train/epoch_samples_per_s", m.samples_per_s});
+    if (m.tokens_per_sample > 0) {  // Note [tokens per sample]
+      v.push_back({"train/epoch_tokens_per_s", m.samples_per_s * static_cast<double>(m.tokens_per_sample)});
+    }
     return v;
   }
   const double total = m.time.total();
@@ -34,6 +37,11 @@ std::vector<Scalar> metricScalars(const MetricPoint& m) {
                         {"time/skew", share(m.time.skew, total)},
                         {"memory/peak_mb", m.peak_memory_mb}};
   if (m.noise_scale > 0) v.emplace_back("noise/B_simple", m.noise_scale);
+  if (m.tokens_per_sample > 0) {  // Note [tokens per sample]
+    const auto tokens = static_cast<double>(m.tokens_per_sample);
+    v.emplace_back("train/tokens_per_s", m.samples_per_s * tokens);
+    v.emplace_back("batch/global_tokens", static_cast<double>(m.global_batch) * tokens);
+  }
   return v;
 }
 
@@ -44,6 +52,10 @@ std::vector<std::pair<int64_t, std::vector<Scalar>>> searchScalars(const SearchR
     if (c.failed) continue;
     out.push_back({c.per_gpu, {{"search/samples_per_s", c.global_sps},
                                {"search/peak_memory_mb", c.peak_mb}}});
+    if (r.tokens_per_sample > 0) {  // Note [tokens per sample]
+      out.back().second.emplace_back("search/tokens_per_s",
+                                     c.global_sps * static_cast<double>(r.tokens_per_sample));
+    }
   }
   // Measured in the walk's order (doubling, then the boundary); TensorBoard draws
   // a series in the order written, so by batch size.

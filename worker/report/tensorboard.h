@@ -35,10 +35,13 @@ namespace batchdist::worker {
 //   time/data_wait time/compute time/communication time/skew   shares of the
 //                                                   interval's time, 0..1
 //   memory/peak_mb  noise/B_simple (only once known, > 0)
+//   train/tokens_per_s batch/global_tokens          samples that are tokens only
+//                                                   (Note [tokens per sample])
 // and at an epoch's end, at the same step, eval/loss and the task's eval/<metric> (eval/accuracy)
-// train/epoch_loss train/epoch_samples_per_s (the epoch's own names, so that a
-// step that ends an epoch never has two values under one tag). The batch search
-// is a run of its own, OUTPUT/tensorboard/search/: search/samples_per_s and
+// train/epoch_loss train/epoch_samples_per_s (train/epoch_tokens_per_s) (the
+// epoch's own names, so that a step that ends an epoch never has two values under
+// one tag). The batch search is a run of its own, OUTPUT/tensorboard/search/:
+// search/samples_per_s (search/tokens_per_s) and
 // search/peak_memory_mb at step = the candidate's per-GPU batch, for the
 // candidates that fit; nothing when the search was cached or not run. It cannot
 // share the training run: its steps are batch sizes, and a resume's purge (below)

@@ -30,8 +30,8 @@ std::string xmlEscape(const std::string& s) {
 
 namespace {
 
-nlohmann::ordered_json candidateJson(const Candidate& c, bool chosen) {
-  return {{"per_gpu_batch", c.per_gpu},
+nlohmann::ordered_json candidateJson(const Candidate& c, bool chosen, int64_t tokens_per_sample) {
+  nlohmann::ordered_json j{{"per_gpu_batch", c.per_gpu},
           {"accum_steps", c.accum},
           {"global_batch", c.global},
           {"failed", c.failed},
@@ -49,6 +49,10 @@ nlohmann::ordered_json candidateJson(const Candidate& c, bool chosen) {
           {"timed_steps", c.timed_steps},
           {"step_seconds", c.step_seconds},
           {"chosen", chosen}};
+  if (tokens_per_sample > 0) {  // Note [tokens per sample]
+    j["tokens_per_s"] = c.global_sps * static_cast<double>(tokens_per_sample);
+  }
+  return j;
 }
 
 Candidate candidateFromJson(const nlohmann::json& c) {
@@ -77,9 +81,10 @@ Candidate candidateFromJson(const nlohmann::json& c) {
 
 nlohmann::ordered_json searchJson(const SearchResult& r) {
   auto cands = nlohmann::ordered_json::array();
-  for (const auto& c : r.candidates) cands.push_back(candidateJson(c, c.per_gpu == r.chosen));
+  const int64_t tokens = r.tokens_per_sample;
+  for (const auto& c : r.candidates) cands.push_back(candidateJson(c, c.per_gpu == r.chosen, tokens));
   auto range = nlohmann::ordered_json::array();
-  for (const auto& c : r.adapt_range) range.push_back(candidateJson(c, false));
+  for (const auto& c : r.adapt_range) range.push_back(candidateJson(c, false, tokens));
   nlohmann::ordered_json j{{"chosen", r.chosen},
           {"chosen_accum", r.chosen_accum},
           {"why", r.why},
@@ -95,6 +100,7 @@ nlohmann::ordered_json searchJson(const SearchResult& r) {
           {"seconds", r.seconds},
           {"candidates", cands}};
   if (!range.empty()) j["adapt_range"] = range;
+  if (tokens > 0) j["tokens_per_sample"] = tokens;
   return j;
 }
 
@@ -112,6 +118,7 @@ SearchResult searchFromJson(const nlohmann::json& j) {
   r.memory_budget_mb = j.at("memory_budget_mb").get<double>();
   r.device = j.at("device").get<std::string>();
   r.world_size = j.at("world_size").get<int64_t>();
+  r.tokens_per_sample = j.value("tokens_per_sample", int64_t{0});
   for (const auto& c : j.at("candidates")) r.candidates.push_back(candidateFromJson(c));
   if (j.contains("adapt_range")) {
     for (const auto& c : j.at("adapt_range")) r.adapt_range.push_back(candidateFromJson(c));
@@ -120,21 +127,33 @@ SearchResult searchFromJson(const nlohmann::json& j) {
 }
 
 std::string searchTable(const SearchResult& r) {
+  // Note [tokens per sample]: token samples add a tokens/s column after samples/s.
+  const bool tokens = r.tokens_per_sample > 0;
   std::ostringstream os;
-  os << "  per-GPU  accum  global   samples/s   95 % interval          vs best  steps   peak MB  "
-        "result\n";
+  os << "  per-GPU  accum  global   samples/s" << (tokens ? "     tokens/s" : "")
+     << "   95 % interval          vs best  steps   peak MB  result\n";
   for (const auto& c : r.candidates) {
-    char line[320];
-    std::snprintf(line, sizeof line,
-                  "  %7lld  %5lld  %6lld  %10.0f   %10.0f..%-10.0f %6.1f %%  %5lld  %8.0f  %s%s\n",
+    char head[160], tail[320], rate[32] = "";
+    std::snprintf(head, sizeof head, "  %7lld  %5lld  %6lld  %10.0f",
                   static_cast<long long>(c.per_gpu), static_cast<long long>(c.accum),
-                  static_cast<long long>(c.global), c.global_sps, c.sps_low, c.sps_high,
-                  100 * c.relative, static_cast<long long>(c.timed_steps), c.peak_mb,
-                  c.failed ? c.reason.c_str() : "ok", c.per_gpu == r.chosen ? "  <- chosen" : "");
-    os << line;
+                  static_cast<long long>(c.global), c.global_sps);
+    if (tokens) {
+      std::snprintf(rate, sizeof rate, "  %11.0f",
+                    c.global_sps * static_cast<double>(r.tokens_per_sample));
+    }
+    std::snprintf(tail, sizeof tail, "   %10.0f..%-10.0f %6.1f %%  %5lld  %8.0f  %s%s\n",
+                  c.sps_low, c.sps_high, 100 * c.relative, static_cast<long long>(c.timed_steps),
+                  c.peak_mb, c.failed ? c.reason.c_str() : "ok",
+                  c.per_gpu == r.chosen ? "  <- chosen" : "");
+    os << head << rate << tail;
   }
   os << "  chosen per-GPU batch " << r.chosen << " x accum " << r.chosen_accum << ": " << r.why
      << (r.cached ? " [cached]" : "") << "\n";
+  if (tokens) {
+    const int64_t global = r.chosen * r.chosen_accum * r.world_size;
+    os << "  tokens: " << r.tokens_per_sample << " per sample (model.seq_len); the chosen global "
+       << "batch " << global << " is " << global * r.tokens_per_sample << " tokens per step\n";
+  }
   if (!r.rule.empty()) os << "  rule: " << r.rule << "\n";
   if (!r.cached) {
     os << "  cost: " << r.timed_steps << " timed steps per rank, " << formatFixed(r.seconds, 1)

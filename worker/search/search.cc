@@ -302,12 +302,17 @@ const Candidate& BatchSearch::measureOne(SearchResult& r, const Space& sp, int64
   into.push_back(agree(m, a, local));
   const auto& c = into.back();
   if (console) {
+    const std::string tokens =
+        r.tokens_per_sample > 0
+            ? strCat(", ", formatFixed(c.global_sps * static_cast<double>(r.tokens_per_sample), 0),
+                     " tokens/s")
+            : std::string();
     console->line(strCat("  per-GPU ", m, " x accum ", a, ": ",
                          c.failed ? "FAILED " + c.reason
                                   : strCat(formatFixed(c.global_sps, 0), " samples/s (",
                                            formatFixed(c.sps_low, 0), "..",
                                            formatFixed(c.sps_high, 0), ", ", c.timed_steps,
-                                           " steps), peak ", mb(c.peak_mb))));
+                                           " steps)", tokens, ", peak ", mb(c.peak_mb))));
   }
   return c;
 }
@@ -470,6 +475,7 @@ SearchResult BatchSearch::run(Console* console) {
   r.tolerance = s.tolerance;
   r.world_size = comm_.size();
   r.device = measurer_.deviceName();
+  r.tokens_per_sample = tokensPerSample(cfg_);
   for (double b : comm_.allgather(measurer_.memoryBudgetMb())) {
     if (b > 0 && (r.memory_budget_mb == 0 || b < r.memory_budget_mb)) r.memory_budget_mb = b;
   }
@@ -477,9 +483,14 @@ SearchResult BatchSearch::run(Console* console) {
   if (console) {
     console->line(strCat("batch search: ", r.world_size, " rank(s) on ", r.device, ", objective ",
                          toString(s.objective), ", per-GPU from ", sp.lo,
-                         sp.fixed_global ? strCat(" dividing ", sp.share, " (batch.global ",
-                                                  cfg_.batch.global, ")")
-                                         : std::string(),
+                         sp.fixed_global
+                             ? strCat(" dividing ", sp.share, " (batch.global ", cfg_.batch.global,
+                                      r.tokens_per_sample > 0
+                                          ? strCat(" = ", cfg_.batch.global * r.tokens_per_sample,
+                                                   " tokens")
+                                          : std::string(),
+                                      ")")
+                             : std::string(),
                          r.memory_budget_mb > 0 ? ", memory budget " + mb(r.memory_budget_mb)
                                                 : std::string(", no memory budget")));
     if (sp.steps_capped) {

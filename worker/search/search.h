@@ -151,6 +151,9 @@ struct SearchResult {
   std::string rule; ///< the selection rule that decided, in words
   int64_t rounds = 0;  ///< interleaved rounds over the contenders
   double loader_sps = 0;  ///< the slowest rank's loader capacity, samples/s (0: unknown)
+  /// Note [tokens per sample] (worker/plan/plan.h): tokens/s beside samples/s in
+  /// the lines, table, search.json and TensorBoard; 0: samples are not tokens.
+  int64_t tokens_per_sample = 0;
   /// Set when the chosen batch is data-bound (Note [data-bound search]): what the
   /// loader delivers, what the model would, and what to change.
   std::string data_bound;

@@ -709,8 +709,11 @@ void checkResumable(const nlohmann::ordered_json& m, const Config& cfg, const st
   }
   const int64_t g = m["plan"]["global"];
   if (cfg.batch.global > 0 && cfg.batch.global != g) {
-    diff += strCat(diff.empty() ? "" : "; ", "batch.global = ", cfg.batch.global, " now, ", g,
-                   " in the checkpoint");
+    diff += strCat(diff.empty() ? "" : "; ", "batch.global = ", cfg.batch.global,
+                   cfg.batch.global_tokens > 0  // Note [global tokens]
+                       ? strCat(" (batch.global_tokens ", cfg.batch.global_tokens, ")")
+                       : std::string(),
+                   " now, ", g, " in the checkpoint");
   }
   if (!diff.empty()) {
     throw ConfigError(strCat(cfg.source, ": cannot resume ", path, ": ", diff,

@@ -54,6 +54,9 @@ struct MetricPoint {
   int64_t global_batch = 0; ///< the split in force at `step`
   int64_t per_gpu = 0;
   int64_t accum = 0;
+  /// Note [tokens per sample] (worker/plan/plan.h): > 0 adds tokens_per_s and
+  /// tokens_per_step beside samples_per_s and global_batch; 0: samples are not tokens.
+  int64_t tokens_per_sample = 0;
   double peak_memory_mb = 0;  ///< rank 0's peak so far (CUDA allocator, or CPU resident set)
   double progress = -1;     ///< batch.adapt: G0-equivalent steps done (< 0: not adaptive)
 };

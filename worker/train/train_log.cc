@@ -46,7 +46,8 @@ void TrainLog::progress(Console& console, const EpochSoFar& e, int64_t step, con
                         f.adaptive ? e.steps : e.steps_per_epoch,
                         f.adaptive ? strCat("  G ", f.global_batch) : std::string(), "  loss ",
                         formatFixed(e.loss_sum * world_size_ / std::max<int64_t>(1, e.samples), 4),
-                        "  lr ", f.lr, "  ", static_cast<int64_t>(rate), " samples/s", extra,
+                        "  lr ", f.lr, "  ", static_cast<int64_t>(rate), " samples/s",
+                        tokenRate(rate, f.tokens_per_sample), extra,
                         "  ETA ", formatDuration(per_step * std::max(0.0, f.steps_left))),
                  due);
 }
@@ -98,6 +99,7 @@ void TrainLog::add(MetricPoint m, const StepFigures& f, TrainResult& result) {
   m.global_batch = f.global_batch;
   m.per_gpu = f.per_gpu;
   m.accum = f.accum;
+  m.tokens_per_sample = f.tokens_per_sample;
   m.peak_memory_mb = f.peak_memory_mb;
   if (f.adaptive) m.progress = f.progress;
   result.metrics.push_back(m);

@@ -47,6 +47,7 @@ struct StepFigures {
   int64_t global_batch = 0;   ///< the split in force
   int64_t per_gpu = 0;
   int64_t accum = 0;
+  int64_t tokens_per_sample = 0;  ///< the plan's (Note [tokens per sample]; 0: not tokens)
   bool cuda = false;          ///< the progress line shows the peak memory
   double peak_memory_mb = 0;  ///< this rank's peak so far (read for a point, or on CUDA)
   double noise_scale = -1;    ///< smoothed B_simple (< 0: unknown)

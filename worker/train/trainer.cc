@@ -413,6 +413,7 @@ StepFigures Trainer::stepFigures(int64_t epoch, int64_t global_step, bool peak) 
   f.global_batch = plan_.global;
   f.per_gpu = plan_.per_gpu;
   f.accum = plan_.accum;
+  f.tokens_per_sample = plan_.tokens_per_sample;
   f.cuda = device_.is_cuda();
   // The run's peak so far (each step resets the allocator's: Note [oom back-off]).
   if (peak || f.cuda) f.peak_memory_mb = oom_.runPeakMb();
@@ -633,7 +634,8 @@ EpochStats Trainer::finishEpoch(const EpochRun& e, Console& console) {
                       ev.samples > 0 ? strCat("  eval_loss ", formatFixed(ev.loss, 4), "  ",
                                               task_->epochFigures(ev.metrics), "  ")
                                      : std::string("  (no validation set)  "),
-                      static_cast<int64_t>(st.samples_per_s), " samples/s  (",
+                      static_cast<int64_t>(st.samples_per_s), " samples/s",
+                      tokenRate(st.samples_per_s, plan_.tokens_per_sample), "  (",
                       formatDuration(st.seconds), ")",
                       st.noise_scale > 0
                           ? strCat("  B_simple ", static_cast<int64_t>(std::lround(st.noise_scale)))
