@@ -1,6 +1,7 @@
 """PyTorch DDP baseline for bench/vs_ddp.sh and bench/gpu_acceptance.sh: the
 workload batchdist trains there, written in plain PyTorch. Prints
-'samples_per_s N' (all ranks, timed steps only).
+'samples_per_s N' (all ranks, timed steps only), and for a token model
+'tokens_per_s N' too.
 
   --model mlp (default): MLP 256-512-512-10 on synthetic data, gloo on the CPU
     (vs_ddp.sh). Started by the same mpirun as batchdist, rank and size from Open
@@ -13,6 +14,11 @@ workload batchdist trains there, written in plain PyTorch. Prints
       torchrun --standalone --nproc_per_node 8 bench/ddp_baseline.py --model resnet50 \\
         --device cuda --precision bf16 --per-gpu-batch 128
     The images are made on the GPU, so this baseline never waits for data.
+  --model gpt --tokens FILE.bin: batchdist's model.name: gpt (bench/gpt_model.py,
+    nanoGPT's shape; --layers --heads --embed --vocab --seq-len --dropout) on the
+    token windows of FILE.bin (uint16, memory-mapped; a new permutation each
+    epoch), AdamW (--lr --beta1 --beta2 --eps --weight-decay), gloo on the CPU
+    (vs_ddp.sh's GPT leg), started like the MLP.
 
 Runs with any torch that has torch.distributed: Debian's python3-torch (1.13)
 or the venv of tests/cuda_leg.sh (2.x).
@@ -20,11 +26,14 @@ or the venv of tests/cuda_leg.sh (2.x).
 import argparse
 import os
 import time
+from typing import Callable, Iterable, NamedTuple, Tuple
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+import gpt_model  # bench/gpt_model.py, beside this file
 
 
 class Bottleneck(nn.Module):
@@ -61,24 +70,119 @@ def resnet50(classes: int) -> nn.Module:
     return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, classes))
 
 
-def main() -> None:
+class Workload(NamedTuple):
+    """What differs between the models: the network, its optimizer, step i's batch
+    on this rank, the loss, and the tokens in a sample (0: not a token model)."""
+    net: nn.Module
+    optimizer: Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer]
+    batch: Callable[[int], Tuple[torch.Tensor, torch.Tensor]]
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    tokens_per_sample: int = 0
+
+
+def mlp_workload(args, rank: int, per_rank: int, device: torch.device) -> Workload:
+    torch.manual_seed(0)
+    centres = torch.randn(args.classes, args.dim)
+    y = torch.randint(args.classes, (args.samples,))
+    x = centres[y] + 0.5 * torch.randn(args.samples, args.dim)
+    x, y = x.to(device), y.to(device)
+    layers, width = [], args.dim
+    for h in args.hidden:
+        layers += [nn.Linear(width, h)] + ([nn.BatchNorm1d(h)] if args.batchnorm else []) + [nn.ReLU()]
+        width = h
+    net = nn.Sequential(*layers, nn.Linear(width, args.classes))
+    perm = torch.randperm(args.samples, generator=torch.Generator().manual_seed(1)).to(device)
+    global_batch = per_rank * dist.get_world_size()
+
+    def batch(i: int):
+        start = (i * global_batch + rank * per_rank) % (args.samples - per_rank)
+        idx = perm[start:start + per_rank]
+        return x[idx], y[idx]
+
+    sgd = lambda params: torch.optim.SGD(params, lr=args.lr or 0.05, momentum=0.9,
+                                         weight_decay=args.weight_decay)
+    return Workload(net, sgd, batch, nn.CrossEntropyLoss())
+
+
+def resnet50_workload(args, rank: int, per_rank: int, device: torch.device) -> Workload:
+    torch.manual_seed(0)
+    g = torch.Generator(device=device).manual_seed(rank)
+    x = torch.randint(0, 256, (per_rank, 3, 32, 32), dtype=torch.uint8, device=device, generator=g)
+    y = torch.randint(0, args.classes, (per_rank,), device=device, generator=g)
+
+    def batch(i: int):
+        # As batchdist's synthetic_images: uint8 -> float, resize, normalise, on the device.
+        img = F.interpolate(x.float() / 255.0, size=(args.image_size, args.image_size),
+                            mode="bilinear", align_corners=False)
+        return (img - 0.5) / 0.25, y
+
+    sgd = lambda params: torch.optim.SGD(params, lr=args.lr or 0.1, momentum=0.9, weight_decay=1e-4)
+    return Workload(resnet50(args.classes), sgd, batch, nn.CrossEntropyLoss())
+
+
+def gpt_workload(args, rank: int, per_rank: int, device: torch.device) -> Workload:
+    """bench/gpt_model.py's GPT on the windows of --tokens, a new permutation each
+    epoch (the last partial batch dropped), AdamW as batchdist's optim.name: adamw
+    (decay on every parameter, as worker/model/optimizer.cc), the mean token
+    cross-entropy (nanoGPT's loss)."""
+    if not args.tokens:
+        raise SystemExit("--model gpt needs --tokens FILE.bin")
+    torch.manual_seed(0)
+    net = gpt_model.from_args(args)
+    data = gpt_model.TokenWindows(args.tokens, args.seq_len)
+    global_batch = per_rank * dist.get_world_size()
+    steps_per_epoch = data.count // global_batch
+    if steps_per_epoch < 1:
+        raise SystemExit(f"{args.tokens}: {data.count} windows, fewer than one global batch of {global_batch}")
+    perms = {}
+
+    def batch(i: int):
+        epoch, k = divmod(i, steps_per_epoch)
+        if epoch not in perms:
+            perms.clear()
+            perms[epoch] = torch.randperm(data.count, generator=torch.Generator().manual_seed(epoch))
+        start = k * global_batch + rank * per_rank
+        x, y = data.batch(perms[epoch][start:start + per_rank])
+        return x.to(device), y.to(device)
+
+    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+
+    adamw = lambda params: torch.optim.AdamW(params, lr=args.lr or 1e-3, betas=(args.beta1, args.beta2),
+                                             eps=args.eps, weight_decay=args.weight_decay)
+    return Workload(net, adamw, batch, loss, tokens_per_sample=args.seq_len)
+
+
+WORKLOADS = {"mlp": mlp_workload, "resnet50": resnet50_workload, "gpt": gpt_workload}
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", choices=["mlp", "resnet50"], default="mlp")
+    ap.add_argument("--model", choices=sorted(WORKLOADS), default="mlp")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
     ap.add_argument("--samples", type=int, default=8192)
     ap.add_argument("--dim", type=int, default=256)
     ap.add_argument("--hidden", type=int, nargs="+", default=[512, 512])
     ap.add_argument("--batchnorm", action="store_true", help="mlp: Linear-BatchNorm1d-ReLU blocks")
-    ap.add_argument("--weight-decay", type=float, default=0.0)
+    ap.add_argument("--lr", type=float, default=None, help="[mlp 0.05, resnet50 0.1, gpt 0.001]")
+    ap.add_argument("--weight-decay", type=float, default=0.0, help="mlp and gpt (resnet50: 1e-4)")
+    ap.add_argument("--beta1", type=float, default=0.9, help="gpt: AdamW")
+    ap.add_argument("--beta2", type=float, default=0.999, help="gpt: AdamW")
+    ap.add_argument("--eps", type=float, default=1e-8, help="gpt: AdamW")
+    ap.add_argument("--tokens", help="gpt: the uint16 .bin of token ids (batchdist_make_data tokens)")
+    gpt_model.shape_args(ap)
     ap.add_argument("--classes", type=int, default=10)
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--global-batch", type=int, default=256)
     ap.add_argument("--per-gpu-batch", type=int, default=0, help="overrides --global-batch")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=5)
-    args = ap.parse_args()
+    return ap.parse_args()
 
+
+def main() -> None:
+    args = parse_args()
     if "OMPI_COMM_WORLD_RANK" in os.environ:
         os.environ.setdefault("RANK", os.environ["OMPI_COMM_WORLD_RANK"])
         os.environ.setdefault("WORLD_SIZE", os.environ["OMPI_COMM_WORLD_SIZE"])
@@ -91,55 +195,26 @@ def main() -> None:
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     if not cuda:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    torch.manual_seed(0)
     per_rank = args.per_gpu_batch or args.global_batch // world
     global_batch = per_rank * world
 
-    if args.model == "mlp":
-        centres = torch.randn(args.classes, args.dim)
-        y = torch.randint(args.classes, (args.samples,))
-        x = centres[y] + 0.5 * torch.randn(args.samples, args.dim)
-        x, y = x.to(device), y.to(device)
-        layers, width = [], args.dim
-        for h in args.hidden:
-            layers += [nn.Linear(width, h)] + ([nn.BatchNorm1d(h)] if args.batchnorm else []) + [nn.ReLU()]
-            width = h
-        net = nn.Sequential(*layers, nn.Linear(width, args.classes))
-        opt_args = dict(lr=0.05, momentum=0.9, weight_decay=args.weight_decay)
-    else:
-        g = torch.Generator(device=device).manual_seed(rank)
-        x = torch.randint(0, 256, (per_rank, 3, 32, 32), dtype=torch.uint8, device=device, generator=g)
-        y = torch.randint(0, args.classes, (per_rank,), device=device, generator=g)
-        net = resnet50(args.classes)
-        opt_args = dict(lr=0.1, momentum=0.9, weight_decay=1e-4)
-    model = nn.parallel.DistributedDataParallel(net.to(device),
+    work = WORKLOADS[args.model](args, rank, per_rank, device)
+    model = nn.parallel.DistributedDataParallel(work.net.to(device),
                                                 device_ids=[device.index] if cuda else None)
-    opt = torch.optim.SGD(model.parameters(), **opt_args)
-    loss_fn = nn.CrossEntropyLoss()
+    opt = work.optimizer(model.parameters())
     low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
     scaler = None
     if args.precision == "fp16":  # torch.amp.GradScaler since 2.3; the cuda.amp one warns there
         scaler = torch.amp.GradScaler("cuda") if hasattr(torch.amp, "GradScaler") else torch.cuda.amp.GradScaler()
-    perm = torch.randperm(args.samples, generator=torch.Generator().manual_seed(1)).to(device)
-
-    def batch(i: int):
-        if args.model == "mlp":
-            start = (i * global_batch + rank * per_rank) % (args.samples - per_rank)
-            idx = perm[start:start + per_rank]
-            return x[idx], y[idx]
-        # As batchdist's synthetic_images: uint8 -> float, resize, normalise, on the device.
-        img = F.interpolate(x.float() / 255.0, size=(args.image_size, args.image_size),
-                            mode="bilinear", align_corners=False)
-        return (img - 0.5) / 0.25, y
 
     def step(i: int) -> None:
-        inputs, labels = batch(i)
+        inputs, targets = work.batch(i)
         opt.zero_grad(set_to_none=True)
         if low is not None:
             with torch.autocast(device_type=device.type, dtype=low):
-                loss = loss_fn(model(inputs), labels)
+                loss = work.loss(model(inputs), targets)
         else:
-            loss = loss_fn(model(inputs), labels)
+            loss = work.loss(model(inputs), targets)
         if scaler is not None:
             scaler.scale(loss).backward()
             scaler.step(opt)
@@ -163,6 +238,8 @@ def main() -> None:
     secs = time.perf_counter() - t0
     if rank == 0:
         print(f"samples_per_s {args.steps * global_batch / secs:.1f}")
+        if work.tokens_per_sample:
+            print(f"tokens_per_s {args.steps * global_batch * work.tokens_per_sample / secs:.1f}")
     dist.destroy_process_group()
 
 
