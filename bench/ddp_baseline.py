@@ -123,7 +123,8 @@ def resnet50_workload(args, rank: int, per_rank: int, device: torch.device) -> W
 def gpt_workload(args, rank: int, per_rank: int, device: torch.device) -> Workload:
     """bench/gpt_model.py's GPT on the windows of --tokens, a new permutation each
     epoch (the last partial batch dropped), AdamW as batchdist's optim.name: adamw
-    (decay on every parameter, as worker/model/optimizer.cc), the mean token
+    (decay on weights of 2 or more dimensions only, as worker/model/optimizer.cc and
+    nanoGPT's configure_optimizers), the mean token
     cross-entropy (nanoGPT's loss)."""
     if not args.tokens:
         raise SystemExit("--model gpt needs --tokens FILE.bin")
@@ -148,8 +149,11 @@ def gpt_workload(args, rank: int, per_rank: int, device: torch.device) -> Worklo
     def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
 
-    adamw = lambda params: torch.optim.AdamW(params, lr=args.lr or 1e-3, betas=(args.beta1, args.beta2),
-                                             eps=args.eps, weight_decay=args.weight_decay)
+    def adamw(params):
+        params = list(params)
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=args.lr or 1e-3, betas=(args.beta1, args.beta2), eps=args.eps)
     return Workload(net, adamw, batch, loss, tokens_per_sample=args.seq_len)
 
 
