@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdint>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "mpi_helpers.h"
 #include "tests/image_fixtures.h"
@@ -50,34 +53,51 @@ Config invarianceConfig(int64_t global, const std::string& policy, const std::st
       "invariance.yaml");
 }
 
+/// Rank 0's parameters after `steps` steps of `cfg` for every split of its
+/// global batch over W ranks, W dividing the world size P (a = P / W micro-batches
+/// each); an empty map on the other ranks.
+std::map<int, torch::Tensor> weightsForEverySplit(const Config& cfg, int64_t steps,
+                                                  const std::string& backend = "gloo") {
+  const int P = mpitest::worldSize();
+  std::map<int, torch::Tensor> weights;  // world size -> rank 0's parameters
+  for (int W = 1; W <= P; ++W) {
+    if (P % W != 0) continue;
+    mpitest::inGroup(W, [&](collective::Communicator& comm) {
+      auto w = trainSteps(cfg, comm, steps);
+      if (comm.rank() == 0) weights[W] = w;
+    }, backend);
+  }
+  return weights;
+}
+
+/// On rank 0: every split's weights are within `tolerance` of W=1's (max |dw|),
+/// each difference printed under `label`.
+void expectSameAsOneRank(const std::map<int, torch::Tensor>& weights, double tolerance,
+                         const std::string& label, int64_t G) {
+  if (mpitest::worldRank() != 0) return;
+  const int P = mpitest::worldSize();
+  ASSERT_GE(weights.size(), 2u);
+  const auto& ref = weights.at(1);
+  for (const auto& [W, w] : weights) {
+    const double diff = (w - ref).abs().max().item<double>();
+    EXPECT_LT(diff, tolerance) << label << " W=" << W << " a=" << P / W << " vs W=1 a=" << P
+                               << ": max |dw| " << diff;
+    std::printf("[ invariance ] %s W=%d a=%d G=%lld: max |w - w(W=1)| = %.3g\n", label.c_str(), W,
+                P / W, static_cast<long long>(G), diff);
+  }
+}
+
 /// SGD's update is linear in the gradient, so float summation order is all that
 /// differs (~1e-7). Adam divides by sqrt(v): rounding differences in small
 /// gradients are amplified, so it gets a looser bound.
 void expectSameWeightsForEverySplit(const std::string& policy, const std::string& optim,
                                     double tolerance, const std::string& backend = "gloo",
                                     const std::string& optim_extra = "") {
-  const int P = mpitest::worldSize();
-  const int64_t G = 16 * P;
-  const auto cfg = invarianceConfig(G, policy, optim, optim_extra);
-  std::map<int, torch::Tensor> weights;  // world size -> rank 0's parameters
-  for (int W = 1; W <= P; ++W) {
-    if (P % W != 0) continue;
-    mpitest::inGroup(W, [&](collective::Communicator& comm) {
-      // 30 steps cross an epoch boundary (and the padded last batch under pad).
-      auto w = trainSteps(cfg, comm, 30);
-      if (comm.rank() == 0) weights[W] = w;
-    }, backend);
-  }
-  if (mpitest::worldRank() != 0) return;
-  ASSERT_GE(weights.size(), 2u);
-  const auto& ref = weights.at(1);
-  for (const auto& [W, w] : weights) {
-    const double diff = (w - ref).abs().max().item<double>();
-    EXPECT_LT(diff, tolerance) << "W=" << W << " a=" << P / W << " vs W=1 a=" << P << ": max |dw| "
-                          << diff;
-    std::printf("[ invariance ] %s %s/%s W=%d a=%d m=16 G=%lld: max |w - w(W=1)| = %.3g\n",
-                backend.c_str(), optim.c_str(), policy.c_str(), W, P / W, static_cast<long long>(G), diff);
-  }
+  const int64_t G = 16 * mpitest::worldSize();
+  // 30 steps cross an epoch boundary (and the padded last batch under pad).
+  const auto weights =
+      weightsForEverySplit(invarianceConfig(G, policy, optim, optim_extra), 30, backend);
+  expectSameAsOneRank(weights, tolerance, backend + " " + optim + "/" + policy + " m=16", G);
 }
 
 }  // namespace
@@ -116,22 +136,7 @@ TEST(WorldSizeInvariance, RegressionPad) {
       "optim: {name: sgd, lr: 0.1, base_batch: " + std::to_string(G) + ", momentum: 0.9, warmup_steps: 2}\n"
       "train: {epochs: 3, seed: 3}\n",
       "regression.yaml");
-  std::map<int, torch::Tensor> weights;
-  for (int W = 1; W <= P; ++W) {
-    if (P % W != 0) continue;
-    mpitest::inGroup(W, [&](collective::Communicator& comm) {
-      auto w = trainSteps(cfg, comm, 30);
-      if (comm.rank() == 0) weights[W] = w;
-    });
-  }
-  if (mpitest::worldRank() != 0) return;
-  ASSERT_GE(weights.size(), 2u);
-  for (const auto& [W, w] : weights) {
-    const double diff = (w - weights.at(1)).abs().max().item<double>();
-    EXPECT_LT(diff, 1e-5) << "W=" << W << " a=" << P / W << ": max |dw| " << diff;
-    std::printf("[ invariance ] regression sgd/pad W=%d a=%d m=16 G=%lld: max |w - w(W=1)| = %.3g\n", W,
-                P / W, static_cast<long long>(G), diff);
-  }
+  expectSameAsOneRank(weightsForEverySplit(cfg, 30), 1e-5, "regression sgd/pad m=16", G);
 }
 
 TEST(WorldSizeInvariance, SgdDrop) { expectSameWeightsForEverySplit("drop", "sgd", 1e-5); }
@@ -146,6 +151,78 @@ TEST(WorldSizeInvariance, AdamwPad) { expectSameWeightsForEverySplit("pad", "ada
 TEST(WorldSizeInvariance, SgdPadClipped) {
   expectSameWeightsForEverySplit("pad", "sgd", 1e-5, "gloo", ", clip_grad_norm: 0.05");
 }
+
+namespace {
+
+/// Note [tokens]: `n` uint16 ids in 0..63, a walk whose steps come from a 32-bit
+/// LCG (the same bytes on every rank and platform), so the model has something
+/// to learn.
+std::string tokenWalk(int64_t n, uint32_t x) {
+  std::vector<uint16_t> ids(static_cast<std::size_t>(n));
+  uint32_t prev = 0;
+  for (auto& id : ids) {
+    x = x * 1664525u + 1013904223u;
+    prev = (prev * 5 + (x >> 28)) % 64;
+    id = static_cast<uint16_t>(prev);
+  }
+  return std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(uint16_t));
+}
+
+/// A GPT on token windows in `dir` (this process's own): 150 training windows of
+/// 8 + 1 tokens, 5 validation windows. m = 8 windows, G = 8P: 150 leaves a
+/// remainder at P = 2, 3 and 4 (6, 6, 22), so drop drops and pad pads, and 30
+/// steps cross 3 to 7 epochs. Dropout 0: the forward is a function of the weights.
+Config gptInvarianceConfig(const std::string& dir, int64_t global, const std::string& policy,
+                           const std::string& optim) {
+  batchdist::testing::writeFile(dir + "/train.bin", tokenWalk(150 * 8 + 1, 7));
+  batchdist::testing::writeFile(dir + "/val.bin", tokenWalk(5 * 8 + 1, 8));
+  // Note [gpt]: the key third of each attn.c_attn.bias has a zero gradient in exact
+  // arithmetic (adding one constant to every score of a query leaves its softmax
+  // unchanged), so Adam at its eps 1e-8 divides float rounding by its own size and
+  // steps up to lr on it, whichever way the rounding fell: W=1 and W=P measured
+  // 4e-4 apart at lr 1e-2 (every other tensor <= 1e-5), 2e-6 at lr 1e-3. eps 1e-6
+  // damps that, so the bound below tests the synchronised gradient, not Adam's
+  // amplification of a zero.
+  const std::string update = optim == "sgd" ? "lr: 0.2, momentum: 0.9" : "lr: 0.001, eps: 1.0e-6";
+  const auto G = std::to_string(global);
+  return parseConfig(
+      "model: {name: gpt, layers: 2, heads: 2, embed: 16, vocab: 64, seq_len: 8, dropout: 0.0}\n"
+      "data: {name: tokens, path: " + dir + "/train.bin, val_path: " + dir + "/val.bin}\n"
+      "batch: {global: " + G + ", per_gpu: 8, last_batch: " + policy + "}\n"
+      "optim: {name: " + optim + ", " + update + ", base_batch: " + G +
+          ", weight_decay: 0.001, warmup_steps: 2}\n"
+      "train: {epochs: 3, seed: 3}\n",
+      "gpt_invariance.yaml");
+}
+
+/// Note [loss normalisation] for the language model (Note [language model]): a
+/// window's loss is its tokens' mean cross-entropy, weighted like any sample's.
+/// The bound, from measurement (the same GPT and tokens through the launcher, 30
+/// steps, W=1 with a=P against every other W dividing P, P = 2, 3, 4, pad and
+/// drop, over Gloo and MPI): max |dw| <= 2.4e-7 with SGD and <= 1.2e-7 with AdamW
+/// (one or two float32 ulps of a LayerNorm weight near 1), while one step moves
+/// the weights by up to 2.3e-2 (SGD, lr 0.2) and 1.2e-3 (AdamW, lr 1e-3). 1e-5 is
+/// 40x the noise and under 1 % of a step; training must have moved the weights
+/// (by > 1e-3), or equal weights would prove nothing.
+void expectSameGptForEverySplit(const std::string& policy, const std::string& optim) {
+  const batchdist::testsupport::ScratchDir dir("invariance_gpt");
+  const int64_t G = 8 * mpitest::worldSize();
+  const auto cfg = gptInvarianceConfig(dir.string(), G, policy, optim);
+  const auto weights = weightsForEverySplit(cfg, 30);
+  expectSameAsOneRank(weights, 1e-5, "gpt " + optim + "/" + policy + " m=8", G);
+  torch::Tensor initial;
+  mpitest::inGroup(1, [&](collective::Communicator& comm) { initial = trainSteps(cfg, comm, 0); });
+  if (mpitest::worldRank() != 0) return;
+  const double moved = (weights.at(1) - initial).abs().max().item<double>();
+  EXPECT_GT(moved, 1e-3) << "gpt " << optim << "/" << policy << ": 30 steps moved no weight";
+}
+
+}  // namespace
+
+TEST(WorldSizeInvariance, GptSgdPad) { expectSameGptForEverySplit("pad", "sgd"); }
+TEST(WorldSizeInvariance, GptSgdDrop) { expectSameGptForEverySplit("drop", "sgd"); }
+TEST(WorldSizeInvariance, GptAdamwPad) { expectSameGptForEverySplit("pad", "adamw"); }
+TEST(WorldSizeInvariance, GptAdamwDrop) { expectSameGptForEverySplit("drop", "adamw"); }
 
 TEST(Trainer, DistributedEvaluationCountsEverySampleOnce) {
   const int P = mpitest::worldSize();

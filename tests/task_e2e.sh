@@ -12,17 +12,23 @@
 #                a model that is not gpt, a gpt on other data: exit 2, named
 #   language_model  byte-level tokens of README.md (batchdist_make_data tokens),
 #                configs/gpt-tiny.yaml on 2 ranks for 4 epochs: task.name auto picks
-#                language_model; eval_loss falls below ln 256, eval_perplexity is its
-#                exp in report.json (and its history), metrics.jsonl, TensorBoard and
-#                the closing line; the batch given as batch.global_tokens 2070 (32.34
-#                windows of 64: global batch 32, said by the plan) with the per-GPU
-#                batch searched: tokens/s and tokens per step (Note [tokens per
-#                sample]) in the plan, the search's lines and table, the progress,
-#                epoch and closing lines, report.json (top level, history, plan,
-#                search), metrics.jsonl, search.json, report.html, TensorBoard (train
-#                and search) and `batchdist data --json`, each = samples x 64; a token
-#                id >= model.vocab: exit 2 naming the file, the token's offset and its
-#                value (Note [tokens])
+#                language_model; eval_loss below a bound set from measurement,
+#                eval_perplexity its exp in report.json (and its history),
+#                metrics.jsonl, TensorBoard and the closing line; the batch given as
+#                batch.global_tokens 2070 (32.34 windows of 64: global batch 32, said
+#                by the plan) with the per-GPU batch searched: tokens/s and tokens per
+#                step (Note [tokens per sample]) in the plan, the search's lines and
+#                table, the progress, epoch and closing lines, report.json (top level,
+#                history, plan, search), metrics.jsonl, search.json, report.html,
+#                TensorBoard (train and search) and `batchdist data --json`, each =
+#                samples x 64; then, with the config's batch, rank 0 killed after the
+#                checkpoint of step 12 (mid epoch 2) and resumed: bitwise equal to an
+#                uninterrupted run, the same metrics and history
+#   token_errors every bad token file through the launcher, exit 2 and named (Note
+#                [tokens]): a token id >= model.vocab (the file, the token's offset
+#                and its value, checked against the file), an odd-sized .bin, a file
+#                one token shorter than a window, an empty file, a directory, a .npy
+#                of an unsupported dtype, and a bad data.val_path named as such
 set -u
 mpirun=$1 flags=$2 bin=$3 diff=$4 make=$5 src=$6 out=$7 scenario=$8
 cfg=$src/configs/regression-tiny.yaml
@@ -190,7 +196,14 @@ assert abs(ppl - math.exp(loss)) <= 1e-9 * ppl, f"perplexity {ppl} is not exp(ev
 assert r["best_higher"] is False and "eval_accuracy" not in r, r.get("eval_accuracy")
 hist = r["history"]
 assert len(hist) == 4 and all({"eval_loss", "eval_perplexity"} <= set(h) for h in hist), hist
-assert loss < math.log(256) - 0.2, f"eval_loss {loss}: not below ln 256 = 5.545 (untrained)"
+# The bound, from measurement (this run, 2 ranks, Debian's LibTorch 1.13, train.seed
+# 1..10): the last eval_loss was 3.892..3.952 (seed 1, the config's: 3.935; standard
+# deviation 0.018) on README.md before docs/models.md's row was added to it, and
+# 3.906..3.964 after (3.954): a README edit moves the held-out text. The bound is the
+# max seen plus 0.14 (~7 deviations), room for more edits and LibTorch 2.x's kernels.
+# Half as much training (epoch 2: 4.26..4.35) or none (ln 256 = 5.545) fails.
+bound = 4.10
+assert loss < bound, f"eval_loss {loss}: not below {bound} (measured: 3.89..3.96)"
 assert hist[-1]["eval_loss"] < hist[0]["eval_loss"], f"the loss did not fall: {hist}"
 ends = [m for m in map(json.loads, open(run + "/metrics.jsonl")) if m["kind"] == "epoch"]
 assert len(ends) == 4 and all("eval_perplexity" in e for e in ends), ends[-1]
@@ -202,10 +215,62 @@ PY
     grep -q '^done: .*eval loss [0-9.e+-]*, perplexity [0-9.e+-]*,' "$out/lm.log" \
       || { tail -n 3 "$out/lm.log"; fail "the closing line does not give the loss and perplexity"; }
     lm_tokens
+    # Note [checkpoint]: the config's batch (global 32, per-GPU 16), ~298 windows:
+    # 9 steps per epoch, 36 in all; a checkpoint every 4.
+    base=("${tok[@]}" --set train.epochs=4 --set checkpoint.every_steps=4 --set checkpoint.every_minutes=0)
+    run full 2 "${base[@]}"
+    [ "$rc" = 0 ] || { cat "$out/full.log"; fail "uninterrupted run: exit $rc"; }
+    BATCHDIST_FAULT_CHECKPOINT=after_rename BATCHDIST_FAULT_CHECKPOINT_STEP=12 run cut 2 "${base[@]}"
+    [ "$rc" != 0 ] || fail "the cut run was not killed"
+    run cut 2 "${base[@]}" --resume auto
+    [ "$rc" = 0 ] || { cat "$out/cut.log"; fail "resumed run: exit $rc"; }
+    grep -q 'resume: .*step 12' "$out/cut.log" || { cat "$out/cut.log"; fail "did not resume from step 12"; }
+    "$diff" "$out/full/model.pt" "$out/cut/model.pt" 0 || fail "resumed model differs from the uninterrupted one"
+    for key in eval_loss eval_perplexity; do
+      [ "$(json cut $key)" = "$(json full $key)" ] || fail "resumed $key $(json cut $key) != $(json full $key)"
+    done
+    [ "$(json cut history 0 eval_loss)" = "$(json full history 0 eval_loss)" ] \
+      || fail "the resumed run's history (from the checkpoint) differs"
+    echo "ok: a byte-level GPT trained on 2 ranks as a language model; resumed at step 12 of 36: bitwise equal"
+    ;;
+  token_errors)
+    cfg=$src/configs/gpt-tiny.yaml
+    "$make" tokens --text "$src/README.md" --out "$out/tok" --val-fraction 0.1 >/dev/null \
+      || fail "make_data tokens"
+    val=(--set data.val_path="$out/tok/val.bin")
+    expected="expected token ids: a .bin of little-endian uint16, or a 1-D .npy of uint16, int32 or int64"
     # Note [tokens]: bytes of the text are ids >= 64; named when the first batch gathers them.
-    run vocab 2 "${tok[@]}" --set model.vocab=64
+    run vocab 2 --set data.path="$out/tok/train.bin" "${val[@]}" --set model.vocab=64
     expect_error vocab 2 "$out/tok/train.bin: token " ", outside model.vocab's 0..63; raise model.vocab"
-    echo "ok: a byte-level GPT trained on 2 ranks as a language model; ids beyond the vocabulary named"
+    python3 - "$out/vocab.log" "$out/tok/train.bin" <<'PY' || fail "vocab: the token named is not the file's"
+import re, struct, sys
+log, path = open(sys.argv[1]).read(), sys.argv[2]
+m = re.search(re.escape(path) + r": token (\d+) \(byte offset (\d+)\) is (\d+), outside", log)
+assert m, "no 'FILE: token N (byte offset B) is V, outside' in the log"
+token, offset, value = map(int, m.groups())
+assert offset == 2 * token, f"token {token} of a uint16 file is not at byte offset {offset}"
+held = struct.unpack_from("<H", open(path, "rb").read(), offset)[0]
+assert held == value and value >= 64, f"the file holds {held} at byte {offset}; the message says {value}"
+print(f"ok: vocab: token {token} (byte {offset}) is {value}, as the file holds")
+PY
+    head -c 1001 "$src/README.md" >"$out/odd.bin"
+    run odd 2 --set data.path="$out/odd.bin" "${val[@]}"
+    expect_error odd 2 "$out/odd.bin: 1001 bytes is not a whole number of 2-byte tokens"
+    head -c 128 "$src/README.md" >"$out/short.bin"  # 64 tokens: one short of a window of 64 + 1
+    run short 2 --set data.path="$out/short.bin" "${val[@]}"
+    expect_error short 2 "$out/short.bin: 64 tokens, fewer than one sample's window of model.seq_len + 1 = 65 tokens"
+    : >"$out/empty.bin"
+    run empty 2 --set data.path="$out/empty.bin" "${val[@]}"
+    expect_error empty 2 "$out/empty.bin: empty file (check data.path; $expected)"
+    mkdir "$out/folder.bin"
+    run folder 2 --set data.path="$out/folder.bin" "${val[@]}"
+    expect_error folder 2 "$out/folder.bin: is a directory, not a regular file (check data.path; $expected)"
+    "$make" npy "$out/f16" --dtype float16 --shape 48 >/dev/null || fail "make_data npy"
+    run dtype 2 --set data.path="$out/f16/x.npy" "${val[@]}"
+    expect_error dtype 2 "$out/f16/x.npy: dtype float16 ('<f2') is not accepted here; expected one of uint16, int32, int64"
+    run val_path 2 --set data.path="$out/tok/train.bin" --set data.val_path="$out/empty.bin"
+    expect_error val_path 2 "$out/empty.bin: empty file (check data.val_path; $expected)"
+    echo "ok: every bad token file: exit 2, named"
     ;;
   *) fail "unknown scenario $scenario" ;;
 esac
