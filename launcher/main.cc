@@ -28,6 +28,7 @@
 #include "worker/model/model.h"
 #include "worker/plan/plan.h"
 #include "worker/run.h"
+#include "worker/task/task.h"
 
 namespace batchdist::launcher {
 namespace {
@@ -114,7 +115,9 @@ int runSlurm(const CliOptions& cli) {
     if (!cfg.batch.per_gpu_auto) {
       std::optional<worker::DataInfo> info;
       try {
-        info = worker::describeData(cfg.data, cfg.train.seed, cfg.base_dir);
+        worker::DataContext ctx;
+        ctx.module_targets = worker::trainsModuleLoss(cfg);  // Note [module loss]
+        info = worker::describeData(cfg.data, cfg.train.seed, cfg.base_dir, ctx);
       } catch (const Error& e) {
         std::cout << "batchdist slurm: note: the data cannot be read here (" << e.what()
                   << "); the batch plan is checked when the job starts\n";

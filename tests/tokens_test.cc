@@ -321,7 +321,7 @@ TEST(LanguageModelTask, TokensChooseItAndMismatchesAreNamed) {
   const std::string token_data = "data.name: tokens (a .bin or .npy of token ids: docs/data.md)";
   EXPECT_EQ(parseError("data: {name: tokens, path: t.bin}"),
             "t.yaml: model.name: mlp, but data.name: tokens gives token ids, which only model.name: "
-            "gpt reads; use model.name: gpt");
+            "gpt reads (or a TorchScript module with its own loss: docs/models.md); use model.name: gpt");
   EXPECT_EQ(parseError("model: {name: gpt}"),
             "t.yaml: data.name: digits, but model.name: gpt reads token ids and trains as a language "
             "model; use " + token_data);
@@ -341,7 +341,7 @@ TEST(LanguageModelTask, TokensChooseItAndMismatchesAreNamed) {
   cfg.model.name = ModelName::kMlp;
   EXPECT_EQ(errorOf([&] { chooseTask(cfg, DataSplit{}); }),
             "t.yaml: model.name: mlp, but data.name: tokens gives token ids, which only model.name: "
-            "gpt reads; use model.name: gpt");
+            "gpt reads (or a TorchScript module with its own loss: docs/models.md); use model.name: gpt");
   cfg.model.name = ModelName::kGpt;
   cfg.model.outputs = 5;
   EXPECT_EQ(errorOf([&] { chooseTask(cfg, DataSplit{}); }),

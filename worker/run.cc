@@ -501,11 +501,14 @@ void prepareData(const RunRequest& req, const RankPlace& place, RunSetup& s) {
       std::cerr << strCat("[rank 0/", size, "] warning: ", line, "\n") << std::flush;
     };
   }
+  data_ctx.module_targets = trainsModuleLoss(s.cfg);  // Note [module loss]
   s.data = loadData(s.cfg.data, s.cfg.train.seed, s.cfg.base_dir, data_ctx);
   s.task = chooseTask(s.cfg, s.data);
   if (data_ctx.note) {
-    data_ctx.note(strCat("task: ", toString(s.task.kind), " (", s.task.why, "), ", s.task.outputs,
-                         " output", s.task.outputs == 1 ? "" : "s"));
+    data_ctx.note(strCat("task: ", toString(s.task.kind), " (", s.task.why, ")",
+                         s.task.outputs > 0 ? strCat(", ", s.task.outputs, " output",
+                                                     s.task.outputs == 1 ? "" : "s")
+                                            : std::string()));
   }
   // Note [loader]: auto threads are this rank's share of the host's cores.
   s.cfg.data.workers = resolveWorkers(s.cfg.data, usableCpus(), place.local_size);
@@ -767,7 +770,9 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
 
 std::string planOutput(const RunRequest& req, int world, bool json) {
   const auto cfg = loadConfig(req.config_path, req.sets);
-  const auto info = describeData(cfg.data, cfg.train.seed, cfg.base_dir);
+  DataContext ctx;
+  ctx.module_targets = trainsModuleLoss(cfg);  // Note [module loss]
+  const auto info = describeData(cfg.data, cfg.train.seed, cfg.base_dir, ctx);
   world = std::max(1, world);
   if (cfg.batch.per_gpu_auto) {
     // Nothing to plan yet: the search picks the batch on the real hardware.

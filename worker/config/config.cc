@@ -27,26 +27,37 @@ const std::vector<std::string>& Config::perRankKeys() {
   return keys;
 }
 
-// Note [task choice]: token windows are read by a gpt only and trained by the
-// language-model task only; each without the others is refused, naming both keys.
+// Note [task choice]: token windows are read by a gpt, trained by the language-model
+// task, or by a TorchScript module with its own loss (task module_loss; whether its
+// forward takes the target is seen once the file is loaded: chooseTask); each
+// without the others is refused, naming both keys.
 std::optional<KeyProblem> languageModelMismatch(const Config& cfg) {
   const bool tokens = cfg.data.name == DataName::kTokens;
   const bool gpt = cfg.model.name == ModelName::kGpt;
+  const bool script = cfg.model.name == ModelName::kTorchscript;
   const TaskKind task = cfg.task.name;
   const char* const token_data = "data.name: tokens (a .bin or .npy of token ids: docs/data.md)";
   if (task == TaskKind::kLanguageModel && !tokens) {
     return KeyProblem{"task.name", strCat("language_model trains on token windows, but data.name "
                                           "is ", toString(cfg.data.name), "; use ", token_data)};
   }
-  if (tokens && task != TaskKind::kAuto && task != TaskKind::kLanguageModel) {
+  if (tokens && task != TaskKind::kAuto && task != TaskKind::kLanguageModel &&
+      !(script && task == TaskKind::kModuleLoss)) {
     return KeyProblem{"task.name", strCat(toString(task), " does not fit data.name: tokens, whose "
                                           "targets are the next tokens; use task.name: "
                                           "language_model (or auto)")};
   }
-  if (tokens && !gpt) {
+  if (tokens && script && task == TaskKind::kLanguageModel) {
+    return KeyProblem{"task.name", "language_model trains model.name: gpt; a TorchScript module "
+                                   "trains on token windows with its own loss: use task.name: "
+                                   "module_loss (or auto), its forward(x, target) returning one "
+                                   "loss per window (docs/models.md)"};
+  }
+  if (tokens && !gpt && !script) {
     return KeyProblem{"model.name", strCat(toString(cfg.model.name), ", but data.name: tokens "
-                                           "gives token ids, which only model.name: gpt reads; "
-                                           "use model.name: gpt")};
+                                           "gives token ids, which only model.name: gpt reads "
+                                           "(or a TorchScript module with its own loss: "
+                                           "docs/models.md); use model.name: gpt")};
   }
   if (gpt && !tokens) {
     return KeyProblem{"data.name", strCat(toString(cfg.data.name), ", but model.name: gpt reads "
@@ -695,10 +706,17 @@ void readModel(Context& ctx, const YAML::Node& root, ModelConfig& c) {
   }
   // The gpt keys enter the resolved config of a gpt only: for the other models
   // it stays as before, so their checkpoints still resume (checkResumable
-  // compares every model key) and their search cache entries still match.
+  // compares every model key) and their search cache entries still match. A
+  // TorchScript module on token windows keeps model.seq_len and model.vocab, which
+  // cut and check its windows (Note [tokens]).
   if (c.name != ModelName::kGpt) {
+    const auto data = root["data"];
+    const bool windows = c.name == ModelName::kTorchscript && data.IsMap() && data["name"] &&
+                         data["name"].IsScalar() && data["name"].Scalar() == "tokens";
     for (const char* key : {"layers", "heads", "embed", "vocab", "seq_len"}) {
-      (*ctx.resolved)["model"].erase(key);
+      if (!windows || (std::string(key) != "vocab" && std::string(key) != "seq_len")) {
+        (*ctx.resolved)["model"].erase(key);
+      }
     }
   }
 }

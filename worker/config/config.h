@@ -21,7 +21,7 @@ enum class BatchAdapt { kOff, kGoodput };
 enum class AdaptGain { kAdascale, kLinear };
 enum class LrScaling { kLinear, kSqrt, kNone };
 enum class Schedule { kConstant, kStep, kCosine };
-enum class TaskKind { kAuto, kClassification, kRegression, kLanguageModel };
+enum class TaskKind { kAuto, kClassification, kRegression, kLanguageModel, kModuleLoss };
 enum class ModelName { kMlp, kCnn, kResnet18, kResnet50, kTorchscript, kGpt };
 enum class ResnetStem { kCifar, kImagenet };
 enum class DataName { kDigits, kCsv, kSynthetic, kSyntheticImages, kCifar10, kCifar100, kMnist,
@@ -55,7 +55,8 @@ BATCHDIST_ENUM_NAMES(Schedule, {Schedule::kConstant, "constant"}, {Schedule::kSt
 BATCHDIST_ENUM_NAMES(TaskKind, {TaskKind::kAuto, "auto"},
                      {TaskKind::kClassification, "classification"},
                      {TaskKind::kRegression, "regression"},
-                     {TaskKind::kLanguageModel, "language_model"});
+                     {TaskKind::kLanguageModel, "language_model"},
+                     {TaskKind::kModuleLoss, "module_loss"});
 BATCHDIST_ENUM_NAMES(ModelName, {ModelName::kMlp, "mlp"}, {ModelName::kCnn, "cnn"},
                      {ModelName::kResnet18, "resnet18"}, {ModelName::kResnet50, "resnet50"},
                      {ModelName::kTorchscript, "torchscript"}, {ModelName::kGpt, "gpt"});
@@ -109,6 +110,7 @@ ConfigError keyError(const std::string& source, const std::string& key, const st
 /// Note [task] in worker/task/task.h; Note [task choice] in worker/task/task.cc.
 struct TaskConfig {
   TaskKind name = TaskKind::kAuto;           ///< auto: from the data (float targets: regression; tokens: language_model)
+                                             ///< and the model (a TorchScript forward(x, target): module_loss)
 };
 
 struct ModelConfig {

@@ -708,10 +708,12 @@ DataSplit loadWebdataset(const DataConfig& cfg, int64_t seed, const std::string&
 }
 
 /// y.npy's values as a tensor: int32/int64 labels (int64), or float32/float64
-/// targets of regression (float32, N or N x k: Note [task choice]).
-at::Tensor npyTargets(const NpyArray& y, const std::string& y_path, int64_t n) {
+/// targets of regression (float32, N or N x k: Note [task choice]). For a module's
+/// own loss (`module_targets`, Note [module loss]) any shape N x ..., integers as
+/// int64 (not labels: no range), floats as float32.
+at::Tensor npyTargets(const NpyArray& y, const std::string& y_path, int64_t n, bool module_targets) {
   if (y.type == NpyType::kFloat32 || y.type == NpyType::kFloat64) {
-    if (y.shape.size() != 1 && y.shape.size() != 2) {
+    if (!module_targets && y.shape.size() != 1 && y.shape.size() != 2) {
       throw ConfigError(strCat(y_path, ": expected N float targets or N x k, got shape ",
                                shapeText(y.shape)));
     }
@@ -724,6 +726,11 @@ at::Tensor npyTargets(const NpyArray& y, const std::string& y_path, int64_t n) {
       throw ConfigError(strCat(y_path, ": target of sample ", bad, " is not finite (NaN or inf)"));
     }
     return t;
+  }
+  if (module_targets) {
+    return at::from_blob(const_cast<uint8_t*>(y.data), y.shape,
+                         at::TensorOptions().dtype(y.type == NpyType::kInt32 ? at::kInt : at::kLong))
+        .to(at::kLong, /*non_blocking=*/false, /*copy=*/true);
   }
   if (y.shape.size() != 1) {
     throw ConfigError(strCat(y_path, ": expected a 1-D array of N labels, got shape ",
@@ -749,8 +756,8 @@ at::Tensor npyTargets(const NpyArray& y, const std::string& y_path, int64_t n) {
 }
 
 /// x.npy (N x ..., uint8/float16/float32) and y.npy (N, int32/int64 labels; or N
-/// or N x k, float32/float64 targets), mapped.
-Dataset loadNpyPair(const std::string& x_path, const std::string& y_path) {
+/// or N x k, float32/float64 targets; a module's own loss: any N x ...), mapped.
+Dataset loadNpyPair(const std::string& x_path, const std::string& y_path, bool module_targets) {
   auto x = mapNpy(x_path, {NpyType::kUint8, NpyType::kFloat16, NpyType::kFloat32});
   auto y = mapNpy(y_path, {NpyType::kInt32, NpyType::kInt64, NpyType::kFloat32, NpyType::kFloat64});
   if (x.shape.empty() || x.shape[0] < 1) {
@@ -770,7 +777,7 @@ Dataset loadNpyPair(const std::string& x_path, const std::string& y_path) {
   d.x = at::from_blob(const_cast<uint8_t*>(x.data), x.shape, [keep](void*) mutable { keep.reset(); },
                       at::TensorOptions().dtype(dtype));
   d.mapped = true;
-  d.target = npyTargets(y, y_path, n);
+  d.target = npyTargets(y, y_path, n, module_targets);
   d.sample_shape.assign(x.shape.begin() + 1, x.shape.end());
   if (d.sample_shape.empty()) d.sample_shape = {1};
   d.x = d.x.view([&] {
@@ -791,6 +798,19 @@ std::vector<int64_t> labelVector(const at::Tensor& y) {
 /// Note [class count] over y.npy then val_y.npy (absent: undefined `val_y`).
 int64_t npyClasses(const DataConfig& cfg, const std::string& dir, const at::Tensor& y,
                    const at::Tensor& val_y, const DataContext& ctx) {
+  if (ctx.module_targets) {
+    // Note [module loss]: the module's targets as they are: no classes; both files alike.
+    const auto what = [](const at::Tensor& t) {
+      const std::vector<int64_t> row(t.sizes().begin() + 1, t.sizes().end());
+      return strCat(t.is_floating_point() ? "float" : "integer", " targets of shape ",
+                    shapeText(row), " per sample");
+    };
+    if (val_y.defined() && what(val_y) != what(y)) {
+      throw ConfigError(strCat(fileIn(dir, "val_y.npy"), ": ", what(val_y), ", but y.npy has ",
+                               what(y), "; give both alike"));
+    }
+    return 0;
+  }
   if (y.is_floating_point() || (val_y.defined() && val_y.is_floating_point())) {
     // Regression targets (Note [task choice]): no classes; both files alike.
     const auto what = [](const at::Tensor& t) {
@@ -890,7 +910,7 @@ DataSplit loadNpy(const DataConfig& cfg, int64_t seed, const std::string& base_d
                   const DataContext& ctx) {
   const auto dir = resolvePath(cfg.path, base_dir);
   DataSplit split;
-  auto all = loadNpyPair(fileIn(dir, "x.npy"), fileIn(dir, "y.npy"));
+  auto all = loadNpyPair(fileIn(dir, "x.npy"), fileIn(dir, "y.npy"), ctx.module_targets);
   const auto type = all.x.scalar_type() == at::kByte   ? "uint8"
                     : all.x.scalar_type() == at::kHalf ? "float16"
                                                        : "float32";
@@ -908,7 +928,7 @@ DataSplit loadNpy(const DataConfig& cfg, int64_t seed, const std::string& base_d
     splitSeeded(all, cfg.val_fraction, seed, &split);
     return split;
   }
-  auto val = loadNpyPair(fileIn(dir, "val_x.npy"), fileIn(dir, "val_y.npy"));
+  auto val = loadNpyPair(fileIn(dir, "val_x.npy"), fileIn(dir, "val_y.npy"), ctx.module_targets);
   if (val.sample_shape != all.sample_shape) {
     throw ConfigError(strCat(fileIn(dir, "val_x.npy"), ": samples of shape ",
                              shapeText(val.sample_shape), ", but x.npy's are ",

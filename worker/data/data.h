@@ -50,7 +50,7 @@ struct TokenSource {
 
 struct Dataset {
   at::Tensor x;                       ///< [N', sample_shape...], float32/16 or uint8; undefined for a Source
-  at::Tensor target;                  ///< [N] int64 class labels (classification), [N] or [N, k] float (regression); tokens: [N, T] windows
+  at::Tensor target;                  ///< [N] int64 class labels (classification), [N] or [N, k] float (regression); tokens: [N, T] windows; a module's own loss: npy's [N, ...] as they are
   std::vector<int64_t> sample_shape;  ///< e.g. {1, 8, 8} or {64}; a Source: {3, size, size}
   int64_t classes = 0;
   double x_scale = 1.0;               ///< multiply x by this after float conversion (uint8: 1/255)
@@ -95,6 +95,11 @@ struct DataContext {
   std::function<void(const std::string&)> note;
   /// Warnings (rank 0): bad files a walk found, classes without a sample.
   std::function<void(const std::string&)> warn;
+  /// The task is a TorchScript module's own loss (Note [module loss] in
+  /// worker/task/task.cc: trainsModuleLoss): npy's targets pass as they are, any
+  /// shape N x ..., int32/int64 as int64 and float32/float64 as float32; no class
+  /// count. Every other task keeps its targets' rules.
+  bool module_targets = false;
 };
 
 /// Loads and splits the data set of `cfg.data` (seeded by `seed`). Relative paths

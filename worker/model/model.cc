@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <numeric>
 #include <sstream>
 
@@ -37,6 +39,10 @@ std::vector<torch::Tensor> Model::state() const {
   auto out = parameters();
   for (auto& b : buffers()) out.push_back(b);
   return out;
+}
+
+c10::IValue Model::forwardWithTarget(const torch::Tensor& x, const torch::Tensor& target) {
+  throw Error(strCat(describe(), ": forward takes one input, not (x, target)"));
 }
 
 std::string parameterCountText(int64_t n) {
@@ -281,23 +287,25 @@ class ScriptModel : public Model {
  public:
   ScriptModel(torch::jit::Module m, std::string path) : m_(std::move(m)), path_(std::move(path)) {}
   torch::Tensor forward(const torch::Tensor& x) override {
-    c10::IValue out;
-    try {
-      out = m_.forward({x});
-    } catch (const c10::OutOfMemoryError&) {
-      throw;  // the batch search and training handle it by type
-    } catch (const std::bad_alloc&) {
-      throw;
-    } catch (const std::exception& e) {
-      // The interpreter's message names the Python line, not the file: add it.
-      // (An out-of-memory inside the interpreter keeps its "out of memory" text.)
-      throw TrainingError(strCat("model ", path_, ": forward failed on input of shape ",
-                                 shapeText(x.sizes().vec()), ": ", essence(e.what())));
-    }
+    const auto out = call({x}, [&] {
+      return strCat("forward failed on input of shape ", shapeText(x.sizes().vec()));
+    });
     if (!out.isTensor()) {
       throw ConfigError(strCat("model.path: ", path_, ": forward must return one Tensor of logits"));
     }
     return out.toTensor();
+  }
+  bool takesTarget() const override { return forwardInputs(m_) >= 2; }
+  c10::IValue forwardWithTarget(const torch::Tensor& x, const torch::Tensor& target) override {
+    return call({x, target}, [&] {
+      return strCat("forward(x, target) failed on x of shape ", shapeText(x.sizes().vec()),
+                    " and target of shape ", shapeText(target.sizes().vec()));
+    });
+  }
+  /// forward's inputs after self (Note [module loss]: 2, the target too).
+  static std::size_t forwardInputs(const torch::jit::Module& m) {
+    const auto method = m.find_method("forward");
+    return method ? method->function().getSchema().arguments().size() - 1 : 0;
   }
   std::vector<std::pair<std::string, torch::Tensor>> namedParameters() const override {
     std::vector<std::pair<std::string, torch::Tensor>> out;
@@ -330,6 +338,23 @@ class ScriptModel : public Model {
   }
 
  private:
+  /// forward(inputs); the interpreter's message names the Python line, not the
+  /// file: what() and the file are added. An out-of-memory passes as it is (the
+  /// batch search and training handle it by type; one inside the interpreter
+  /// keeps its "out of memory" text).
+  template <typename What>
+  c10::IValue call(std::vector<c10::IValue> inputs, const What& what) {
+    try {
+      return m_.forward(std::move(inputs));
+    } catch (const c10::OutOfMemoryError&) {
+      throw;
+    } catch (const std::bad_alloc&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw TrainingError(strCat("model ", path_, ": ", what(), ": ", essence(e.what())));
+    }
+  }
+
   mutable torch::jit::Module m_;
   std::string path_;
 };
@@ -476,8 +501,10 @@ std::unique_ptr<Model> buildModel(const ModelConfig& cfg, const std::vector<int6
   SyncBatchNorm* sync = shared.get();
   if (cfg.name == ModelName::kTorchscript) {
     const auto path = resolvePath(cfg.path, base_dir);
-    return checked(std::make_unique<ScriptModel>(loadScript(path), path), shape, classes,
-                   "model.path: " + path);
+    auto model = std::make_unique<ScriptModel>(loadScript(path), path);
+    // Note [module loss]: forward(x, target) is tried by its task, with real targets.
+    if (model->takesTarget()) return model;
+    return checked(std::move(model), shape, classes, "model.path: " + path);
   }
   // Note [gpt]: token samples in, [N, T, vocab] out (data.name: tokens, the
   // language-model task).
@@ -534,10 +561,44 @@ std::unique_ptr<Model> buildModel(const ModelConfig& cfg, const std::vector<int6
                  "model.name: cnn");
 }
 
+namespace {
+
+/// What the run asks of a TorchScript file before the trainer builds its model.
+struct ScriptFacts {
+  bool has_batchnorm = false;
+  bool takes_target = false;
+};
+
+/// The facts of the file at `path`, loaded once per process (set-up, the task's
+/// choice and the search each ask; a module may be large), again if the file
+/// changed (size or modification time).
+ScriptFacts scriptFacts(const std::string& path) {
+  static std::mutex mutex;
+  static std::map<std::string, std::pair<std::string, ScriptFacts>> seen;  // path -> (stamp, facts)
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  const auto time = std::filesystem::last_write_time(path, ec);
+  const auto stamp = ec ? std::string() : strCat(size, "@", time.time_since_epoch().count());
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (const auto it = seen.find(path); it != seen.end() && !stamp.empty() && it->second.first == stamp) {
+    return it->second.second;
+  }
+  const ScriptModel m(loadScript(path), path);
+  const ScriptFacts facts{m.hasBatchNorm(), m.takesTarget()};
+  seen[path] = {stamp, facts};
+  return facts;
+}
+
+}  // namespace
+
+bool modelTakesTarget(const ModelConfig& cfg, const std::string& base_dir) {
+  return cfg.name == ModelName::kTorchscript &&
+         scriptFacts(resolvePath(cfg.path, base_dir)).takes_target;
+}
+
 bool modelHasBatchNorm(const ModelConfig& cfg, const std::string& base_dir) {
   if (cfg.name == ModelName::kTorchscript) {
-    ScriptModel m(loadScript(resolvePath(cfg.path, base_dir)), cfg.path);
-    return m.hasBatchNorm();
+    return scriptFacts(resolvePath(cfg.path, base_dir)).has_batchnorm;
   }
   if (cfg.name == ModelName::kResnet18 || cfg.name == ModelName::kResnet50) return true;
   if (cfg.name == ModelName::kGpt) return false;

@@ -13,6 +13,10 @@
 #include "collective/communicator.h"
 #include "worker/config/config.h"
 
+namespace c10 {
+struct IValue;
+}  // namespace c10
+
 namespace batchdist::worker {
 
 /// Note [sync batchnorm failure]: with model.sync_batchnorm every training forward
@@ -79,6 +83,13 @@ class Model {
  public:
   virtual ~Model() = default;
   virtual at::Tensor forward(const at::Tensor& x) = 0;
+  /// Note [module loss] (worker/task/task.cc): whether forward takes the target
+  /// too, forward(x, target), and returns its own loss (a TorchScript module).
+  virtual bool takesTarget() const { return false; }
+  /// That forward, its result as the module returned it (a tensor, a tuple or a
+  /// dict); only where takesTarget(). Throws TrainingError naming the file when
+  /// the module's code fails (out of memory: rethrown as it is).
+  virtual c10::IValue forwardWithTarget(const at::Tensor& x, const at::Tensor& target);
   virtual std::vector<std::pair<std::string, at::Tensor>> namedParameters() const = 0;
   virtual std::vector<std::pair<std::string, at::Tensor>> namedBuffers() const = 0;
   virtual void train(bool on) = 0;
@@ -111,14 +122,22 @@ std::string parameterCountText(int64_t n);
 /// TorchScript paths are resolved against `base_dir`. `comm` is used by
 /// model.sync_batchnorm (may be null otherwise). Throws ConfigError when the model
 /// does not fit the data, or the TorchScript file is missing, not TorchScript, or
-/// its forward fails on a sample batch (naming the file and the shape tried).
+/// its forward fails on a sample batch (naming the file and the shape tried). A
+/// module whose forward takes the target is not tried here: its task probes it
+/// with real targets (Task::probe, Note [module loss]).
 std::unique_ptr<Model> buildModel(const ModelConfig& cfg, const std::vector<int64_t>& sample_shape,
                                   int64_t classes, const std::string& base_dir = "",
                                   collective::Communicator* comm = nullptr);
 
 /// Whether the configured model has BatchNorm layers, before the trainer builds
-/// it (loads TorchScript files to look).
+/// it (loads TorchScript files to look, once per file and process).
 bool modelHasBatchNorm(const ModelConfig& cfg, const std::string& base_dir = "");
+
+/// Note [module loss]: whether the configured model is a TorchScript module whose
+/// forward takes the target too (two inputs or more after self), before the
+/// trainer builds it (loads the file to look, once per file and process). Throws
+/// ConfigError when the file is missing or not TorchScript.
+bool modelTakesTarget(const ModelConfig& cfg, const std::string& base_dir = "");
 
 /// Note [sync batchnorm]: while a SyncBatchNorm layer trains, its batch statistics
 /// are summed over all ranks (one allreduce per layer in forward and one in

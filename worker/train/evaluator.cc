@@ -9,7 +9,6 @@
 #include "collective/grad_sync.h"
 #include "worker/common/util.h"
 #include "worker/model/model.h"
-#include "worker/model/precision.h"
 #include "worker/plan/plan.h"
 #include "worker/task/task.h"
 
@@ -59,12 +58,7 @@ EvalResult Evaluator::evaluate(int64_t per_gpu) {
       }
       // Token windows: int64 ids of the file's views (Note [tokens]).
       const auto target = val_.targets(torch::arange(b, e, torch::kLong)).to(device_);
-      torch::Tensor out;
-      {
-        AutocastScope autocast(device_, precision_);
-        out = model_.forward(x);
-      }
-      task_.addEvalSums(out, target, sums);
+      task_.forwardEvalSums(model_, x, target, {device_, precision_}, sums);  // Note [task]
       sums.back() += static_cast<double>(e - b);
     }
   }

@@ -66,10 +66,13 @@ Trainer::Trainer(const Config& cfg, collective::Communicator& comm, const DataSp
   torch::manual_seed(static_cast<uint64_t>(cfg.train.seed));
   const auto transform = Transform::fromConfig(cfg.data, /*training=*/true);
   const auto task = chooseTask(cfg, data);  // Note [task choice]: the same on every rank
-  task_ = makeTask(task.kind);
-  model_ = buildModel(cfg.model, transform.outputShape(data.train.sample_shape), task.outputs,
-                      cfg.base_dir, &comm_);
+  task_ = makeTask(task.kind, task.module);
+  const auto input_shape = transform.outputShape(data.train.sample_shape);
+  model_ = buildModel(cfg.model, input_shape, task.outputs, cfg.base_dir, &comm_);
   model_->to(device_);
+  // Note [module loss]: a module that returns its own loss is tried here, on every rank.
+  task_->probe(*model_, data.train, input_shape, {device_, cfg.train.precision},
+               plan_.samples_padded > 0);
   collective::broadcastCoalesced(comm_, model_->state(), 0);
   // Per-rank stream for dropout etc., deterministic for a fixed world size.
   torch::manual_seed(static_cast<uint64_t>(cfg.train.seed) + 1000003ull * (comm_.rank() + 1));
@@ -146,7 +149,8 @@ double Trainer::trainStep(int64_t real, double lr, bool* stop, bool* checkpoint)
 // the R samples, whatever the split G = m x a x W; padded samples (w = 0) add nothing.
 // Per token: a language model's sample is a window of T tokens whose loss is their
 // mean (Note [language model] in worker/task/task.cc), so the update is the mean
-// over the R x T real tokens.
+// over the R x T real tokens. The task gives sum_i w_i * l_i (Task::forwardLoss);
+// a TorchScript module's own per-sample loss is weighed alike (Note [module loss]).
 double Trainer::computeGradients(int64_t real) {
   model_->train(true);
   grad_sync_->zeroGrad();
@@ -202,12 +206,7 @@ torch::Tensor Trainer::forwardLoss(const Batch& batch, bool inject) {
                                     "out of memory (injected by BATCHDIST_FAULT_OOM in forward)");
       }
     }
-    torch::Tensor out;
-    {
-      AutocastScope autocast(device_, cfg_.train.precision);
-      out = model_->forward(batch.x);
-    }
-    weighted = (task_->perSampleLoss(out, batch.target) * batch.w).sum();
+    weighted = task_->forwardLoss(*model_, batch, {device_, cfg_.train.precision});  // Note [task]
   } catch (const std::exception& e) {
     if (sync && isOutOfMemory(e)) sync->endForward(/*failed=*/true);
     throw;

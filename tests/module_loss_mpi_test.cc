@@ -1,0 +1,171 @@
+// Note [loss normalisation] for a TorchScript module's own loss (Note [module loss]):
+// the same global batch split as (W=1, a=P), ..., (W=P, a=1) over real ranks gives
+// the same weights: the per-sample loss of tests/data/regression_loss.pt with a
+// padded last batch (whose padding weighs 0: the same weights as keep's short last
+// batch of the same real samples), and the mean of tests/data/mean_loss.pt (taken
+// as the sum) under keep's uneven micro-batches. The mean is refused on every rank
+// when the plan pads. The targets are y.npy of N x 1 x 3, a shape only a module's
+// own loss takes (DataContext::module_targets).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <string>
+
+#include "common/error.h"
+#include "mpi_helpers.h"
+#include "tests/image_fixtures.h"
+#include "tests/scratch_dir.h"
+#include "worker/data/sources/npy.h"
+#include "worker/task/task.h"
+#include "worker/train/trainer.h"
+
+using namespace batchdist;
+using namespace batchdist::worker;
+
+namespace {
+
+constexpr int64_t kSamples = 421;
+
+/// x.npy (421 x 24) and y.npy (421 x 1 x 3, a linear function of x plus noise),
+/// seeded: the same bytes in every rank's own directory.
+void writeArrays(const std::string& dir) {
+  auto gen = at::detail::createCPUGenerator(17);
+  const auto x = at::rand({kSamples, 24}, gen, torch::kFloat);
+  const auto w = at::randn({24, 3}, gen, torch::kFloat);
+  const auto y = (x.matmul(w) + 0.01 * at::randn({kSamples, 3}, gen, torch::kFloat)).contiguous();
+  const auto bytes = [](const at::Tensor& t) {
+    return std::string(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
+  };
+  batchdist::testing::writeFile(dir + "/x.npy", batchdist::testing::makeNpy(NpyType::kFloat32, {kSamples, 24}, bytes(x)));
+  batchdist::testing::writeFile(dir + "/y.npy", batchdist::testing::makeNpy(NpyType::kFloat32, {kSamples, 1, 3}, bytes(y)));
+}
+
+Config moduleConfig(const std::string& dir, const std::string& module, int64_t global,
+                    const std::string& policy) {
+  return parseConfig(
+      "model: {name: torchscript, path: " BATCHDIST_SOURCE_DIR "/tests/data/" + module + "}\n"
+      "data: {name: npy, path: " + dir + ", val_fraction: 0.1}\n"
+      "batch: {global: " + std::to_string(global) + ", per_gpu: 16, last_batch: " + policy + "}\n"
+      "optim: {name: sgd, lr: 0.1, base_batch: " + std::to_string(global) +
+          ", momentum: 0.9, warmup_steps: 2}\n"
+      "train: {epochs: 3, seed: 3}\n",
+      "module.yaml");
+}
+
+DataSplit loadFor(const Config& cfg) {
+  DataContext ctx;
+  ctx.module_targets = trainsModuleLoss(cfg);  // as prepareData does
+  return loadData(cfg.data, cfg.train.seed, "", ctx);
+}
+
+/// `steps` optimizer steps on the ranks of `comm`; rank 0's flattened parameters.
+torch::Tensor trainSteps(const Config& cfg, collective::Communicator& comm, int64_t steps) {
+  const auto data = loadFor(cfg);
+  EXPECT_EQ(data.train.target.dim(), 3);
+  const auto plan = makePlan(cfg, comm.size(), data.train.size(), modelHasBatchNorm(cfg.model));
+  Trainer trainer(cfg, comm, data, at::kCPU, plan);
+  EXPECT_EQ(trainer.task().kind(), TaskKind::kModuleLoss);
+  Sharder sharder(plan, static_cast<uint64_t>(cfg.train.seed));
+  int64_t global = 0;
+  for (int64_t epoch = 0; global < steps; ++epoch) {
+    sharder.setEpoch(epoch);
+    const int64_t n = std::min(plan.steps_per_epoch, steps - global);
+    trainer.loader().start(trainer.jobs(sharder, 0, n), epoch);
+    for (int64_t s = 0; s < n; ++s, ++global) {
+      trainer.trainStep(sharder.realSamples(s), plan.lrAt(global));
+    }
+  }
+  trainer.checkHealth(0);
+  std::vector<torch::Tensor> flat;
+  for (const auto& p : trainer.model().parameters()) flat.push_back(p.detach().reshape({-1}));
+  return torch::cat(flat);
+}
+
+/// Rank 0's parameters after 30 steps, for every world size W dividing P (a = P / W),
+/// in `dir`'s arrays (on rank 0; empty elsewhere).
+std::map<int, torch::Tensor> weightsPerSplit(const std::string& dir, const std::string& module,
+                                             const std::string& policy) {
+  const int P = mpitest::worldSize();
+  const int64_t G = 16 * P;
+  const auto cfg = moduleConfig(dir, module, G, policy);
+  // The test needs a short last batch: padded (pad) or split unevenly (keep).
+  const auto train = loadFor(cfg).train.size();
+  EXPECT_NE(train % G, 0) << train << " training samples, G " << G;
+  std::map<int, torch::Tensor> weights;
+  for (int W = 1; W <= P; ++W) {
+    if (P % W != 0) continue;
+    mpitest::inGroup(W, [&](collective::Communicator& comm) {
+      // 30 steps cross an epoch boundary and its short last batch (12 steps per epoch at G 32).
+      auto w = trainSteps(cfg, comm, 30);
+      if (comm.rank() == 0) weights[W] = w;
+    });
+  }
+  return weights;
+}
+
+double maxDiff(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a - b).abs().max().item<double>();
+}
+
+/// Rank 0: the weights of every split equal W=1's.
+void expectSameForEverySplit(const std::map<int, torch::Tensor>& weights, const std::string& what) {
+  const int P = mpitest::worldSize();
+  ASSERT_GE(weights.size(), 2u);
+  for (const auto& [W, w] : weights) {
+    const double diff = maxDiff(w, weights.at(1));
+    EXPECT_LT(diff, 1e-5) << what << " W=" << W << " a=" << P / W << ": max |dw| " << diff;
+    std::printf("[ invariance ] %s W=%d a=%d m=16 G=%d: max |w - w(W=1)| = %.3g\n", what.c_str(), W,
+                P / W, 16 * P, diff);
+  }
+}
+
+}  // namespace
+
+TEST(ModuleLossInvariance, PerSampleLossWithPadding) {
+  const testsupport::ScratchDir dir("module_invariance");
+  writeArrays(dir.string());
+  const auto pad = weightsPerSplit(dir.string(), "regression_loss.pt", "pad");
+  const auto keep = weightsPerSplit(dir.string(), "regression_loss.pt", "keep");
+  if (mpitest::worldRank() != 0) return;
+  expectSameForEverySplit(pad, "regression_loss.pt sgd/pad");
+  // Padding weighs 0: the padded last batch trains as keep's short one, which
+  // holds the same real samples (one permutation per epoch) and nothing else.
+  const int P = mpitest::worldSize();
+  const double diff = maxDiff(pad.at(P), keep.at(1));
+  EXPECT_LT(diff, 1e-5) << "pad W=" << P << " vs keep W=1: max |dw| " << diff;
+  std::printf("[ invariance ] regression_loss.pt pad W=%d vs keep W=1: max |dw| = %.3g\n", P, diff);
+}
+
+// A mean is taken as the batch's sum: keep's uneven micro-batches weigh alike.
+TEST(ModuleLossInvariance, MeanLossUnderKeep) {
+  const testsupport::ScratchDir dir("module_invariance_mean");
+  writeArrays(dir.string());
+  const auto keep = weightsPerSplit(dir.string(), "mean_loss.pt", "keep");
+  if (mpitest::worldRank() == 0) expectSameForEverySplit(keep, "mean_loss.pt sgd/keep");
+}
+
+// Every rank refuses the mean at set-up, before any collective: nothing waits.
+TEST(ModuleLossInvariance, MeanLossRefusedOnEveryRankWhenThePlanPads) {
+  const testsupport::ScratchDir dir("module_mean_pad");
+  writeArrays(dir.string());
+  const int P = mpitest::worldSize();
+  const auto cfg = moduleConfig(dir.string(), "mean_loss.pt", 16 * P, "pad");
+  mpitest::inGroup(P, [&](collective::Communicator& comm) {
+    const auto data = loadFor(cfg);
+    const auto plan = makePlan(cfg, comm.size(), data.train.size(), false);
+    ASSERT_GT(plan.samples_padded, 0);
+    std::string error = "(no error)";
+    try {
+      Trainer trainer(cfg, comm, data, at::kCPU, plan);
+    } catch (const ConfigError& e) {
+      error = e.what();
+    }
+    EXPECT_EQ(error, "model.path: " BATCHDIST_SOURCE_DIR "/tests/data/mean_loss.pt: forward(x, "
+                     "target) returned the batch's mean loss (a 0-d tensor), which cannot leave "
+                     "out the padding of batch.last_batch: pad (samples of weight 0); return one "
+                     "loss per sample instead, a [N] tensor (reduction='none', e.g. "
+                     "F.mse_loss(out, target, reduction='none').mean(1)), or use "
+                     "batch.last_batch: drop");
+  });
+}
