@@ -711,7 +711,7 @@ void readModel(Context& ctx, const YAML::Node& root, ModelConfig& c) {
   // cut and check its windows (Note [tokens]).
   if (c.name != ModelName::kGpt) {
     const auto data = root["data"];
-    const bool windows = c.name == ModelName::kTorchscript && data.IsMap() && data["name"] &&
+    const bool windows = c.name == ModelName::kTorchscript && data && data.IsMap() && data["name"] &&
                          data["name"].IsScalar() && data["name"].Scalar() == "tokens";
     for (const char* key : {"layers", "heads", "embed", "vocab", "seq_len"}) {
       if (!windows || (std::string(key) != "vocab" && std::string(key) != "seq_len")) {

@@ -619,6 +619,15 @@ TrainState Trainer::state() {
   return st;
 }
 
+namespace {
+
+/// A task's epoch figures after two spaces, or nothing (a module that logs no metrics).
+std::string joinedFigures(const std::string& figures) {
+  return figures.empty() ? figures : "  " + figures;
+}
+
+}  // namespace
+
 EpochStats Trainer::finishEpoch(const EpochRun& e, Console& console) {
   const double train_secs = monotonicSeconds() - e.started;
   const double train_loss =
@@ -630,8 +639,8 @@ EpochStats Trainer::finishEpoch(const EpochRun& e, Console& console) {
   noise_.resetWindow();
   console.line(strCat(epochLabel(e.epoch), "  train_loss ",
                       formatFixed(train_loss, 4),
-                      ev.samples > 0 ? strCat("  eval_loss ", formatFixed(ev.loss, 4), "  ",
-                                              task_->epochFigures(ev.metrics), "  ")
+                      ev.samples > 0 ? strCat("  eval_loss ", formatFixed(ev.loss, 4),
+                                              joinedFigures(task_->epochFigures(ev.metrics)), "  ")
                                      : std::string("  (no validation set)  "),
                       static_cast<int64_t>(st.samples_per_s), " samples/s",
                       tokenRate(st.samples_per_s, plan_.tokens_per_sample), "  (",
