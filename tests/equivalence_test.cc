@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "mpi_helpers.h"
+#include "split_invariance.h"
 #include "tests/image_fixtures.h"
 #include "tests/scratch_dir.h"
 #include "worker/data/sources/npy.h"
@@ -16,30 +17,11 @@
 
 using namespace batchdist;
 using namespace batchdist::worker;
+using batchdist::testsupport::expectSameAsOneRank;
+using batchdist::testsupport::trainSteps;
+using batchdist::testsupport::weightsForEverySplit;
 
 namespace {
-
-/// Trains `steps` optimizer steps on the ranks of `comm`; returns the flattened
-/// parameters (identical on every rank of the group).
-torch::Tensor trainSteps(const Config& cfg, collective::Communicator& comm, int64_t steps) {
-  const auto data = loadData(cfg.data, cfg.train.seed, "");
-  const auto plan = makePlan(cfg, comm.size(), data.train.size(), modelHasBatchNorm(cfg.model));
-  Trainer trainer(cfg, comm, data, at::kCPU, plan);
-  Sharder sharder(plan, static_cast<uint64_t>(cfg.train.seed));
-  int64_t global = 0;
-  for (int64_t epoch = 0; global < steps; ++epoch) {
-    sharder.setEpoch(epoch);
-    const int64_t n = std::min(plan.steps_per_epoch, steps - global);
-    trainer.loader().start(trainer.jobs(sharder, 0, n), epoch);
-    for (int64_t s = 0; s < n; ++s, ++global) {
-      trainer.trainStep(sharder.realSamples(s), plan.lrAt(global));
-    }
-  }
-  trainer.checkHealth(0);
-  std::vector<torch::Tensor> flat;
-  for (const auto& p : trainer.model().parameters()) flat.push_back(p.detach().reshape({-1}));
-  return torch::cat(flat);
-}
 
 Config invarianceConfig(int64_t global, const std::string& policy, const std::string& optim,
                         const std::string& optim_extra = "") {
@@ -51,40 +33,6 @@ Config invarianceConfig(int64_t global, const std::string& policy, const std::st
           ", momentum: 0.9, weight_decay: 0.001, warmup_steps: 2" + optim_extra + "}\n"
       "train: {epochs: 3, seed: 3}\n",
       "invariance.yaml");
-}
-
-/// Rank 0's parameters after `steps` steps of `cfg` for every split of its
-/// global batch over W ranks, W dividing the world size P (a = P / W micro-batches
-/// each); an empty map on the other ranks.
-std::map<int, torch::Tensor> weightsForEverySplit(const Config& cfg, int64_t steps,
-                                                  const std::string& backend = "gloo") {
-  const int P = mpitest::worldSize();
-  std::map<int, torch::Tensor> weights;  // world size -> rank 0's parameters
-  for (int W = 1; W <= P; ++W) {
-    if (P % W != 0) continue;
-    mpitest::inGroup(W, [&](collective::Communicator& comm) {
-      auto w = trainSteps(cfg, comm, steps);
-      if (comm.rank() == 0) weights[W] = w;
-    }, backend);
-  }
-  return weights;
-}
-
-/// On rank 0: every split's weights are within `tolerance` of W=1's (max |dw|),
-/// each difference printed under `label`.
-void expectSameAsOneRank(const std::map<int, torch::Tensor>& weights, double tolerance,
-                         const std::string& label, int64_t G) {
-  if (mpitest::worldRank() != 0) return;
-  const int P = mpitest::worldSize();
-  ASSERT_GE(weights.size(), 2u);
-  const auto& ref = weights.at(1);
-  for (const auto& [W, w] : weights) {
-    const double diff = (w - ref).abs().max().item<double>();
-    EXPECT_LT(diff, tolerance) << label << " W=" << W << " a=" << P / W << " vs W=1 a=" << P
-                               << ": max |dw| " << diff;
-    std::printf("[ invariance ] %s W=%d a=%d G=%lld: max |w - w(W=1)| = %.3g\n", label.c_str(), W,
-                P / W, static_cast<long long>(G), diff);
-  }
 }
 
 /// SGD's update is linear in the gradient, so float summation order is all that

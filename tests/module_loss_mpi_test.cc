@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "mpi_helpers.h"
+#include "split_invariance.h"
 #include "tests/image_fixtures.h"
 #include "tests/scratch_dir.h"
 #include "worker/data/sources/npy.h"
@@ -59,49 +60,21 @@ DataSplit loadFor(const Config& cfg) {
   return loadData(cfg.data, cfg.train.seed, "", ctx);
 }
 
-/// `steps` optimizer steps on the ranks of `comm`; rank 0's flattened parameters.
-torch::Tensor trainSteps(const Config& cfg, collective::Communicator& comm, int64_t steps) {
-  const auto data = loadFor(cfg);
-  EXPECT_EQ(data.train.target.dim(), 3);
-  const auto plan = makePlan(cfg, comm.size(), data.train.size(), modelHasBatchNorm(cfg.model));
-  Trainer trainer(cfg, comm, data, at::kCPU, plan);
-  EXPECT_EQ(trainer.task().kind(), TaskKind::kModuleLoss);
-  Sharder sharder(plan, static_cast<uint64_t>(cfg.train.seed));
-  int64_t global = 0;
-  for (int64_t epoch = 0; global < steps; ++epoch) {
-    sharder.setEpoch(epoch);
-    const int64_t n = std::min(plan.steps_per_epoch, steps - global);
-    trainer.loader().start(trainer.jobs(sharder, 0, n), epoch);
-    for (int64_t s = 0; s < n; ++s, ++global) {
-      trainer.trainStep(sharder.realSamples(s), plan.lrAt(global));
-    }
-  }
-  trainer.checkHealth(0);
-  std::vector<torch::Tensor> flat;
-  for (const auto& p : trainer.model().parameters()) flat.push_back(p.detach().reshape({-1}));
-  return torch::cat(flat);
-}
-
 /// Rank 0's parameters after 30 steps, for every world size W dividing P (a = P / W),
 /// in `dir`'s arrays (on rank 0; empty elsewhere).
 std::map<int, torch::Tensor> weightsPerSplit(const std::string& dir, const std::string& module,
                                              const std::string& policy) {
-  const int P = mpitest::worldSize();
-  const int64_t G = 16 * P;
+  const int64_t G = 16 * mpitest::worldSize();
   const auto cfg = moduleConfig(dir, module, G, policy);
   // The test needs a short last batch: padded (pad) or split unevenly (keep).
-  const auto train = loadFor(cfg).train.size();
+  const auto data = loadFor(cfg);
+  EXPECT_EQ(data.train.target.dim(), 3);  // N x 1 x 3: a shape only a module's own loss takes
+  const auto train = data.train.size();
   EXPECT_NE(train % G, 0) << train << " training samples, G " << G;
-  std::map<int, torch::Tensor> weights;
-  for (int W = 1; W <= P; ++W) {
-    if (P % W != 0) continue;
-    mpitest::inGroup(W, [&](collective::Communicator& comm) {
-      // 30 steps cross an epoch boundary and its short last batch (12 steps per epoch at G 32).
-      auto w = trainSteps(cfg, comm, 30);
-      if (comm.rank() == 0) weights[W] = w;
-    });
-  }
-  return weights;
+  // 30 steps cross an epoch boundary and its short last batch (12 steps per epoch at G 32).
+  return testsupport::weightsForEverySplit(cfg, 30, "gloo", loadFor, [](Trainer& trainer) {
+    EXPECT_EQ(trainer.task().kind(), TaskKind::kModuleLoss);
+  });
 }
 
 double maxDiff(const torch::Tensor& a, const torch::Tensor& b) {
@@ -110,14 +83,7 @@ double maxDiff(const torch::Tensor& a, const torch::Tensor& b) {
 
 /// Rank 0: the weights of every split equal W=1's.
 void expectSameForEverySplit(const std::map<int, torch::Tensor>& weights, const std::string& what) {
-  const int P = mpitest::worldSize();
-  ASSERT_GE(weights.size(), 2u);
-  for (const auto& [W, w] : weights) {
-    const double diff = maxDiff(w, weights.at(1));
-    EXPECT_LT(diff, 1e-5) << what << " W=" << W << " a=" << P / W << ": max |dw| " << diff;
-    std::printf("[ invariance ] %s W=%d a=%d m=16 G=%d: max |w - w(W=1)| = %.3g\n", what.c_str(), W,
-                P / W, 16 * P, diff);
-  }
+  testsupport::expectSameAsOneRank(weights, 1e-5, what + " m=16", 16 * mpitest::worldSize());
 }
 
 }  // namespace
