@@ -148,6 +148,15 @@ TEST(Diagnose, GlobalBatchFarAboveTheNoiseScaleIsReportedWithItsNumbers) {
   EXPECT_NE(f.find("3.1x the epochs"), std::string::npos) << f;
   r.history.back().noise_scale = 400;  // 1.3x: nothing to say
   for (const auto& s : diagnose(cfg, r, false, "cpu")) EXPECT_EQ(s.find("noise scale"), std::string::npos) << s;
+  // A noise scale below 1 is quoted as it is, not rounded to a 0 the ratio divides by.
+  r.history.back().noise_scale = 0.43;
+  found = diagnose(cfg, r, false, "cpu");
+  ASSERT_FALSE(found.empty());
+  EXPECT_NE(found.back().find("B_simple ~ 0.43 ("), std::string::npos) << found.back();
+  EXPECT_NE(found.back().find("(1 + 512/0.43) / 2 = 595.8x"), std::string::npos) << found.back();
+  EXPECT_EQ(noiseScaleText(9.96), "10");
+  EXPECT_EQ(noiseScaleText(1.26), "1.3");
+  EXPECT_EQ(noiseScaleText(123.4), "123");
   r.history.back().noise_scale = 5000;  // far below: a larger batch is cheap
   found = diagnose(cfg, r, false, "cpu");
   ASSERT_FALSE(found.empty());

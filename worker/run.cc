@@ -269,7 +269,7 @@ void summaryLines(const RunRequest& req, const RunSetup& s, const Trainer& train
                       formatFixed(100 * t.skew / tt, 1), " % of step time (rank 0)"));
   for (const auto& f : info.diagnosis) console.line("diagnosis: " + f);
   if (result.noise.b_simple > 0) {
-    console.line(strCat("gradient noise scale: B_simple ~ ", formatFixed(result.noise.b_simple, 0),
+    console.line(strCat("gradient noise scale: B_simple ~ ", noiseScaleText(result.noise.b_simple),
                         " samples (smoothed), global batch ", trainer.plan().global));
   }
   console.line(strCat(result.completed ? "done: " : "stopped early: ", result.steps,

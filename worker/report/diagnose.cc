@@ -1,6 +1,7 @@
 #include "worker/report/diagnose.h"
 
 #include <cmath>
+#include <cstdio>
 #include <optional>
 
 #include "common/error.h"
@@ -68,7 +69,7 @@ std::optional<std::string> noiseFinding(const Config& cfg, const TrainResult& r,
   }
   if (b <= 0 || r.noise.b_big <= 0) return std::nullopt;
   const double g = static_cast<double>(r.noise.b_big);
-  const std::string bs = formatFixed(b, 0);
+  const std::string bs = noiseScaleText(b);
   const auto a = advice(b, n, min_steps);
   if (g >= kFarAbove * b) {
     return strCat("noise scale: the global batch ", r.noise.b_big, " is ", formatFixed(g / b, 1),
@@ -98,6 +99,13 @@ std::optional<std::string> noiseFinding(const Config& cfg, const TrainResult& r,
 }
 
 }  // namespace
+
+std::string noiseScaleText(double b) {
+  if (b >= 10) return formatFixed(b, 0);
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2g", b);
+  return text;
+}
 
 std::vector<std::string> diagnose(const Config& cfg, const TrainResult& r, bool cuda,
                                   const std::string& device_name, int64_t train_samples) {

@@ -16,4 +16,9 @@ namespace batchdist::worker {
 std::vector<std::string> diagnose(const Config& cfg, const TrainResult& r, bool cuda,
                                   const std::string& device_name, int64_t train_samples = 0);
 
+/// A noise scale B_simple as the console and the diagnosis quote it: whole
+/// samples from 10 up, two significant digits below (a B of 0.4 is not "0",
+/// which a ratio like G / B would then divide by).
+std::string noiseScaleText(double b);
+
 }  // namespace batchdist::worker
