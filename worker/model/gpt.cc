@@ -3,12 +3,12 @@
 #include <torch/torch.h>
 
 #include <cmath>
-#include <sstream>
 #include <string>
 
 #include "common/device_compat.h"
 #include "common/error.h"
 #include "worker/common/util.h"
+#include "worker/model/nn_module_model.h"
 
 namespace batchdist::worker {
 namespace nn = torch::nn;
@@ -151,11 +151,12 @@ std::string shapeName(const GptShape& s) {
                 s.vocab, ", seq ", s.seq_len, ")");
 }
 
-/// The Model the trainer sees (as NnModel in model.cc, with the input checks a
-/// token model needs).
-class GptModel : public Model {
+/// The Model the trainer sees: a built-in (NnModuleModel) with the input checks a
+/// token model needs.
+class GptModel : public NnModuleModel {
  public:
-  GptModel(GptNet net, GptShape shape) : net_(std::move(net)), shape_(shape) {}
+  GptModel(GptNet net, GptShape shape)
+      : NnModuleModel(net.ptr()), net_(std::move(net)), shape_(shape) {}
 
   torch::Tensor forward(const torch::Tensor& x) override {
     if (x.dim() != 2 || !c10::isIntegralType(x.scalar_type(), /*includeBool=*/false)) {
@@ -168,25 +169,6 @@ class GptModel : public Model {
                                x.size(1), " tokens per sample; raise model.seq_len"));
     }
     return net_->forward(x.scalar_type() == at::kLong ? x : x.to(at::kLong));
-  }
-  std::vector<std::pair<std::string, torch::Tensor>> namedParameters() const override {
-    std::vector<std::pair<std::string, torch::Tensor>> out;
-    for (const auto& item : net_->named_parameters()) out.emplace_back(item.key(), item.value());
-    return out;
-  }
-  std::vector<std::pair<std::string, torch::Tensor>> namedBuffers() const override {
-    std::vector<std::pair<std::string, torch::Tensor>> out;
-    for (const auto& item : net_->named_buffers()) out.emplace_back(item.key(), item.value());
-    return out;
-  }
-  void train(bool on) override { net_->train(on); }
-  void to(const at::Device& device) override { net_->to(device); }
-  std::string serialize() override {
-    torch::serialize::OutputArchive archive;
-    net_->save(archive);
-    std::ostringstream out;
-    archive.save_to(out);
-    return out.str();
   }
   bool hasBatchNorm() const override { return false; }
   std::string describe() const override {

@@ -14,6 +14,7 @@
 #include "worker/common/util.h"
 #include "worker/config/config.h"
 #include "worker/model/gpt.h"
+#include "worker/model/nn_module_model.h"
 
 namespace batchdist::worker {
 namespace nn = torch::nn;
@@ -242,31 +243,13 @@ bool moduleHasBatchNorm(const nn::Module& m) {
 
 /// A built-in torch::nn model.
 template <typename Holder>
-class NnModel : public Model {
+class NnModel : public NnModuleModel {
  public:
   NnModel(Holder module, std::string name, std::shared_ptr<SyncBatchNorm> sync)
-      : module_(std::move(module)), name_(std::move(name)), sync_(std::move(sync)) {}
+      : NnModuleModel(module.ptr()), module_(std::move(module)), name_(std::move(name)),
+        sync_(std::move(sync)) {}
   torch::Tensor forward(const torch::Tensor& x) override { return module_->forward(x); }
   SyncBatchNorm* syncBatchNorm() override { return sync_ && sync_->layers() > 0 ? sync_.get() : nullptr; }
-  std::vector<std::pair<std::string, torch::Tensor>> namedParameters() const override {
-    std::vector<std::pair<std::string, torch::Tensor>> out;
-    for (const auto& item : module_->named_parameters()) out.emplace_back(item.key(), item.value());
-    return out;
-  }
-  std::vector<std::pair<std::string, torch::Tensor>> namedBuffers() const override {
-    std::vector<std::pair<std::string, torch::Tensor>> out;
-    for (const auto& item : module_->named_buffers()) out.emplace_back(item.key(), item.value());
-    return out;
-  }
-  void train(bool on) override { module_->train(on); }
-  void to(const at::Device& device) override { module_->to(device); }
-  std::string serialize() override {
-    torch::serialize::OutputArchive archive;
-    module_->save(archive);
-    std::ostringstream out;
-    archive.save_to(out);
-    return out.str();
-  }
   bool hasBatchNorm() const override { return moduleHasBatchNorm(*module_); }
   std::string describe() const override {
     int64_t n = 0;
