@@ -16,6 +16,14 @@ std::vector<double> Communicator::allreduce(const std::vector<double>& values, R
   return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
 }
 
+void Communicator::reduceScatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) {
+  reduceScatterAsync(input, output, op)->wait();
+}
+
+void Communicator::allgatherInto(const at::Tensor& input, at::Tensor& output) {
+  allgatherIntoAsync(input, output)->wait();
+}
+
 double Communicator::allreduce(double value, ReduceOp op) {
   return allreduce(std::vector<double>{value}, op)[0];
 }

@@ -45,7 +45,7 @@ class Communicator {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  /// "gloo" or "nccl".
+  /// "gloo", "mpi" or "nccl".
   virtual std::string backendName() const = 0;
   /// Device that tensors passed to this communicator live on.
   virtual at::Device device() const = 0;
@@ -60,6 +60,33 @@ class Communicator {
   /// Returns a tensor of shape [size(), t.sizes()...] holding every rank's `t`.
   virtual at::Tensor allgather(const at::Tensor& t) = 0;
   virtual void barrier() = 0;
+
+  // Flat collectives over one buffer of W x n elements, W = size(), for state
+  // sharded over the ranks (Note [flat collectives] in collective/flat_collectives.h).
+  // Both tensors 1-D and contiguous, of one dtype, on device(); output may be input's
+  // slot of this rank (reduceScatter) or input output's (allgatherInto), in place;
+  // any other overlap, layout or size is refused with a CollectiveError naming what
+  // was passed. Every rank passes the same n.
+
+  /// Rank r's `output` (n elements) receives the reduction over the ranks of their
+  /// `input` slices [r n, (r+1) n) (`input`: W x n elements). `input` is unchanged.
+  void reduceScatter(const at::Tensor& input, at::Tensor& output, ReduceOp op);
+  /// Starts a reduceScatter: `input` and `output` must stay alive, and `input`
+  /// unchanged, until wait(); `output` holds the result after wait() (on NCCL:
+  /// enqueued on the current stream), and only then: some paths write it inside
+  /// wait() (Gloo's emulation, MPI's staged copies).
+  virtual std::unique_ptr<PendingWork> reduceScatterAsync(const at::Tensor& input,
+                                                          at::Tensor& output, ReduceOp op) = 0;
+  /// Every rank's `output` (W x n elements) receives rank r's `input` (n elements)
+  /// at [r n, (r+1) n): the inverse of reduceScatter's layout.
+  void allgatherInto(const at::Tensor& input, at::Tensor& output);
+  /// Starts an allgatherInto, with reduceScatterAsync's lifetime rules.
+  virtual std::unique_ptr<PendingWork> allgatherIntoAsync(const at::Tensor& input,
+                                                          at::Tensor& output) = 0;
+  /// True when this backend runs both flat collectives natively (nccl, mpi); false
+  /// when they are emulated (gloo: reduce-scatter by an allreduce, 2x the bytes of
+  /// the native one; Note [flat collectives]).
+  virtual bool nativeFlatCollectives() const = 0;
 
   // Scalar helpers: small CPU-side values agreed over the ranks (one collective each).
 

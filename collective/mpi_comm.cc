@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "collective/flat_collectives.h"
 #include "collective/process_group.h"
 
 namespace batchdist::collective {
@@ -36,18 +37,30 @@ MPI_Datatype toMpi(at::ScalarType t) {
   }
 }
 
+/// An unsigned integer type as wide as one element of `t`: what an all-gather,
+/// which does no arithmetic, moves any dtype as (half, bfloat16, bool included).
+MPI_Datatype bitsOf(const at::Tensor& t) {
+  switch (t.element_size()) {
+    case 1: return MPI_UINT8_T;
+    case 2: return MPI_UINT16_T;
+    case 4: return MPI_UINT32_T;
+    case 8: return MPI_UINT64_T;
+    default: return MPI_DATATYPE_NULL;
+  }
+}
 
 /// One non-blocking MPI collective. `buffer` is what MPI reads and writes; when
 /// it is a stand-in for the caller's tensor (another dtype, not contiguous),
-/// wait() copies the result back into `target`.
+/// wait() copies the result back into `target`. `send` (may be undefined): a
+/// separate buffer MPI reads, kept alive until the collective completes.
 class MpiWork : public PendingWork {
  public:
-  MpiWork(MPI_Request request, at::Tensor buffer, at::Tensor target, std::string what, int rank,
-          int size, std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Store> store,
-          uint64_t seq)
+  MpiWork(MPI_Request request, at::Tensor buffer, at::Tensor target, at::Tensor send,
+          std::string what, int rank, int size, std::chrono::milliseconds timeout,
+          c10::intrusive_ptr<c10d::Store> store, uint64_t seq)
       : request_(request), buffer_(std::move(buffer)), target_(std::move(target)),
-        what_(std::move(what)), rank_(rank), size_(size), timeout_(timeout),
-        store_(std::move(store)), seq_(seq) {}
+        send_(std::move(send)), what_(std::move(what)), rank_(rank), size_(size),
+        timeout_(timeout), store_(std::move(store)), seq_(seq) {}
 
   ~MpiWork() override {
     // Never leave MPI writing into a freed buffer. A work dropped without wait()
@@ -68,6 +81,7 @@ class MpiWork : public PendingWork {
       }
     }
     new at::Tensor(buffer_);  // leaked: MPI may still write into it
+    if (send_.defined()) new at::Tensor(send_);  // ... or read from it
   }
 
   void progress() override {
@@ -119,6 +133,7 @@ class MpiWork : public PendingWork {
   bool timed_out_ = false;
   at::Tensor buffer_;
   at::Tensor target_;
+  at::Tensor send_;
   std::string what_;
   int rank_;
   int size_;
@@ -189,6 +204,46 @@ class MpiCommunicator : public Communicator {
     return out.to(t.scalar_type());
   }
 
+  std::unique_ptr<PendingWork> reduceScatterAsync(const at::Tensor& input, at::Tensor& output,
+                                                  ReduceOp op) override {
+    const auto shape =
+        checkFlat(FlatCollective::kReduceScatter, input, output, rank_, size_, "mpi");
+    check("reduceScatter", input);  // output: on the same device (checkFlat)
+    if (shape.n == 0) return finishedWork();
+    // MPI reduces half and bfloat16 in float, and may not write into what it
+    // reads (in place): then it works on copies, and wait() writes `output`.
+    const bool native = toMpi(input.scalar_type()) != MPI_DATATYPE_NULL;
+    const bool direct = native && !shape.in_place;
+    at::Tensor send = native ? input : input.to(at::kFloat);
+    at::Tensor recv = direct ? output : at::empty({shape.n}, send.options());
+    MPI_Request req = MPI_REQUEST_NULL;
+    const int rc = MPI_Ireduce_scatter_block(send.data_ptr(), recv.data_ptr(), count(recv),
+                                             toMpi(send.scalar_type()), toMpi(op), comm_, &req);
+    return started(rc, req, std::move(recv), direct ? at::Tensor() : output, "reduceScatter",
+                   std::move(send));
+  }
+
+  std::unique_ptr<PendingWork> allgatherIntoAsync(const at::Tensor& input,
+                                                  at::Tensor& output) override {
+    const auto shape =
+        checkFlat(FlatCollective::kAllgatherInto, input, output, rank_, size_, "mpi");
+    check("allgatherInto", input);  // output: on the same device (checkFlat)
+    if (shape.n == 0) return finishedWork();
+    const MPI_Datatype type = bitsOf(input);
+    if (type == MPI_DATATYPE_NULL) {
+      throw CollectiveError(strCat("mpi allgatherInto: ", input.scalar_type(), " (",
+                                   input.element_size(), " bytes an element) has no MPI type"));
+    }
+    // In place, this rank's n elements are already in their slot of `output`.
+    const void* send = shape.in_place ? MPI_IN_PLACE : input.data_ptr();
+    MPI_Request req = MPI_REQUEST_NULL;
+    const int rc = MPI_Iallgather(send, count(input), type, output.data_ptr(), count(input), type,
+                                  comm_, &req);
+    return started(rc, req, output, at::Tensor(), "allgatherInto", input);
+  }
+
+  bool nativeFlatCollectives() const override { return true; }
+
   void barrier() override {
     auto t = at::zeros({1}, at::kFloat);
     allreduce(t, ReduceOp::kSum);
@@ -225,13 +280,14 @@ class MpiCommunicator : public Communicator {
   }
 
   std::unique_ptr<PendingWork> started(int rc, MPI_Request req, at::Tensor buffer,
-                                       at::Tensor target, const char* what) {
+                                       at::Tensor target, const char* what,
+                                       at::Tensor send = at::Tensor()) {
     ++seq_;
     if (rc != MPI_SUCCESS) {
       throw CollectiveError(strCat("mpi ", what, " #", seq_, " could not start: ", mpiErrorText(rc)));
     }
-    return std::make_unique<MpiWork>(req, std::move(buffer), std::move(target), what, rank_,
-                                     size_, timeout_, store_, seq_);
+    return std::make_unique<MpiWork>(req, std::move(buffer), std::move(target), std::move(send),
+                                     what, rank_, size_, timeout_, store_, seq_);
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "collective/flat_collectives.h"
 #include "collective/mpi_comm.h"
 #include "collective/torch_compat.h"
 
@@ -129,6 +130,43 @@ class ProcessGroupCommunicator : public Communicator {
         ->wait();
     return at::stack(outputs[0]);
   }
+
+  std::unique_ptr<PendingWork> reduceScatterAsync(const at::Tensor& input, at::Tensor& output,
+                                                  ReduceOp op) override {
+    const auto shape =
+        checkFlat(FlatCollective::kReduceScatter, input, output, rank_, size_, name_);
+    if (shape.n == 0) return finishedWork();
+    if (!nativeFlatCollectives()) return reduceScatterByAllreduce(*this, input, output, op, shape);
+    at::Tensor in = input;  // c10d takes a non-const reference; it only reads it
+    c10d::ReduceScatterOptions o;
+    o.reduceOp = toC10d(op);
+    o.timeout = timeout_;
+    return wrap(call("reduceScatter",
+                     [&] { return compat::reduceScatterFlat(*backend_, output, in, o); }),
+                "reduceScatter");
+  }
+
+  std::unique_ptr<PendingWork> allgatherIntoAsync(const at::Tensor& input,
+                                                  at::Tensor& output) override {
+    const auto shape =
+        checkFlat(FlatCollective::kAllgatherInto, input, output, rank_, size_, name_);
+    if (shape.n == 0) return finishedWork();
+    at::Tensor in = input;
+    c10d::AllgatherOptions o;
+    o.timeout = timeout_;
+    if (nativeFlatCollectives()) {
+      return wrap(call("allgatherInto",
+                       [&] { return compat::allgatherFlat(*backend_, output, in, o); }),
+                  "allgatherInto");
+    }
+    // Gloo: the list all-gather into views of `output` (Note [flat collectives]).
+    std::vector<at::Tensor> inputs{in};
+    std::vector<std::vector<at::Tensor>> outputs{output.split(shape.n)};
+    return wrap(call("allgatherInto", [&] { return backend_->allgather(outputs, inputs, o); }),
+                "allgatherInto");
+  }
+
+  bool nativeFlatCollectives() const override { return name_ == "nccl"; }
 
   void barrier() override {
     // A tiny allreduce instead of c10d's barrier: same semantics, and NCCL's barrier

@@ -63,6 +63,32 @@ inline BackendPtr makeNccl(const StorePtr& store, int rank, int size,
 }
 #endif
 
+/// c10d's flat collectives (Note [flat collectives]): reduce-scatter of `input`
+/// (W x n elements) into `output` (n), and all-gather of `input` (n) into `output`
+/// (W x n). 1.13 calls them _reduce_scatter_base / _allgather_base; 2.14 (and 2.15)
+/// call them reduce_scatter_single / all_gather_single and keep the old names on
+/// c10d::Backend as forwarding aliases. The releases in between (not compiled
+/// anywhere; which of them renamed the calls is not checked) take the old names,
+/// which every one of them has. Only NCCL's are called: Gloo's are missing (1.13)
+/// or emulations themselves (2.x).
+inline WorkPtr reduceScatterFlat(Backend& backend, at::Tensor& output, at::Tensor& input,
+                                 const c10d::ReduceScatterOptions& opts) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14)
+  return backend.reduce_scatter_single(output, input, opts);
+#else
+  return backend._reduce_scatter_base(output, input, opts);
+#endif
+}
+
+inline WorkPtr allgatherFlat(Backend& backend, at::Tensor& output, at::Tensor& input,
+                             const c10d::AllgatherOptions& opts) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14)
+  return backend.all_gather_single(output, input, opts);
+#else
+  return backend._allgather_base(output, input, opts);
+#endif
+}
+
 /// Ends a backend's work before it is destroyed. LibTorch >= 2.4's NCCL backend
 /// warns ("process group has NOT been destroyed") and shuts itself down in its
 /// destructor when nobody did; the explicit call is the normal exit. No-op for
