@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Benchmark, not a test: the adaptive global batch (batch.adapt: goodput,
-# docs/batch-search.md "Adaptive global batch") against fixed global batches, on
+# Benchmark, not a test: the adaptive global batch (batch.adapt: goodput and
+# warmup, docs/batch-search.md "Adaptive global batch") against fixed global batches, on
 # one host's CPU with 2 ranks (1 thread each). Four workloads whose noise scale
 # grows during training (the first three by default):
 #   quickstart   configs/quickstart.yaml: MLP on the embedded digits, G0 = 64
@@ -18,6 +18,9 @@
 # with G by its optim.lr_scaling (linear; the GPT's AdamW: sqrt):
 #   G0        batch.adapt: off at the config's batch.global
 #   goodput   batch.adapt: goodput from G0
+#   warmup    batch.adapt: warmup from G0 (batch-size warmup: G doubles as B_simple
+#             grows, whatever the samples/s; Merrill et al. 2025 trained OLMo-1B in
+#             43 % fewer gradient steps so: read the `x G0` beside its `steps`)
 #   G=...     4 fixed sizes: 2x, 4x, 8x, 16x G0 where those fit under N/8 (N the
 #             training samples, batch.adapt_min_steps' ceiling), else 4 sizes
 #             spread between G0 and N/8 (multiples of 16)
@@ -48,24 +51,28 @@
 # moves between 1.0x and 1.4x from one benchmark run to the next. Its runs are
 # cheap (about 25 s a seed for all its legs), so it gets more seeds.
 #   bench/adaptive.sh [--seeds N] [--seeds-for WORKLOAD=N]... [--quick] [--fixed-only]
-#                     [--no-fixed] [--leg NAME="--set KEY=VALUE ..."]... [--set KEY=VALUE]...
+#                     [--no-fixed] [--no-warmup] [--leg NAME="--set KEY=VALUE ..."]...
+#                     [--set KEY=VALUE]...
 #                     [--workloads "quickstart cnn wide gpt"] [--out DIR] [BATCHDIST_BIN]
 #                     (or BATCHDIST=... bench/adaptive.sh)
 #   bench/adaptive.sh --summary DIR                    (the table again, from DIR/runs.jsonl)
 # --seeds N: N seeds for every workload. --seeds-for WORKLOAD=N (repeatable): N
 # seeds for that workload, over --seeds and --quick. --quick: 1 seed for every
-# workload and 2 fixed sizes (a smoke run). --fixed-only: no goodput legs.
-# --no-fixed: no fixed sizes (G0 and goodput only). --leg NAME="ARGS" (repeatable):
+# workload and 2 fixed sizes (a smoke run). --fixed-only: no goodput or warmup legs.
+# --no-fixed: no fixed sizes (G0 and the adaptive legs only). --no-warmup: no warmup
+# leg (the legs the benchmarks before it ran). --leg NAME="ARGS" (repeatable):
 # one more leg per workload and seed, run after goodput with ARGS added (an A/B of
-# a setting: e.g. --leg warm="--set batch.adapt=goodput --set batch.adapt_in_warmup=true");
-# it gets a row, its ratio to G0, and its per-seed ratio to goodput (paired by seed).
+# a setting: e.g. --leg warm="--set batch.adapt=goodput --set batch.adapt_in_warmup=true",
+# or batch-size warmup with the OLMo runs' budget in tokens: --leg warmlin="--set
+# batch.adapt=warmup --set batch.adapt_gain=linear"); it gets a row, its ratio to G0,
+# and its per-seed ratio to goodput (paired by seed), as the warmup leg does.
 # --set KEY=VALUE (repeatable): added to every run (a shorter smoke run: e.g.
 # --set train.epochs=2).
 # Writes DIR/runs.jsonl (one line a run), DIR/adaptive.txt (the table) and
 # DIR/adaptive.json; each run's output stays in DIR/<workload>-s<seed>-<leg>/.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-seeds='' sizes_n=4 goodput=true summary_only=false with_fixed=true
+seeds='' sizes_n=4 goodput=true warmup=true summary_only=false with_fixed=true
 declare -A seeds_for=() leg_args=()
 extra_legs=() every_run=()
 workloads="quickstart cnn wide"
@@ -83,11 +90,13 @@ while [ $# -gt 0 ]; do
       }
       seeds_for[${BASH_REMATCH[1]}]=${BASH_REMATCH[2]}; shift ;;
     --quick) seeds=1 sizes_n=2 ;;
-    --fixed-only) goodput=false ;;
+    --fixed-only) goodput=false warmup=false ;;
     --no-fixed) with_fixed=false ;;
+    --no-warmup) warmup=false ;;
     --leg)
-      [[ ${2:-} =~ ^([a-z][a-z0-9_-]*)=(.*)$ ]] && [ "${BASH_REMATCH[1]}" != goodput ] || {
-        echo "--leg wants NAME=\"--set KEY=VALUE ...\" with NAME in lower case (not goodput), not '${2:-}'" >&2
+      [[ ${2:-} =~ ^([a-z][a-z0-9_-]*)=(.*)$ ]] && [ "${BASH_REMATCH[1]}" != goodput ] &&
+        [ "${BASH_REMATCH[1]}" != warmup ] || {
+        echo "--leg wants NAME=\"--set KEY=VALUE ...\" with NAME in lower case (not goodput or warmup), not '${2:-}'" >&2
         exit 2
       }
       extra_legs+=("${BASH_REMATCH[1]}")
@@ -207,6 +216,7 @@ if ! $summary_only; then
         echo "  $w: fixed sizes ${fixed[$w]}" >&2
       fi
       $goodput && one "$w" "$seed" goodput --set batch.adapt=goodput
+      $warmup && one "$w" "$seed" warmup --set batch.adapt=warmup
       for leg in "${extra_legs[@]}"; do
         # shellcheck disable=SC2086
         one "$w" "$seed" "$leg" ${leg_args[$leg]}
@@ -398,7 +408,8 @@ for w, legs in results.items():
             out.append(f"{leg} x G0, median over seeds: {fmt(x['vs_g0'], 3)} "
                        f"(90 % bootstrap interval {fmt_interval(x['vs_g0_interval'], 3)})"
                        + (f"; {leg} / goodput, per seed: {fmt(x.get('vs_goodput'), 3)} "
-                          f"({fmt_interval(x.get('vs_goodput_interval'), 3)})" if "vs_goodput" in x else ""))
+                          f"({fmt_interval(x.get('vs_goodput_interval'), 3)})" if "vs_goodput" in x else "")
+                       + f"; gradient steps to the target x G0's: {fmt(x['steps_vs_g0'], 3)}")
     out.append("")
 
 def verdict(ok):

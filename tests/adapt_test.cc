@@ -66,6 +66,24 @@ bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
 }
 
+/// Batch-size warmup's space (Note [batch-size warmup]): W = 2, G0 = 16 (8 x 1 x 2),
+/// ceiling 1024, m free, per-GPU 2 .. 512 measured on tests/adaptive.sh's pinned
+/// curve (a rank's step 1 ms + 10 us a sample): each faster per sample than the one
+/// below, so a G's fastest split is its largest measured m.
+AdaptSpace warmupSpace() {
+  AdaptSpace s;
+  s.mode = BatchAdapt::kWarmup;
+  s.world_size = 2;
+  s.g0 = 16;
+  s.adapt_max = 1024;
+  s.ceiling = 1024;
+  s.dataset_size = 1'000'000;
+  for (int64_t m = 2; m <= 512; m *= 2) {
+    s.throughput.push_back({m, 2.0 * static_cast<double>(m) / (1e-3 + 1e-5 * static_cast<double>(m))});
+  }
+  return s;
+}
+
 }  // namespace
 
 TEST(Adapt, EfficiencyAndGainByHand) {
@@ -462,6 +480,222 @@ TEST(Adapt, ProgressHistoryMustStartAtZeroInOrder) {
   EXPECT_THROW(adaptProgress({{0, 64, 1.0}, {10, 128, 1.5}, {10, 256, 2.0}}, 20), batchdist::Error);
 }
 
+// Note [batch-size warmup]: G doubles as B_simple reaches the next G0 x 2^k.
+TEST(AdaptWarmup, DoublesWhenBReachesTwiceG) {
+  const auto s = warmupSpace();
+  const AdaptSplit g0{16, 8, 1};
+  auto d = decideWarmupBatch(s, g0, 31.9);
+  EXPECT_FALSE(d.change);
+  EXPECT_EQ(d.chosen, g0);
+  EXPECT_TRUE(contains(d.why, "global batch stays 16 (8 x 1 x 2): B_simple 31.9 < 32 = G0 x 2^1, "
+                              "the next doubling")) << d.why;
+  d = decideWarmupBatch(s, g0, 32);
+  ASSERT_TRUE(d.change);
+  EXPECT_EQ(d.chosen, (AdaptSplit{32, 16, 1}));
+  EXPECT_TRUE(contains(d.why, "global batch 16 (8 x 1 x 2) -> 32 (16 x 1 x 2): B_simple 32 >= 32 = "
+                              "G0 x 2^1 (batch-size warmup); its fastest modelled split, ")) << d.why;
+  // The split is goodput's fastest modelled one for that G (adaptCandidates).
+  int found = 0;
+  for (const auto& c : adaptCandidates(s, 32)) {
+    if (c.split.global != 32) continue;
+    EXPECT_EQ(c.split, d.chosen);
+    ++found;
+  }
+  EXPECT_EQ(found, 1);
+  // From 32 the next doubling is 64: B = 63.9 keeps it, 64 doubles it.
+  EXPECT_FALSE(decideWarmupBatch(s, d.chosen, 63.9).change);
+  EXPECT_EQ(decideWarmupBatch(s, d.chosen, 64).chosen, (AdaptSplit{64, 32, 1}));
+}
+
+TEST(AdaptWarmup, JumpsSeveralDoublingsWhenBIsFarAbove) {
+  const auto s = warmupSpace();
+  auto d = decideWarmupBatch(s, {16, 8, 1}, 300);
+  EXPECT_EQ(d.chosen, (AdaptSplit{256, 128, 1}));
+  EXPECT_TRUE(contains(d.why, "-> 256 (128 x 1 x 2): B_simple 300 >= 256 = G0 x 2^4")) << d.why;
+  // Past the ceiling (1024 = G0 x 2^6) B buys nothing more.
+  d = decideWarmupBatch(s, {32, 16, 1}, 1e6);
+  EXPECT_EQ(d.chosen, (AdaptSplit{1024, 512, 1}));
+  d = decideWarmupBatch(s, d.chosen, 1e7);
+  EXPECT_FALSE(d.change);
+  EXPECT_TRUE(contains(d.why, "no doubling of G0 = 16 above it within the ceiling 1024")) << d.why;
+}
+
+TEST(AdaptWarmup, NeverShrinksWhenBFalls) {
+  const auto s = warmupSpace();
+  const AdaptSplit at256{256, 128, 1};
+  for (const double b : {511.0, 255.0, 100.0, 17.0, 16.0, 1.0, 0.01}) {
+    const auto d = decideWarmupBatch(s, at256, b);
+    EXPECT_FALSE(d.change) << b;
+    EXPECT_EQ(d.chosen, at256) << b;
+  }
+  EXPECT_TRUE(contains(decideWarmupBatch(s, at256, 100).why,
+                       "global batch stays 256 (128 x 1 x 2): B_simple 100 < 512 = G0 x 2^5, the "
+                       "next doubling"));
+}
+
+TEST(AdaptWarmup, StaysWhileBIsUnknown) {
+  const auto s = warmupSpace();
+  const AdaptSplit g0{16, 8, 1};
+  for (const double b : {-1.0, 0.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    const auto d = decideAdaptive(s, g0, b);  // space.mode: warmup
+    EXPECT_FALSE(d.change) << b;
+    EXPECT_EQ(d.chosen, g0) << b;
+    EXPECT_TRUE(contains(d.why, "the gradient noise scale is not known yet")) << d.why;
+  }
+}
+
+TEST(AdaptWarmup, TheCeilingAndTheDataBoundTheDoublings) {
+  AdaptSpace s;
+  ASSERT_EQ(spaceErrorOf("batch: {global: 16, adapt: warmup, adapt_max: 100}\n"
+                         "model: {batchnorm: false}\n", 2, 100000, &s),
+            "<no error>");
+  EXPECT_EQ(s.mode, BatchAdapt::kWarmup);
+  EXPECT_EQ(s.ceiling, 100);
+  s.throughput = {{8, 1000.0}};  // G0's per-GPU batch alone measured
+  const AdaptSplit g0{16, 8, 1};
+  // 128 = G0 x 2^3 is past adapt_max 100: 64, by accumulation of the measured 8.
+  auto d = decideAdaptive(s, g0, 1e6);
+  EXPECT_EQ(d.chosen, (AdaptSplit{64, 8, 4}));
+  EXPECT_FALSE(decideAdaptive(s, d.chosen, 1e6).change);
+  // The data: 1000 samples leave 8 steps an epoch up to 125 (batch.adapt_min_steps 8).
+  ASSERT_EQ(spaceErrorOf("batch: {global: 16, adapt: warmup}\nmodel: {batchnorm: false}\n", 2, 1000, &s),
+            "<no error>");
+  EXPECT_EQ(s.ceiling, 125);
+  EXPECT_EQ(decideAdaptive(s, g0, 1e6).chosen.global, 64);
+}
+
+TEST(AdaptWarmup, OnlyValidSplitsAndTheSplitInForceWhenNothingIsMeasured) {
+  // W = 2, G0 = 48 (24 x 1 x 2), per-GPU batches multiples of 8.
+  AdaptSpace s;
+  s.mode = BatchAdapt::kWarmup;
+  s.world_size = 2;
+  s.g0 = 48;
+  s.adapt_max = s.ceiling = 768;
+  s.dataset_size = 100000;
+  s.multiple_of = 8;
+  s.throughput = {{8, 1000.0}, {12, 1e6}, {48, 9000.0}};  // 12: not a multiple of 8, never used
+  // An out-of-memory back-off left 12 x 2 x 2, not a valid split: with B below G, G is
+  // kept on a valid split; with B past 192 = G0 x 2^2, the doubling.
+  const AdaptSplit backed{48, 12, 2};
+  ASSERT_FALSE(isAdaptSplit(s, backed));
+  auto d = decideWarmupBatch(s, backed, 30);
+  EXPECT_EQ(d.chosen, (AdaptSplit{48, 8, 3}));
+  EXPECT_TRUE(contains(d.why, "the current split is outside the valid splits of [48, 768]")) << d.why;
+  EXPECT_EQ(decideWarmupBatch(s, backed, 200).chosen, (AdaptSplit{192, 48, 2}));
+  // No samples/s figures: the per-GPU batch in force with more accumulation (it is
+  // known to fit) ...
+  s.throughput.clear();
+  d = decideWarmupBatch(s, {48, 24, 1}, 100);
+  EXPECT_EQ(d.chosen, (AdaptSplit{96, 24, 2}));
+  EXPECT_TRUE(contains(d.why, "no samples/s figure for its per-GPU batches")) << d.why;
+  // ... and where that is not valid, the largest valid per-GPU batch below it (a
+  // larger one is not known to fit); with none in force (a resume), the largest.
+  EXPECT_EQ(decideWarmupBatch(s, backed, 100).chosen, (AdaptSplit{96, 8, 6}));
+  EXPECT_EQ(warmupSplit(s, 96, backed).value_or(AdaptSplit{}), (AdaptSplit{96, 8, 6}));
+  EXPECT_EQ(warmupSplit(s, 96, {96, 0, 0}).value_or(AdaptSplit{}), (AdaptSplit{96, 48, 1}));
+  EXPECT_FALSE(warmupSplit(s, 97, backed).has_value());  // not a multiple of W
+  EXPECT_FALSE(warmupSplit(s, 96, {48, 6, 4}).has_value());  // no multiple of 8 <= 6
+}
+
+// Random spaces and noisy, mostly rising B: every decision is the largest G0 x 2^k
+// at or above G within B and the ceiling, on a valid split (the fastest modelled),
+// the same when asked twice.
+TEST(AdaptWarmup, RandomWalksOfBOnlyEverTakeTheLargestDoublingWithinB) {
+  std::mt19937_64 gen(7);
+  const auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(gen);
+  };
+  std::uniform_real_distribution<double> wobble(-1.0, 1.5);
+  int changes = 0, jumps = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    AdaptSpace s;
+    s.mode = BatchAdapt::kWarmup;
+    s.world_size = pick(1, 8);
+    const int64_t q = std::vector<int64_t>{1, 2, 4, 8}[pick(0, 3)];
+    s.multiple_of = q;
+    s.min_per_gpu = pick(1, 4);
+    const int64_t m0 = q * ((s.min_per_gpu + q - 1) / q) * pick(1, 3);
+    s.g0 = m0 * pick(1, 3) * s.world_size;
+    s.adapt_max = s.ceiling = s.g0 * pick(1, 40);
+    s.dataset_size = s.ceiling * 8;
+    for (int64_t m = q; m <= 16 * m0; m *= 2) {
+      if (pick(0, 3) > 0) s.throughput.push_back({m, static_cast<double>(m * pick(50, 150)) / (m + 8.0)});
+    }
+    s.fixed_step_s = pick(0, 1) ? 0.0 : 0.001 * static_cast<double>(pick(0, 20));
+    AdaptSplit cur{s.g0, m0, s.g0 / (m0 * s.world_size)};
+    double b = static_cast<double>(pick(1, 4));
+    for (int decision = 0; decision < 30; ++decision) {
+      b = std::max(0.5, b * std::exp(wobble(gen)));
+      const auto d = decideWarmupBatch(s, cur, b);
+      EXPECT_EQ(decideWarmupBatch(s, cur, b).why, d.why);
+      int64_t want = cur.global;  // by brute force
+      for (int64_t g = s.g0; g <= s.ceiling && static_cast<double>(g) <= b; g *= 2) {
+        want = std::max(want, g);
+      }
+      ASSERT_EQ(d.chosen.global, want) << d.why;
+      EXPECT_EQ(d.change, want != cur.global);
+      EXPECT_TRUE(isAdaptSplit(s, d.chosen)) << d.why;
+      if (d.change) {
+        ++changes;
+        jumps += d.chosen.global > 2 * cur.global ? 1 : 0;
+        const int64_t r = d.chosen.global / s.g0;
+        EXPECT_TRUE(d.chosen.global % s.g0 == 0 && (r & (r - 1)) == 0) << d.why;
+        EXPECT_LE(static_cast<double>(d.chosen.global), b);
+        bool measured = false;
+        for (const auto& c : adaptCandidates(s, b)) {
+          if (c.split.global != want) continue;
+          EXPECT_EQ(c.split, d.chosen) << d.why;
+          measured = true;
+        }
+        if (!measured) {
+          EXPECT_EQ(d.chosen.per_gpu, cur.per_gpu) << d.why;  // no figure: the m in force
+        }
+      }
+      cur = d.chosen;
+    }
+  }
+  EXPECT_GT(changes, 100);
+  EXPECT_GT(jumps, 20);
+}
+
+TEST(AdaptWarmup, TokenRunsGiveTheGlobalBatchInTokensToo) {
+  auto s = warmupSpace();
+  // Note [tokens per sample]: samples that are not tokens print as before.
+  EXPECT_EQ(splitText({32, 16, 1}, 2), "32 (16 x 1 x 2)");
+  EXPECT_FALSE(contains(decideWarmupBatch(s, {16, 8, 1}, 40).why, "tokens"));
+  s.tokens_per_sample = 64;
+  const auto d = decideWarmupBatch(s, {16, 8, 1}, 40);
+  EXPECT_TRUE(contains(d.why, "global batch 16 (8 x 1 x 2; 1024 tokens) -> 32 (16 x 1 x 2; 2048 "
+                              "tokens)")) << d.why;
+  s.mode = BatchAdapt::kGoodput;
+  const auto g = decideAdaptive(s, {16, 8, 1}, 40);
+  EXPECT_TRUE(contains(g.why, "16 (8 x 1 x 2; 1024 tokens)")) << g.why;
+}
+
+// Note [adaptive checkpoint]: a resume on another world size.
+TEST(AdaptWarmup, AResumeOnAnotherWorldKeepsGOrTakesTheLargestDoublingBelowIt) {
+  AdaptSpace s;  // 3 ranks, G0 = 24 (8 x 1 x 3)
+  s.mode = BatchAdapt::kWarmup;
+  s.world_size = 3;
+  s.g0 = 24;
+  s.adapt_max = s.ceiling = 768;
+  s.dataset_size = 100000;
+  s.throughput = {{8, 1000.0}, {16, 1800.0}};
+  const auto resumed = [&](int64_t g, double b) { return resumeSplit(s, g, b).value_or(AdaptSplit{}); };
+  EXPECT_EQ(resumed(96, 100), (AdaptSplit{96, 16, 2}));  // splits: kept, on its fastest split
+  EXPECT_EQ(resumed(72, 100), (AdaptSplit{72, 8, 3}));   // kept, though not a doubling
+  EXPECT_EQ(resumed(64, 1e6), (AdaptSplit{48, 16, 1}));  // 64 does not split over 3: 48 = G0 x 2
+  // goodput: G kept where measured, else the best candidate for B.
+  s.mode = BatchAdapt::kGoodput;
+  EXPECT_EQ(resumed(96, 100), (AdaptSplit{96, 16, 2}));
+  const auto cands = adaptCandidates(s, 100);
+  const auto best = std::max_element(cands.begin(), cands.end(), [](const auto& a, const auto& b) {
+    return a.goodput < b.goodput;
+  });
+  ASSERT_NE(best, cands.end());
+  EXPECT_EQ(resumed(64, 100), best->split);
+}
+
 TEST(AdaptConfig, ReadsTheKeysAndDefaults) {
   auto cfg = parseConfig("batch: {global: 256}\n", "t.yaml");
   EXPECT_EQ(cfg.batch.adapt, BatchAdapt::kOff);
@@ -482,6 +716,9 @@ TEST(AdaptConfig, ReadsTheKeysAndDefaults) {
   EXPECT_EQ(cfg.batch.adapt_gain, AdaptGain::kLinear);
   // G0 derivable from a numeric per_gpu is enough.
   EXPECT_NO_THROW(parseConfig("batch: {per_gpu: 32, adapt: goodput}\n", "t.yaml"));
+  cfg = parseConfig("batch: {global: 256, adapt: warmup}\n", "t.yaml");
+  EXPECT_EQ(cfg.batch.adapt, BatchAdapt::kWarmup);
+  EXPECT_EQ(cfg.resolved["batch"]["adapt"], "warmup");
 }
 
 TEST(AdaptConfig, ErrorsNameTheKeyTheValueAndTheFix) {
@@ -508,6 +745,24 @@ TEST(AdaptConfig, ErrorsNameTheKeyTheValueAndTheFix) {
   EXPECT_TRUE(contains(msg, "batch.adapt_every_steps: must be >= 1, got 0")) << msg;
   // adapt off: the adapt keys are read, nothing is required.
   EXPECT_EQ(configErrorOf("batch: {global: auto, adapt_max: 16}\n"), "<no error>");
+}
+
+// Note [batch-size warmup]: warmup starts from G0 and re-cuts the epoch as goodput
+// does, so it has goodput's checks, each naming the mode in force.
+TEST(AdaptConfig, WarmupHasGoodputsChecksNamingItsMode) {
+  // (A value not in the set: tests/config_test.cc, OutOfRangeValuesAreRefused.)
+  auto msg = configErrorOf("batch: {global: auto, adapt: warmup}\n");
+  EXPECT_TRUE(contains(msg, "test.yaml: batch.adapt: warmup starts from batch.global")) << msg;
+  msg = configErrorOf("batch: {global: 256, adapt: warmup, adapt_max: 128}\n");
+  EXPECT_TRUE(contains(msg, "batch.adapt_max: 128 is not above batch.global (256)")) << msg;
+  msg = configErrorOf("batch: {global: 256, adapt: warmup, last_batch: keep}\nmodel: {batchnorm: false}\n");
+  EXPECT_TRUE(contains(msg, "batch.last_batch: keep cannot be used with batch.adapt: warmup")) << msg;
+  msg = configErrorOf("batch: {global: 256, adapt: warmup}\ntrain: {noise_scale: false}\n");
+  EXPECT_TRUE(contains(msg, "train.noise_scale: false, but batch.adapt: warmup")) << msg;
+  msg = spaceErrorOf("batch: {global: 256, per_gpu: 32, adapt: warmup, adapt_max: 300}\n"
+                     "model: {batchnorm: false}\n", 8, 100000);
+  EXPECT_TRUE(contains(msg, "batch.adapt: warmup has nothing to adapt: no global batch in (256, 300]"))
+      << msg;
 }
 
 TEST(AdaptConfig, UnreachableCeilingsNameTheNearestSplit) {

@@ -27,6 +27,12 @@
 #           takes rank 0's; history, steps and model.pt those of the run without it
 #   linear  2 ranks, batch.adapt_gain: linear: every lr_gain is G / G0, the run ends at
 #           the plan's samples (within one step), no step's lr above the peak x G / G0
+#   warmup  2 ranks, batch.adapt: warmup from G0 = 16 (Note [batch-size warmup]), a
+#           decision every 10 steps after the lr warmup: the run completes, G grows;
+#           every G in batch_history is G0 x 2^k, never smaller than the one before;
+#           at each change the B_simple the decision recorded is >= the new G and the
+#           line says batch-size warmup; metrics.jsonl's G never falls; one console
+#           line per change
 #
 # Every scenario but world_fixed decides on pinned samples/s figures (pin below), so
 # that G grows where it needs to, and takes them back from the search cache.
@@ -348,6 +354,49 @@ for l in map(json.loads, open(d + "/metrics.jsonl")):
     if l.get("kind") == "step" and l["lr"] > peak * l["global_batch"] / g0 * (1 + 1e-9):
         print("FAIL: lr", l["lr"], "above", peak, "x", l["global_batch"], "/", g0); sys.exit(1)
 print(f"lin: lr_gain G/G0 in all {len(h)} entries; {samples} samples for a budget of {budget}")
+EOF
+    ;;
+  warmup)
+    # Batch-size warmup: G follows B_simple by doublings of G0 = 16 (16, 32, 64, 128
+    # under the data's ceiling 1438 / 8 = 179), whatever the samples/s say; the
+    # pinned figures only choose each G's split.
+    args=(--set batch.adapt=warmup --set batch.per_gpu=auto --set train.progress=off
+          --set batch.global=16 --set batch.adapt_every_steps=10 --set train.check_finite=true)
+    pin warmup "${args[@]}"
+    run warmup 2 "${args[@]}" "${pinned[@]}"
+    [ "$rc" = 0 ] || { tail -n 20 "$out/warmup.log"; fail "exit $rc"; }
+    took_pin warmup
+    check warmup 2 16
+    grep -q "^adapt: batch.adapt: warmup: global batch from 16 up to 179, doubled as B_simple reaches G0 x 2^k, re-decided every 10 steps" \
+      "$out/warmup.log" || fail "the adapt line does not say batch-size warmup"
+    lines=$(grep -c '^adapt: step' "$out/warmup.log")
+    [ "$lines" = "$(cat "$out/warmup/changes")" ] ||
+      fail "$lines 'adapt: step' lines for $(cat "$out/warmup/changes") changes (rank 0 alone prints)"
+    python3 - "$out/warmup" 16 <<'EOF' || fail "warmup: see above"
+import json, sys
+d, g0 = sys.argv[1], int(sys.argv[2])
+r = json.load(open(d + "/report.json"))
+h = r["batch_history"]
+def need(ok, what):
+    if not ok:
+        print("FAIL:", what); sys.exit(1)
+def k_of(g):  # G = G0 x 2^k: k, else None
+    q, rem = divmod(g, g0)
+    return q.bit_length() - 1 if rem == 0 and q > 0 and q & (q - 1) == 0 else None
+ks = [k_of(c["global_batch"]) for c in h]
+need(None not in ks, f"a global batch is not G0 x 2^k: {[c['global_batch'] for c in h]}")
+need(all(b >= a for a, b in zip(ks, ks[1:])), f"G shrank: {[c['global_batch'] for c in h]}")
+changes = [(p, c) for p, c in zip(h, h[1:]) if c["global_batch"] != p["global_batch"]]
+need(changes, "G never changed")
+for p, c in changes:
+    b = c["noise_scale"]
+    need(b is not None and b >= c["global_batch"],
+         f"step {c['step']}: G {p['global_batch']} -> {c['global_batch']} with B_simple {b}")
+    need("(batch-size warmup)" in c["why"], f"step {c['step']}: the line does not say so: {c['why']}")
+gs = [json.loads(l)["global_batch"] for l in open(d + "/metrics.jsonl")]
+need(all(b >= a for a, b in zip(gs, gs[1:])), "metrics.jsonl's global batch falls")
+print("warmup: G " + " -> ".join(f"{c['global_batch']} (step {c['step']}, B {c['noise_scale']:.0f})"
+                                 for _, c in changes) + f", from {g0}")
 EOF
     ;;
   *) fail "unknown scenario $scenario" ;;

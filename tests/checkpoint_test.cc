@@ -234,6 +234,21 @@ TEST(Checkpoint, ResumeOfAnAdaptiveRunKeepsAdaptAndItsGainRule) {
   EXPECT_NE(message(parseConfig("batch: {global: 64}", "t.yaml"))
                 .find("batch.adapt = off now, goodput in the checkpoint"),
             std::string::npos);
+  // goodput <-> warmup (Note [batch-size warmup]): the same record and progress,
+  // only the next decisions differ; a warmup checkpoint says so when refused.
+  EXPECT_NO_THROW(checkResumable(m, parseConfig("batch: {global: 64, adapt: warmup}", "t.yaml"), "ck"));
+  auto warm = m;
+  warm["config"] = parseConfig("batch: {global: 64, adapt: warmup}", "t.yaml").resolved;
+  EXPECT_NO_THROW(checkResumable(warm, adaptive(""), "ck"));
+  const auto off = [&]() -> std::string {
+    try {
+      checkResumable(warm, parseConfig("batch: {global: 64}", "t.yaml"), "ck");
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "no error";
+  }();
+  EXPECT_NE(off.find("batch.adapt = off now, warmup in the checkpoint"), std::string::npos) << off;
   // A checkpoint written before batch.adapt_gain existed was AdaScale's.
   m["config"]["batch"].erase("adapt_gain");
   EXPECT_NO_THROW(checkResumable(m, adaptive(""), "ck"));

@@ -99,6 +99,11 @@ TEST(Config, OutOfRangeValuesAreRefused) {
   EXPECT_NE(errorOf("dist: {backend: tcp}").find("'tcp' is not one of auto | gloo | mpi | nccl"),
             std::string::npos);
   EXPECT_NE(errorOf("batch: {last_batch: pda}").find("did you mean 'pad'"), std::string::npos);
+  EXPECT_NE(errorOf("batch: {global: 64, adapt: fast}")
+                .find("batch.adapt: 'fast' is not one of off | goodput | warmup"),
+            std::string::npos);
+  EXPECT_NE(errorOf("batch: {global: 64, adapt: warmpu}").find("did you mean 'warmup'"),
+            std::string::npos);
 }
 
 TEST(Config, MalformedYamlNamesLineAndColumn) {

@@ -667,11 +667,13 @@ void setUpAdaptive(RunState& r, Trainer& trainer) {
   }
   trainer.setAdaptive(space);
   const int64_t tokens = s.plan.tokens_per_sample;  // Note [tokens per sample]
-  r.console->line(strCat("adapt: batch.adapt: goodput: global batch from ", space.g0, " up to ",
-                         space.ceiling,
+  const bool warmup = s.cfg.batch.adapt == BatchAdapt::kWarmup;  // Note [batch-size warmup]
+  r.console->line(strCat("adapt: batch.adapt: ", toString(s.cfg.batch.adapt), ": global batch from ",
+                         space.g0, " up to ", space.ceiling,
                          tokens > 0 ? strCat(" (", space.g0 * tokens, " .. ", space.ceiling * tokens,
                                              " tokens)")
                                     : std::string(),
+                         warmup ? ", doubled as B_simple reaches G0 x 2^k" : "",
                          ", re-decided every ", s.cfg.batch.adapt_every_steps,
                          " steps and at epoch ends",
                          s.plan.warmup_steps <= 0 ? std::string()
@@ -747,7 +749,7 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
   connectPhase(r);
   if (auto code = resolveBatchPhase(r)) return *code;
   Trainer trainer(s.cfg, r.comm(), s.data, s.device, s.plan, &req.faults);
-  if (s.cfg.batch.adapt == BatchAdapt::kGoodput) setUpAdaptive(r, trainer);
+  if (s.cfg.batch.adapt != BatchAdapt::kOff) setUpAdaptive(r, trainer);
   r.console->line(strCat("model: ", trainer.model().describe(), ", precision ",
                          toString(s.cfg.train.precision),
                          s.cfg.model.sync_batchnorm ? ", synchronised BatchNorm" : ""));

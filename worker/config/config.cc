@@ -529,6 +529,46 @@ void validateTokens(const Config& cfg, const Err& err) {
   }
 }
 
+/// The adaptive global batch's rules (batch.adapt: goodput or warmup). Note
+/// [goodput] (worker/plan/adapt.h): G0 anchors the efficiency and the learning
+/// rate, so it must be a number before the run; the rest (is any G above G0
+/// reachable?) needs the world size and the data set: adaptSpace() checks it. Both
+/// modes (goodput, Note [batch-size warmup]) start from G0 and re-cut the epoch
+/// the same way, so they share every check.
+void validateAdapt(const Config& cfg, const Context& ctx) {
+  const auto err = [&](const std::string& key, const std::string& what) {
+    return keyError(ctx.from_set.count(key) ? "--set " + key : ctx.source, key, what);
+  };
+  const auto& b = cfg.batch;
+  if (b.adapt == BatchAdapt::kOff) return;
+  const std::string mode = toString(b.adapt);
+  if (b.global_auto || (b.global == 0 && (b.per_gpu_auto || b.per_gpu == 0))) {
+    throw err("batch.adapt",
+              strCat(mode, " starts from batch.global (G0) and adapts from there, but "
+                     "batch.global is ", b.global_auto ? "auto" : "not given",
+                     "; set batch.global to the starting batch (e.g. 256), or give "
+                     "batch.per_gpu as a number so that G0 = per_gpu x accum x world size"));
+  }
+  if (b.adapt_max > 0 && b.global > 0 && b.adapt_max <= b.global) {
+    throw err("batch.adapt_max",
+              strCat(b.adapt_max, " is not above batch.global (", b.global,
+                     "), the starting batch, so there is nothing to adapt; raise it (0 means "
+                     "16 x batch.global = ",
+                     b.global > kMaxInt / 16 ? kMaxInt : 16 * b.global, ") or use batch.adapt: off"));
+  }
+  if (b.last_batch == LastBatch::kKeep) {
+    throw err("batch.last_batch",
+              strCat("keep cannot be used with batch.adapt: ", mode, ": the short last batch's "
+                     "uneven shards are not a split of the global batch (G = per_gpu x accum x "
+                     "world size) that the adaptive batch models and re-cuts; use drop or pad"));
+  }
+  if (!cfg.train.noise_scale) {
+    throw err("train.noise_scale",
+              strCat("false, but batch.adapt: ", mode, " decides the global batch from the "
+                     "gradient noise scale; set train.noise_scale: true, or batch.adapt: off"));
+  }
+}
+
 /// Rules that tie keys together (each key alone was checked as it was read).
 void validate(const Config& cfg, const Context& ctx) {
   const auto err = [&](const std::string& key, const std::string& what) {
@@ -639,36 +679,7 @@ void validate(const Config& cfg, const Context& ctx) {
                      "normalise fewer than 2 samples per micro-batch (NaN statistics); use 2 or "
                      "more, or model.batchnorm: false"));
   }
-  // Note [goodput] (worker/plan/adapt.h): G0 anchors the efficiency and the
-  // learning rate, so it must be a number before the run; the rest (is any G above
-  // G0 reachable?) needs the world size and the data set: adaptSpace() checks it.
-  if (b.adapt == BatchAdapt::kGoodput) {
-    if (b.global_auto || (b.global == 0 && (b.per_gpu_auto || b.per_gpu == 0))) {
-      throw err("batch.adapt",
-                strCat("goodput starts from batch.global (G0) and adapts from there, but "
-                       "batch.global is ", b.global_auto ? "auto" : "not given",
-                       "; set batch.global to the starting batch (e.g. 256), or give "
-                       "batch.per_gpu as a number so that G0 = per_gpu x accum x world size"));
-    }
-    if (b.adapt_max > 0 && b.global > 0 && b.adapt_max <= b.global) {
-      throw err("batch.adapt_max",
-                strCat(b.adapt_max, " is not above batch.global (", b.global,
-                       "), the starting batch, so there is nothing to adapt; raise it (0 means "
-                       "16 x batch.global = ",
-                       b.global > kMaxInt / 16 ? kMaxInt : 16 * b.global, ") or use batch.adapt: off"));
-    }
-    if (b.last_batch == LastBatch::kKeep) {
-      throw err("batch.last_batch",
-                "keep cannot be used with batch.adapt: goodput: the short last batch's uneven "
-                "shards are not a split of the global batch (G = per_gpu x accum x world size) "
-                "that the adaptive batch models and re-cuts; use drop or pad");
-    }
-    if (!cfg.train.noise_scale) {
-      throw err("train.noise_scale",
-                "false, but batch.adapt: goodput decides the global batch from the gradient "
-                "noise scale; set train.noise_scale: true, or batch.adapt: off");
-    }
-  }
+  validateAdapt(cfg, ctx);
   if (builtin_bn && !b.per_gpu_auto && b.per_gpu == 1) {
     throw err("batch.per_gpu", "1 is too small for a model with BatchNorm, which cannot "
                                "normalise one sample per micro-batch (NaN statistics); use 2 or "

@@ -17,7 +17,7 @@ namespace batchdist::worker {
 // Closed sets: parsed once at load (Section::choice), compared as enums
 // everywhere else, and named by toString() in messages and reports.
 enum class LastBatch { kDrop, kPad, kKeep };
-enum class BatchAdapt { kOff, kGoodput };
+enum class BatchAdapt { kOff, kGoodput, kWarmup };
 enum class AdaptGain { kAdascale, kLinear };
 enum class LrScaling { kLinear, kSqrt, kNone };
 enum class Schedule { kConstant, kStep, kCosine };
@@ -46,7 +46,8 @@ struct EnumNames;
   }
 BATCHDIST_ENUM_NAMES(LastBatch, {LastBatch::kDrop, "drop"}, {LastBatch::kPad, "pad"},
                      {LastBatch::kKeep, "keep"});
-BATCHDIST_ENUM_NAMES(BatchAdapt, {BatchAdapt::kOff, "off"}, {BatchAdapt::kGoodput, "goodput"});
+BATCHDIST_ENUM_NAMES(BatchAdapt, {BatchAdapt::kOff, "off"}, {BatchAdapt::kGoodput, "goodput"},
+                     {BatchAdapt::kWarmup, "warmup"});
 BATCHDIST_ENUM_NAMES(AdaptGain, {AdaptGain::kAdascale, "adascale"}, {AdaptGain::kLinear, "linear"});
 BATCHDIST_ENUM_NAMES(LrScaling, {LrScaling::kLinear, "linear"}, {LrScaling::kSqrt, "sqrt"},
                      {LrScaling::kNone, "none"});
@@ -182,8 +183,9 @@ struct BatchConfig {
   LastBatch last_batch = LastBatch::kDrop;
   int64_t min_per_gpu = 2;
   int64_t eval_per_gpu = 0;  ///< evaluation micro-batch (0: per_gpu)
-  // Note [goodput] in worker/plan/adapt.h: an adaptive global batch, opt-in.
-  BatchAdapt adapt = BatchAdapt::kOff;  ///< goodput: `global` is the starting batch G0
+  // Note [goodput] and Note [batch-size warmup] in worker/plan/adapt.h: an
+  // adaptive global batch, opt-in.
+  BatchAdapt adapt = BatchAdapt::kOff;  ///< goodput, warmup: `global` is the starting batch G0
   int64_t adapt_max = 0;                ///< ceiling of G (0: 16 x G0)
   int64_t adapt_every_steps = 100;      ///< re-decide G every this many steps (and at epoch ends)
   int64_t adapt_min_steps = 8;          ///< G never leaves an epoch fewer steps than this

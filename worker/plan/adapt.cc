@@ -53,10 +53,50 @@ std::string formatNumber(double v) {
   return buf;
 }
 
+/// The fastest modelled split of global batch `g` among the measured `rates`
+/// (Note [goodput], throughput model); on equal samples/s the larger per-GPU batch
+/// (fewer micro-batches). samples_per_s 0 when no measured m divides g / W.
+AdaptCandidate fastestSplit(const AdaptSpace& s, const std::map<int64_t, double>& rates, int64_t g) {
+  AdaptCandidate best;
+  if (s.world_size < 1 || g % s.world_size != 0) return best;
+  const int64_t rank_batch = g / s.world_size;
+  for (auto it = rates.rbegin(); it != rates.rend(); ++it) {  // descending m
+    const int64_t m = it->first;
+    if (m > rank_batch || rank_batch % m != 0) continue;
+    const int64_t a = rank_batch / m;
+    const double sps = splitRate(s, m, a, it->second);
+    if (sps > best.samples_per_s) {
+      best.split = {g, m, a};
+      best.samples_per_s = sps;
+    }
+  }
+  return best;
+}
+
+/// One rung of batch-size warmup's ladder: G0 x 2^k.
+struct Doubling {
+  int k = 0;
+  int64_t global = 0;
+};
+
+/// G0 x 2^k for k = 0, 1, ... up to the ceiling (Note [batch-size warmup]), ascending.
+std::vector<Doubling> doublings(const AdaptSpace& s) {
+  std::vector<Doubling> out;
+  int64_t g = s.g0;
+  for (int k = 0; g > 0 && g <= s.ceiling; ++k) {
+    out.push_back({k, g});
+    if (g > s.ceiling / 2) break;  // the next is past the ceiling (and no overflow)
+    g *= 2;
+  }
+  return out;
+}
+
 }  // namespace
 
-std::string splitText(const AdaptSplit& s, int64_t world) {
-  return strCat(s.global, " (", s.per_gpu, " x ", s.accum, " x ", world, ")");
+std::string splitText(const AdaptSplit& s, int64_t world, int64_t tokens_per_sample) {
+  const std::string tokens =
+      tokens_per_sample > 0 ? strCat("; ", s.global * tokens_per_sample, " tokens") : "";
+  return strCat(s.global, " (", s.per_gpu, " x ", s.accum, " x ", world, tokens, ")");
 }
 
 int64_t dataCeiling(int64_t n, int64_t min_steps) {
@@ -114,19 +154,7 @@ std::vector<AdaptCandidate> adaptCandidates(const AdaptSpace& s, double b_noise)
   const int64_t w = s.world_size;
   const int64_t first = (s.g0 + w - 1) / w * w;
   for (int64_t g = first; g <= s.ceiling; g += w) {
-    const int64_t rank_batch = g / w;
-    AdaptCandidate best;
-    // Descending m: on equal samples/s the larger per-GPU batch (fewer micro-batches) wins.
-    for (auto it = rates.rbegin(); it != rates.rend(); ++it) {
-      const int64_t m = it->first;
-      if (m > rank_batch || rank_batch % m != 0) continue;
-      const int64_t a = rank_batch / m;
-      const double sps = splitRate(s, m, a, it->second);
-      if (sps > best.samples_per_s) {
-        best.split = {g, m, a};
-        best.samples_per_s = sps;
-      }
-    }
+    AdaptCandidate best = fastestSplit(s, rates, g);
     if (best.samples_per_s <= 0) continue;
     best.efficiency = statisticalEfficiency(static_cast<double>(g), static_cast<double>(s.g0), b_noise);
     best.goodput = best.samples_per_s * best.efficiency;
@@ -139,14 +167,14 @@ AdaptDecision decideGlobalBatch(const AdaptSpace& s, const AdaptSplit& current, 
   AdaptDecision d;
   d.current = current;
   d.chosen = current;
+  const auto text = [&](const AdaptSplit& x) { return splitText(x, s.world_size, s.tokens_per_sample); };
   if (!known(b_noise)) {
-    d.why = strCat("global batch stays ", splitText(current, s.world_size),
-                   ": the gradient noise scale is not known yet");
+    d.why = strCat("global batch stays ", text(current), ": the gradient noise scale is not known yet");
     return d;
   }
   const double cur_sps = modelledSamplesPerSecond(s, current);
   if (cur_sps <= 0) {
-    d.why = strCat("global batch stays ", splitText(current, s.world_size),
+    d.why = strCat("global batch stays ", text(current),
                    ": no measured samples/s for per-GPU batch ", current.per_gpu);
     return d;
   }
@@ -158,7 +186,7 @@ AdaptDecision decideGlobalBatch(const AdaptSpace& s, const AdaptSplit& current, 
     if (best == nullptr || c.goodput > best->goodput) best = &c;
   }
   if (best == nullptr) {
-    d.why = strCat("global batch stays ", splitText(current, s.world_size),
+    d.why = strCat("global batch stays ", text(current),
                    ": no measured split in [", s.g0, ", ", s.ceiling, "]");
     return d;
   }
@@ -170,28 +198,159 @@ AdaptDecision decideGlobalBatch(const AdaptSpace& s, const AdaptSplit& current, 
   if (!isAdaptSplit(s, current)) {
     d.chosen = best->split;
     d.change = d.chosen != current;
-    d.why = strCat("global batch ", splitText(current, s.world_size), " -> ",
-                   splitText(d.chosen, s.world_size), ": the current split is outside [", s.g0,
-                   ", ", s.ceiling, "]; ", figures);
+    d.why = strCat("global batch ", text(current), " -> ", text(d.chosen),
+                   ": the current split is outside [", s.g0, ", ", s.ceiling, "]; ", figures);
     return d;
   }
   const double margin = requiredMargin(s, current, best->split);
   if (best->split != current && best->goodput > d.current_goodput * (1.0 + margin)) {
     d.chosen = best->split;
     d.change = true;
-    d.why = strCat("global batch ", splitText(current, s.world_size), " -> ",
-                   splitText(d.chosen, s.world_size), ": ", figures);
+    d.why = strCat("global batch ", text(current), " -> ", text(d.chosen), ": ", figures);
   } else {
     const std::string parts =
         margin > s.margin ? strCat(" (", formatNumber(100 * s.margin), " % + ",
                                    formatNumber(100 * (margin - s.margin)),
                                    " % the samples/s figures' uncertainty)")
                           : std::string();
-    d.why = strCat("global batch stays ", splitText(current, s.world_size), ": best ",
-                   splitText(best->split, s.world_size), " is within the ",
-                   formatNumber(100 * margin), " % margin", parts, "; ", figures);
+    d.why = strCat("global batch stays ", text(current), ": best ", text(best->split),
+                   " is within the ", formatNumber(100 * margin), " % margin", parts, "; ", figures);
   }
   return d;
+}
+
+std::optional<AdaptSplit> warmupSplit(const AdaptSpace& s, int64_t g, const AdaptSplit& current,
+                                      bool* modelled) {
+  if (modelled != nullptr) *modelled = false;
+  if (s.world_size < 1 || g % s.world_size != 0) return std::nullopt;
+  const auto best = fastestSplit(s, measured(s), g);
+  if (best.samples_per_s > 0 && isAdaptSplit(s, best.split)) {
+    if (modelled != nullptr) *modelled = true;
+    return best.split;
+  }
+  // No figures: the per-GPU batch in force fits in memory; else the largest valid
+  // m below it (a larger one is not known to fit: Note [oom back-off]).
+  const int64_t rank_batch = g / s.world_size;
+  const auto with = [&](int64_t m) { return AdaptSplit{g, m, rank_batch / m}; };
+  const auto valid = [&](int64_t m) {
+    return m > 0 && rank_batch % m == 0 && (current.per_gpu <= 0 || m <= current.per_gpu) &&
+           isAdaptSplit(s, with(m));
+  };
+  if (valid(current.per_gpu)) return with(current.per_gpu);
+  std::optional<AdaptSplit> out;
+  for (int64_t f = 1; f * f <= rank_batch; ++f) {  // the divisors of G / W, in pairs
+    if (rank_batch % f != 0) continue;
+    for (const int64_t m : {rank_batch / f, f}) {
+      if (valid(m) && (!out || m > out->per_gpu)) out = with(m);
+    }
+  }
+  return out;
+}
+
+namespace {
+
+/// Note [batch-size warmup]: the largest doubling of G0 within B that splits, at or
+/// above `current`'s G (at it only when the split in force is not valid).
+std::optional<AdaptSplit> warmupTarget(const AdaptSpace& s, const AdaptSplit& current,
+                                       double b_noise, bool valid, Doubling* rung,
+                                       bool* modelled) {
+  std::optional<AdaptSplit> to;
+  for (const auto& x : doublings(s)) {
+    if (static_cast<double>(x.global) > b_noise) break;
+    if (x.global < current.global || (x.global == current.global && valid)) continue;
+    bool m = false;
+    if (auto split = warmupSplit(s, x.global, current, &m)) {
+      to = split;
+      *rung = x;
+      *modelled = m;
+    }
+  }
+  return to;
+}
+
+/// A split in force that is no longer valid, with no doubling within B above it:
+/// its G on a valid split, else the largest doubling below it that splits.
+std::optional<AdaptSplit> warmupRepair(const AdaptSpace& s, const AdaptSplit& current) {
+  if (current.global >= s.g0 && current.global <= s.ceiling) {
+    if (auto split = warmupSplit(s, current.global, current)) return split;
+  }
+  std::optional<AdaptSplit> out;
+  for (const auto& x : doublings(s)) {
+    if (x.global > current.global) break;
+    if (auto split = warmupSplit(s, x.global, current)) out = split;
+  }
+  return out;
+}
+
+/// Why batch-size warmup keeps `current` though B is known.
+std::string warmupStays(const AdaptSpace& s, const AdaptSplit& current, double b_noise) {
+  const std::string head =
+      strCat("global batch stays ", splitText(current, s.world_size, s.tokens_per_sample),
+             ": B_simple ", formatNumber(b_noise));
+  for (const auto& x : doublings(s)) {
+    if (x.global <= current.global) continue;
+    if (static_cast<double>(x.global) > b_noise) {
+      return strCat(head, " < ", x.global, " = G0 x 2^", x.k, ", the next doubling");
+    }
+    return strCat(head, " reaches ", x.global, " = G0 x 2^", x.k, ", which has no valid split");
+  }
+  return strCat(head, "; no doubling of G0 = ", s.g0, " above it within the ceiling ", s.ceiling);
+}
+
+}  // namespace
+
+AdaptDecision decideWarmupBatch(const AdaptSpace& s, const AdaptSplit& current, double b_noise) {
+  AdaptDecision d;
+  d.current = current;
+  d.chosen = current;
+  const auto text = [&](const AdaptSplit& x) { return splitText(x, s.world_size, s.tokens_per_sample); };
+  if (!known(b_noise)) {
+    d.why = strCat("global batch stays ", text(current), ": the gradient noise scale is not known yet");
+    return d;
+  }
+  const bool valid = isAdaptSplit(s, current);
+  Doubling rung;
+  bool modelled = false;
+  auto to = warmupTarget(s, current, b_noise, valid, &rung, &modelled);
+  std::string reason;
+  if (to) {
+    const double sps = modelled ? modelledSamplesPerSecond(s, *to) : 0.0;
+    reason = strCat("B_simple ", formatNumber(b_noise), " >= ", rung.global, " = G0 x 2^", rung.k,
+                    " (batch-size warmup); ",
+                    modelled ? strCat("its fastest modelled split, ", formatNumber(sps), " samples/s")
+                             : std::string("no samples/s figure for its per-GPU batches"));
+  } else if (!valid && (to = warmupRepair(s, current))) {
+    reason = strCat("the current split is outside the valid splits of [", s.g0, ", ", s.ceiling,
+                    "]; B_simple ", formatNumber(b_noise));
+  }
+  if (!to) {
+    d.why = warmupStays(s, current, b_noise);
+    if (!valid) d.why += "; the split in force is not valid, and no valid split was found";
+    return d;
+  }
+  d.chosen = *to;
+  d.change = true;
+  d.why = strCat("global batch ", text(current), " -> ", text(d.chosen), ": ", reason);
+  return d;
+}
+
+AdaptDecision decideAdaptive(const AdaptSpace& s, const AdaptSplit& current, double b_noise) {
+  return s.mode == BatchAdapt::kWarmup ? decideWarmupBatch(s, current, b_noise)
+                                       : decideGlobalBatch(s, current, b_noise);
+}
+
+std::optional<AdaptSplit> resumeSplit(const AdaptSpace& s, int64_t g, double b_noise) {
+  // Warmup: G on a valid split, else the largest doubling below it that splits;
+  // never above G (the next decision grows it, from B).
+  if (s.mode == BatchAdapt::kWarmup) return warmupRepair(s, {g, 0, 0});
+  const auto candidates = adaptCandidates(s, b_noise);
+  const AdaptCandidate* pick = nullptr;
+  for (const auto& c : candidates) {
+    if (c.split.global == g) return c.split;
+    if (pick == nullptr || c.goodput > pick->goodput) pick = &c;
+  }
+  if (pick == nullptr) return std::nullopt;
+  return pick->split;
 }
 
 AdaptSpace adaptSpace(const Config& cfg, const Plan& p, bool has_batchnorm) {
@@ -207,6 +366,8 @@ AdaptSpace adaptSpace(const Config& cfg, const Plan& p, bool has_batchnorm) {
     s.fixed_per_gpu = p.per_gpu;
   }
   s.adapt_max = cfg.batch.adapt_max > 0 ? cfg.batch.adapt_max : sixteenTimes(p.global);
+  if (cfg.batch.adapt != BatchAdapt::kOff) s.mode = cfg.batch.adapt;
+  s.tokens_per_sample = p.tokens_per_sample;
   checkAdaptReachable(s, cfg.source);
   return s;
 }
@@ -221,7 +382,8 @@ void checkAdaptReachable(AdaptSpace& s, const std::string& source) {
   }
   const int64_t limit = dataCeiling(s.dataset_size, s.min_steps);
   if (s.g0 > limit) {
-    throw ConfigError(strCat(source, ": batch.adapt: goodput: the starting global batch G0=", s.g0,
+    throw ConfigError(strCat(source, ": batch.adapt: ", toString(s.mode),
+                             ": the starting global batch G0=", s.g0,
                              " already leaves ", s.dataset_size / s.g0, " step(s) an epoch of the ",
                              s.dataset_size, " training samples, fewer than batch.adapt_min_steps=",
                              s.min_steps, ", so no larger batch is allowed; lower "
@@ -251,7 +413,8 @@ void checkAdaptReachable(AdaptSpace& s, const std::string& source) {
                      " for batch.adapt_min_steps=", s.min_steps, "; lower that to ",
                      std::max<int64_t>(1, s.dataset_size / next), " to reach ", next, ")")
             : "";
-    throw ConfigError(strCat(source, ": batch.adapt: goodput has nothing to adapt: no global batch in (",
+    throw ConfigError(strCat(source, ": batch.adapt: ", toString(s.mode),
+                             " has nothing to adapt: no global batch in (",
                              s.g0, ", ", s.ceiling, "]", by_data, " is ", rule,
                              "; the nearest above G0=", s.g0, " is ", next, " (", next / w,
                              " per rank); raise batch.adapt_max to at least ", next,

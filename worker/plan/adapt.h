@@ -1,5 +1,6 @@
 #pragma once
-// The adaptive global batch (batch.adapt: goodput): pure arithmetic, no MPI, no torch.
+// The adaptive global batch (batch.adapt: goodput or warmup): pure arithmetic, no
+// MPI, no torch.
 //
 // Note [goodput]: a step at global batch G makes more progress than a step at the
 // starting batch G0, but less than G / G0 times as much: with the gradient noise
@@ -76,8 +77,51 @@
 // so under AdaScale a run at G > G0 makes more passes over the data than the
 // plan and its lr is lower than the linear rule's. The decision (goodput, from
 // the efficiency E) is the same under both.
+//
+// Note [batch-size warmup]: batch.adapt: warmup grows G as the critical batch
+// grows, whatever the throughput. Merrill, Arora, Groeneveld and Hajishirzi
+// ("Critical Batch Size Revisited", 2025) measured the critical batch size of
+// OLMo runs: near 0 at initialisation, growing fast, then a plateau; starting the
+// batch small and doubling it as the critical batch grows trained OLMo-1B to a
+// slightly better loss in 43 % fewer gradient steps. They measured the critical
+// batch directly, by branching runs at several batch sizes (finding the noise
+// scale a proxy hard to trust), and set the doublings from those measurements;
+// a run here has only its own online estimate, the smoothed B_simple (Note
+// [gradient noise scale]), so B stands in for the critical batch. The decision
+// (decideWarmupBatch()), at the same points as goodput's (adapt_every_steps,
+// epoch ends, not in the lr warmup unless batch.adapt_in_warmup):
+//  - G takes the largest G0 x 2^k above the current G that is at most B and has
+//    a split within the ceiling (isAdaptSplit: the same resolution and data
+//    ceiling N / adapt_min_steps as goodput), so B reaching 2 G doubles G, and B
+//    far above G takes several doublings in one decision.
+//    Doublings, as the OLMo runs did, rather than any G <= B: a noisy B must
+//    reach the next power of two before G moves, and every G0 x 2^k splits
+//    (at worst G0's per-GPU batch with 2^k times its accumulation).
+//  - G never shrinks: the critical batch grows and then plateaus, so a fall of
+//    B is read as the estimate's noise (or the lr schedule's transient), and a
+//    larger batch already taken is not given back. B unknown: G stays.
+//  - Its split: the fastest modelled one among the measured per-GPU batches
+//    (adaptCandidates()'s choice for that G, Note [goodput] throughput model);
+//    with no figure for any per-GPU batch dividing G / W, the per-GPU batch in
+//    force with more accumulation (known to fit in memory), else the largest
+//    valid per-GPU batch below it.
+//  - A split in force that is no longer valid (an out-of-memory back-off's, or a
+//    resume on another world) moves as under goodput: to the target above, else
+//    to G's own fastest split, else to the largest doubling below G that splits.
+// Pure and deterministic, as goodput's decision: every rank decides the same
+// from the same shared B. The lr and the progress follow batch.adapt_gain
+// exactly as under goodput. The OLMo runs kept the lr schedule and the budget in
+// tokens, i.e. a step at G counts G / G0 steps at G0: that is adapt_gain: linear
+// (AdamW's lr takes sqrt(G / G0) under either rule). Under the default,
+// adascale, a step at G <= B still counts r >= (G / G0) (B + G0) / (2 B), about
+// half of G / G0 or more, and the run makes more passes over the data.
+// When to choose it over goodput: where G should follow the critical batch
+// (fewer optimizer steps, more data parallelism: many accelerators) even when a
+// larger batch is no faster per sample on the hardware at hand (on the CPU
+// runs of bench/adaptive.sh's GPT goodput stayed at G0).
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -139,6 +183,10 @@ struct AdaptSpace {
   std::vector<ThroughputPoint> throughput;  ///< measured per-GPU batches (any order)
   double fixed_step_s = 0;   ///< seconds per optimizer step not repeated per micro-batch (0: unknown)
   double margin = kAdaptMargin;
+  /// Which decision decideAdaptive() makes: goodput's or batch-size warmup's.
+  BatchAdapt mode = BatchAdapt::kGoodput;
+  /// Note [tokens per sample]: > 0, the decisions' lines give G in tokens too.
+  int64_t tokens_per_sample = 0;
   std::vector<std::string> warnings;  ///< from adaptSpace(), for the plan's warnings
 };
 
@@ -196,8 +244,39 @@ double requiredMargin(const AdaptSpace& space, const AdaptSplit& current, const 
 /// Deterministic: ties go to the smaller G.
 AdaptDecision decideGlobalBatch(const AdaptSpace& space, const AdaptSplit& current, double b_noise);
 
-/// "G (m x a x W)", as the decision's lines write a split.
-std::string splitText(const AdaptSplit& s, int64_t world);
+/// The global batch for the next adapt_every_steps steps under batch-size warmup
+/// (Note [batch-size warmup]): the largest G0 x 2^k <= B (`b_noise`) with a split
+/// within the ceiling, at or above `current`'s G, on its fastest modelled split
+/// (warmupSplit()); `current` when no such G is above it, and always when B is
+/// unknown. Never smaller than `current`'s G unless `current` is not a valid split.
+/// Deterministic. The gain fields stay 1 (no goodput is modelled).
+AdaptDecision decideWarmupBatch(const AdaptSpace& space, const AdaptSplit& current, double b_noise);
+
+/// The split batch-size warmup runs global batch `g` at: the fastest modelled one
+/// among the measured per-GPU batches (ties: the larger m); with no figure for a
+/// per-GPU batch that divides g / W, `current`'s per-GPU batch with more
+/// accumulation, else the largest per-GPU batch making a valid split, at most
+/// `current`'s (a larger one is not known to fit; `current` with per_gpu 0: any).
+/// A valid split (isAdaptSplit) or nothing; `modelled` (optional) says whether it
+/// came from figures.
+std::optional<AdaptSplit> warmupSplit(const AdaptSpace& space, int64_t g, const AdaptSplit& current,
+                                      bool* modelled = nullptr);
+
+/// The decision of space.mode: decideGlobalBatch() (goodput) or decideWarmupBatch()
+/// (warmup).
+AdaptDecision decideAdaptive(const AdaptSpace& space, const AdaptSplit& current, double b_noise);
+
+/// A resume on another world size (Note [adaptive checkpoint] in
+/// worker/train/adaptive_batch.h): the split of global batch `g` over space's world.
+/// goodput: `g`'s fastest measured split, else the candidate of the best goodput
+/// for `b_noise`; warmup (Note [batch-size warmup]): `g` on warmupSplit()'s split,
+/// else the largest doubling of G0 below `g` that splits. Nothing when no measured
+/// split (goodput) or no valid split (warmup) exists.
+std::optional<AdaptSplit> resumeSplit(const AdaptSpace& space, int64_t g, double b_noise);
+
+/// "G (m x a x W)", as the decision's lines write a split; "G (m x a x W; T tokens)"
+/// when a sample is `tokens_per_sample` > 0 tokens (Note [tokens per sample]).
+std::string splitText(const AdaptSplit& s, int64_t world, int64_t tokens_per_sample = 0);
 
 /// The adaptive space of a run (no throughput yet) from its config and the plan at
 /// G0, checked by checkAdaptReachable(). The search chooses m when batch.per_gpu

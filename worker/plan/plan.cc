@@ -237,8 +237,9 @@ Plan makePlan(const Config& cfg, int64_t world, int64_t n, bool has_bn, int64_t 
   planEpochs(cfg, n, p);
   planLr(cfg, p);
   planWarnings(cfg, p);
-  if (cfg.batch.adapt == BatchAdapt::kGoodput) {
-    // Note [goodput]: is any G above G0 reachable with this world and data set?
+  if (cfg.batch.adapt != BatchAdapt::kOff) {
+    // Note [goodput], Note [batch-size warmup]: is any G above G0 reachable with
+    // this world and data set?
     // (ConfigError naming the nearest split when not.)
     const auto space = adaptSpace(cfg, p, has_bn);
     p.warnings.insert(p.warnings.end(), space.warnings.begin(), space.warnings.end());

@@ -26,7 +26,8 @@ namespace batchdist::worker {
 // [tokens]), a rate or a batch is also shown in tokens: tokens/s beside samples/s,
 // tokens per step beside the global batch (the console's plan, progress, epoch and
 // closing lines, report.json and report.html, metrics.jsonl, TensorBoard, the
-// search's lines, table and search.json, the `data` verb). tokensPerSample() is
+// search's lines, table and search.json, the `data` verb, the adaptive batch's
+// decision lines: splitText() in worker/plan/adapt.h). tokensPerSample() is
 // the one place that knows how many tokens a sample trains on; the plan carries it
 // (Plan::tokens_per_sample) and everything after the plan reads it from there
 // (the search, which runs before the plan, from the same function). 0 means the

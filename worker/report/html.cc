@@ -288,7 +288,7 @@ std::string svgTime(const nlohmann::ordered_json& t) {
   return os.str();
 }
 
-/// Where the global batch changed during training (batch.adapt: goodput): (step, G)
+/// Where the global batch changed during training (batch.adapt): (step, G)
 /// from which each value applies, the first at the run's start. From report.json's
 /// `batch_history` (the optimizer step, 0-based, i.e. the steps done before it)
 /// when it has one, else from the metrics (the first point showing the new G).
@@ -339,9 +339,16 @@ std::string adaptSection(const nlohmann::ordered_json& report,
   o.height = 300;
   os << svgLineChart(o, {{"global batch", "#2ca02c", line, true, true},
                          {"B_simple (smoothed)", "#1f77b4", noise, true, false}});
-  os << "<p>batch.adapt: goodput re-decides the global batch from B_simple and the search's "
-        "samples/s (docs/batch-search.md, \"Adaptive global batch\"); the learning rate follows "
-        "with the gain r.</p>\n";
+  const auto* config = report.contains("config") ? &report["config"] : nullptr;
+  if (config && config->contains("batch") && jtext((*config)["batch"], "adapt") == "warmup") {
+    os << "<p>batch.adapt: warmup doubles the global batch from G0 as B_simple grows past each "
+          "doubling, never shrinking it (docs/batch-search.md, \"Adaptive global batch\", "
+          "batch-size warmup); the learning rate follows with the gain r.</p>\n";
+  } else {
+    os << "<p>batch.adapt: goodput re-decides the global batch from B_simple and the search's "
+          "samples/s (docs/batch-search.md, \"Adaptive global batch\"); the learning rate follows "
+          "with the gain r.</p>\n";
+  }
   const auto& history = report.contains("batch_history") ? report["batch_history"]
                                                          : nlohmann::ordered_json();
   if (!history.is_array() || history.empty()) return os.str();

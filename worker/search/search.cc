@@ -523,7 +523,7 @@ SearchResult BatchSearch::run(Console* console) {
   r.chosen = pick.per_gpu;
   r.chosen_accum = pick.accum;
   dataBound(r, pick);
-  if (cfg_.batch.adapt == BatchAdapt::kGoodput) adaptRangePhase(r, sp, pick, console);
+  if (cfg_.batch.adapt != BatchAdapt::kOff) adaptRangePhase(r, sp, pick, console);
   r.seconds = monotonicSeconds() - t0;
   return r;
 }
@@ -536,7 +536,9 @@ SearchResult BatchSearch::run(Console* console) {
 // up to the ceiling / W (and search.max), until a size fails or two doublings in
 // a row gain less than the tolerance. The sizes are kept apart (adapt_range in
 // search.json): they are not choices for G0, only throughput figures for the
-// adaptive decision, which reaches a G between them by accumulation.
+// adaptive decision, which reaches a G between them by accumulation. Under
+// batch.adapt: warmup (Note [batch-size warmup]) G grows whatever they say, and
+// they pick the split each G runs at: the fastest, and one known to fit.
 //
 // Pairing. The decision's question is how much faster per sample a larger
 // per-GPU batch is than the split in force, i.e. a ratio to the pick's
@@ -570,7 +572,8 @@ void BatchSearch::adaptRangePhase(SearchResult& r, const Space& sp, const Candid
   }
   if (top == 0) return;
   if (console && 2 * top <= hi) {
-    console->line(strCat("batch search: batch.adapt: goodput: per-GPU batches above ", top,
+    console->line(strCat("batch search: batch.adapt: ", toString(cfg_.batch.adapt),
+                         ": per-GPU batches above ", top,
                          " up to ", hi, " (global ", hi * W, ") for the adaptive global batch"));
   }
   int flat = 0;

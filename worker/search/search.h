@@ -144,7 +144,7 @@ struct SearchResult {
   int64_t timed_steps = 0;  ///< timed steps per rank, warmups excluded
   double seconds = 0;
   std::vector<Candidate> candidates;
-  /// batch.adapt: goodput: per-GPU batches above G0 / W measured at accumulation 1
+  /// batch.adapt (goodput, warmup): per-GPU batches above G0 / W measured at accumulation 1
   /// for the adaptive global batch (Note [adapt range]); not choices for G0.
   std::vector<Candidate> adapt_range;
   std::string why;  ///< one sentence: why this candidate

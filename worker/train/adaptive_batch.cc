@@ -93,7 +93,8 @@ std::optional<AdaptSplit> AdaptiveBatch::decide(int64_t s, int64_t global_step,
   if (!due(s, global_step)) return std::nullopt;
   last_decision_ = global_step;
   const double b = agreeFigures(b_simple, current);
-  auto d = decideGlobalBatch(spaceInForce(space_, backed_off, current.per_gpu), current, b);
+  // Note [goodput] or Note [batch-size warmup], by batch.adapt (space_.mode).
+  auto d = decideAdaptive(spaceInForce(space_, backed_off, current.per_gpu), current, b);
   followRankZero(d, current, global_step);
   return settle(d, current, global_step, b, console);
 }
@@ -144,9 +145,10 @@ void AdaptiveBatch::followRankZero(AdaptDecision& d, const AdaptSplit& current,
   d.chosen = zero;
   d.change = zero != current;
   if (followed_++ > 0) return;  // said once
+  const int64_t tokens = space_.tokens_per_sample;
   std::cerr << strCat("batchdist: warning: rank ", comm_.rank(), ": the adaptive batch decision at step ",
-                      global_step + 1, " was global batch ", splitText(mine, comm_.size()),
-                      ", rank 0's ", splitText(zero, comm_.size()),
+                      global_step + 1, " was global batch ", splitText(mine, comm_.size(), tokens),
+                      ", rank 0's ", splitText(zero, comm_.size(), tokens),
                       ": taking rank 0's, in this decision and any later one that differs (this "
                       "rank's samples/s figures differ from rank 0's)\n")
             << std::flush;
@@ -276,22 +278,15 @@ Plan AdaptiveBatch::restoreSameWorld(const nlohmann::ordered_json& rec, const Pl
 }
 
 // Another world: G kept where it splits over it with this search's sizes, else
-// the best candidate now; the rest of the epoch is cut anew.
+// resumeSplit()'s (goodput: the best candidate now; warmup: the largest doubling
+// below G); the rest of the epoch is cut anew.
 std::optional<Plan> AdaptiveBatch::resplitForWorld(int64_t g, const Plan& plan) {
   const int64_t pos = resume_.cut_begin + (resume_.step - resume_.cut_step) * g;
-  const auto candidates = adaptCandidates(space_, b_noise_);
-  const AdaptCandidate* pick = nullptr;
-  for (const auto& c : candidates) {
-    if (c.split.global == g) pick = &c;
-  }
-  for (const auto& c : candidates) {
-    if (pick == nullptr || (pick->split.global != g && c.goodput > pick->goodput)) pick = &c;
-  }
   const int64_t fixed = space_.fixed_per_gpu;
   const int64_t w = comm_.size();
   std::optional<Plan> to;
-  if (pick) {
-    to = withGlobal(plan, pick->split.global, pick->split.per_gpu, pick->split.accum);
+  if (const auto pick = resumeSplit(space_, g, b_noise_)) {
+    to = withGlobal(plan, pick->global, pick->per_gpu, pick->accum);
   } else if (fixed > 0 && g % (fixed * w) == 0) {
     // A fixed batch.per_gpu and no figures for this world yet: G kept by
     // accumulation (the table fills again from this run's steps).
@@ -307,11 +302,15 @@ void AdaptiveBatch::resumedOtherSplit(int64_t step, const Plan& now, Console* co
   const AdaptSplit split{now.global, now.per_gpu, now.accum};
   if (console) {
     const bool fixed = space_.fixed_per_gpu > 0;
-    console->line(strCat("adapt: resumed on ", comm_.size(), " ranks: global batch ",
-                         segments_.back().global, " does not split over them with ",
+    const int64_t g = segments_.back().global, tokens = space_.tokens_per_sample;
+    console->line(strCat("adapt: resumed on ", comm_.size(), " ranks: global batch ", g,
+                         tokens > 0 ? strCat(" (", g * tokens, " tokens)") : std::string(),
+                         " does not split over them with ",
                          fixed ? strCat("batch.per_gpu ", space_.fixed_per_gpu)
-                               : std::string("the measured per-GPU batches"),
-                         "; ", splitText(split, comm_.size()), " from step ", step + 1));
+                         : space_.mode == BatchAdapt::kWarmup ? std::string("a valid per-GPU batch")
+                                                              : std::string("the measured per-GPU batches"),
+                         "; ", splitText(split, comm_.size(), space_.tokens_per_sample),
+                         " from step ", step + 1));
   }
   beginSegment(step, split, b_noise_,
                statisticalEfficiency(static_cast<double>(now.global),

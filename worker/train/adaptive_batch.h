@@ -1,17 +1,19 @@
 #pragma once
-// The adaptive global batch in the training loop (batch.adapt: goodput): when a
-// decision is due, the figures every rank decides from, rank 0's split taken by
-// all, the gain segments and the lr they give, the checkpoint record. The
-// decision itself is Note [goodput] in worker/plan/adapt.h; the trainer applies a
+// The adaptive global batch in the training loop (batch.adapt: goodput or warmup):
+// when a decision is due, the figures every rank decides from, rank 0's split
+// taken by all, the gain segments and the lr they give, the checkpoint record.
+// The decision itself is Note [goodput] or Note [batch-size warmup] in
+// worker/plan/adapt.h (decideAdaptive(), by batch.adapt); the trainer applies a
 // new split (Note [split change] in worker/train/trainer.cc).
 //
-// Note [adaptive training]: batch.adapt: goodput in the training loop (the
-// decision itself is Note [goodput] in worker/plan/adapt.h).
+// Note [adaptive training]: batch.adapt: goodput or warmup in the training loop
+// (the decision itself is Note [goodput] or Note [batch-size warmup] in
+// worker/plan/adapt.h; everything below holds for both).
 //  - The plan at G0 (plan0: the lr schedule and the run's length) is kept here,
 //    apart from the trainer's split in force (its plan_). Every batch.adapt_every_steps
 //    steps and at the first step of every epoch after the first, all ranks meet
 //    in one small allreduce (MAX of the smoothed B_simple and of the per-step
-//    fixed cost) and call decideGlobalBatch() with the same figures, so they
+//    fixed cost) and call decideAdaptive() with the same figures, so they
 //    reach the same split. The throughput table is the batch search's
 //    (identical on every rank: agreed in the search, read back from the cache
 //    by rank 0 and broadcast whole, or read from the checkpoint): the sizes
@@ -55,7 +57,10 @@
 //    stands, and the noise estimator (with the count of steps started, so the
 //    noise cadence resumes in phase). On the same world size the split and figures are
 //    taken back and the run continues bitwise; on another, G is kept if it
-//    splits over the new world with the new search's sizes, else decided anew.
+//    splits over the new world with the new search's sizes, else decided anew
+//    (resumeSplit() in worker/plan/adapt.h).
+//  - Under warmup too the throughput table and c are kept and shared: they
+//    choose the split of each G (the fastest modelled), not whether G grows.
 //  - One line on rank 0 per change; report.json's batch_history; metrics.jsonl
 //    lines carry `progress`.
 

@@ -695,10 +695,13 @@ void checkResumable(const nlohmann::ordered_json& m, const Config& cfg, const st
   if (cfg.resolved["batch"]["last_batch"] != then["batch"].value("last_batch", nlohmann::ordered_json())) {
     diff += strCat(diff.empty() ? "" : "; ", "batch.last_batch differs from the checkpoint's");
   }
-  if (m.contains("adapt") && cfg.batch.adapt != BatchAdapt::kGoodput) {
-    diff += strCat(diff.empty() ? "" : "; ", "batch.adapt = ", toString(cfg.batch.adapt),
-                   " now, goodput in the checkpoint (its global batch and progress are adaptive)");
+  if (m.contains("adapt") && cfg.batch.adapt == BatchAdapt::kOff) {
+    diff += strCat(diff.empty() ? "" : "; ", "batch.adapt = off now, ",
+                   then["batch"].value("adapt", std::string("goodput")),
+                   " in the checkpoint (its global batch and progress are adaptive)");
   } else if (m.contains("adapt")) {
+    // goodput <-> warmup may change (as adapt_every_steps may): both keep the same
+    // record, progress and gain rule, only the next decisions differ.
     // A checkpoint from before the key was written under AdaScale.
     const auto old_gain = then["batch"].value("adapt_gain", std::string("adascale"));
     if (toString(cfg.batch.adapt_gain) != old_gain) {

@@ -181,7 +181,7 @@ struct TrainResult {
   std::string failure;       ///< why training stopped early without a signal (completed false)
   DataFigures data;
   PhaseSeconds phases;
-  std::vector<BatchChange> batch_history;  ///< batch.adapt: goodput: every split used, in order
+  std::vector<BatchChange> batch_history;  ///< batch.adapt: every split used, in order
   double progress = -1;      ///< batch.adapt: G0-equivalent steps done (< 0: not adaptive)
 };
 

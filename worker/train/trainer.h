@@ -232,7 +232,7 @@ class Trainer {
   TimeBreakdown time_;
   Checkpointer* checkpointer_ = nullptr;
   TrainPosition resume_;
-  std::unique_ptr<AdaptiveBatch> adapt_;  ///< batch.adapt: goodput (null: off)
+  std::unique_ptr<AdaptiveBatch> adapt_;  ///< batch.adapt: goodput or warmup (null: off)
   double update_s_ = 0;  ///< optimizer update seconds (this rank), for the fixed cost
   double last_lr_ = 0;   ///< the lr of the last step run
   /// Note [fault plan]: BATCHDIST_FAULT_SLOW_UPDATE_US=N makes this rank's
