@@ -181,6 +181,7 @@ SearchResult searchBatch(const RunRequest& req, const RunSetup& s, collective::C
   *entry = {cache_path, key};
   if (auto cached = lookupCache(req, comm, cache_path, key, console)) {
     cached->tokens_per_sample = tokensPerSample(s.cfg);  // an entry from before it was kept
+    explainChoice(*cached);  // its why as a fresh search words it: tokens/s on token data
     return *cached;
   }
   BatchSearch search(s.cfg, comm, *measurer, s.data.train.size(), s.has_bn,
