@@ -231,7 +231,8 @@ RunInfo trainedRunInfo(const RankPlace& place, const RunSetup& s, collective::Co
     info.resumed_world = resumed->manifest["plan"]["world_size"];
   }
   const auto name = s.device.is_cuda() ? compat::cudaDeviceName(s.device.index()) : "cpu";
-  info.diagnosis = diagnose(s.cfg, result, s.device.is_cuda(), name, info.train_samples);
+  info.diagnosis = diagnose(s.cfg, result, s.device.is_cuda(), name, info.train_samples,
+                            s.plan.tokens_per_sample);
   if (searched && !searched->data_bound.empty()) info.diagnosis.push_back(searched->data_bound);
   return info;
 }
@@ -270,8 +271,16 @@ void summaryLines(const RunRequest& req, const RunSetup& s, const Trainer& train
                       formatFixed(100 * t.skew / tt, 1), " % of step time (rank 0)"));
   for (const auto& f : info.diagnosis) console.line("diagnosis: " + f);
   if (result.noise.b_simple > 0) {
-    console.line(strCat("gradient noise scale: B_simple ~ ", noiseScaleText(result.noise.b_simple),
-                        " samples (smoothed), global batch ", trainer.plan().global));
+    // Note [tokens per sample]: on token windows B_simple and G in tokens too.
+    const int64_t tokens = trainer.plan().tokens_per_sample;
+    const double b = result.noise.b_simple;
+    console.line(strCat("gradient noise scale: B_simple ~ ", noiseScaleText(b), " samples (",
+                        tokens > 0 ? strCat(noiseScaleText(b * static_cast<double>(tokens)),
+                                            " tokens, ")
+                                   : std::string(),
+                        "smoothed), global batch ", trainer.plan().global,
+                        tokens > 0 ? strCat(" (", trainer.plan().tokensPerStep(), " tokens)")
+                                   : std::string()));
   }
   console.line(strCat(result.completed ? "done: " : "stopped early: ", result.steps,
                       " steps, ",
