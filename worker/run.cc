@@ -785,24 +785,27 @@ std::string planOutput(const RunRequest& req, int world, bool json) {
   const auto info = describeData(cfg.data, cfg.train.seed, cfg.base_dir, ctx);
   world = std::max(1, world);
   if (cfg.batch.per_gpu_auto) {
-    // Nothing to plan yet: the search picks the batch on the real hardware.
+    // Nothing to plan yet: the search picks the batch on the real hardware. The
+    // global batch may be known already, and with it the tokens of a step (Note
+    // [tokens per sample]): the JSON has the tokens keys a plan has (tokens_per_step
+    // only with the global batch), the text its tokens line.
     const auto& sc = cfg.search;
+    Plan known;
+    known.global = std::max<int64_t>(0, cfg.batch.global);
+    known.tokens_per_sample = tokensPerSample(cfg);
+    known.global_tokens = cfg.batch.global_tokens;
     if (json) {
-      nlohmann::ordered_json j{{"world_size", world},
-                               {"per_gpu_batch", "auto"},
-                               {"dataset_size", info.train_size},
-                               {"search",
-                                {{"min", sc.min},
-                                 {"max", sc.max},
-                                 {"objective", toString(sc.objective)},
-                                 {"tolerance", sc.tolerance}}}};
+      nlohmann::ordered_json j{{"world_size", world}, {"per_gpu_batch", "auto"}};
+      j.update(planTokensJson(known));
+      j.update(nlohmann::ordered_json{{"dataset_size", info.train_size},
+                                      {"search",
+                                       {{"min", sc.min},
+                                        {"max", sc.max},
+                                        {"objective", toString(sc.objective)},
+                                        {"tolerance", sc.tolerance}}}});
       return j.dump(2) + "\n";
     }
-    // The global batch may be known already, and with it the tokens of a step.
-    Plan known;
-    known.global = cfg.batch.global;
-    known.tokens_per_sample = cfg.batch.global > 0 ? tokensPerSample(cfg) : 0;
-    known.global_tokens = cfg.batch.global_tokens;
+    if (known.global <= 0) known.tokens_per_sample = 0;  // no step to count the tokens of
     return strCat("plan: world ", world,
                   " x per-GPU batch auto: the batch search picks it at run time, measuring "
                   "candidates from search.min=",
