@@ -154,6 +154,9 @@ TEST(Diagnose, GlobalBatchFarAboveTheNoiseScaleIsReportedWithItsNumbers) {
   ASSERT_FALSE(found.empty());
   EXPECT_NE(found.back().find("B_simple ~ 0.43 ("), std::string::npos) << found.back();
   EXPECT_NE(found.back().find("(1 + 512/0.43) / 2 = 595.8x"), std::string::npos) << found.back();
+  // ... nor advised as a global batch of 0: at least 1.
+  EXPECT_NE(found.back().find("lower batch.global toward 1 (fewer ranks"), std::string::npos)
+      << found.back();
   EXPECT_EQ(noiseScaleText(9.96), "10");
   EXPECT_EQ(noiseScaleText(1.26), "1.3");
   EXPECT_EQ(noiseScaleText(123.4), "123");
@@ -208,6 +211,63 @@ TEST(Diagnose, NoiseAdviceRespectsTheTrainingSetSize) {
       << found.back();
 }
 
+// Note [tokens per sample]: on token windows (the plan's tokens per sample) the
+// noise-scale finding gives B_simple and every batch it names in tokens too, and
+// names batch.global_tokens when that key gave the batch; without tokens it reads
+// exactly as before.
+TEST(Diagnose, NoiseFindingsInTokensOnTokenWindows) {
+  Config cfg;
+  auto r = sampleResult();  // G = 512, last epoch B_simple = 100
+  const auto finding = [&](int64_t tokens, int64_t n = 0) {
+    const auto found = diagnose(cfg, r, false, "cpu", n, tokens);
+    EXPECT_FALSE(found.empty());
+    return found.empty() ? std::string() : found.back();
+  };
+  auto f = finding(64);
+  EXPECT_NE(f.find("noise scale: the global batch 512 (32768 tokens) is 5.1x the gradient noise "
+                   "scale B_simple ~ 100 (6400 tokens, last epoch); samples are being wasted"),
+            std::string::npos)
+      << f;
+  EXPECT_NE(f.find("lower batch.global toward 100 (6400 tokens) (fewer ranks"), std::string::npos) << f;
+  EXPECT_EQ(finding(0).find("token"), std::string::npos) << finding(0);
+  EXPECT_NE(finding(0).find("the global batch 512 is 5.1x the gradient noise scale B_simple ~ 100 "
+                            "(last epoch); "),
+            std::string::npos)
+      << finding(0);
+  // The batch given in tokens: the advice names that key, in tokens.
+  cfg.batch.global_tokens = 32768;
+  f = finding(64, 600);  // 600 / 8 = 75 < 100: capped
+  EXPECT_NE(f.find("lower batch.global_tokens toward 4800 (global batch 75) (B_simple capped by the "
+                   "data: 600 training samples / 8 steps"),
+            std::string::npos)
+      << f;
+  cfg.batch.global_tokens = 0;
+  // Well below B_simple; a B_simple of a fraction of a window keeps two digits in tokens.
+  r.history.back().noise_scale = 5000;
+  f = finding(64);
+  EXPECT_NE(f.find("B_simple ~ 5000 (320000 tokens, last epoch); a larger global batch, toward 5000 "
+                   "(320000 tokens) (more ranks"),
+            std::string::npos)
+      << f;
+  r.history.back().noise_scale = 0.05;
+  f = finding(64);
+  EXPECT_NE(f.find("B_simple ~ 0.05 (3.2 tokens, last epoch)"), std::string::npos) << f;
+  // Too large to measure: the global batch in tokens, and the data's ceiling.
+  r.history.back().noise_scale = -1;
+  r.noise.b_simple = -1;
+  r.noise.grad_sq = -1e-4;
+  r.noise.trace = 3;
+  r.noise.b_big = 64;
+  f = finding(64, 1438);
+  EXPECT_NE(f.find("too large to measure at global batch 64 (4096 tokens) (the smoothed"),
+            std::string::npos)
+      << f;
+  EXPECT_NE(f.find(", up to 179 (11456 tokens) for 1438 training samples at 8 steps an epoch"),
+            std::string::npos)
+      << f;
+  EXPECT_EQ(finding(0, 1438).find("token"), std::string::npos) << finding(0, 1438);
+}
+
 TEST(ReportHtml, NoiseCardCapsTheAdviceByTheTrainingSet) {
   const auto r = sampleResult();
   const auto card = [&](const Json& report) {
@@ -230,6 +290,14 @@ TEST(ReportHtml, NoiseCardCapsTheAdviceByTheTrainingSet) {
   c = card(report);
   EXPECT_NE(c.find("<div class=\"big\">~1720</div>"), std::string::npos) << c;
   EXPECT_EQ(c.find("capped"), std::string::npos) << c;
+  // Below 10, two digits as the console gives it (noiseScaleText), not ~0.
+  report["noise_scale"]["b_simple"] = 0.43;
+  c = card(report);
+  EXPECT_NE(c.find("<div class=\"big\">~0.43</div>gradient noise scale B_simple; this run's "
+                   "global batch 64 is 148.8x it"),
+            std::string::npos)
+      << c;
+  EXPECT_EQ(c.find("token"), std::string::npos) << c;
 }
 
 namespace {
@@ -390,15 +458,51 @@ TEST(ReportHtml, TokenRunsReportTokensBesideSamples) {
     EXPECT_DOUBLE_EQ(j.at("tokens_per_s").get<double>(), 64 * j.at("samples_per_s").get<double>());
     EXPECT_EQ(j.at("tokens_per_step").get<int64_t>(), 2048);
   }
-  const auto page = reportHtml(Json::parse(report.dump()), Json(), result.metrics);
+  // The noise scale (sampleResult: B_simple 100 at global batch 512) in tokens too.
+  const auto& noise = report.at("noise_scale");
+  EXPECT_DOUBLE_EQ(noise.at("b_simple_tokens").get<double>(), 100.0 * 64);
+  EXPECT_EQ(noise.at("global_batch_tokens").get<int64_t>(), 512 * 64);
+  auto search = Json{{"chosen", 32}, {"why", "the highest throughput measured"},
+                     {"tokens_per_sample", 64}, {"candidates", Json::array()}};
+  for (int m : {8, 16, 32}) {
+    search["candidates"].push_back({{"per_gpu_batch", m}, {"samples_per_s", 100.0 * m},
+                                    {"peak_memory_mb", 10.0 * m}, {"chosen", m == 32}});
+  }
+  const auto page = reportHtml(Json::parse(report.dump()), search, result.metrics);
   EXPECT_NE(page.find("250 samples/s (16000 tokens/s, 2048 tokens per step)."), std::string::npos);
+  // report.html's charts: the rates in tokens/s (sampleResult: ~1000 samples/s, so
+  // ~64000 tokens/s: a 60000 tick), the noise card and chart with tokens.
+  const auto throughput = chart(page, "plot-throughput");
+  EXPECT_NE(throughput.find(">tokens/s (all ranks; samples/s x 64)</text>"), std::string::npos)
+      << throughput;
+  EXPECT_NE(throughput.find(">tokens/s</text>"), std::string::npos) << throughput;
+  EXPECT_NE(throughput.find(">60000</text>"), std::string::npos) << throughput;
+  const auto searched = chart(page, "plot-search");
+  EXPECT_NE(searched.find(">tokens/s (all ranks)</text>"), std::string::npos) << searched;
+  EXPECT_NE(searched.find("<title>per-GPU 32: 3200 samples/s, 204800 tokens/s</title>"),
+            std::string::npos)
+      << searched;
+  EXPECT_NE(searched.find(">200000</text>"), std::string::npos) << searched;  // a tick in tokens/s
+  EXPECT_NE(page.find("Blue: tokens/s (samples/s x 64) of all ranks"), std::string::npos);
+  // 494 windows / 8 steps an epoch cap the advice at 61 (B_simple is 100).
+  EXPECT_NE(page.find("<div class=\"big\">~61</div>3904 tokens; gradient noise scale B_simple ~100 "
+                      "(6400 tokens), capped by the data: 494 training samples / 8 steps an epoch "
+                      "(batch.adapt_min_steps); this run's global batch 32 (2048 tokens) is 0.32x "
+                      "B_simple"),
+            std::string::npos);
+  EXPECT_NE(chart(page, "plot-noise").find(">global batch 32 (2048 tokens)</text>"),
+            std::string::npos);
 
   const auto other = parseConfig("batch: {global: 32}", "t.yaml");
   const auto plain = runReport(other, makePlan(other, 2, 494, false), sampleResult(), info);
-  for (const auto& doc : {plain, plain["plan"], plain["history"][0]}) {
-    for (const auto& [key, value] : doc.items()) EXPECT_EQ(key.rfind("tokens", 0), std::string::npos) << key;
+  for (const auto& doc : {plain, plain["plan"], plain["history"][0], plain["noise_scale"]}) {
+    for (const auto& [key, value] : doc.items()) EXPECT_EQ(key.find("tokens"), std::string::npos) << key;
   }
   EXPECT_EQ(metricsJsonl(sampleResult()).find("tokens"), std::string::npos);
-  EXPECT_EQ(reportHtml(Json::parse(plain.dump()), Json(), sampleResult().metrics).find("tokens/s"),
+  search.erase("tokens_per_sample");
+  const auto plain_page = reportHtml(Json::parse(plain.dump()), search, sampleResult().metrics);
+  EXPECT_EQ(plain_page.find("tokens"), std::string::npos);
+  EXPECT_NE(chart(plain_page, "plot-throughput").find(">samples/s (all ranks)</text>"),
             std::string::npos);
+  EXPECT_NE(chart(plain_page, "plot-search").find(">samples/s (all ranks)</text>"), std::string::npos);
 }

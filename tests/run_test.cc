@@ -1,9 +1,15 @@
 // Note [run phases]: the exit code of a run as a pure function of its result and
 // the agreed stop signal.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <csignal>
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <vector>
 
+#include "tests/scratch_dir.h"
 #include "worker/run.h"
 
 using namespace batchdist::worker;
@@ -39,4 +45,51 @@ TEST(RunExitCode, AFailureOrALostStopCheckpointIsOne) {
   later.checkpoints.push_back({4, "ck/step-00000004", 0.1, 0, false, "No space left on device"});
   later.checkpoints.push_back({8, "ck/step-00000008", 0.1, 100, true, ""});
   EXPECT_EQ(runExitCode(later, SIGUSR1), 128 + SIGUSR1);
+}
+
+// Note [tokens per sample]: `batchdist plan --json` on token windows carries the
+// tokens of a sample (and of a step, when the global batch is known) whether the
+// per-GPU batch is fixed or searched (auto); on other samples neither has them.
+TEST(PlanOutput, TokenKeysWithAFixedAndAnAutoPerGpuBatch) {
+  const batchdist::testsupport::ScratchDir dir("plan_output_tokens");
+  const auto d = dir.string();
+  std::vector<uint16_t> ids(64 * 40 + 1);  // 40 windows of 64 + 1
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint16_t>(i % 256);
+  std::ofstream(d + "/train.bin", std::ios::binary)
+      .write(reinterpret_cast<const char*>(ids.data()), static_cast<std::streamsize>(ids.size() * 2));
+  std::ofstream(d + "/gpt.yaml") << "model: {name: gpt, seq_len: 64}\n"
+                                    "data: {name: tokens, path: train.bin, val_fraction: 0.1}\n"
+                                    "batch: {global: 8}\n";
+  std::ofstream(d + "/mlp.yaml") << "data: {name: synthetic, samples: 400}\nbatch: {global: 8}\n";
+  const auto plan = [&](const std::string& config, std::vector<std::string> sets) {
+    RunRequest req;
+    req.config_path = d + "/" + config;
+    req.sets = std::move(sets);
+    return nlohmann::json::parse(planOutput(req, 2, /*json=*/true));
+  };
+  const auto fixed = plan("gpt.yaml", {});
+  const auto searched = plan("gpt.yaml", {"batch.per_gpu=auto"});
+  EXPECT_EQ(fixed.at("per_gpu_batch").get<int64_t>(), 4);
+  EXPECT_EQ(searched.at("per_gpu_batch").get<std::string>(), "auto");
+  for (const auto* j : {&fixed, &searched}) {
+    EXPECT_EQ(j->at("tokens_per_sample").get<int64_t>(), 64) << j->dump();
+    EXPECT_EQ(j->at("tokens_per_step").get<int64_t>(), 8 * 64) << j->dump();
+    EXPECT_FALSE(j->contains("global_tokens_asked")) << j->dump();
+  }
+  // The batch in tokens (Note [global tokens]): 1000 tokens = 15.6 windows -> 16.
+  const auto asked = plan("gpt.yaml", {"batch.per_gpu=auto", "batch.global=null",
+                                       "batch.global_tokens=1000"});
+  EXPECT_EQ(asked.at("tokens_per_step").get<int64_t>(), 16 * 64) << asked.dump();
+  EXPECT_EQ(asked.at("global_tokens_asked").get<int64_t>(), 1000) << asked.dump();
+  // The global batch searched too: the tokens of a sample, no step to count.
+  const auto open = plan("gpt.yaml", {"batch.per_gpu=auto", "batch.global=auto"});
+  EXPECT_EQ(open.at("tokens_per_sample").get<int64_t>(), 64) << open.dump();
+  EXPECT_FALSE(open.contains("tokens_per_step")) << open.dump();
+  for (const auto& sets : {std::vector<std::string>{}, std::vector<std::string>{"batch.per_gpu=auto"}}) {
+    const auto samples = plan("mlp.yaml", sets);
+    EXPECT_TRUE(samples.contains("per_gpu_batch")) << samples.dump();
+    for (const auto& [key, value] : samples.items()) {
+      EXPECT_EQ(key.find("tokens"), std::string::npos) << key;
+    }
+  }
 }

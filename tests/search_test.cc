@@ -791,3 +791,66 @@ TEST(Search, TokenSamplesAddATokensColumnAndLine) {
   EXPECT_DOUBLE_EQ(json["candidates"][1].at("tokens_per_s").get<double>(), 190.0 * 64);
   EXPECT_EQ(searchFromJson(nlohmann::json::parse(json.dump())).tokens_per_sample, 64);
 }
+
+// Note [tokens per sample]: the why of the choice gives tokens/s beside samples/s
+// on token windows, fresh or from the cache (explainChoice: a cached entry written
+// before tokens_per_sample was kept reads like a fresh search); on other samples
+// it reads as it always did.
+TEST(Search, TheWhyOfTheChoiceGivesTokensPerSecondOnTokenSamples) {
+  const std::vector<Candidate> c{ok(8, 100), ok(16, 180), ok(32, 290), ok(64, 300), ok(128, 302)};
+  std::string why;
+  EXPECT_EQ(chooseCandidate(c, Objective::kThroughput, 0.05, &why).per_gpu, 32);
+  EXPECT_EQ(why, "the smallest within 5 % of the best throughput (302 samples/s at per-GPU 128): "
+                 "290 samples/s, 96.0 % of it");
+  EXPECT_EQ(chooseCandidate(c, Objective::kThroughput, 0.05, &why, 64).per_gpu, 32);
+  EXPECT_EQ(why, "the smallest within 5 % of the best throughput (302 samples/s, 19328 tokens/s "
+                 "at per-GPU 128): 290 samples/s, 18560 tokens/s, 96.0 % of it");
+  EXPECT_EQ(chooseCandidate(c, Objective::kThroughput, 0.0, &why, 64).per_gpu, 128);
+  EXPECT_EQ(why, "the highest throughput measured (302 samples/s, 19328 tokens/s)");
+
+  // A fresh search over token windows (2 ranks, the global batch fixed).
+  const auto cfg = parseConfig("model: {name: gpt, seq_len: 64}\ndata: {name: tokens, path: t.bin}\n"
+                               "batch: {global: 32}\nsearch: {min: 2, rounds: 0}",
+                               "t.yaml");
+  std::vector<SimulatedMeasurer> m{SimulatedMeasurer(1 << 30, 1000, 4),
+                                   SimulatedMeasurer(1 << 30, 1000, 4)};
+  const auto fresh = searchOnThreads(cfg, m, 100000)[0];
+  EXPECT_EQ(fresh.tokens_per_sample, 64);
+  const Candidate* pick = nullptr;
+  for (const auto& k : fresh.candidates) {
+    if (k.per_gpu == fresh.chosen && k.accum == fresh.chosen_accum) pick = &k;
+  }
+  ASSERT_NE(pick, nullptr);
+  const auto rate = formatFixed(pick->global_sps, 0) + " samples/s, " +
+                    formatFixed(pick->global_sps * 64, 0) + " tokens/s";
+  EXPECT_NE(fresh.why.find(rate), std::string::npos) << fresh.why << " / " << rate;
+
+  // A cached entry from before tokens_per_sample was kept: run.cc sets it and
+  // says the why again.
+  SearchResult old;
+  old.candidates = c;
+  old.chosen = 32;
+  old.tolerance = 0.05;
+  chooseCandidate(old.candidates, old.objective, old.tolerance, &old.why);
+  const testsupport::ScratchDir scratch("search_cache_why");  // Note [scratch dirs]
+  const auto path = (scratch.path() / "search_cache.json").string();
+  writeSearchCache(path, "k", old);
+  auto cached = readSearchCache(path, "k").result;
+  ASSERT_TRUE(cached.has_value());
+  EXPECT_EQ(cached->why.find("tokens"), std::string::npos) << cached->why;
+  explainChoice(*cached);  // still no tokens: the words are the same
+  EXPECT_EQ(cached->why, old.why);
+  cached->tokens_per_sample = 64;
+  explainChoice(*cached);
+  EXPECT_EQ(cached->why, "the smallest within 5 % of the best throughput (302 samples/s, 19328 "
+                         "tokens/s at per-GPU 128): 290 samples/s, 18560 tokens/s, 96.0 % of it");
+  EXPECT_NE(searchTable(*cached).find("chosen per-GPU batch 32 x accum 1: the smallest within 5 % "
+                                      "of the best throughput (302 samples/s, 19328 tokens/s"),
+            std::string::npos)
+      << searchTable(*cached);
+  // A choice the rule would not make (another cache's rules) keeps its own why.
+  cached->chosen = 64;
+  cached->why = "kept";
+  explainChoice(*cached);
+  EXPECT_EQ(cached->why, "kept");
+}

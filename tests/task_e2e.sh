@@ -17,13 +17,14 @@
 #                metrics.jsonl, TensorBoard and the closing line; the batch given as
 #                batch.global_tokens 2070 (32.34 windows of 64: global batch 32, said
 #                by the plan) with the per-GPU batch searched: tokens/s and tokens per
-#                step (Note [tokens per sample]) in the plan, the search's lines and
-#                table, the progress, epoch and closing lines, report.json (top level,
-#                history, plan, search), metrics.jsonl, search.json, report.html,
-#                TensorBoard (train and search) and `batchdist data --json`, each =
-#                samples x 64; then, with the config's batch, rank 0 killed after the
-#                checkpoint of step 12 (mid epoch 2) and resumed: bitwise equal to an
-#                uninterrupted run, the same metrics and history
+#                step (Note [tokens per sample]) in the plan, the search's lines,
+#                table and why, the progress, epoch and closing lines, report.json
+#                (top level, history, plan, search, noise scale), metrics.jsonl,
+#                search.json, report.html (summary, chart axes), TensorBoard (train
+#                and search), the noise-scale line and diagnosis, and `batchdist data
+#                --json`, each = samples x 64; then, with the config's batch, rank 0
+#                killed after the checkpoint of step 12 (mid epoch 2) and resumed:
+#                bitwise equal to an uninterrupted run, the same metrics and history
 #   lm_levers    the GPT with the memory levers together (issue 36 §1): gpt-tiny on 2
 #                ranks under bf16 autocast, batch.adapt: goodput (re-decided every 4
 #                steps, in the warmup too), rank 1 out of memory at step 5
@@ -68,14 +69,15 @@ lm_tokens() {
     grep -qF -- "$line" "$log" || { cat "$log"; fail "no '$line' in the run's output"; }
   done
   for re in '^  per-GPU (8|16) x accum [12]: [0-9]+ samples/s \([0-9.]+\.\.[0-9.]+, [0-9]+ steps\), [0-9]+ tokens/s, peak' \
+            '^  chosen per-GPU batch (8|16) x accum [12]: the (highest|smallest) .*[0-9]+ samples/s, [0-9]+ tokens/s' \
             '^epoch 1/4 step [0-9]+/[0-9]+ .* [0-9]+ samples/s \([0-9]+ tokens/s\)  data ' \
             '^epoch 4/4  train_loss .* [0-9]+ samples/s \([0-9]+ tokens/s\)  \(' \
             '^done: .* [0-9]+ samples/s \([0-9]+ tokens/s\), '; do
     grep -qE -- "$re" "$log" || { cat "$log"; fail "no line matching '$re' in the run's output"; }
   done
-  python3 - "$out/lm" <<'PY' || fail "tokens in the language model's records (above)"
-import json, math, sys
-run = sys.argv[1]
+  python3 - "$out/lm" "$log" <<'PY' || fail "tokens in the language model's records (above)"
+import json, math, re, sys
+run, log = sys.argv[1], open(sys.argv[2]).read()
 r = json.load(open(run + "/report.json"))
 close = lambda a, b: math.isclose(a, b, rel_tol=1e-9)
 assert r["global_batch"] == 32 and r["tokens_per_step"] == 32 * 64, (r["global_batch"], r.get("tokens_per_step"))
@@ -93,7 +95,23 @@ assert s["tokens_per_sample"] == 64 and all(
     close(c["tokens_per_s"], 64 * c["samples_per_s"]) for c in s["candidates"]), s
 html = open(run + "/report.html").read()
 assert " tokens/s, 2048 tokens per step)" in html and "tokens_per_step" in html, "report.html"
-print(f"ok: {r['samples_per_s']:.0f} samples/s = {r['tokens_per_s']:.0f} tokens/s, 2048 tokens a step")
+# The charts' rate axes in tokens/s (the training throughput, the search).
+assert ">tokens/s</text>" in html and ">tokens/s (all ranks)</text>" in html, "report.html's charts"
+# The gradient noise scale in tokens: report.json, the closing line, the diagnosis.
+n = r["noise_scale"]
+assert n["global_batch_tokens"] == 64 * n["global_batch"], n
+if n["b_simple"] is not None:
+    assert close(n["b_simple_tokens"], 64 * n["b_simple"]), n
+    line = re.search(r"^gradient noise scale: B_simple ~ [0-9.e+-]+ samples \(([0-9.e+-]+) tokens, "
+                     r"smoothed\), global batch 32 \(2048 tokens\)$", log, re.M)
+    assert line, "no closing noise-scale line in tokens"
+    assert math.isclose(float(line.group(1)), 64 * n["b_simple"], rel_tol=0.05, abs_tol=0.5), line.group(0)
+else:
+    assert n["b_simple_tokens"] is None and "gradient noise scale:" not in log, n
+found = [d for d in r.get("diagnosis", []) if d.startswith("noise scale:")]
+assert all("global batch 32 (2048 tokens)" in d for d in found), found
+print(f"ok: {r['samples_per_s']:.0f} samples/s = {r['tokens_per_s']:.0f} tokens/s, 2048 tokens a step;"
+      f" B_simple {n['b_simple']} = {n['b_simple_tokens']} tokens; {len(found)} noise finding(s)")
 PY
   for tag in train/tokens_per_s batch/global_tokens train/epoch_tokens_per_s; do
     grep -aqr "$tag" "$out/lm/tensorboard/train" || fail "no $tag in the TensorBoard events"

@@ -17,7 +17,9 @@
 #include "tests/scratch_dir.h"
 #include "worker/data/data.h"
 #include "worker/data/loader.h"
+#include "worker/data/measure.h"
 #include "worker/data/sources/npy.h"
+#include "worker/plan/plan.h"
 #include "worker/task/task.h"
 
 using namespace batchdist::worker;
@@ -171,6 +173,40 @@ TEST(Tokens, NpyOfEachIntegerTypeAndTheContiguousValidationSplit) {
   EXPECT_EQ(all.train.size(), 10);
   EXPECT_EQ(all.val.size(), 0);
   EXPECT_EQ(all.val.sample_shape, (std::vector<int64_t>{4}));
+}
+
+// Note [tokens per sample]: the `data` verb counts a window's tokens as the plan
+// and the trainer do: model.seq_len (the targets a window trains on), not the
+// seq_len + 1 it reads; its text says so, its JSON gives that count.
+TEST(Tokens, TheDataVerbCountsTheTokensOfASampleAsTrainingDoes) {
+  const batchdist::testsupport::ScratchDir dir("tokens_data_verb");
+  const auto d = dir.string();
+  t::writeFile(d + "/train.bin", bytesOf(ramp(41)));  // 10 windows of 4 + 1
+  const auto cfg = parseConfig("model: {name: gpt, seq_len: 4, vocab: 64}\n"
+                               "data: {name: tokens, path: " + d + "/train.bin, val_fraction: 0.2, "
+                               "workers: 0}\nbatch: {global: 2}",
+                               "t.yaml");
+  const auto split = loadData(cfg.data, 1, "");
+  const auto plan = makePlan(cfg, 1, split.train.size(), false);
+  ASSERT_EQ(plan.tokens_per_sample, 4);
+  // What a step trains on: a window's targets, model.seq_len of them.
+  EXPECT_EQ(split.train.targets(indices({0, 1})).size(1), plan.tokens_per_sample);
+  const auto m = measureLoader(cfg, split.train, plan, 0, 0.05);
+  ASSERT_GT(m.samplesPerSecond(), 0);
+  const auto text = dataReport({m}, split, cfg, false, plan.tokens_per_sample);
+  EXPECT_NE(text.find("\n  tokens: 4 per sample (model.seq_len: the next-token targets a window of "
+                      "4 + 1 tokens trains on); tokens/s = samples/s x 4, as in training\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("rank 0: "), std::string::npos) << text;
+  EXPECT_NE(text.find(" tokens/s) ("), std::string::npos) << text;  // beside rank 0's samples/s
+  const auto json = nlohmann::json::parse(dataReport({m}, split, cfg, true, plan.tokens_per_sample));
+  EXPECT_EQ(json.at("tokens_per_sample").get<int64_t>(), 4);
+  EXPECT_DOUBLE_EQ(json.at("tokens_per_s").get<double>(), 4 * json.at("samples_per_s").get<double>());
+  // Samples that are not tokens (0): no tokens line, no rate in tokens.
+  const auto plain = dataReport({m}, split, cfg, false, 0);
+  EXPECT_EQ(plain.find("  tokens:"), std::string::npos) << plain;
+  EXPECT_EQ(plain.find("tokens/s"), std::string::npos) << plain;
 }
 
 // Note [tokens]: an id outside 0..vocab-1 is named when a batch gathers it: the

@@ -181,6 +181,7 @@ SearchResult searchBatch(const RunRequest& req, const RunSetup& s, collective::C
   *entry = {cache_path, key};
   if (auto cached = lookupCache(req, comm, cache_path, key, console)) {
     cached->tokens_per_sample = tokensPerSample(s.cfg);  // an entry from before it was kept
+    explainChoice(*cached);  // its why as a fresh search words it: tokens/s on token data
     return *cached;
   }
   BatchSearch search(s.cfg, comm, *measurer, s.data.train.size(), s.has_bn,
@@ -230,7 +231,8 @@ RunInfo trainedRunInfo(const RankPlace& place, const RunSetup& s, collective::Co
     info.resumed_world = resumed->manifest["plan"]["world_size"];
   }
   const auto name = s.device.is_cuda() ? compat::cudaDeviceName(s.device.index()) : "cpu";
-  info.diagnosis = diagnose(s.cfg, result, s.device.is_cuda(), name, info.train_samples);
+  info.diagnosis = diagnose(s.cfg, result, s.device.is_cuda(), name, info.train_samples,
+                            s.plan.tokens_per_sample);
   if (searched && !searched->data_bound.empty()) info.diagnosis.push_back(searched->data_bound);
   return info;
 }
@@ -269,8 +271,16 @@ void summaryLines(const RunRequest& req, const RunSetup& s, const Trainer& train
                       formatFixed(100 * t.skew / tt, 1), " % of step time (rank 0)"));
   for (const auto& f : info.diagnosis) console.line("diagnosis: " + f);
   if (result.noise.b_simple > 0) {
-    console.line(strCat("gradient noise scale: B_simple ~ ", noiseScaleText(result.noise.b_simple),
-                        " samples (smoothed), global batch ", trainer.plan().global));
+    // Note [tokens per sample]: on token windows B_simple and G in tokens too.
+    const int64_t tokens = trainer.plan().tokens_per_sample;
+    const double b = result.noise.b_simple;
+    console.line(strCat("gradient noise scale: B_simple ~ ", noiseScaleText(b), " samples (",
+                        tokens > 0 ? strCat(noiseScaleText(b * static_cast<double>(tokens)),
+                                            " tokens, ")
+                                   : std::string(),
+                        "smoothed), global batch ", trainer.plan().global,
+                        tokens > 0 ? strCat(" (", trainer.plan().tokensPerStep(), " tokens)")
+                                   : std::string()));
   }
   console.line(strCat(result.completed ? "done: " : "stopped early: ", result.steps,
                       " steps, ",
@@ -777,24 +787,27 @@ std::string planOutput(const RunRequest& req, int world, bool json) {
   const auto info = describeData(cfg.data, cfg.train.seed, cfg.base_dir, ctx);
   world = std::max(1, world);
   if (cfg.batch.per_gpu_auto) {
-    // Nothing to plan yet: the search picks the batch on the real hardware.
+    // Nothing to plan yet: the search picks the batch on the real hardware. The
+    // global batch may be known already, and with it the tokens of a step (Note
+    // [tokens per sample]): the JSON has the tokens keys a plan has (tokens_per_step
+    // only with the global batch), the text its tokens line.
     const auto& sc = cfg.search;
+    Plan known;
+    known.global = std::max<int64_t>(0, cfg.batch.global);
+    known.tokens_per_sample = tokensPerSample(cfg);
+    known.global_tokens = cfg.batch.global_tokens;
     if (json) {
-      nlohmann::ordered_json j{{"world_size", world},
-                               {"per_gpu_batch", "auto"},
-                               {"dataset_size", info.train_size},
-                               {"search",
-                                {{"min", sc.min},
-                                 {"max", sc.max},
-                                 {"objective", toString(sc.objective)},
-                                 {"tolerance", sc.tolerance}}}};
+      nlohmann::ordered_json j{{"world_size", world}, {"per_gpu_batch", "auto"}};
+      j.update(planTokensJson(known));
+      j.update(nlohmann::ordered_json{{"dataset_size", info.train_size},
+                                      {"search",
+                                       {{"min", sc.min},
+                                        {"max", sc.max},
+                                        {"objective", toString(sc.objective)},
+                                        {"tolerance", sc.tolerance}}}});
       return j.dump(2) + "\n";
     }
-    // The global batch may be known already, and with it the tokens of a step.
-    Plan known;
-    known.global = cfg.batch.global;
-    known.tokens_per_sample = cfg.batch.global > 0 ? tokensPerSample(cfg) : 0;
-    known.global_tokens = cfg.batch.global_tokens;
+    if (known.global <= 0) known.tokens_per_sample = 0;  // no step to count the tokens of
     return strCat("plan: world ", world,
                   " x per-GPU batch auto: the batch search picks it at run time, measuring "
                   "candidates from search.min=",

@@ -133,6 +133,13 @@ std::string dataReport(const std::vector<LoaderMeasurement>& ranks, const DataSp
   }
   std::string out = strCat("data: ", data.origin, ": ", data.train.size(), " train samples, ",
                            data.train.classes, " classes\n");
+  if (tokens > 0) {
+    // What tokens/s counts: the trainer's tokens of a sample (Note [tokens per
+    // sample]), not the seq_len + 1 a window reads (consecutive windows share one).
+    out += strCat("  tokens: ", tokens_per_sample, " per sample (model.seq_len: the next-token "
+                  "targets a window of ", tokens_per_sample, " + 1 tokens trains on); tokens/s = "
+                  "samples/s x ", tokens_per_sample, ", as in training\n");
+  }
   for (const auto& r : ranks) {
     const double busy = std::max(1e-12, r.stages.read + r.stages.decode + r.stages.transform);
     char line[512];

@@ -44,7 +44,8 @@ LoaderMeasurement measureLoader(const Config& cfg, const Dataset& train, const P
 /// The `data` verb's report over all ranks: text (a line per rank and the total)
 /// or one JSON object (`samples_per_s` total, `per_rank`, `workers`, ...). With
 /// `tokens_per_sample` > 0 (the plan's: Note [tokens per sample] in
-/// worker/plan/plan.h) tokens/s beside every samples/s (`tokens_per_s`).
+/// worker/plan/plan.h) tokens/s beside every samples/s (`tokens_per_s`), and the
+/// text says what a sample counts (model.seq_len, as training counts it).
 std::string dataReport(const std::vector<LoaderMeasurement>& ranks, const DataSplit& data,
                        const Config& cfg, bool json, int64_t tokens_per_sample = 0);
 

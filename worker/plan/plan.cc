@@ -391,6 +391,15 @@ std::string planText(const Plan& p) {
   return os.str();
 }
 
+nlohmann::ordered_json planTokensJson(const Plan& p) {
+  auto j = nlohmann::ordered_json::object();
+  if (p.tokens_per_sample <= 0) return j;
+  j["tokens_per_sample"] = p.tokens_per_sample;
+  if (p.global > 0) j["tokens_per_step"] = p.tokensPerStep();
+  if (p.global_tokens > 0) j["global_tokens_asked"] = p.global_tokens;
+  return j;
+}
+
 nlohmann::ordered_json planJson(const Plan& p) {
   auto ranks = nlohmann::ordered_json::array();
   for (int64_t r = 0; r < p.world_size; ++r) {
@@ -400,11 +409,7 @@ nlohmann::ordered_json planJson(const Plan& p) {
                            {"per_gpu_batch", p.per_gpu},
                            {"accum_steps", p.accum},
                            {"global_batch", p.global}};
-  if (p.tokens_per_sample > 0) {  // Note [tokens per sample]
-    j["tokens_per_sample"] = p.tokens_per_sample;
-    j["tokens_per_step"] = p.tokensPerStep();
-    if (p.global_tokens > 0) j["global_tokens_asked"] = p.global_tokens;
-  }
+  j.update(planTokensJson(p));
   j.update(nlohmann::ordered_json{
           {"last_batch", toString(p.last_batch)},
           {"dataset_size", p.dataset_size},

@@ -25,9 +25,11 @@ namespace batchdist::worker {
 // Note [tokens per sample]: when a sample is a window of token data (Note
 // [tokens]), a rate or a batch is also shown in tokens: tokens/s beside samples/s,
 // tokens per step beside the global batch (the console's plan, progress, epoch and
-// closing lines, report.json and report.html, metrics.jsonl, TensorBoard, the
-// search's lines, table and search.json, the `data` verb, the adaptive batch's
-// decision lines: splitText() in worker/plan/adapt.h). tokensPerSample() is
+// closing lines, report.json and report.html (its charts' rate axes in tokens/s),
+// metrics.jsonl, TensorBoard, the search's lines, table, why (a cached one's too)
+// and search.json, the gradient noise scale and the diagnosis's advice, `plan
+// --json` with per_gpu auto too, the `data` verb, the adaptive batch's decision
+// lines: splitText() in worker/plan/adapt.h). tokensPerSample() is
 // the one place that knows how many tokens a sample trains on; the plan carries it
 // (Plan::tokens_per_sample) and everything after the plan reads it from there
 // (the search, which runs before the plan, from the same function). 0 means the
@@ -117,6 +119,10 @@ std::string planText(const Plan& p);
 std::string planTokensText(const Plan& p);
 /// The plan as JSON (`batchdist plan --json`, the run report).
 nlohmann::ordered_json planJson(const Plan& p);
+/// Its tokens keys (Note [tokens per sample]): tokens_per_sample, tokens_per_step
+/// (when the global batch is known: p.global > 0) and global_tokens_asked (when
+/// batch.global_tokens gave it); an empty object when the samples are not tokens.
+nlohmann::ordered_json planTokensJson(const Plan& p);
 
 /// One rank's micro-batch: dataset indices and per-sample loss weights (1, or 0 for padding).
 struct MicroBatch {

@@ -23,13 +23,13 @@ constexpr double kFarAbove = 4.0;
 /// so that an epoch keeps that many steps. B_simple can exceed it on a small data
 /// set (digits: ~1720 for 1438 training samples).
 struct BatchAdvice {
-  int64_t target = 0;   ///< the global batch to move toward: B_simple, capped
+  int64_t target = 0;   ///< the global batch to move toward: B_simple, capped; at least 1
   std::string cap_note; ///< why it is below B_simple, or empty
 };
 
 BatchAdvice advice(double b, int64_t n, int64_t min_steps) {
   BatchAdvice a;
-  a.target = static_cast<int64_t>(std::llround(b));
+  a.target = std::max<int64_t>(1, std::llround(b));  // B_simple < 0.5 is no batch of 0
   const int64_t cap = dataCeiling(n, min_steps);
   if (cap > 0 && cap < a.target) {
     a.target = cap;
@@ -39,7 +39,57 @@ BatchAdvice advice(double b, int64_t n, int64_t min_steps) {
   return a;
 }
 
-std::optional<std::string> noiseFinding(const Config& cfg, const TrainResult& r, int64_t n) {
+/// Note [tokens per sample] (worker/plan/plan.h): the numbers of the noise-scale
+/// finding in tokens beside samples, when the samples are token windows; every
+/// text is "" otherwise, so the finding reads exactly as without tokens.
+struct TokenTexts {
+  int64_t per_sample = 0;
+  /// " (2048 tokens)" after a global batch of `samples`.
+  std::string batch(int64_t samples) const {
+    return per_sample > 0 ? strCat(" (", samples * per_sample, " tokens)") : "";
+  }
+  /// "15 tokens, " inside B_simple's parenthesis, before when it was measured.
+  std::string inside(double b) const {
+    return per_sample > 0 ? strCat(noiseScaleText(b * static_cast<double>(per_sample)), " tokens, ")
+                          : "";
+  }
+};
+
+/// Where the advice moves the global batch: "batch.global toward 60" (with its
+/// tokens), or, when the batch was given in tokens (Note [global tokens]), the key
+/// the user wrote: "batch.global_tokens toward 3840 (global batch 60)".
+std::string lowerTo(const Config& cfg, const BatchAdvice& a, const TokenTexts& t) {
+  if (t.per_sample > 0 && cfg.batch.global_tokens > 0) {
+    return strCat("batch.global_tokens toward ", a.target * t.per_sample, " (global batch ",
+                  a.target, ")", a.cap_note);
+  }
+  return strCat("batch.global toward ", a.target, t.batch(a.target), a.cap_note);
+}
+
+/// |G|^2 came out <= 0: B_simple is beyond what global batch G resolves.
+std::string tooLargeFinding(const TrainResult& r, int64_t n, int64_t min_steps,
+                            const TokenTexts& t) {
+  const int64_t cap = dataCeiling(n, min_steps);
+  const std::string at = strCat(r.noise.b_big, t.batch(r.noise.b_big));
+  if (cap > 0 && r.noise.b_big >= cap) {
+    return strCat("noise scale: too large to measure at global batch ", at,
+                  " (the smoothed |G|^2 estimate is not positive: the gradient is small next "
+                  "to its noise), but the ", n, " training samples allow no larger batch with ",
+                  min_steps, " steps an epoch (batch.adapt_min_steps); the data, not the "
+                  "batch, limits the steps saved");
+  }
+  return strCat("noise scale: too large to measure at global batch ", at,
+                " (the smoothed |G|^2 estimate is not positive: the gradient is small next to "
+                "its noise), so B_simple is far above it; a larger global batch (more ranks, a "
+                "larger per-GPU batch or batch.accum",
+                cap > 0 ? strCat(", up to ", cap, t.batch(cap), " for ", n,
+                                 " training samples at ", min_steps, " steps an epoch")
+                        : std::string(),
+                ") would take fewer steps for nearly the same number of samples");
+}
+
+std::optional<std::string> noiseFinding(const Config& cfg, const TrainResult& r, int64_t n,
+                                        const TokenTexts& t) {
   double b = -1;
   std::string when = "last epoch";
   if (!r.history.empty() && r.history.back().noise_scale > 0) {
@@ -51,47 +101,35 @@ std::optional<std::string> noiseFinding(const Config& cfg, const TrainResult& r,
   const int64_t min_steps = cfg.batch.adapt_min_steps;
   const int64_t cap = dataCeiling(n, min_steps);
   if (b <= 0 && r.noise.measured && r.noise.grad_sq <= 0 && r.noise.trace > 0) {
-    if (cap > 0 && r.noise.b_big >= cap) {
-      return strCat("noise scale: too large to measure at global batch ", r.noise.b_big,
-                    " (the smoothed |G|^2 estimate is not positive: the gradient is small next "
-                    "to its noise), but the ", n, " training samples allow no larger batch with ",
-                    min_steps, " steps an epoch (batch.adapt_min_steps); the data, not the "
-                    "batch, limits the steps saved");
-    }
-    return strCat("noise scale: too large to measure at global batch ", r.noise.b_big,
-                  " (the smoothed |G|^2 estimate is not positive: the gradient is small next to "
-                  "its noise), so B_simple is far above it; a larger global batch (more ranks, a "
-                  "larger per-GPU batch or batch.accum",
-                  cap > 0 ? strCat(", up to ", cap, " for ", n, " training samples at ", min_steps,
-                                   " steps an epoch")
-                          : std::string(),
-                  ") would take fewer steps for nearly the same number of samples");
+    return tooLargeFinding(r, n, min_steps, t);
   }
   if (b <= 0 || r.noise.b_big <= 0) return std::nullopt;
   const double g = static_cast<double>(r.noise.b_big);
   const std::string bs = noiseScaleText(b);
+  const std::string global = strCat(r.noise.b_big, t.batch(r.noise.b_big));
+  const std::string scale = strCat(bs, " (", t.inside(b), when, ")");
   const auto a = advice(b, n, min_steps);
   if (g >= kFarAbove * b) {
-    return strCat("noise scale: the global batch ", r.noise.b_big, " is ", formatFixed(g / b, 1),
-                  "x the gradient noise scale B_simple ~ ", bs, " (", when,
-                  "); samples are being wasted: far above it a step gains little from more "
+    return strCat("noise scale: the global batch ", global, " is ", formatFixed(g / b, 1),
+                  "x the gradient noise scale B_simple ~ ", scale,
+                  "; samples are being wasted: far above it a step gains little from more "
                   "samples, so reaching the same loss takes about (1 + ", r.noise.b_big, "/", bs,
                   ") / 2 = ", formatFixed((1 + g / b) / 2, 1),
                   "x the epochs of a global batch near ", bs,
-                  " (McCandlish et al. 2018); lower batch.global toward ", a.target, a.cap_note,
+                  " (McCandlish et al. 2018); lower ", lowerTo(cfg, a, t),
                   " (fewer ranks or a smaller per-GPU batch), or train more epochs");
   }
   if (g * kFarAbove <= b) {
     if (cap > 0 && r.noise.b_big >= cap) {
-      return strCat("noise scale: the global batch ", r.noise.b_big,
-                    " is well below the gradient noise scale B_simple ~ ", bs, " (", when,
-                    "), but the ", n, " training samples allow no larger batch with ", min_steps,
+      return strCat("noise scale: the global batch ", global,
+                    " is well below the gradient noise scale B_simple ~ ", scale,
+                    ", but the ", n, " training samples allow no larger batch with ", min_steps,
                     " steps an epoch (batch.adapt_min_steps); the data, not the batch, limits the "
                     "steps saved");
     }
-    return strCat("noise scale: the global batch ", r.noise.b_big,
-                  " is well below the gradient noise scale B_simple ~ ", bs, " (", when,
-                  "); a larger global batch, toward ", a.target, a.cap_note,
+    return strCat("noise scale: the global batch ", global,
+                  " is well below the gradient noise scale B_simple ~ ", scale,
+                  "; a larger global batch, toward ", a.target, t.batch(a.target), a.cap_note,
                   " (more ranks, a larger per-GPU batch or batch.accum), would take fewer steps "
                   "for nearly the same number of samples");
   }
@@ -108,7 +146,8 @@ std::string noiseScaleText(double b) {
 }
 
 std::vector<std::string> diagnose(const Config& cfg, const TrainResult& r, bool cuda,
-                                  const std::string& device_name, int64_t train_samples) {
+                                  const std::string& device_name, int64_t train_samples,
+                                  int64_t tokens_per_sample) {
   std::vector<std::string> out;
   const double total = r.time.total();
   if (total <= 0) return out;
@@ -144,7 +183,9 @@ std::vector<std::string> diagnose(const Config& cfg, const TrainResult& r, bool 
                          ", whose tensor cores run bf16/fp16 far faster; try train.precision: bf16 "
                          "(or fp16), which also halves activation memory"));
   }
-  if (auto noise = noiseFinding(cfg, r, train_samples)) out.push_back(*noise);
+  if (auto noise = noiseFinding(cfg, r, train_samples, TokenTexts{tokens_per_sample})) {
+    out.push_back(*noise);
+  }
   if (r.gpu_utilization >= 0 && r.gpu_utilization < 70) {
     out.push_back(strCat("utilization: the GPU was busy ", formatFixed(r.gpu_utilization, 0),
                          " % of the time (NVML); see the data and communication shares above"));

@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "worker/common/console.h"
 #include "worker/plan/adapt.h"
+#include "worker/report/diagnose.h"
 #include "worker/search/output.h"
 
 namespace batchdist::worker {
@@ -121,6 +122,20 @@ bool findIntervalAnyName(const nlohmann::ordered_json& c, double* lo, double* hi
   return false;
 }
 
+/// Note [tokens per sample]: " (2048 tokens)" after a batch (or a noise scale) of
+/// `samples` token windows of `tokens_per_sample` tokens; "" when the samples are
+/// not tokens (0).
+std::string tokensOf(double samples, double tokens_per_sample) {
+  if (tokens_per_sample <= 0) return "";
+  return " (" + noiseScaleText(samples * tokens_per_sample) + " tokens)";
+}
+
+/// The "N tokens/s" of a rate in samples/s; "" when the samples are not tokens.
+std::string tokenRateOf(double samples_per_s, double tokens_per_sample) {
+  if (tokens_per_sample <= 0) return "";
+  return num(samples_per_s * tokens_per_sample) + " tokens/s";
+}
+
 const char* kCss = R"(
 body{font-family:sans-serif;margin:24px auto;max-width:1000px;color:#222;line-height:1.4}
 h1{font-size:22px;margin-bottom:4px} h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
@@ -146,6 +161,10 @@ std::string svgSearch(const nlohmann::ordered_json& s) {
   double smax = 1, mmax = std::max(1.0, jnum(s, "memory_budget_mb"));
   double xmin = 1e300, xmax = -1e300;
   const double chosen = jnum(s, "chosen", -1);
+  // Note [tokens per sample]: on token windows the rate axis is in tokens/s (the
+  // points stay where they are: tokens/s is samples/s times a constant).
+  const double tokens = jnum(s, "tokens_per_sample");
+  const double unit = tokens > 0 ? tokens : 1;
   for (const auto& c : cands) {
     Pt p{};
     p.m = jnum(c, "per_gpu_batch", 0);
@@ -179,9 +198,10 @@ std::string svgSearch(const nlohmann::ordered_json& s) {
      << "\" stroke=\"black\"/>\n<line x1=\"" << L << "\" y1=\"" << T << "\" x2=\"" << L
      << "\" y2=\"" << H - B << "\" stroke=\"#1f77b4\"/>\n<line x1=\"" << W - R << "\" y1=\"" << T
      << "\" x2=\"" << W - R << "\" y2=\"" << H - B << "\" stroke=\"#d62728\"/>\n";
-  for (double t : niceTicks(0, smax * 1.1)) {
-    os << "<line x1=\"" << L << "\" y1=\"" << px(Ys(t)) << "\" x2=\"" << W - R << "\" y2=\""
-       << px(Ys(t)) << "\" stroke=\"#eee\"/><text x=\"" << L - 4 << "\" y=\"" << px(Ys(t) + 4)
+  for (double t : niceTicks(0, smax * 1.1 * unit)) {
+    const double y = Ys(t / unit);
+    os << "<line x1=\"" << L << "\" y1=\"" << px(y) << "\" x2=\"" << W - R << "\" y2=\""
+       << px(y) << "\" stroke=\"#eee\"/><text x=\"" << L - 4 << "\" y=\"" << px(y + 4)
        << "\" text-anchor=\"end\" fill=\"#1f77b4\">" << num(t) << "</text>\n";
   }
   for (double t : niceTicks(0, mmax * 1.1)) {
@@ -191,7 +211,8 @@ std::string svgSearch(const nlohmann::ordered_json& s) {
   os << "<text x=\"" << W / 2 << "\" y=\"" << H - 8
      << "\" text-anchor=\"middle\">per-GPU batch (log scale)</text>\n"
      << "<text x=\"14\" y=\"" << H / 2 << "\" transform=\"rotate(-90 14 " << H / 2
-     << ")\" text-anchor=\"middle\" fill=\"#1f77b4\">samples/s (all ranks)</text>\n"
+     << ")\" text-anchor=\"middle\" fill=\"#1f77b4\">"
+     << (tokens > 0 ? "tokens/s (all ranks)" : "samples/s (all ranks)") << "</text>\n"
      << "<text x=\"" << W - 10 << "\" y=\"" << H / 2 << "\" transform=\"rotate(90 " << W - 10
      << " " << H / 2 << ")\" text-anchor=\"middle\" fill=\"#d62728\">peak memory (MB)</text>\n";
   std::string sps_line, mem_line;
@@ -222,6 +243,7 @@ std::string svgSearch(const nlohmann::ordered_json& s) {
        << "\" r=\"3.5\" fill=\"#1f77b4\"><title>per-GPU " << num(p.m) << ": " << num(p.sps)
        << " samples/s";
     if (p.has_ci) os << " [" << num(p.lo) << ", " << num(p.hi) << "]";
+    if (tokens > 0) os << ", " << tokenRateOf(p.sps, tokens);
     os << "</title></circle>\n";
     if (p.mem > 0) {
       os << "<rect x=\"" << px(x - 3) << "\" y=\"" << px(Ym(p.mem) - 3)
@@ -521,6 +543,8 @@ std::string reportHtml(const nlohmann::ordered_json& report, const nlohmann::ord
   const bool searched = search.is_object() && search.contains("candidates");
   const auto& noise = report.contains("noise_scale") ? report["noise_scale"] : nlohmann::ordered_json();
   const double G = jnum(report, "global_batch");
+  // Note [tokens per sample]: 0 unless the samples are token windows.
+  const double tokens = report.contains("plan") ? jnum(report["plan"], "tokens_per_sample") : 0;
   std::ostringstream os;
   os << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
      << "<title>batchdist run report</title>\n<style>" << kCss << "</style></head><body>\n";
@@ -579,15 +603,21 @@ std::string reportHtml(const nlohmann::ordered_json& report, const nlohmann::ord
                              ? static_cast<int64_t>(jnum(report["config"]["batch"], "adapt_min_steps", 8))
                              : int64_t{8};
   const int64_t cap = dataCeiling(n, min_steps);
+  // A B_simple below 10 is quoted as noiseScaleText does (0.43, not ~0); on token
+  // windows the big number, B_simple and G also in tokens.
+  const auto big = [&](double v) {
+    return "<div class=\"big\">~" + noiseScaleText(v) + "</div>" +
+           (tokens > 0 ? noiseScaleText(v * tokens) + " tokens; " : std::string());
+  };
   if (bs > 0 && cap > 0 && cap < std::round(bs)) {
-    os << "<div class=\"big\">~" << num(static_cast<double>(cap)) << "</div>gradient noise scale "
-       << "B_simple ~" << num(std::round(bs)) << ", capped by the data: " << n
-       << " training samples / " << min_steps << " steps an epoch (batch.adapt_min_steps); this run's "
-       << "global batch " << num(G) << " is " << formatFixed(G / bs, G / bs < 1 ? 2 : 1) << "x B_simple";
+    os << big(static_cast<double>(cap)) << "gradient noise scale B_simple ~" << noiseScaleText(bs)
+       << tokensOf(bs, tokens) << ", capped by the data: " << n << " training samples / "
+       << min_steps << " steps an epoch (batch.adapt_min_steps); this run's global batch " << num(G)
+       << tokensOf(G, tokens) << " is " << formatFixed(G / bs, G / bs < 1 ? 2 : 1) << "x B_simple";
     if (G >= 4 * bs) os << " <span class=\"warn\">(samples are being wasted)</span>";
   } else if (bs > 0) {
-    os << "<div class=\"big\">~" << num(std::round(bs)) << "</div>gradient noise scale B_simple; this run's "
-       << "global batch " << num(G) << " is " << formatFixed(G / bs, G / bs < 1 ? 2 : 1) << "x it";
+    os << big(bs) << "gradient noise scale B_simple; this run's global batch " << num(G)
+       << tokensOf(G, tokens) << " is " << formatFixed(G / bs, G / bs < 1 ? 2 : 1) << "x it";
     if (G >= 4 * bs) os << " <span class=\"warn\">(samples are being wasted)</span>";
   } else {
     os << "<div class=\"big\">?</div>" << (jbool(noise, "measured") ? "unknown: " : "not measured: ")
@@ -627,7 +657,11 @@ std::string reportHtml(const nlohmann::ordered_json& report, const nlohmann::ord
       double lo, hi;
       intervals = intervals || findInterval(c, &lo, &hi);
     }
-    os << "<p class=\"sub\">Blue: samples/s of all ranks (the slowest rank's x world size)"
+    const double search_tokens = jnum(search, "tokens_per_sample");
+    os << "<p class=\"sub\">Blue: "
+       << (search_tokens > 0 ? "tokens/s (samples/s x " + num(search_tokens) + ")"
+                             : std::string("samples/s"))
+       << " of all ranks (the slowest rank's x world size)"
        << (intervals ? ", with its interval" : "") << "; red: peak memory; x: failed. "
        << xmlEscape(jtext(search, "why")) << "</p>\n";
   } else {
@@ -673,6 +707,13 @@ std::string reportHtml(const nlohmann::ordered_json& report, const nlohmann::ord
   o.id = "plot-throughput";
   o.title = "samples/s (all ranks)";
   o.y_label = "samples/s";
+  if (tokens > 0) {  // Note [tokens per sample]: a language model's rate is in tokens
+    for (auto* series : {&sps, &sps_epoch}) {
+      for (auto& point : *series) point.second *= tokens;
+    }
+    o.title = "tokens/s (all ranks; samples/s x " + num(tokens) + ")";
+    o.y_label = "tokens/s";
+  }
   os << svgLineChart(o, {{"per interval", "#1f77b4", sps, true, false},
                          {"per epoch", "#ff7f0e", sps_epoch, false, true}});
   os << "</div>\n";
@@ -689,7 +730,7 @@ std::string reportHtml(const nlohmann::ordered_json& report, const nlohmann::ord
     o.y_label = "samples";
     o.log_y = true;
     o.hline = G;
-    o.hline_label = "global batch " + num(G);
+    o.hline_label = "global batch " + num(G) + tokensOf(G, tokens);
     o.width = 720;
     o.height = 300;
     os << svgLineChart(o, {{"smoothed (EMA)", "#1f77b4", ns, true, false},

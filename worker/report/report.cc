@@ -13,17 +13,21 @@ nlohmann::ordered_json positiveOrNull(double v) {
   return v > 0 ? nlohmann::ordered_json(v) : nlohmann::ordered_json();
 }
 
-nlohmann::ordered_json noiseJson(const NoiseScaleResult& n) {
-  nlohmann::ordered_json o{{"measured", n.measured},
-                           {"b_simple", positiveOrNull(n.b_simple)},
-                           {"global_batch", n.b_big},
-                           {"per_rank_batch", n.b_small},
-                           {"global_over_b_simple",
-                            n.b_simple > 0 ? nlohmann::ordered_json(n.b_big / n.b_simple)
-                                           : nlohmann::ordered_json()},
-                           {"grad_sq", n.grad_sq},
-                           {"trace", n.trace},
-                           {"steps", n.steps}};
+/// Note [tokens per sample]: on token windows B_simple and the global batch in
+/// tokens too (b_simple_tokens, global_batch_tokens); other samples: no such keys.
+nlohmann::ordered_json noiseJson(const NoiseScaleResult& n, int64_t tokens_per_sample) {
+  const auto tokens = static_cast<double>(tokens_per_sample);
+  nlohmann::ordered_json o{{"measured", n.measured}, {"b_simple", positiveOrNull(n.b_simple)}};
+  if (tokens > 0) o["b_simple_tokens"] = positiveOrNull(n.b_simple * tokens);
+  o["global_batch"] = n.b_big;
+  if (tokens > 0) o["global_batch_tokens"] = n.b_big * tokens_per_sample;
+  o.update(nlohmann::ordered_json{{"per_rank_batch", n.b_small},
+                                  {"global_over_b_simple",
+                                   n.b_simple > 0 ? nlohmann::ordered_json(n.b_big / n.b_simple)
+                                                  : nlohmann::ordered_json()},
+                                  {"grad_sq", n.grad_sq},
+                                  {"trace", n.trace},
+                                  {"steps", n.steps}});
   if (!n.why_not.empty()) o["why_not"] = n.why_not;
   return o;
 }
@@ -125,7 +129,7 @@ nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const Trai
   o["plan"] = planJson(plan);
   o["history"] = historyJson(r, plan.tokens_per_sample);
   o["time_breakdown"] = timeJson(r.time);
-  o["noise_scale"] = noiseJson(r.noise);
+  o["noise_scale"] = noiseJson(r.noise, plan.tokens_per_sample);
   if (!r.batch_history.empty()) {
     // batch.adapt: goodput or warmup (Note [adaptive training] in worker/train/adaptive_batch.h).
     auto changes = nlohmann::ordered_json::array();

@@ -54,7 +54,8 @@ std::string applyTrainingOoms(const nlohmann::json& marks, SearchResult& r) {
     }
   }
   const int64_t before = r.chosen;
-  const auto& c = chooseCandidate(r.candidates, r.objective, r.tolerance, &r.why);
+  const auto& c =
+      chooseCandidate(r.candidates, r.objective, r.tolerance, &r.why, r.tokens_per_sample);
   r.chosen = c.per_gpu;
   r.chosen_accum = c.accum;
   return strCat("per-GPU batch ", limit, " ran ", reason, "; taking ", r.chosen,

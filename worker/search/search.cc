@@ -21,6 +21,14 @@ constexpr double kLuckMargin = 0.15;
 
 std::string mb(double v) { return formatFixed(v, 0) + " MB"; }
 
+/// "156 samples/s"; on token data (Note [tokens per sample] in worker/plan/plan.h)
+/// "156 samples/s, 9970 tokens/s", as the search's lines give the tokens.
+std::string rateText(double sps, int64_t tokens_per_sample) {
+  if (tokens_per_sample <= 0) return strCat(formatFixed(sps, 0), " samples/s");
+  return strCat(formatFixed(sps, 0), " samples/s, ",
+                formatFixed(sps * static_cast<double>(tokens_per_sample), 0), " tokens/s");
+}
+
 }  // namespace
 
 /// Note [search agreement]: a rank's failure travels as one number, so that one
@@ -104,7 +112,7 @@ static std::string ruleText(Objective objective, double tolerance, int64_t round
 
 const Candidate& chooseCandidate(const std::vector<Candidate>& candidates,
                                  Objective objective, double tolerance,
-                                 std::string* why) {
+                                 std::string* why, int64_t tokens_per_sample) {
   const Candidate* best = nullptr;
   const Candidate* largest = nullptr;
   for (const auto& c : candidates) {
@@ -136,16 +144,22 @@ const Candidate& chooseCandidate(const std::vector<Candidate>& candidates,
     }
   }
   if (why) {
+    const auto rate = [&](const Candidate& c) { return rateText(c.global_sps, tokens_per_sample); };
     *why = pick == best
-               ? strCat("the highest throughput measured (", formatFixed(best->global_sps, 0),
-                        " samples/s)")
+               ? strCat("the highest throughput measured (", rate(*best), ")")
                : strCat("the smallest within ", formatFixed(100 * tolerance, 0),
-                        " % of the best throughput (", formatFixed(best->global_sps, 0),
-                        " samples/s at per-GPU ", best->per_gpu, "): ",
-                        formatFixed(pick->global_sps, 0), " samples/s, ",
+                        " % of the best throughput (", rate(*best), " at per-GPU ", best->per_gpu,
+                        "): ", rate(*pick), ", ",
                         formatFixed(100 * relativeThroughput(*pick, *best), 1), " % of it");
   }
   return *pick;
+}
+
+void explainChoice(SearchResult& r) {
+  std::string why;
+  const auto& pick = chooseCandidate(r.candidates, r.objective, r.tolerance, &why,
+                                     r.tokens_per_sample);
+  if (pick.per_gpu == r.chosen && pick.accum == r.chosen_accum) r.why = why;
 }
 
 // ---------------------------------------------------------------------------
@@ -511,7 +525,8 @@ SearchResult BatchSearch::run(Console* console) {
   boundaryPhase(r, sp, console, last_ok, first_fail, best);
   if (s.objective == Objective::kThroughput) interleavePhase(r, console);
 
-  const auto& pick = chooseCandidate(r.candidates, s.objective, s.tolerance, &r.why);
+  const auto& pick =
+      chooseCandidate(r.candidates, s.objective, s.tolerance, &r.why, r.tokens_per_sample);
   r.rule = ruleText(s.objective, s.tolerance, r.rounds);
   const Candidate* top = nullptr;
   for (const auto& c : r.candidates) {

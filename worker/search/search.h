@@ -169,9 +169,17 @@ double relativeThroughput(const Candidate& c, const Candidate& best, bool conser
 /// 1 - tolerance);
 /// max_fit: the largest that fits.
 /// Throws Error naming the smallest size tried and the memory seen when none fits.
+/// `why` gets the sentence of why; with `tokens_per_sample` > 0 (Note [tokens per
+/// sample] in worker/plan/plan.h) its rates give tokens/s beside samples/s.
 const Candidate& chooseCandidate(const std::vector<Candidate>& candidates,
                                  Objective objective, double tolerance,
-                                 std::string* why = nullptr);
+                                 std::string* why = nullptr, int64_t tokens_per_sample = 0);
+
+/// r.why said again from r's candidates and r.tokens_per_sample, as a fresh search
+/// says it: a cached result (written before its why gave tokens/s, or before
+/// tokens_per_sample was kept) then reads like a fresh one. Unchanged when the
+/// rule picks another candidate than r.chosen (a cache written under other rules).
+void explainChoice(SearchResult& r);
 
 /// The samples/s table of the adaptive global batch (Note [adaptive training] in
 /// worker/train/adaptive_batch.h): every candidate that ran, the walk's and the adapt
