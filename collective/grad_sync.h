@@ -56,13 +56,14 @@ struct TailLayout {
 TailLayout tailLayout(int64_t param_elements, int64_t arrival_slots);
 
 /// Note [gradient sync]: how a step's gradients become their sum over the ranks,
-/// the communication half of an update strategy. The trainer calls only this:
+/// the communication half of an update strategy (Note [update strategy] in
+/// worker/train/update_strategy.h, which owns it and forwards the trainer's calls):
 ///   zeroGrad(); { beforeBackward(final?); backward } x accum; sumGradients(side);
 /// with backwardFailed() before sumGradients() on a rank whose backward threw. Two strategies today: the Reducer
 /// (dist.overlap: true; buckets start from autograd hooks during the last
 /// backward) and the GradientSynchronizer (dist.overlap: false; one pass after
-/// backward). Both keep Note [side channel]'s layout; a sharded strategy
-/// (reduce-scatter) would be a third implementation.
+/// backward). Both keep Note [side channel]'s layout; a sharded update strategy
+/// brings a third, that reduce-scatters.
 class GradientSync {
  public:
   virtual ~GradientSync() = default;

@@ -78,10 +78,7 @@ Trainer::Trainer(const Config& cfg, collective::Communicator& comm, const DataSp
   torch::manual_seed(static_cast<uint64_t>(cfg.train.seed) + 1000003ull * (comm_.rank() + 1));
   // Note [frozen parameters]: only parameters that require grad are trained,
   // synchronised and decayed; a frozen backbone stays exactly as loaded.
-  const auto trainable = model_->trainableParameters();
-  optimizer_ = makeOptimizer(cfg.optim, trainable);
-  const auto bucket_bytes = static_cast<std::size_t>(cfg.dist.bucket_mb * (1 << 20));
-  grad_sync_ = collective::makeGradientSync(cfg.dist.overlap, comm_, trainable, bucket_bytes);
+  update_ = makeUpdateStrategy(cfg, comm_, model_->trainableParameters());
   const auto warn = [rank = comm_.rank(), size = comm_.size()](const std::string& msg) {
     std::cerr << strCat("[rank ", rank, "/", size, "] warning: ", msg, "\n") << std::flush;
   };
@@ -99,9 +96,6 @@ Trainer::Trainer(const Config& cfg, collective::Communicator& comm, const DataSp
       comm_, *model_, *task_, data.val, std::move(val_loader),
       Transform::fromConfig(cfg.data, /*training=*/false), device_, cfg.train.precision,
       cfg.batch.eval_per_gpu);
-  if (cfg.train.precision == Precision::kFp16) {
-    scaler_ = std::make_unique<LossScaler>(cfg.train.loss_scale, cfg.train.scale_growth_interval);
-  }
   slow_update_us_ = f.slow_update_us;
   adapt_figures_fault_ = f.adapt_figures_rank == comm_.rank();
 }
@@ -153,16 +147,16 @@ double Trainer::trainStep(int64_t real, double lr, bool* stop, bool* checkpoint)
 // a TorchScript module's own per-sample loss is weighed alike (Note [module loss]).
 double Trainer::computeGradients(int64_t real) {
   model_->train(true);
-  grad_sync_->zeroGrad();
+  update_->zeroGrad();
   const double denom = static_cast<double>(std::max<int64_t>(1, real));
-  const double scale = scaler_ ? scaler_->scale() : 1.0;
+  const double scale = update_->lossScale();
   grad_scale_ = scale;
   step_real_ = real;
   micro_sq_ = micro_total_sq_ = torch::Tensor();
   // Note [noise cadence]: every rank counts the same steps, so all agree whether
   // this one carries its norm in the allreduce.
   noise_now_ = cfg_.train.noise_scale && noise_ticks_++ % cfg_.train.noise_scale_every == 0;
-  grad_sync_->setMeasureNorms(noise_now_);
+  update_->setMeasureNorms(noise_now_);
   // Summed on the device, read once per step: no host sync per micro-batch.
   torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device_));
   for (int64_t k = 0; k < plan_.accum; ++k) {
@@ -173,7 +167,7 @@ double Trainer::computeGradients(int64_t real) {
     // Note [overlapped reducer]: only the last micro-batch's backward sends.
     // The side channel is given in syncGradients() (Note [side channel]).
     const bool final_micro = k == plan_.accum - 1;
-    grad_sync_->beforeBackward(final_micro);
+    update_->beforeBackward(final_micro);
     if (batch.x.size(0) == 0) continue;  // only under last_batch: keep
     std::optional<InjectedOom> fault;
     if (final_micro && oom_.injectInBackward()) {
@@ -215,7 +209,7 @@ torch::Tensor Trainer::forwardLoss(const Batch& batch, bool inject) {
   return weighted;
 }
 
-void Trainer::clearGradients() { grad_sync_->dropGrad(); }
+void Trainer::clearGradients() { update_->dropGrad(); }
 
 void Trainer::syncGradients(bool* stop, bool* checkpoint, bool* oom) {
   // Timed with device synchronisation around it: what remains is the exposed
@@ -226,7 +220,7 @@ void Trainer::syncGradients(bool* stop, bool* checkpoint, bool* oom) {
   // Note [step wishes]
   collective::SideChannel side =
       packWishes({stop && *stop, checkpoint && *checkpoint, oom && *oom});
-  const auto all = unpackWishes(grad_sync_->sumGradients(side));
+  const auto all = unpackWishes(update_->sumGradients(side));
   if (stop) *stop = all.stop;
   if (checkpoint) *checkpoint = all.checkpoint;
   if (oom) *oom = all.oom;
@@ -234,7 +228,7 @@ void Trainer::syncGradients(bool* stop, bool* checkpoint, bool* oom) {
   // Part of the wait may have been for a slower rank to finish its backward, not
   // for the network (the reducer can tell): reported apart.
   const double waited = monotonicSeconds() - t0;
-  const double skew = std::min(waited, grad_sync_->lastSkewSeconds());
+  const double skew = std::min(waited, update_->lastSkewSeconds());
   time_.skew += skew;
   time_.comm += waited - skew;
   if (!oom || !*oom) recordNoise();  // a failed step is redone (Note [oom back-off])
@@ -276,7 +270,7 @@ void Trainer::recordNoise() {
     noise_.add(x.small_sq, x.b_small, x.big_sq, x.b_big);
     return;
   }
-  const auto& n = grad_sync_->lastNorms();
+  const auto& n = update_->lastNorms();
   // A padded (or uneven, last_batch: keep) step has ranks of different real
   // batch sizes: Note [gradient noise scale] assumes equal ones, so it is left out.
   if (!n.valid || step_real_ != plan_.global) return;
@@ -316,27 +310,14 @@ NoiseScaleResult Trainer::noiseResult() const {
 
 void Trainer::applyUpdate(double lr) {
   const double t0 = monotonicSeconds();
-  // fp16: gradients are already summed over ranks, so every rank reaches the same verdict.
-  if (scaler_ && !unscaleOrSkip(*scaler_, model_->trainableParameters())) {
+  if (!update_->step(lr)) {
     time_.compute += monotonicSeconds() - t0;
-    return;  // skipped: the scale backed off
+    return;  // fp16: skipped, the scale backed off
   }
-  if (cfg_.optim.clip_grad_norm > 0) clipGradients();
-  optimizer_->step(lr);
   if (slow_update_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(slow_update_us_));
   const double spent = monotonicSeconds() - t0;
   time_.compute += spent;
   update_s_ += spent;
-}
-
-// Note [gradient clipping]: the gradients are the synchronised ones (the same on
-// every rank) and, under fp16, already unscaled; once per step, whatever the accumulation.
-void Trainer::clipGradients() {
-  const double norm = clipGradNorm(model_->trainableParameters(), cfg_.optim.clip_grad_norm);
-  ++clip_.steps;
-  if (norm > cfg_.optim.clip_grad_norm) ++clip_.clipped;
-  clip_.last_norm = norm;
-  clip_.max_norm = std::max(clip_.max_norm, norm);
 }
 
 void Trainer::checkHealth(int64_t epoch) {
@@ -512,13 +493,13 @@ bool Trainer::computeOrFail(int64_t real, double* loss) {
     // Note [sync batchnorm failure]: not this rank's failure; the side channel
     // carries the failing rank's, and every rank discards the step.
     oom_.disarm();
-    grad_sync_->backwardFailed();
+    update_->backwardFailed();
     return false;
   } catch (const std::exception& e) {
     oom_.disarm();
     if (!isOutOfMemory(e)) throw;
     // The failed graph was freed as the exception unwound.
-    grad_sync_->backwardFailed();
+    update_->backwardFailed();
     if (device_.is_cuda()) compat::cudaEmptyCache();
     return true;
   }
@@ -613,8 +594,8 @@ void Trainer::checkpoint(const EpochRun& e, int64_t global_step, bool mid_epoch,
 TrainState Trainer::state() {
   TrainState st;
   st.model = model_.get();
-  st.optimizer = optimizer_.get();
-  st.scaler = scaler_.get();
+  st.optimizer = &update_->optimizer();
+  st.scaler = update_->scaler();
   st.device = device_;
   return st;
 }
@@ -790,7 +771,7 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
     compat::cudaResetPeak(device_.index());
   }
   takeTime();
-  clip_ = GradClipFigures();  // the search's steps are not the run's
+  update_->resetClipFigures();  // the search's steps are not the run's
   const double t0 = monotonicSeconds();
   int64_t global_step = resume_.global_step;  // Note [epoch from the step]
   result.history = resume_.history;
@@ -874,10 +855,10 @@ void Trainer::summarise(TrainResult& result, int64_t global_step, double wall_s,
   if (gpu.count > 0) result.gpu_utilization = gpu.sum / gpu.count;
   result.noise = noiseResult();
   result.data = gatherDataFigures(comm_, *loader_, data_, cfg_.data.cache, device_);
-  result.grad_clip = clip_;
-  if (scaler_) {
-    result.skipped_steps = scaler_->skippedSteps();
-    result.loss_scale = scaler_->scale();
+  result.grad_clip = update_->clipFigures();
+  if (const LossScaler* scaler = update_->scaler()) {
+    result.skipped_steps = scaler->skippedSteps();
+    result.loss_scale = scaler->scale();
   }
 }
 

@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "collective/communicator.h"
-#include "collective/grad_sync.h"
 #include "worker/common/faults.h"
 #include "worker/config/config.h"
 #include "worker/data/data.h"
@@ -21,8 +20,6 @@
 #include "worker/model/model.h"
 #include "worker/plan/adapt.h"
 #include "worker/plan/plan.h"
-#include "worker/model/optimizer.h"
-#include "worker/model/precision.h"
 #include "worker/train/evaluator.h"
 #include "worker/train/gpu_monitor.h"
 #include "worker/train/noise_scale.h"
@@ -30,6 +27,7 @@
 #include "worker/task/task.h"
 #include "worker/train/result.h"
 #include "worker/train/train_log.h"
+#include "worker/train/update_strategy.h"
 
 namespace batchdist::worker {
 
@@ -61,7 +59,8 @@ StepWishes unpackWishes(const collective::SideChannel& summed);
 class Trainer {
  public:
   /// Builds the model (seeded, identical on every rank; rank 0's state is
-  /// broadcast anyway), the optimizer and the loader. Collective. `faults`: the
+  /// broadcast anyway), the update strategy (Note [update strategy]: gradient
+  /// sync and optimizer) and the loader. Collective. `faults`: the
   /// faults the tests inject (Note [fault plan]), read here and not kept; null:
   /// none.
   Trainer(const Config& cfg, collective::Communicator& comm, const DataSplit& data,
@@ -100,7 +99,8 @@ class Trainer {
   /// `checkpoint` and `oom`, if given, are this rank's wishes (oom: its step
   /// failed) in and "any rank" out, agreed in the same allreduce.
   void syncGradients(bool* stop = nullptr, bool* checkpoint = nullptr, bool* oom = nullptr);
-  /// Optimizer update at `lr` (fp16: unscales, or skips a step with inf/NaN gradients).
+  /// Optimizer update at `lr` (UpdateStrategy::step: fp16 unscales, or skips a
+  /// step with inf/NaN gradients), timed.
   void applyUpdate(double lr);
 
   /// Takes rank 0's BatchNorm buffers (as DDP's broadcast_buffers), then
@@ -138,8 +138,6 @@ class Trainer {
   const NoiseScaleEstimator& noiseScale() const { return noise_; }
 
  private:
-  /// Note [gradient clipping]: optim.clip_grad_norm on the synchronised gradient.
-  void clipGradients();
   struct EpochRun;
   /// NVML utilization, sampled every 10 steps on CUDA.
   struct UtilizationSampler {
@@ -223,12 +221,9 @@ class Trainer {
   Plan plan_;
   std::unique_ptr<Task> task_;  ///< Note [task]
   std::unique_ptr<Model> model_;
-  std::unique_ptr<Optimizer> optimizer_;
-  std::unique_ptr<collective::GradientSync> grad_sync_;  ///< Note [gradient sync]
+  std::unique_ptr<UpdateStrategy> update_;  ///< Note [update strategy]
   std::unique_ptr<Loader> loader_;
   std::unique_ptr<Evaluator> evaluator_;
-  std::unique_ptr<LossScaler> scaler_;  // fp16 only
-  GradClipFigures clip_;                // optim.clip_grad_norm > 0
   TimeBreakdown time_;
   Checkpointer* checkpointer_ = nullptr;
   TrainPosition resume_;

@@ -1,0 +1,85 @@
+#include "worker/train/update_strategy.h"
+
+#include <algorithm>
+#include <cstddef>
+#include <utility>
+
+namespace batchdist::worker {
+namespace {
+
+/// Plain data parallel (Note [update strategy]): an allreduce of the whole
+/// gradient (the Reducer or the GradientSynchronizer), then the same whole step
+/// on every rank.
+class DataParallelUpdate : public UpdateStrategy {
+ public:
+  DataParallelUpdate(const Config& cfg, collective::Communicator& comm,
+                     std::vector<at::Tensor> params);
+
+  void zeroGrad() override { sync_->zeroGrad(); }
+  void dropGrad() override { sync_->dropGrad(); }
+  void beforeBackward(bool final_micro) override { sync_->beforeBackward(final_micro); }
+  void backwardFailed() override { sync_->backwardFailed(); }
+  collective::SideChannel sumGradients(const collective::SideChannel& side) override {
+    return sync_->sumGradients(side);
+  }
+  void setMeasureNorms(bool on) override { sync_->setMeasureNorms(on); }
+  const collective::GradSqNorms& lastNorms() const override { return sync_->lastNorms(); }
+  double lastSkewSeconds() const override { return sync_->lastSkewSeconds(); }
+
+  double lossScale() const override { return scaler_ ? scaler_->scale() : 1.0; }
+  bool step(double lr) override;
+  Optimizer& optimizer() override { return *optimizer_; }
+  LossScaler* scaler() override { return scaler_.get(); }
+  const GradClipFigures& clipFigures() const override { return clip_; }
+  void resetClipFigures() override { clip_ = GradClipFigures(); }
+
+ private:
+  /// Note [gradient clipping]: optim.clip_grad_norm on the summed gradient.
+  void clipGradients();
+
+  std::vector<at::Tensor> params_;  ///< the trainable ones (Note [frozen parameters])
+  double clip_norm_ = 0;            ///< optim.clip_grad_norm (0: off)
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<collective::GradientSync> sync_;  ///< Note [gradient sync]
+  std::unique_ptr<LossScaler> scaler_;              ///< fp16 only
+  GradClipFigures clip_;                            ///< optim.clip_grad_norm > 0
+};
+
+DataParallelUpdate::DataParallelUpdate(const Config& cfg, collective::Communicator& comm,
+                                       std::vector<at::Tensor> params)
+    : params_(std::move(params)), clip_norm_(cfg.optim.clip_grad_norm) {
+  optimizer_ = makeOptimizer(cfg.optim, params_);
+  const auto bucket_bytes = static_cast<std::size_t>(cfg.dist.bucket_mb * (1 << 20));
+  sync_ = collective::makeGradientSync(cfg.dist.overlap, comm, params_, bucket_bytes);
+  if (cfg.train.precision == Precision::kFp16) {
+    scaler_ = std::make_unique<LossScaler>(cfg.train.loss_scale, cfg.train.scale_growth_interval);
+  }
+}
+
+bool DataParallelUpdate::step(double lr) {
+  // fp16: gradients are already summed over ranks, so every rank reaches the same verdict.
+  if (scaler_ && !unscaleOrSkip(*scaler_, params_)) return false;  // the scale backed off
+  if (clip_norm_ > 0) clipGradients();
+  optimizer_->step(lr);
+  return true;
+}
+
+// Note [gradient clipping]: the gradients are the synchronised ones (the same on
+// every rank) and, under fp16, already unscaled; once per step, whatever the accumulation.
+void DataParallelUpdate::clipGradients() {
+  const double norm = clipGradNorm(params_, clip_norm_);
+  ++clip_.steps;
+  if (norm > clip_norm_) ++clip_.clipped;
+  clip_.last_norm = norm;
+  clip_.max_norm = std::max(clip_.max_norm, norm);
+}
+
+}  // namespace
+
+std::unique_ptr<UpdateStrategy> makeUpdateStrategy(const Config& cfg,
+                                                   collective::Communicator& comm,
+                                                   std::vector<at::Tensor> params) {
+  return std::make_unique<DataParallelUpdate>(cfg, comm, std::move(params));
+}
+
+}  // namespace batchdist::worker

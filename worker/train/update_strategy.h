@@ -1,0 +1,119 @@
+#pragma once
+// How a step's gradients become the update of the weights: the gradient sync
+// and the optimizer in one object (Note [update strategy]).
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <vector>
+
+#include "collective/communicator.h"
+#include "collective/grad_sync.h"
+#include "worker/config/config.h"
+#include "worker/model/optimizer.h"
+#include "worker/model/precision.h"
+#include "worker/train/result.h"
+
+namespace batchdist::worker {
+
+/// Note [update strategy]: what is specific to how gradients become a step is one
+/// object the trainer calls, an UpdateStrategy. It owns both halves: the
+/// communication (a GradientSync, Note [gradient sync]) and the optimizer (the fp16
+/// loss scaler's unscale-or-skip, Note [gradient clipping], the optimizer's step at
+/// the plan's lr), because the readers of the whole gradient (clipping's global
+/// norm, the fp16 overflow check, LARS's per-layer trust ratios, the noise scale's
+/// norms) read what the communication half leaves. Per step the trainer calls
+///   zeroGrad(); { beforeBackward(final); backward } x accum; sumGradients(side); step(lr)
+/// with backwardFailed() before sumGradients() on a rank whose backward threw and
+/// dropGrad() instead of step() for a step that is not applied; it reads
+/// lossScale() before backward, lastNorms() and lastSkewSeconds() after the sum,
+/// optimizer() and scaler() for checkpoints, clipFigures() for the report.
+///
+/// One strategy today, plain data parallel (makeUpdateStrategy): the sum is an
+/// allreduce, so every rank holds the whole summed gradient and the whole
+/// optimizer state and takes the same step. A sharded strategy (dist.shard:
+/// optimizer | gradients, ZeRO-1/2; not built yet) differs at each call:
+///  - sumGradients(): a reduce-scatter (Communicator::reduceScatter, Note [flat
+///    collectives]) instead of the allreduce: rank r receives the sum of its 1/W
+///    slice of the flat gradient only. The tail of Note [side channel] (the step's
+///    wishes, this rank's |g|^2) is then copied into every rank's chunk of the last
+///    bucket, so each rank receives the summed tail in its own slice: still no
+///    extra collective. Under `gradients` (ZeRO-2) a bucket's memory outside the
+///    slice is released once it is reduced; under `optimizer` (ZeRO-1) the whole
+///    gradient buffer stays.
+///  - zeroGrad(), dropGrad(), beforeBackward(), backwardFailed(): the same
+///    contract (a failed rank still sends zeros, in the same order).
+///  - step(lr): the optimizer holds the state (momentum, Adam's moments) of its
+///    1/W slice of the parameters only and steps that slice; then every rank
+///    all-gathers the updated parameters (Communicator::allgatherInto), so each
+///    holds the whole model for the next forward, the health check and evaluation.
+///  - the readers of the whole gradient each sum over every parameter, of which a
+///    rank now holds 1/W: each needs one small allreduce of its partial sums (one
+///    scalar, or one per layer), and the four can share one allreduce per step:
+///    clipping's global norm (the squares of the slice; every rank then scales its
+///    slice by the same coefficient), the fp16 overflow check (inf/NaN in the
+///    slice, so every rank skips the same steps), LARS's trust ratios (|w| and |g|
+///    per layer, a layer possibly straddling two slices: the optimizer takes them
+///    from the strategy rather than computing them on its slice), and the noise
+///    scale's |sum_r g_r|^2 (Note [gradient norms]; the local |g_r|^2 is taken
+///    before the sum, as today).
+///  - optimizer(): here the whole state, which rank 0 alone writes into a
+///    checkpoint; a sharded strategy gathers its slices to rank 0 first (a
+///    collective every rank joins: the checkpoint then asks the strategy on every
+///    rank, not rank 0's Optimizer), or writes one file per rank with the slices'
+///    layout in the manifest and re-slices on a resume at another world size.
+/// The one-rank micro-batch noise (Note [gradient noise scale]: at W = 1 the slice
+/// is the whole gradient) and the health check (after the all-gather every rank
+/// holds every parameter): unchanged.
+class UpdateStrategy {
+ public:
+  virtual ~UpdateStrategy() = default;
+
+  // The communication half (Note [gradient sync]): as GradientSync's members.
+
+  /// Before a step's first micro-batch: every gradient zero.
+  virtual void zeroGrad() = 0;
+  /// Every gradient gone (a step that is not applied), once no bucket is in flight.
+  virtual void dropGrad() = 0;
+  /// Before each micro-batch's backward; `final_micro`: the last of the window.
+  virtual void beforeBackward(bool final_micro) = 0;
+  /// After a backward that failed on this rank, before sumGradients().
+  virtual void backwardFailed() = 0;
+  /// On every rank at every step: the gradients summed over the ranks, `side`
+  /// summed in the same collective; returns the summed side channel.
+  virtual collective::SideChannel sumGradients(const collective::SideChannel& side) = 0;
+  /// Measure Note [gradient norms] at every sumGradients() (only with W > 1).
+  virtual void setMeasureNorms(bool on) = 0;
+  /// The norms of the last sumGradients() (valid = false when not measured).
+  virtual const collective::GradSqNorms& lastNorms() const = 0;
+  /// How much of the last sumGradients() waited for a slower rank's backward (s).
+  virtual double lastSkewSeconds() const = 0;
+
+  // The optimizer half.
+
+  /// What the loss is multiplied by before backward: the fp16 loss scale, else 1.
+  virtual double lossScale() const = 0;
+  /// The update at `lr` from the summed gradients: under fp16 unscales them, or
+  /// skips the step (returns false; the scale backs off) when any holds inf/NaN;
+  /// then Note [gradient clipping] (optim.clip_grad_norm > 0) and the optimizer's
+  /// step. Every rank reaches the same verdict.
+  virtual bool step(double lr) = 0;
+  /// The optimizer whose state a checkpoint saves and restores.
+  virtual Optimizer& optimizer() = 0;
+  /// The fp16 loss scaler (checkpoints, the report); null under fp32 and bf16.
+  virtual LossScaler* scaler() = 0;
+  /// Note [gradient clipping]'s figures since the last resetClipFigures().
+  virtual const GradClipFigures& clipFigures() const = 0;
+  virtual void resetClipFigures() = 0;
+};
+
+/// The strategy of `cfg` over the trainable parameters `params` (the same, in the
+/// same order, on every rank): plain data parallel, its
+/// GradientSync from dist.overlap and dist.bucket_mb, its optimizer from optim, a
+/// loss scaler under train.precision: fp16. Throws ConfigError for an optimizer
+/// the config cannot build.
+std::unique_ptr<UpdateStrategy> makeUpdateStrategy(const Config& cfg,
+                                                   collective::Communicator& comm,
+                                                   std::vector<at::Tensor> params);
+
+}  // namespace batchdist::worker
