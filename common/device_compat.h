@@ -223,6 +223,26 @@ inline void setAutocast(at::DeviceType type, bool enabled, at::ScalarType dtype)
 #endif
 }
 
+/// Whether autocast is on for a device type, and its low-precision dtype: what
+/// the recompute of Note [activation recompute] (worker/model/recompute.h) sets
+/// again in backward. (LibTorch 2.4 made the per-device getters generic.)
+inline bool autocastEnabled(at::DeviceType type) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  return at::autocast::is_autocast_enabled(type);
+#else
+  return type == at::kCUDA ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
+#endif
+}
+
+inline at::ScalarType autocastDtype(at::DeviceType type) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  return at::autocast::get_autocast_dtype(type);
+#else
+  return type == at::kCUDA ? at::autocast::get_autocast_gpu_dtype()
+                           : at::autocast::get_autocast_cpu_dtype();
+#endif
+}
+
 /// Note [causal attention]: softmax(q kᵀ / sqrt(d) + causal mask) v for q, k, v
 /// of [N, H, T, D], with dropout on the attention weights. LibTorch 2.x has
 /// at::scaled_dot_product_attention (a fused kernel: flash or memory-efficient

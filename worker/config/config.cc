@@ -692,6 +692,29 @@ void readTask(Context& ctx, const YAML::Node& root, TaskConfig& c) {
   c.name = s.choice("name", TaskKind::kAuto);
 }
 
+/// Note [activation recompute]: model.recompute: on wraps the blocks of the
+/// built-in gpt and mlp; a BatchNorm layer would update its running statistics
+/// twice, and a TorchScript module has no blocks to wrap. Off, the key leaves the
+/// resolved config as it was without it (checkpoints and search cache entries
+/// of earlier runs still match).
+void checkRecompute(Context& ctx, const ModelConfig& c) {
+  if (c.recompute == Recompute::kOff) {
+    (*ctx.resolved)["model"].erase("recompute");
+    return;
+  }
+  const bool mlp_bn = c.name == ModelName::kMlp && c.batchnorm;
+  if ((c.name == ModelName::kGpt || c.name == ModelName::kMlp) && !mlp_bn) return;
+  const std::string why =
+      c.name == ModelName::kTorchscript ? "a TorchScript module has no blocks batchdist can wrap"
+      : mlp_bn ? "its BatchNorm layers would update their running statistics twice (set "
+                 "model.batchnorm: false)"
+               : "its BatchNorm layers would update their running statistics twice";
+  throw keyError(ctx.from_set.count("model.recompute") ? "--set model.recompute" : ctx.source,
+                 "model.recompute",
+                 strCat("on is not supported for model.name: ", toString(c.name), ": ", why,
+                        "; it is supported for gpt and for mlp without BatchNorm"));
+}
+
 void readModel(Context& ctx, const YAML::Node& root, ModelConfig& c) {
   Section s(ctx, root, "model");
   c.name = s.choice("name", ModelName::kMlp);
@@ -702,6 +725,7 @@ void readModel(Context& ctx, const YAML::Node& root, ModelConfig& c) {
   c.channels = s.intList("channels", c.channels, 1, 1 << 16);
   c.batchnorm = s.boolean("batchnorm", true);
   c.dropout = s.real("dropout", 0.0, 0.0, 0.99);
+  c.recompute = s.choice("recompute", Recompute::kOff);
   c.outputs = s.integer("outputs", 0, 0, 1 << 24);
   c.layers = s.integer("layers", 2, 1, 1 << 12);
   c.heads = s.integer("heads", 2, 1, 1 << 12);
@@ -715,6 +739,7 @@ void readModel(Context& ctx, const YAML::Node& root, ModelConfig& c) {
                           "): each head takes model.embed / model.heads channels; use e.g. "
                           "model.embed: ", (c.embed / c.heads + 1) * c.heads));
   }
+  checkRecompute(ctx, c);
   // The gpt keys enter the resolved config of a gpt only: for the other models
   // it stays as before, so their checkpoints still resume (checkResumable
   // compares every model key) and their search cache entries still match. A

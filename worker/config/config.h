@@ -24,6 +24,7 @@ enum class Schedule { kConstant, kStep, kCosine };
 enum class TaskKind { kAuto, kClassification, kRegression, kLanguageModel, kModuleLoss };
 enum class ModelName { kMlp, kCnn, kResnet18, kResnet50, kTorchscript, kGpt };
 enum class ResnetStem { kCifar, kImagenet };
+enum class Recompute { kOff, kOn };  ///< Note [activation recompute] (worker/model/recompute.h)
 enum class DataName { kDigits, kCsv, kSynthetic, kSyntheticImages, kCifar10, kCifar100, kMnist,
                       kImageFolder, kWebdataset, kNpy, kTokens };
 enum class OnError { kSkip, kFail };
@@ -62,6 +63,7 @@ BATCHDIST_ENUM_NAMES(ModelName, {ModelName::kMlp, "mlp"}, {ModelName::kCnn, "cnn
                      {ModelName::kResnet18, "resnet18"}, {ModelName::kResnet50, "resnet50"},
                      {ModelName::kTorchscript, "torchscript"}, {ModelName::kGpt, "gpt"});
 BATCHDIST_ENUM_NAMES(ResnetStem, {ResnetStem::kCifar, "cifar"}, {ResnetStem::kImagenet, "imagenet"});
+BATCHDIST_ENUM_NAMES(Recompute, {Recompute::kOff, "off"}, {Recompute::kOn, "on"});
 BATCHDIST_ENUM_NAMES(DataName, {DataName::kDigits, "digits"}, {DataName::kCsv, "csv"},
                      {DataName::kSynthetic, "synthetic"},
                      {DataName::kSyntheticImages, "synthetic_images"},
@@ -123,6 +125,7 @@ struct ModelConfig {
   std::vector<int64_t> channels{16, 32};    ///< cnn conv widths
   bool batchnorm = true;
   double dropout = 0.0;
+  Recompute recompute = Recompute::kOff;     ///< gpt blocks, mlp layers: Note [activation recompute]
   int64_t outputs = 0;                       ///< the head's width (0: from the data: classes, or the targets' k)
   // gpt (Note [gpt] in worker/model/gpt.h); model.dropout above is its dropout.
   int64_t layers = 2;                        ///< transformer blocks

@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "worker/common/util.h"
 #include "worker/model/nn_module_model.h"
+#include "worker/model/recompute.h"
 
 namespace batchdist::worker {
 namespace nn = torch::nn;
@@ -97,7 +98,7 @@ TORCH_MODULE(Block);
 /// The decoder of Note [gpt]; the head is wte's weight.
 class GptNetImpl : public nn::Module {
  public:
-  explicit GptNetImpl(const GptShape& s) {
+  explicit GptNetImpl(const GptShape& s) : recompute_(s.recompute) {
     wte_ = register_module("wte", nn::Embedding(s.vocab, s.embed));
     wpe_ = register_module("wpe", nn::Embedding(s.seq_len, s.embed));
     drop_ = register_module("drop", nn::Dropout(s.dropout));
@@ -114,7 +115,15 @@ class GptNetImpl : public nn::Module {
   torch::Tensor forward(const torch::Tensor& tokens) {
     const auto positions = torch::arange(tokens.size(1), tokens.options().dtype(torch::kLong));
     auto x = drop_(wte_(tokens) + wpe_(positions));
-    for (auto& block : blocks_) x = block(x);
+    for (auto& block : blocks_) {
+      if (recompute_) {
+        // Note [activation recompute]: the block's input is all it keeps.
+        auto run = [block](const torch::Tensor& in) mutable { return block->forward(in); };
+        x = recomputed(run, x, block->parameters());
+      } else {
+        x = block(x);
+      }
+    }
     return at::linear(ln_f_(x), wte_->weight);  // tied head: h · wteᵀ
   }
 
@@ -139,6 +148,7 @@ class GptNetImpl : public nn::Module {
     }
   }
 
+  bool recompute_;
   nn::Embedding wte_{nullptr}, wpe_{nullptr};
   nn::Dropout drop_{nullptr};
   std::vector<Block> blocks_;  ///< also registered as "h"
@@ -190,6 +200,7 @@ GptShape gptShape(const ModelConfig& cfg) {
   s.vocab = cfg.vocab;
   s.seq_len = cfg.seq_len;
   s.dropout = cfg.dropout;
+  s.recompute = cfg.recompute == Recompute::kOn;
   return s;
 }
 

@@ -37,9 +37,11 @@ struct GptShape {
   int64_t vocab = 256;
   int64_t seq_len = 64;
   double dropout = 0.0;
+  bool recompute = false;  ///< each block under Note [activation recompute]
 };
 
-/// The shape model.* asks for (layers, heads, embed, vocab, seq_len, dropout).
+/// The shape model.* asks for (layers, heads, embed, vocab, seq_len, dropout,
+/// recompute).
 GptShape gptShape(const ModelConfig& cfg);
 
 /// The parameter count of a GPT of `shape` (tied head), computed from the shape

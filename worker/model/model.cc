@@ -15,6 +15,7 @@
 #include "worker/config/config.h"
 #include "worker/model/gpt.h"
 #include "worker/model/nn_module_model.h"
+#include "worker/model/recompute.h"
 
 namespace batchdist::worker {
 namespace nn = torch::nn;
@@ -263,6 +264,43 @@ class NnModel : public NnModuleModel {
   std::shared_ptr<SyncBatchNorm> sync_;  ///< shared by its layers; null without sync
 };
 
+/// model.name: mlp, whose hidden layers (each from its Linear up to the next
+/// Linear: ReLU, dropout) run under Note [activation recompute] with
+/// model.recompute: on. The head runs as it is: it keeps only its input anyway.
+class MlpModel : public NnModel<nn::Sequential> {
+ public:
+  MlpModel(const nn::Sequential& net, bool recompute)
+      : NnModel<nn::Sequential>(net, "mlp", nullptr), net_(net), recompute_(recompute) {
+    // Groups over the same modules (not registered in net_: the names stay
+    // net_'s). A Linear after another Linear of the group starts the next one.
+    bool has_linear = false;
+    for (const auto& m : *net_) {
+      const bool linear = m.ptr()->as<nn::Linear>() != nullptr;
+      if (groups_.empty() || (linear && has_linear)) {
+        groups_.emplace_back();
+        has_linear = false;
+      }
+      groups_.back()->push_back(m);
+      has_linear = has_linear || linear;
+    }
+  }
+  torch::Tensor forward(const torch::Tensor& x) override {
+    if (!recompute_) return net_->forward(x);
+    auto h = x;
+    for (std::size_t i = 0; i + 1 < groups_.size(); ++i) {
+      auto group = groups_[i];
+      auto run = [group](const torch::Tensor& in) mutable { return group->forward(in); };
+      h = recomputed(run, h, group->parameters());
+    }
+    return groups_.back()->forward(h);  // the head
+  }
+
+ private:
+  nn::Sequential net_;
+  std::vector<nn::Sequential> groups_;  ///< hidden layers, then the head
+  bool recompute_;
+};
+
 /// The user's TorchScript module.
 std::string essence(const std::string& what);
 
@@ -431,6 +469,16 @@ std::unique_ptr<Model> checkedGpt(std::unique_ptr<Model> model, const std::vecto
   return model;
 }
 
+/// Note [activation recompute]: the config refuses the other models first; this
+/// guards other callers of buildModel.
+void checkRecomputeSupported(const ModelConfig& cfg) {
+  if (cfg.recompute == Recompute::kOn &&
+      !(cfg.name == ModelName::kGpt || (cfg.name == ModelName::kMlp && !cfg.batchnorm))) {
+    throw ConfigError(strCat("model.recompute: on is not supported for model.name: ",
+                             toString(cfg.name), "; it is for gpt, and mlp without BatchNorm"));
+  }
+}
+
 }  // namespace
 
 bool SyncBatchNorm::synchronising() const { return comm_.size() > 1 && paused_ == 0; }
@@ -482,6 +530,7 @@ std::unique_ptr<Model> buildModel(const ModelConfig& cfg, const std::vector<int6
                           ? std::make_shared<SyncBatchNorm>(*comm)
                           : std::shared_ptr<SyncBatchNorm>();
   SyncBatchNorm* sync = shared.get();
+  checkRecomputeSupported(cfg);
   if (cfg.name == ModelName::kTorchscript) {
     const auto path = resolvePath(cfg.path, base_dir);
     auto model = std::make_unique<ScriptModel>(loadScript(path), path);
@@ -504,6 +553,9 @@ std::unique_ptr<Model> buildModel(const ModelConfig& cfg, const std::vector<int6
       in = width;
     }
     net->push_back(nn::Linear(in, classes));
+    if (cfg.recompute == Recompute::kOn) {
+      return checked(std::make_unique<MlpModel>(net, true), shape, classes, "model.name: mlp");
+    }
     return checked(std::make_unique<NnModel<nn::Sequential>>(net, "mlp", shared), shape, classes,
                    "model.name: mlp");
   }

@@ -1,0 +1,134 @@
+#include "worker/model/recompute.h"
+
+#include <ATen/autocast_mode.h>
+#include <torch/torch.h>
+
+#include <mutex>
+#include <utility>
+
+#include "common/device_compat.h"
+
+namespace batchdist::worker {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+/// The default CPU generator's state (dropout on CPU tensors).
+at::Tensor cpuRngState() {
+  at::Generator gen = at::globalContext().defaultGenerator(at::kCPU);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void setCpuRngState(const at::Tensor& state) {
+  at::Generator gen = at::globalContext().defaultGenerator(at::kCPU);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+/// What the forward leaves for the recompute (Note [activation recompute]):
+/// the block, the random state before it, autocast's state. Held by the
+/// autograd context as a capsule (its IValue map takes no std::function).
+struct RecomputeState : torch::CustomClassHolder {
+  BlockForward block;
+  std::vector<at::Tensor> params;  ///< the leaves themselves: their gradients are asked for
+  at::Device device = at::kCPU;
+  at::Tensor cpu_rng, cuda_rng;
+  bool autocast = false;
+  at::ScalarType autocast_dtype = at::kBFloat16;
+  bool input_requires_grad = false;
+};
+
+/// For the recompute's span: the random state and autocast as they were at the
+/// forward; what backward found comes back afterwards, however the span ends.
+class ForwardConditions {
+ public:
+  explicit ForwardConditions(const RecomputeState& s)
+      : device_(s.device), cpu_rng_(cpuRngState()), cuda_rng_(compat::cudaRngState(s.device)),
+        autocast_(compat::autocastEnabled(s.device.type())),
+        autocast_dtype_(compat::autocastDtype(s.device.type())), replayed_autocast_(s.autocast) {
+    setCpuRngState(s.cpu_rng);
+    compat::setCudaRngState(device_, s.cuda_rng);
+    compat::setAutocast(device_.type(), s.autocast, s.autocast_dtype);
+    if (replayed_autocast_) at::autocast::increment_nesting();
+  }
+  ~ForwardConditions() {
+    // The recompute's cached casts of the weights go with it (as AutocastScope).
+    if (replayed_autocast_ && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    compat::setAutocast(device_.type(), autocast_, autocast_dtype_);
+    compat::setCudaRngState(device_, cuda_rng_);
+    setCpuRngState(cpu_rng_);
+  }
+  ForwardConditions(const ForwardConditions&) = delete;
+  ForwardConditions& operator=(const ForwardConditions&) = delete;
+
+ private:
+  at::Device device_;
+  at::Tensor cpu_rng_, cuda_rng_;
+  bool autocast_;
+  at::ScalarType autocast_dtype_;
+  bool replayed_autocast_;
+};
+
+/// Note [activation recompute]: forward without autograd (Function::apply runs
+/// it with grad mode off), backward by a recompute.
+struct Recompute : public torch::autograd::Function<Recompute> {
+  static at::Tensor forward(AutogradContext* ctx, at::Tensor x, at::TensorList params,
+                            c10::intrusive_ptr<RecomputeState> state) {
+    state->params = params.vec();
+    state->device = x.device();
+    state->cpu_rng = cpuRngState();
+    state->cuda_rng = compat::cudaRngState(x.device());
+    state->autocast = compat::autocastEnabled(x.device().type());
+    state->autocast_dtype = compat::autocastDtype(x.device().type());
+    state->input_requires_grad = x.requires_grad();
+    auto y = state->block(x);
+    ctx->save_for_backward({x});
+    ctx->saved_data["state"] = c10::IValue::make_capsule(std::move(state));
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto holder = ctx->saved_data["state"].toCapsule();
+    const auto& state = *static_cast<RecomputeState*>(holder.get());
+    const auto saved = ctx->get_saved_variables();
+    if (!grads[0].defined()) return variable_list(state.params.size() + 2);
+    variable_list inputs;
+    at::Tensor x = saved[0].detach().requires_grad_(state.input_requires_grad);
+    if (state.input_requires_grad) inputs.push_back(x);
+    for (const auto& p : state.params) inputs.push_back(p);
+    at::Tensor y;
+    {
+      ForwardConditions conditions(state);
+      torch::AutoGradMode grad_mode(true);
+      y = state.block(x);
+    }
+    auto computed = torch::autograd::grad({y}, inputs, {grads[0]}, /*retain_graph=*/false,
+                                          /*create_graph=*/false, /*allow_unused=*/true);
+    variable_list out;
+    std::size_t next = 0;
+    out.push_back(state.input_requires_grad ? computed[next++] : at::Tensor());
+    while (next < computed.size()) out.push_back(computed[next++]);
+    out.push_back(at::Tensor());  // the state
+    return out;
+  }
+};
+
+}  // namespace
+
+at::Tensor recomputed(const BlockForward& block, const at::Tensor& x,
+                      const std::vector<at::Tensor>& params) {
+  if (!at::GradMode::is_enabled()) return block(x);
+  std::vector<at::Tensor> trainable;
+  for (const auto& p : params) {
+    if (p.requires_grad()) trainable.push_back(p);
+  }
+  if (trainable.empty() && !x.requires_grad()) return block(x);
+  auto state = c10::make_intrusive<RecomputeState>();
+  state->block = block;
+  return Recompute::apply(x, at::TensorList(trainable), std::move(state));
+}
+
+}  // namespace batchdist::worker
