@@ -110,18 +110,18 @@ class HookCounter {
     for (std::size_t i = 0; i < params.size(); ++i) {
       auto acc = torch::autograd::impl::grad_accumulator(params[i]);
       const at::Tensor p = params[i];
-      const auto key = acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+      const uintptr_t key = acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
           [this, i, p](const torch::autograd::variable_list& outputs,
                        const torch::autograd::variable_list&) {
             ++fired_[i];
             if (!p.grad().defined()) ++without_grad_;
             return outputs;
           }));
-      hooks_.push_back({acc, key});
+      removers_.push_back([acc, key] { acc->del_post_hook(key); });
     }
   }
   ~HookCounter() {
-    for (auto& [acc, key] : hooks_) acc->del_post_hook(key);
+    for (auto& remove : removers_) remove();
   }
   const std::vector<int>& fired() const { return fired_; }
   int withoutGrad() const { return without_grad_; }
@@ -129,7 +129,7 @@ class HookCounter {
  private:
   std::vector<int> fired_;
   int without_grad_ = 0;
-  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks_;
+  std::vector<std::function<void()>> removers_;
 };
 
 /// The autograd nodes reachable from `t`'s grad_fn: what the graph keeps alive

@@ -74,7 +74,7 @@ class ForwardConditions {
 
 /// Note [activation recompute]: forward without autograd (Function::apply runs
 /// it with grad mode off), backward by a recompute.
-struct Recompute : public torch::autograd::Function<Recompute> {
+struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
   static at::Tensor forward(AutogradContext* ctx, at::Tensor x, at::TensorList params,
                             c10::intrusive_ptr<RecomputeState> state) {
     state->params = params.vec();
@@ -128,7 +128,7 @@ at::Tensor recomputed(const BlockForward& block, const at::Tensor& x,
   if (trainable.empty() && !x.requires_grad()) return block(x);
   auto state = c10::make_intrusive<RecomputeState>();
   state->block = block;
-  return Recompute::apply(x, at::TensorList(trainable), std::move(state));
+  return RecomputeFunction::apply(x, at::TensorList(trainable), std::move(state));
 }
 
 }  // namespace batchdist::worker
