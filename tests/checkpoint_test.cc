@@ -278,6 +278,21 @@ TEST(Checkpoint, ResumeWithGlobalTokensKeepsTheRoundedBatch) {
   }
 }
 
+// Note [activation recompute]: the same weights and arithmetic, so a resume may switch it
+// either way; another model key still may not change.
+TEST(Checkpoint, ResumeMaySwitchActivationRecompute) {
+  const auto mlp = [](const std::string& extra) {
+    return parseConfig("model: {hidden: [16], batchnorm: false" + extra + "}\nbatch: {global: 64}",
+                       "t.yaml");
+  };
+  for (const auto& [then, now] : {std::pair{"", ", recompute: on"}, std::pair{", recompute: on", ""}}) {
+    const auto c = mlp(then);
+    nlohmann::ordered_json m{{"config", c.resolved}, {"plan", {{"global", 64}}}};
+    EXPECT_NO_THROW(checkResumable(m, mlp(now), "ck")) << then << " -> " << now;
+    EXPECT_THROW(checkResumable(m, mlp(std::string(now) + ", dropout: 0.5"), "ck"), ConfigError);
+  }
+}
+
 TEST(Checkpoint, ResumeRefusesAnotherModelNamingTheKey) {
   const auto then = parseConfig("model: {hidden: [16]}\nbatch: {global: 64}", "t.yaml");
   nlohmann::ordered_json m{{"config", then.resolved}, {"plan", {{"global", 64}}}};

@@ -678,7 +678,9 @@ void restoreState(const CheckpointCheck& ckpt, const TrainState& state, int rank
 void checkResumable(const nlohmann::ordered_json& m, const Config& cfg, const std::string& path) {
   const auto& then = m["config"];
   // Loader threads and staging change how batches are made, not which.
-  const std::vector<std::string> free_keys = {"data.workers", "data.prefetch", "data.pin_memory"};
+  // model.recompute changes neither the weights nor the arithmetic (Note [activation recompute]).
+  const std::vector<std::string> free_keys = {"data.workers", "data.prefetch", "data.pin_memory",
+                                              "model.recompute"};
   std::string diff;
   for (const char* section : {"model", "data", "optim"}) {
     for (const auto& [key, value] : cfg.resolved[section].items()) {
