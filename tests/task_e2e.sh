@@ -29,7 +29,7 @@
 #                ranks under bf16 autocast, batch.adapt: goodput (re-decided every 4
 #                steps, in the warmup too), rank 1 out of memory at step 5
 #                (BATCHDIST_FAULT_OOM=1:5): the back-off 16x1 -> 8x2 in report.json,
-#                the adaptive run reaches its 36 G0-equivalent steps, and the loss
+#                the adaptive run reaches the plan's G0-equivalent steps, and the loss
 #                falls below the language_model scenario's bound
 #   token_errors every bad token file through the launcher, exit 2 and named (Note
 #                [tokens]): a token id >= model.vocab (the file, the token's offset
@@ -252,8 +252,8 @@ PY
     grep -q '^done: .*eval loss [0-9.e+-]*, perplexity [0-9.e+-]*,' "$out/lm.log" \
       || { tail -n 3 "$out/lm.log"; fail "the closing line does not give the loss and perplexity"; }
     lm_tokens
-    # Note [checkpoint]: the config's batch (global 32, per-GPU 16), ~298 windows:
-    # 9 steps per epoch, 36 in all; a checkpoint every 4.
+    # Note [checkpoint]: the config's batch (global 32, per-GPU 16), ~300 windows of README.md:
+    # about 10 steps per epoch (README.md's length decides), 4 epochs; a checkpoint every 4.
     base=("${tok[@]}" --set train.epochs=4 --set checkpoint.every_steps=4 --set checkpoint.every_minutes=0)
     run full 2 "${base[@]}"
     [ "$rc" = 0 ] || { cat "$out/full.log"; fail "uninterrupted run: exit $rc"; }
@@ -268,7 +268,7 @@ PY
     done
     [ "$(json cut history 0 eval_loss)" = "$(json full history 0 eval_loss)" ] \
       || fail "the resumed run's history (from the checkpoint) differs"
-    echo "ok: a byte-level GPT trained on 2 ranks as a language model; resumed at step 12 of 36: bitwise equal"
+    echo "ok: a byte-level GPT trained on 2 ranks as a language model; resumed at step 12: bitwise equal"
     ;;
   lm_levers)
     cfg=$src/configs/gpt-tiny.yaml
@@ -287,7 +287,11 @@ import json, math, sys
 r = json.load(open(sys.argv[1] + "/report.json"))
 b = r["oom_backoffs"]
 assert len(b) == 1 and (b[0]["step"], b[0]["from"], b[0]["to"]) == (5, "16x1", "8x2"), b
-assert r["batch_history"][0]["why"] == "start at G0" and r["progress"] == 36, (r["batch_history"], r["progress"])
+# The budget is the plan's (epochs x steps per epoch; README.md's length sets the
+# latter: 36 steps before this session's README rows, 40 after), in G0-equivalent steps.
+total = r["plan"]["total_steps"]
+assert total == 4 * r["plan"]["steps_per_epoch"], r["plan"]
+assert r["batch_history"][0]["why"] == "start at G0" and r["progress"] == total, (r["batch_history"], r["progress"], total)
 hist = [h["eval_loss"] for h in r["history"]]
 # Measured once: 4.98, 4.32, 4.00, 3.92 (LibTorch 1.13); the bound is the
 # language_model scenario's (set from 10 seeds of fp32).
