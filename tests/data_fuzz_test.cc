@@ -544,8 +544,10 @@ class TempFile {
   std::string path_;
 };
 
+/// Under the temp dir, named after the input and this process (Note [scratch dirs]:
+/// two processes failing alike do not overwrite each other's), and kept.
 void saveReproducer(const std::string& name, const std::string& bytes) {
-  const auto p = fs::path(::testing::TempDir()) / name;
+  const auto p = fs::path(::testing::TempDir()) / (name + "." + std::to_string(::getpid()));
   std::ofstream(p, std::ios::binary) << bytes;
   std::cout << "[ data fuzz ] failing input saved to " << p << "\n";
 }

@@ -309,7 +309,8 @@ TEST(Search, JsonSvgAndTable) {
   EXPECT_NE(table.find("<- chosen"), std::string::npos);
   EXPECT_NE(table.find("out of memory on rank 0"), std::string::npos);
   const auto key = "k";
-  const auto path = ::testing::TempDir() + "/search_cache_test.json";
+  const batchdist::testsupport::ScratchDir dir("search_cache");  // Note [scratch dirs]
+  const auto path = (dir.path() / "search_cache.json").string();
   writeSearchCache(path, key, r);
   const auto back = readSearchCache(path, key).result;
   ASSERT_TRUE(back.has_value());
@@ -730,7 +731,8 @@ TEST(Search, TrainingOutOfMemoryMarksTheCacheEntry) {
   r.adapt_range = {ok(64, 260, 300), ok(128, 300, 420)};  // Note [adapt range]
   r.chosen = 32;
   r.objective = Objective::kMaxFit;
-  const auto path = ::testing::TempDir() + "/search_cache_oom_test.json";
+  const batchdist::testsupport::ScratchDir dir("search_cache_oom");  // Note [scratch dirs]
+  const auto path = (dir.path() / "search_cache.json").string();
   writeSearchCache(path, "k", r);
   markSearchCacheOom(path, "other key", {{32, 1, 5, 1, 210}});  // another entry: untouched
   EXPECT_EQ(readSearchCache(path, "k").result->chosen, 32);
