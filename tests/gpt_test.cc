@@ -12,6 +12,7 @@
 #include "common/device_compat.h"
 #include "common/error.h"
 #include "worker/config/config.h"
+#include "tests/gpt_fixtures.h"
 #include "worker/model/gpt.h"
 #include "worker/model/model.h"
 
@@ -20,17 +21,6 @@ using namespace batchdist::worker;
 namespace compat = batchdist::compat;
 
 namespace {
-
-GptShape smallShape(double dropout = 0.0) {
-  GptShape s;
-  s.layers = 3;
-  s.heads = 4;
-  s.embed = 32;
-  s.vocab = 50;
-  s.seq_len = 16;
-  s.dropout = dropout;
-  return s;
-}
 
 at::Tensor param(const Model& m, const std::string& name) {
   for (const auto& [n, t] : m.namedParameters()) {
@@ -96,13 +86,13 @@ TEST(Gpt, ParameterCountIsGpt2SmallsAndTheBuiltModels) {
   EXPECT_FALSE(model->hasBatchNorm());
   EXPECT_TRUE(model->namedBuffers().empty());
 
-  const auto other = buildGpt(smallShape());
-  EXPECT_EQ(numel(*other), gptParameterCount(smallShape()));
+  const auto other = buildGpt(smallGptShape());
+  EXPECT_EQ(numel(*other), gptParameterCount(smallGptShape()));
 }
 
 TEST(Gpt, LogitsArePerTokenAndInputsAreChecked) {
   torch::manual_seed(0);
-  const auto model = buildGpt(smallShape());
+  const auto model = buildGpt(smallGptShape());
   const auto tokens = torch::randint(0, 50, {3, 7}, torch::kLong);
   EXPECT_EQ(model->forward(tokens).sizes().vec(), (std::vector<int64_t>{3, 7, 50}));
   EXPECT_EQ(model->forward(torch::randint(0, 50, {2, 16}, torch::kInt)).sizes().vec(),
@@ -126,7 +116,7 @@ TEST(Gpt, LogitsArePerTokenAndInputsAreChecked) {
 
 TEST(Gpt, LaterTokensDoNotReachEarlierLogits) {
   torch::manual_seed(1);
-  const auto model = buildGpt(smallShape(/*dropout=*/0.3));
+  const auto model = buildGpt(smallGptShape(/*dropout=*/0.3));
   model->train(false);
   torch::NoGradGuard no_grad;
   const auto tokens = torch::randint(0, 50, {2, 16}, torch::kLong);
@@ -151,7 +141,7 @@ TEST(Gpt, LaterTokensDoNotReachEarlierLogits) {
 
 TEST(Gpt, DropoutOnlyInTraining) {
   torch::manual_seed(2);
-  const auto model = buildGpt(smallShape(/*dropout=*/0.3));
+  const auto model = buildGpt(smallGptShape(/*dropout=*/0.3));
   const auto tokens = torch::randint(0, 50, {2, 16}, torch::kLong);
   torch::NoGradGuard no_grad;
   model->train(false);
@@ -162,7 +152,7 @@ TEST(Gpt, DropoutOnlyInTraining) {
 
 TEST(Gpt, InitialisationIsGpt2s) {
   torch::manual_seed(3);
-  GptShape s = smallShape();
+  GptShape s = smallGptShape();
   s.layers = 4;
   s.embed = 128;
   const auto model = buildGpt(s);
@@ -185,7 +175,7 @@ TEST(Gpt, InitialisationIsGpt2s) {
 // zeroed row of wte zeroes that token's logit everywhere.
 TEST(Gpt, HeadIsTheTokenEmbedding) {
   torch::manual_seed(4);
-  const auto model = buildGpt(smallShape());
+  const auto model = buildGpt(smallGptShape());
   for (const auto& [name, t] : model->namedParameters()) {
     if (name != "wte.weight") {
       EXPECT_NE(t.size(0), 50) << name << " looks like a head";

@@ -18,6 +18,7 @@
 
 #include "common/error.h"
 #include "worker/config/config.h"
+#include "tests/gpt_fixtures.h"
 #include "worker/model/gpt.h"
 #include "worker/model/model.h"
 #include "worker/model/precision.h"
@@ -26,18 +27,6 @@ using batchdist::ConfigError;
 using namespace batchdist::worker;
 
 namespace {
-
-GptShape smallShape(bool recompute, double dropout = 0.1) {
-  GptShape s;
-  s.layers = 3;
-  s.heads = 4;
-  s.embed = 32;
-  s.vocab = 50;
-  s.seq_len = 16;
-  s.dropout = dropout;
-  s.recompute = recompute;
-  return s;
-}
 
 /// One training step's outcome: the loss, every parameter's gradient by name,
 /// and a draw from the CPU generator after the step.
@@ -67,7 +56,7 @@ at::Tensor gptLoss(Model& model) {
 
 std::unique_ptr<Model> seededGpt(bool recompute, double dropout = 0.1) {
   torch::manual_seed(1);
-  return buildGpt(smallShape(recompute, dropout));
+  return buildGpt(smallGptShape(dropout, recompute));
 }
 
 Config mlpConfig(bool recompute) {

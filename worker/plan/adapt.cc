@@ -163,15 +163,27 @@ std::vector<AdaptCandidate> adaptCandidates(const AdaptSpace& s, double b_noise)
   return out;
 }
 
-AdaptDecision decideGlobalBatch(const AdaptSpace& s, const AdaptSplit& current, double b_noise) {
+namespace {
+
+/// Both rules' start: a decision that keeps `current`, with its reason already
+/// given (non-empty `why`) while the noise scale is not known.
+AdaptDecision keepUnlessKnown(const AdaptSpace& s, const AdaptSplit& current, double b_noise) {
   AdaptDecision d;
   d.current = current;
   d.chosen = current;
-  const auto text = [&](const AdaptSplit& x) { return splitText(x, s.world_size, s.tokens_per_sample); };
   if (!known(b_noise)) {
-    d.why = strCat("global batch stays ", text(current), ": the gradient noise scale is not known yet");
-    return d;
+    d.why = strCat("global batch stays ", splitText(current, s.world_size, s.tokens_per_sample),
+                   ": the gradient noise scale is not known yet");
   }
+  return d;
+}
+
+}  // namespace
+
+AdaptDecision decideGlobalBatch(const AdaptSpace& s, const AdaptSplit& current, double b_noise) {
+  AdaptDecision d = keepUnlessKnown(s, current, b_noise);
+  if (!d.why.empty()) return d;
+  const auto text = [&](const AdaptSplit& x) { return splitText(x, s.world_size, s.tokens_per_sample); };
   const double cur_sps = modelledSamplesPerSecond(s, current);
   if (cur_sps <= 0) {
     d.why = strCat("global batch stays ", text(current),
@@ -300,14 +312,9 @@ std::string warmupStays(const AdaptSpace& s, const AdaptSplit& current, double b
 }  // namespace
 
 AdaptDecision decideWarmupBatch(const AdaptSpace& s, const AdaptSplit& current, double b_noise) {
-  AdaptDecision d;
-  d.current = current;
-  d.chosen = current;
+  AdaptDecision d = keepUnlessKnown(s, current, b_noise);
+  if (!d.why.empty()) return d;
   const auto text = [&](const AdaptSplit& x) { return splitText(x, s.world_size, s.tokens_per_sample); };
-  if (!known(b_noise)) {
-    d.why = strCat("global batch stays ", text(current), ": the gradient noise scale is not known yet");
-    return d;
-  }
   const bool valid = isAdaptSplit(s, current);
   Doubling rung;
   bool modelled = false;
