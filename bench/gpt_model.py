@@ -40,9 +40,10 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_
     """compat::causalAttention: q, k, v [N, H, T, D] -> [N, H, T, D]."""
     if hasattr(F, "scaled_dot_product_attention"):
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-    scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
+    scores = torch.matmul(q, k.transpose(-2, -1))
+    scores.mul_(1.0 / math.sqrt(q.size(-1)))  # in place, as compat::causalAttentionExplicit
     future = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).triu(1)
-    weights = torch.softmax(scores.masked_fill(future, float("-inf")), -1)
+    weights = torch.softmax(scores.masked_fill_(future, float("-inf")), -1)
     if dropout_p > 0:
         weights = F.dropout(weights, dropout_p, training=True)
     return torch.matmul(weights, v)
@@ -59,8 +60,9 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, t, e = x.shape
         # [N, T, 3E] -> [3, N, H, T, D]: q, k and v, head-major.
-        qkv = self.c_attn(x).view(n, t, 3, self.heads, e // self.heads).permute(2, 0, 3, 1, 4)
-        y = causal_attention(qkv[0], qkv[1], qkv[2], self.dropout if self.training else 0.0)
+        qkv = self.c_attn(x).view(n, t, 3, self.heads, e // self.heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        y = causal_attention(q, k, v, self.dropout if self.training else 0.0)
         return self.resid_drop(self.c_proj(y.transpose(1, 2).reshape(n, t, e)))
 
 

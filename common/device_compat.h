@@ -256,13 +256,17 @@ constexpr bool kHasFusedAttention = TORCH_VERSION_MAJOR >= 2;
 
 /// The explicit formulation, in every release: the reference the fused kernel
 /// is tested against, and the path on 1.13. q·kᵀ/sqrt(D), -inf above the
-/// diagonal (query i sees keys 0..i), softmax, dropout, ·v.
+/// diagonal (query i sees keys 0..i), softmax, dropout, ·v. The scale and the
+/// mask are applied in place on the [N, H, T, T] scores: neither matmul's nor
+/// their own backward reads the scores, so autograd allows it, the result is
+/// the same bits as out of place, and two T x T tensors a layer are not made.
 inline at::Tensor causalAttentionExplicit(const at::Tensor& q, const at::Tensor& k,
                                           const at::Tensor& v, double dropout_p) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-  auto scores = at::matmul(q, k.transpose(-2, -1)) * scale;
+  auto scores = at::matmul(q, k.transpose(-2, -1));
+  scores.mul_(scale);
   const auto future = at::ones({q.size(-2), k.size(-2)}, q.options().dtype(at::kBool)).triu(1);
-  scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
+  scores.masked_fill_(future, -std::numeric_limits<double>::infinity());
   auto weights = at::softmax(scores, -1);
   if (dropout_p > 0) weights = at::dropout(weights, dropout_p, /*train=*/true);
   return at::matmul(weights, v);

@@ -30,7 +30,8 @@ class CausalSelfAttentionImpl : public nn::Module {
   torch::Tensor forward(const torch::Tensor& x) {
     const int64_t n = x.size(0), t = x.size(1), e = x.size(2);
     // [N, T, 3E] -> [3, N, H, T, D]: q, k and v, head-major.
-    const auto qkv = c_attn_(x).view({n, t, 3, heads_, e / heads_}).permute({2, 0, 3, 1, 4});
+    const auto qkv =
+        c_attn_(x).view({n, t, 3, heads_, e / heads_}).permute({2, 0, 3, 1, 4}).unbind(0);
     auto y = compat::causalAttention(qkv[0], qkv[1], qkv[2], is_training() ? dropout_ : 0.0);
     y = y.transpose(1, 2).reshape({n, t, e});
     return resid_drop_(c_proj_(y));
