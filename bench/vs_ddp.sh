@@ -13,16 +13,19 @@
 #        network written in PyTorch (bench/gpt_model.py, nanoGPT's shape: the same
 #        parameters, checked against batchdist's model.pt once per torch, the same
 #        init, optimizer and mean token cross-entropy) on the same token file; tokens/s
-# Each pair runs batchdist then DDP back to back, pairs interleaved
-# (mlp 1.13 A B, mlp 2.x A B, gpt 1.13 A B, gpt 2.x A B, mlp 1.13 A B, ...); the
-# ratio is per pair, the median over pairs.
+# Each pair runs batchdist and DDP back to back, batchdist first in odd pairs and
+# DDP first in even ones (a machine that slows or speeds up during a run favours
+# neither side), pairs interleaved (mlp 1.13 A B, mlp 2.x B A, gpt 1.13 A B, ...);
+# the ratio is per pair, the median over pairs.
 #
-# Both sides time STEPS [120] steps (batchdist: the whole epochs, first step included; DDP:
-# after 5 untimed steps). The 1.13 leg's speed depends on the BLAS behind Debian's
-# libblas.so.3 (Note [host blas]); its name is printed.
+# Both sides train WARMUP [5] + STEPS [120] steps and time the last STEPS alike:
+# DDP from its own clock after the warm-up steps, batchdist from metrics.jsonl
+# (rank 0's `seconds` since the run began, at its metrics points: the first point
+# at or after step WARMUP to the last). The 1.13 leg's speed depends on the BLAS
+# behind Debian's libblas.so.3; its name and the kernels OpenBLAS picked are printed.
 #
 #   [BACKEND=gloo|mpi] [WORKLOADS="mlp gpt"] [GPT_SHAPE="LAYERS HEADS EMBED SEQ_LEN"]
-#   [STEPS=N] bench/vs_ddp.sh [BATCHDIST_BIN] [PAIRS] [BATCHDIST_BIN_2X]
+#   [STEPS=N] [WARMUP=N] bench/vs_ddp.sh [BATCHDIST_BIN] [PAIRS] [BATCHDIST_BIN_2X]
 #     defaults: build/launcher/batchdist 5 build-cuda/launcher/batchdist; BACKEND
 #     is batchdist's dist.backend [auto] (DDP always uses gloo: BACKEND=gloo
 #     compares like with like); GPT_SHAPE ["2 2 64 64": configs/gpt-tiny.yaml's]
@@ -37,7 +40,7 @@ flags=(--oversubscribe --bind-to none)
 [ "$(id -u)" = 0 ] && flags+=(--allow-run-as-root)
 workloads=${WORKLOADS:-mlp gpt}
 read -r gpt_layers gpt_heads gpt_embed gpt_seq <<<"${GPT_SHAPE:-2 2 64 64}"
-steps=${STEPS:-120} warmup=5
+steps=${STEPS:-120} warmup=${WARMUP:-5}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
@@ -70,7 +73,7 @@ model: {name: mlp, hidden: [512, 512], batchnorm: false}
 data: {name: synthetic, samples: 8192, shape: [256], classes: 10, val_fraction: 0}
 batch: {global: 256}
 optim: {name: sgd, lr: 0.05, base_batch: 256, momentum: 0.9}
-train: {epochs: 4, max_steps: $steps, check_finite: false, device: cpu}
+train: {epochs: 100000, max_steps: $((warmup + steps)), check_finite: false, device: cpu}
 YAML
   unit[mlp]=samples per_sample[mlp]=1
 }
@@ -95,7 +98,7 @@ data: {name: tokens, path: $out/tokens/train.bin, val_fraction: 0}
 batch: {global: 32, last_batch: drop}
 optim: {name: adamw, lr: 0.001, base_batch: 32, lr_scaling: none, beta1: 0.9, beta2: 0.99, eps: 1e-8,
         weight_decay: 0.01, schedule: constant}
-train: {epochs: 100000, max_steps: $steps, check_finite: false, device: cpu}
+train: {epochs: 100000, max_steps: $((warmup + steps)), check_finite: false, device: cpu}
 YAML
   unit[gpt]=tokens per_sample[gpt]=$gpt_seq
   echo "workload gpt: layers $gpt_layers, heads $gpt_heads, embed $gpt_embed, seq_len $gpt_seq," \
@@ -111,26 +114,52 @@ for w in $workloads; do
 done
 [ ${#active[@]} -gt 0 ] || { echo "vs_ddp.sh: no workload to run" >&2; exit 1; }
 
-echo "libblas.so.3 of the 1.13 leg: $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || echo none)"
+blas=$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || echo none)
+kernels=$(python3 -c 'import ctypes, sys
+f = ctypes.CDLL(sys.argv[1]).openblas_get_corename; f.restype = ctypes.c_char_p; print(f().decode())' "$blas" 2>/dev/null ||
+          echo "not OpenBLAS")
+echo "libblas.so.3 of the 1.13 leg: $blas (kernels: $kernels${OPENBLAS_CORETYPE:+, OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE})"
 declare -A ratios checked
 # MASTER_PORT: one the kernel has free now, not a fixed 29500 (PyTorch's default,
 # which another job on this machine, or a second copy of this script, may hold).
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-# pair I W K: batchdist then DDP on workload W with torch leg K; appends the ratio.
+# batchdist W K: its rate (unit[W]/s) over the steps after the warm-up, from metrics.jsonl.
+batchdist() {
+  local w=$1 k=$2
+  rm -rf "$out/run"
+  mpirun "${flags[@]}" -np 2 "${bins[$k]}" "$out/$w.yaml" -q --output "$out/run" --report "$out/r.json" \
+    --set dist.backend="${BACKEND:-auto}" >&2
+  python3 - "$out/run/metrics.jsonl" "$warmup" "${per_sample[$w]}" <<'PY'
+import json, sys
+points = [json.loads(l) for l in open(sys.argv[1])]
+points = [p for p in points if p["kind"] == "step"]
+first = next(p for p in points if p["step"] >= int(sys.argv[2]))
+last = points[-1]
+samples = (last["step"] - first["step"]) * last["global_batch"]  # fixed global batch
+print(f"{samples * int(sys.argv[3]) / (last['seconds'] - first['seconds']):.1f}")
+PY
+}
+# ddp W K: PyTorch DDP's rate over the same steps.
+ddp() {
+  local w=$1 k=$2
+  "ddp_$w"
+  mpirun "${flags[@]}" -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$(free_port)" \
+    "${pys[$k]}" -W ignore "$here/ddp_baseline.py" "${ddp_args[@]}" --steps "$steps" --warmup "$warmup" |
+    awk -v u="${unit[$w]}_per_s" '$1 == u {print $2}'
+}
+# pair I W K: batchdist and DDP on workload W with torch leg K (Note above: the
+# order alternates); appends the ratio.
 pair() {
   local i=$1 w=$2 k=$3 a b r u=${unit[$2]}
-  mpirun "${flags[@]}" -np 2 "${bins[$k]}" "$out/$w.yaml" -q --output "$out/run" --report "$out/r.json" \
-    --set dist.backend="${BACKEND:-auto}"
-  a=$(grep -o '"samples_per_s": [0-9.e+]*' "$out/r.json" | head -1 |
-        awk -v n="${per_sample[$w]}" '{ printf "%.1f", $2 * n }')
+  if [ $((i % 2)) = 1 ]; then
+    a=$(batchdist "$w" "$k"); b=$(ddp "$w" "$k")
+  else
+    b=$(ddp "$w" "$k"); a=$(batchdist "$w" "$k")
+  fi
   if [ "$w" = gpt ] && [ -z "${checked[$k]:-}" ]; then  # once per torch: the same network?
     checked[$k]=1
     "${pys[$k]}" -W ignore "$here/gpt_model.py" --check "$out/run/model.pt" "${gpt_shape[@]}"
   fi
-  "ddp_$w"
-  b=$(mpirun "${flags[@]}" -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$(free_port)" \
-        "${pys[$k]}" -W ignore "$here/ddp_baseline.py" "${ddp_args[@]}" --steps "$steps" --warmup "$warmup" |
-        awk -v u="${u}_per_s" '$1 == u {print $2}')
   r=$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.3f", a / b }')
   ratios[$w/$k]+="$r "
   echo "pair $i, $w, torch ${names[$k]}: batchdist $a $u/s, PyTorch DDP $b $u/s, ratio $r"
