@@ -212,6 +212,27 @@ TEST(Gpt, ExplicitAttentionIsTheDirectSoftmax) {
                               directCausalAttention(q, k, v), 1e-5, 1e-6));
 }
 
+// causalAttentionExplicit scales and masks its scores in place: the same bits,
+// forward and backward, as the out-of-place product it replaced.
+TEST(Gpt, ExplicitAttentionInPlaceIsBitwiseTheOutOfPlaceProduct) {
+  torch::manual_seed(7);
+  const auto q = torch::randn({2, 3, 6, 4}, torch::requires_grad()),
+             k = torch::randn({2, 3, 6, 4}, torch::requires_grad()),
+             v = torch::randn({2, 3, 6, 4}, torch::requires_grad());
+  const auto out_of_place = [&] {
+    const auto future = torch::ones({6, 6}, torch::kBool).triu(1);
+    const auto scores = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(4.0));
+    return torch::matmul(torch::softmax(scores.masked_fill(future, -INFINITY), -1), v);
+  }();
+  const auto in_place = compat::causalAttentionExplicit(q, k, v, 0.0);
+  EXPECT_TRUE(torch::equal(in_place, out_of_place));
+  const auto grads_of = [&](const at::Tensor& out) {
+    return torch::autograd::grad({out.pow(2).sum()}, {q, k, v});
+  };
+  const auto gi = grads_of(in_place), go = grads_of(out_of_place);
+  for (std::size_t i = 0; i < gi.size(); ++i) EXPECT_TRUE(torch::equal(gi[i], go[i])) << "gradient " << i;
+}
+
 // On LibTorch 2.x causalAttention is the fused kernel; on 1.13 it is the
 // explicit product itself (kHasFusedAttention false), checked by the test above.
 TEST(Gpt, FusedAttentionMatchesTheExplicitProduct) {
