@@ -127,7 +127,7 @@ free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1
 batchdist() {
   local w=$1 k=$2
   rm -rf "$out/run"
-  mpirun "${flags[@]}" -np 2 "${bins[$k]}" "$out/$w.yaml" -q --output "$out/run" --report "$out/r.json" \
+  mpirun "${flags[@]}" -np 2 "${bins[$k]}" "$out/$w.yaml" -q --output "$out/run" \
     --set dist.backend="${BACKEND:-auto}" >&2
   python3 - "$out/run/metrics.jsonl" "$warmup" "${per_sample[$w]}" <<'PY'
 import json, sys

@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "common/error.h"
-#include "worker/config/config.h"
 #include "tests/gpt_fixtures.h"
+#include "worker/config/config.h"
 #include "worker/model/gpt.h"
 #include "worker/model/model.h"
 #include "worker/model/precision.h"
