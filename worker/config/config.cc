@@ -894,6 +894,23 @@ void readTrain(Context& ctx, const YAML::Node& root, TrainConfig& c) {
   c.progress = s.choice("progress", ProgressMode::kAuto);
 }
 
+/// Note [sharded optimizer]: dist.shard: optimizer (ZeRO-1) is built; gradients
+/// (ZeRO-2) is not yet. None leaves the resolved config as it was without the key
+/// (checkpoints and search cache entries of earlier runs still match).
+void checkShard(Context& ctx, const DistConfig& c) {
+  if (c.shard == Shard::kNone) {
+    (*ctx.resolved)["dist"].erase("shard");
+    return;
+  }
+  if (c.shard == Shard::kGradients) {
+    throw keyError(ctx.from_set.count("dist.shard") ? "--set dist.shard" : ctx.source,
+                   "dist.shard",
+                   "gradients (ZeRO-2: reduce-scattered gradients) is not available in this "
+                   "batchdist yet; optimizer (ZeRO-1: each rank keeps and steps 1/W of the "
+                   "optimizer state) and none are");
+  }
+}
+
 void readDist(Context& ctx, const YAML::Node& root, DistConfig& c) {
   Section s(ctx, root, "dist");
   c.backend = s.choice("backend", DistBackend::kAuto);
@@ -901,6 +918,8 @@ void readDist(Context& ctx, const YAML::Node& root, DistConfig& c) {
   c.interface = s.text("interface", "");
   c.bucket_mb = s.real("bucket_mb", 25, 0.001, 4096);
   c.overlap = s.boolean("overlap", true);
+  c.shard = s.choice("shard", Shard::kNone);
+  checkShard(ctx, c);
 }
 
 void readSearch(Context& ctx, const YAML::Node& root, SearchConfig& c) {

@@ -33,6 +33,7 @@ enum class OptimName { kSgd, kAdamw, kLars };
 enum class DeviceKind { kAuto, kCpu, kCuda };
 enum class Precision { kFp32, kBf16, kFp16 };
 enum class DistBackend { kAuto, kGloo, kMpi, kNccl };
+enum class Shard { kNone, kOptimizer, kGradients };  ///< Note [shard layout] (worker/train/shard_layout.h)
 enum class Objective { kThroughput, kMaxFit };
 enum class ResumeMode { kOff, kAuto };
 enum class ProgressMode { kAuto, kBar, kLines, kOff };
@@ -81,6 +82,8 @@ BATCHDIST_ENUM_NAMES(Precision, {Precision::kFp32, "fp32"}, {Precision::kBf16, "
                      {Precision::kFp16, "fp16"});
 BATCHDIST_ENUM_NAMES(DistBackend, {DistBackend::kAuto, "auto"}, {DistBackend::kGloo, "gloo"},
                      {DistBackend::kMpi, "mpi"}, {DistBackend::kNccl, "nccl"});
+BATCHDIST_ENUM_NAMES(Shard, {Shard::kNone, "none"}, {Shard::kOptimizer, "optimizer"},
+                     {Shard::kGradients, "gradients"});
 BATCHDIST_ENUM_NAMES(Objective, {Objective::kThroughput, "throughput"},
                      {Objective::kMaxFit, "max_fit"});
 BATCHDIST_ENUM_NAMES(ResumeMode, {ResumeMode::kOff, "off"}, {ResumeMode::kAuto, "auto"});
@@ -251,6 +254,7 @@ struct DistConfig {
   std::string interface;
   double bucket_mb = 25;
   bool overlap = true;                       ///< reducer: allreduce during backward (false: after it)
+  Shard shard = Shard::kNone;                ///< optimizer: ZeRO-1 (Note [sharded optimizer])
 };
 
 struct SearchConfig {

@@ -68,12 +68,16 @@ class TorchOptimizer : public Optimizer {
 
 /// SGD with layer-wise adaptive rate scaling. Weights (dim > 1) get the trust
 /// ratio and weight decay; biases and BatchNorm parameters (dim <= 1) are
-/// excluded from both, as in Goyal/You et al.
+/// excluded from both, as in Goyal/You et al. A piece of a weight (Note [shard
+/// layout]) takes the ratio of the whole weight: the same norms, so the same ratio.
 class Lars : public Optimizer {
  public:
-  Lars(std::vector<torch::Tensor> params, const OptimConfig& cfg)
-      : params_(std::move(params)), cfg_(cfg) {
-    for (auto& p : params_) momentum_.push_back(torch::zeros_like(p));
+  Lars(std::vector<OptimizerParam> params, const OptimConfig& cfg) : cfg_(cfg) {
+    for (auto& p : params) {
+      params_.push_back(p.tensor);
+      wholes_.push_back(p.whole);
+      momentum_.push_back(torch::zeros_like(p.tensor));
+    }
   }
   void step(double lr) override {
     torch::NoGradGuard no_grad;
@@ -81,9 +85,10 @@ class Lars : public Optimizer {
       auto& p = params_[i];
       if (!p.grad().defined()) continue;
       auto g = p.grad();
-      if (p.dim() > 1) {
-        const double wn = p.norm().item<double>();
-        const double gn = g.norm().item<double>();
+      const auto& whole = wholes_[i];
+      if (whole.dim() > 1) {
+        const double wn = whole.norm().item<double>();
+        const double gn = whole.grad().norm().item<double>();
         const double trust = larsTrustRatio(wn, gn, cfg_.weight_decay, cfg_.trust_coefficient);
         g = (g + cfg_.weight_decay * p) * trust;
       }
@@ -116,6 +121,7 @@ class Lars : public Optimizer {
 
  private:
   std::vector<torch::Tensor> params_;
+  std::vector<torch::Tensor> wholes_;  ///< what params_[i] is part of (itself when whole)
   std::vector<torch::Tensor> momentum_;
   OptimConfig cfg_;
 };
@@ -124,7 +130,7 @@ using AdamW = TorchOptimizer<torch::optim::AdamW, torch::optim::AdamWOptions>;
 
 /// Two groups, in the parameters' order within each: weights (dim >= 2) decayed,
 /// the rest not (a group with no parameters is left out).
-std::unique_ptr<Optimizer> makeAdamw(const OptimConfig& cfg, std::vector<torch::Tensor> params) {
+std::unique_ptr<Optimizer> makeAdamw(const OptimConfig& cfg, std::vector<OptimizerParam> params) {
   const auto options = [&](double decay) {
     return std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(cfg.lr)
                                                             .betas({cfg.beta1, cfg.beta2})
@@ -132,7 +138,7 @@ std::unique_ptr<Optimizer> makeAdamw(const OptimConfig& cfg, std::vector<torch::
                                                             .weight_decay(decay));
   };
   std::vector<torch::Tensor> decayed, plain;
-  for (auto& p : params) (p.dim() >= 2 ? decayed : plain).push_back(p);
+  for (auto& p : params) (p.whole.dim() >= 2 ? decayed : plain).push_back(p.tensor);
   std::vector<torch::optim::OptimizerParamGroup> groups;
   if (!decayed.empty()) groups.emplace_back(decayed, options(cfg.weight_decay));
   if (!plain.empty()) groups.emplace_back(plain, options(0.0));
@@ -161,18 +167,26 @@ double clipGradNorm(const std::vector<at::Tensor>& params, double max_norm) {
 }
 
 std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<torch::Tensor> params) {
+  std::vector<OptimizerParam> wholes;
+  for (auto& p : params) wholes.push_back({p, p});
+  return makeOptimizer(cfg, std::move(wholes));
+}
+
+std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<OptimizerParam> params) {
   if (cfg.name == OptimName::kSgd) {
+    std::vector<torch::Tensor> tensors;
+    for (auto& p : params) tensors.push_back(p.tensor);
     if (cfg.nesterov && cfg.momentum <= 0) {
       throw ConfigError("optim.nesterov: true needs optim.momentum > 0");
     }
     return std::make_unique<TorchOptimizer<torch::optim::SGD, torch::optim::SGDOptions>>(
-        params, torch::optim::SGDOptions(cfg.lr)
+        std::move(tensors), torch::optim::SGDOptions(cfg.lr)
                     .momentum(cfg.momentum)
                     .nesterov(cfg.nesterov)
                     .weight_decay(cfg.weight_decay));
   }
   if (cfg.name == OptimName::kAdamw) return makeAdamw(cfg, std::move(params));
-  return std::make_unique<Lars>(params, cfg);
+  return std::make_unique<Lars>(std::move(params), cfg);
 }
 
 }  // namespace batchdist::worker

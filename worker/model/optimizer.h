@@ -26,10 +26,21 @@ class Optimizer {
   virtual void loadState(const std::string& bytes, const at::Device& device) = 0;
 };
 
+/// A tensor an optimizer updates, and the parameter it is part of: the same
+/// tensor, or under dist.shard: optimizer a 1-D piece of it (Note [shard layout]).
+/// The rules that look at a parameter as a whole look at `whole`: adamw's decay
+/// (by its dimensions) and LARS's trust ratio (its norms and its gradient's).
+struct OptimizerParam {
+  at::Tensor tensor;
+  at::Tensor whole;
+};
+
 /// sgd (momentum, nesterov, weight decay), adamw, or lars, over `params`.
 /// adamw decays only the tensors of 2 or more dimensions (weights), as GPT-2 and
 /// nanoGPT do: biases and norm parameters in a second group without decay.
 std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<at::Tensor> params);
+/// The same over tensors that may be pieces of parameters.
+std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<OptimizerParam> params);
 
 /// Note [gradient clipping]: scales the gradients of `params` so that their
 /// global L2 norm is at most `max_norm`, and returns the norm before clipping.

@@ -71,6 +71,8 @@ class Trainer {
   /// Replaces the plan (the batch search measures several per-GPU batches).
   void setPlan(const Plan& plan) { plan_ = plan; }
   Model& model() { return *model_; }
+  /// How gradients become a step (Note [update strategy]).
+  UpdateStrategy& update() { return *update_; }
   const Task& task() const { return *task_; }
   Loader& loader() { return *loader_; }
   at::Device device() const { return device_; }

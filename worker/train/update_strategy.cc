@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <utility>
 
+#include "worker/train/sharded_optimizer.h"
+
 namespace batchdist::worker {
 namespace {
 
@@ -48,7 +50,12 @@ class DataParallelUpdate : public UpdateStrategy {
 DataParallelUpdate::DataParallelUpdate(const Config& cfg, collective::Communicator& comm,
                                        std::vector<at::Tensor> params)
     : params_(std::move(params)), clip_norm_(cfg.optim.clip_grad_norm) {
-  optimizer_ = makeOptimizer(cfg.optim, params_);
+  // Note [sharded optimizer]: first, since it moves the parameters into its flat buffer.
+  if (cfg.dist.shard == Shard::kOptimizer) {
+    optimizer_ = std::make_unique<ShardedOptimizer>(cfg.optim, comm, params_);
+  } else {
+    optimizer_ = makeOptimizer(cfg.optim, params_);
+  }
   const auto bucket_bytes = static_cast<std::size_t>(cfg.dist.bucket_mb * (1 << 20));
   sync_ = collective::makeGradientSync(cfg.dist.overlap, comm, params_, bucket_bytes);
   if (cfg.train.precision == Precision::kFp16) {

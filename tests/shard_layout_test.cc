@@ -1,0 +1,67 @@
+// Note [shard layout]: the pieces of every rank tile the parameters exactly once,
+// in flat order, with the pad at the end.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "worker/train/shard_layout.h"
+
+using namespace batchdist::worker;
+
+namespace {
+
+/// Every element of every parameter is in exactly one rank's piece, at the flat
+/// position its parameter's start gives it, within that rank's slice.
+void expectTiles(const std::vector<int64_t>& numels, int ranks) {
+  const auto l = makeShardLayout(numels, ranks);
+  int64_t total = 0;
+  for (const auto n : numels) total += n;
+  ASSERT_EQ(l.total, total);
+  EXPECT_EQ(l.slice, (total + ranks - 1) / ranks);
+  std::vector<int> seen(static_cast<std::size_t>(total), 0);
+  int64_t filled = 0;
+  for (int r = 0; r < ranks; ++r) {
+    int64_t next = r * l.slice;  // pieces are in flat order, without gaps
+    for (const auto& p : l.piecesOf(r)) {
+      ASSERT_GT(p.length, 0);
+      EXPECT_EQ(p.flat, next) << "rank " << r;
+      EXPECT_EQ(p.flat, l.starts[p.param] + p.offset);
+      EXPECT_LE(p.offset + p.length, numels[p.param]);
+      EXPECT_LE(p.flat + p.length, (r + 1) * l.slice) << "a piece past rank " << r << "'s slice";
+      for (int64_t i = 0; i < p.length; ++i) ++seen[p.flat + i];
+      next = p.flat + p.length;
+    }
+    filled += l.filled(r);
+  }
+  EXPECT_EQ(filled, total);
+  for (std::size_t i = 0; i < seen.size(); ++i) ASSERT_EQ(seen[i], 1) << "element " << i;
+}
+
+TEST(ShardLayout, PiecesTileTheParametersOnce) {
+  expectTiles({384, 32, 544, 17, 85, 5}, 1);
+  expectTiles({384, 32, 544, 17, 85, 5}, 2);
+  expectTiles({384, 32, 544, 17, 85, 5}, 3);
+  expectTiles({384, 32, 544, 17, 85, 5}, 4);
+  expectTiles({384, 32, 544, 17, 85, 5}, 7);
+  expectTiles({1, 0, 2}, 8);  // more ranks than elements: empty slices, an empty parameter
+}
+
+TEST(ShardLayout, AParameterStraddlingSlicesIsSplitAtTheBoundary) {
+  // 10 + 6 elements over 4 ranks: n = 4; rank 2 owns [8, 12): 2 of the first, 2 of the second.
+  const auto l = makeShardLayout({10, 6}, 4);
+  const auto p = l.piecesOf(2);
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_EQ(p[0].param, 0);
+  EXPECT_EQ(p[0].offset, 8);
+  EXPECT_EQ(p[0].length, 2);
+  EXPECT_EQ(p[1].param, 1);
+  EXPECT_EQ(p[1].offset, 0);
+  EXPECT_EQ(p[1].length, 2);
+  // 17 elements over 4: n = 5, the last rank holds 2 elements and 3 of pad.
+  const auto q = makeShardLayout({17}, 4);
+  EXPECT_EQ(q.slice, 5);
+  EXPECT_EQ(q.filled(3), 2);
+  EXPECT_EQ(q.piecesOf(3).at(0).length, 2);
+}
+
+}  // namespace

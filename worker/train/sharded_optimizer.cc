@@ -1,0 +1,82 @@
+#include "worker/train/sharded_optimizer.h"
+
+#include <torch/torch.h>
+
+#include <utility>
+
+#include "common/error.h"
+
+namespace batchdist::worker {
+namespace {
+
+std::vector<int64_t> numelsOf(const std::vector<at::Tensor>& params) {
+  std::vector<int64_t> out;
+  for (const auto& p : params) out.push_back(p.numel());
+  return out;
+}
+
+void checkOneDtype(const std::vector<at::Tensor>& params) {
+  for (const auto& p : params) {
+    if (p.scalar_type() != params.front().scalar_type()) {
+      throw ConfigError(strCat("dist.shard: optimizer needs the trainable parameters in one "
+                               "dtype; this model has ", c10::toString(params.front().scalar_type()),
+                               " and ", c10::toString(p.scalar_type()), " ones: use dist.shard: none"));
+    }
+  }
+}
+
+}  // namespace
+
+ShardedOptimizer::ShardedOptimizer(const OptimConfig& cfg, collective::Communicator& comm,
+                                   std::vector<at::Tensor> params)
+    : comm_(comm), params_(std::move(params)),
+      layout_(makeShardLayout(numelsOf(params_), comm.size())) {
+  if (params_.empty()) throw ConfigError("dist.shard: optimizer: the model has no trainable parameters");
+  checkOneDtype(params_);
+  torch::NoGradGuard no_grad;
+  flat_ = torch::zeros({layout_.slice * layout_.ranks},
+                       params_.front().options().requires_grad(false));
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    auto& p = params_[i];
+    auto range = flat_.narrow(0, layout_.starts[i], p.numel()).view(p.sizes());
+    range.copy_(p.detach());
+    p.set_data(range);  // the same parameter object, its elements now in flat_
+  }
+  pieces_ = layout_.piecesOf(comm.rank());
+  std::vector<OptimizerParam> inner;
+  for (const auto& piece : pieces_) {
+    tensors_.push_back(flat_.narrow(0, piece.flat, piece.length));
+    inner.push_back({tensors_.back(), params_[static_cast<std::size_t>(piece.param)]});
+  }
+  inner_ = makeOptimizer(cfg, std::move(inner));
+}
+
+void ShardedOptimizer::step(double lr) {
+  for (std::size_t j = 0; j < pieces_.size(); ++j) {
+    const auto& piece = pieces_[j];
+    const auto& g = params_[static_cast<std::size_t>(piece.param)].grad();
+    // A view of the summed gradient when it is contiguous (it is the parameter's layout).
+    tensors_[j].mutable_grad() =
+        g.defined() ? g.reshape({-1}).narrow(0, piece.offset, piece.length) : at::Tensor();
+  }
+  inner_->step(lr);
+  if (layout_.ranks == 1) return;
+  auto mine = flat_.narrow(0, comm_.rank() * layout_.slice, layout_.slice);
+  comm_.allgatherInto(mine, flat_);
+}
+
+void ShardedOptimizer::zeroGrad() {
+  for (auto& p : params_) {
+    if (p.grad().defined()) p.mutable_grad().zero_();
+  }
+}
+
+std::string ShardedOptimizer::saveState() {
+  throw Error("dist.shard: optimizer: the state is sharded; a checkpoint saves it by slices");
+}
+
+void ShardedOptimizer::loadState(const std::string&, const at::Device&) {
+  throw Error("dist.shard: optimizer: the state is sharded; a checkpoint restores it by slices");
+}
+
+}  // namespace batchdist::worker

@@ -1,0 +1,64 @@
+#pragma once
+// dist.shard: optimizer (ZeRO-1): each rank keeps and steps the optimizer state of
+// its 1/W of the parameters, then the parameters are all-gathered (Note [sharded
+// optimizer]).
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <vector>
+
+#include "collective/communicator.h"
+#include "worker/config/config.h"
+#include "worker/model/optimizer.h"
+#include "worker/train/shard_layout.h"
+
+namespace batchdist::worker {
+
+/// Note [sharded optimizer]: under dist.shard: optimizer the gradients are summed
+/// as under plain data parallel (every rank holds the whole summed gradient, so
+/// its readers, Note [update strategy], are unchanged), but the optimizer holds
+/// state for rank r's slice of Note [shard layout] only, and steps only that:
+///  - at construction the trainable parameters are moved into one flat buffer of
+///    W x n elements (set_data: the same parameter objects, now views of it), so
+///    rank r's slice is one contiguous range, and an inner optimizer (sgd, adamw,
+///    lars: Optimizer over OptimizerParam) is built over the pieces, 1-D views of
+///    that range, each knowing the parameter it is part of (adamw's decay rule,
+///    LARS's whole-layer norms);
+///  - step(lr) points each piece's gradient at its range of the parameter's
+///    summed gradient, steps the inner optimizer (which updates the pieces, and so
+///    the parameters, in place), and all-gathers the slices in place
+///    (Communicator::allgatherInto), so every rank holds every updated parameter
+///    for the next forward, the health check, evaluation and checkpoints.
+/// The element-wise rules (sgd, adamw, lars given the whole-layer ratio) do per
+/// element what they do on the whole tensor, so the updates equal the unsharded
+/// run's (tests/shard_test.cc measures how closely). Optimizer state per rank:
+/// 1/W of the unsharded one (the last ranks' slices may hold the pad instead of
+/// parameters). The parameters need one dtype (a ConfigError names the others).
+class ShardedOptimizer : public Optimizer {
+ public:
+  ShardedOptimizer(const OptimConfig& cfg, collective::Communicator& comm,
+                   std::vector<at::Tensor> params);
+
+  void step(double lr) override;
+  void zeroGrad() override;
+  std::string saveState() override;
+  void loadState(const std::string& bytes, const at::Device& device) override;
+
+  const ShardLayout& layout() const { return layout_; }
+  /// This rank's pieces, in flat order (Note [shard layout]).
+  const std::vector<ShardPiece>& pieces() const { return pieces_; }
+  /// The optimizer over this rank's pieces.
+  Optimizer& inner() { return *inner_; }
+
+ private:
+  collective::Communicator& comm_;
+  std::vector<at::Tensor> params_;
+  ShardLayout layout_;
+  at::Tensor flat_;                  ///< W x n elements: every parameter, then the pad
+  std::vector<ShardPiece> pieces_;   ///< this rank's
+  std::vector<at::Tensor> tensors_;  ///< pieces_' views of flat_, what inner_ steps
+  std::unique_ptr<Optimizer> inner_;
+};
+
+}  // namespace batchdist::worker
