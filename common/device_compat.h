@@ -1,6 +1,6 @@
 #pragma once
 // Note [torch compat], device half: CUDA devices, memory, streams, autocast and
-// the attention kernel across LibTorch 1.13 (Debian, CPU-only) and 2.x (pip
+// the attention kernel (and torch::optim's state keys) across LibTorch 1.13 (Debian, CPU-only) and 2.x (pip
 // wheel, CUDA). Every function compiles in both; in a CPU build the CUDA ones
 // are no-ops, return 0, or say that the build is CPU-only. The c10d half is collective/torch_compat.h.
 
@@ -26,7 +26,9 @@
 #include <limits>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <string>
+#include <type_traits>
 
 namespace batchdist::compat {
 
@@ -282,6 +284,21 @@ inline at::Tensor causalAttention(const at::Tensor& q, const at::Tensor& k, cons
 #else
   return causalAttentionExplicit(q, k, v, dropout_p);
 #endif
+}
+
+/// torch::optim keeps a parameter's state in a map keyed by the parameter's
+/// TensorImpl: its address as text on 1.13 (c10::guts::to_string), the pointer on
+/// 2.x. The key type is read off the map, so every release in between compiles.
+template <typename StateMap>
+typename StateMap::key_type optimizerStateKey(const StateMap&, const at::Tensor& param) {
+  using Key = typename StateMap::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream text;  // what c10::guts::to_string writes
+    text << param.unsafeGetTensorImpl();
+    return text.str();
+  } else {
+    return param.unsafeGetTensorImpl();
+  }
 }
 
 }  // namespace batchdist::compat

@@ -1,11 +1,19 @@
 // Note [shard layout]: the pieces of every rank tile the parameters exactly once,
-// in flat order, with the pad at the end.
+// in flat order, with the pad at the end. Note [sharded optimizer]: the config key
+// and what a sharded optimizer refuses.
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
+#include <string>
 #include <vector>
 
+#include "common/error.h"
+#include "tests/thread_ranks.h"
+#include "worker/config/config.h"
 #include "worker/train/shard_layout.h"
+#include "worker/train/sharded_optimizer.h"
 
+using namespace batchdist;
 using namespace batchdist::worker;
 
 namespace {
@@ -62,6 +70,71 @@ TEST(ShardLayout, AParameterStraddlingSlicesIsSplitAtTheBoundary) {
   EXPECT_EQ(q.slice, 5);
   EXPECT_EQ(q.filled(3), 2);
   EXPECT_EQ(q.piecesOf(3).at(0).length, 2);
+}
+
+std::string configError(const std::string& yaml) {
+  try {
+    parseConfig(yaml, "test.yaml");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+TEST(ShardConfig, DefaultsToNoneAndStaysOutOfTheResolvedConfig) {
+  const auto plain = parseConfig("model: {name: mlp}", "test.yaml");
+  EXPECT_EQ(plain.dist.shard, Shard::kNone);
+  EXPECT_FALSE(plain.resolved["dist"].contains("shard")) << "earlier runs' cache keys would change";
+  const auto on = parseConfig("dist: {shard: optimizer}", "test.yaml");
+  EXPECT_EQ(on.dist.shard, Shard::kOptimizer);
+  EXPECT_EQ(on.resolved["dist"]["shard"], "optimizer");
+}
+
+TEST(ShardConfig, GradientsIsRefusedAsNotBuiltAndATypoListsTheChoices) {
+  const auto later = configError("dist: {shard: gradients}");
+  EXPECT_NE(later.find("dist.shard"), std::string::npos) << later;
+  EXPECT_NE(later.find("not available"), std::string::npos) << later;
+  EXPECT_NE(later.find("optimizer"), std::string::npos) << later;
+  const auto typo = configError("dist: {shard: zero1}");
+  EXPECT_NE(typo.find("not one of"), std::string::npos) << typo;
+  EXPECT_NE(typo.find("optimizer"), std::string::npos) << typo;
+}
+
+// The flat buffer holds one dtype: a model with two is refused by name.
+TEST(ShardedOptimizerAlone, ParametersOfTwoDtypesAreRefused) {
+  const auto cfg = parseConfig("optim: {name: sgd, momentum: 0.9}", "test.yaml");
+  testsupport::runRanks(1, [&](collective::Communicator& c) {
+    auto a = torch::zeros({3}, torch::requires_grad());
+    auto b = torch::zeros({2}, torch::TensorOptions().dtype(torch::kDouble).requires_grad(true));
+    try {
+      ShardedOptimizer opt(cfg.optim, c, {a, b});
+      ADD_FAILURE() << "two dtypes accepted";
+    } catch (const ConfigError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("one dtype"), std::string::npos) << what;
+      EXPECT_NE(what.find("Double"), std::string::npos) << what;
+    }
+  });
+}
+
+// The parameters become views of one buffer and keep their values; a step moves
+// them in place (the same parameter objects the model holds).
+TEST(ShardedOptimizerAlone, ParametersKeepTheirValuesAndIdentity) {
+  const auto cfg = parseConfig("optim: {name: sgd, lr: 0.5, momentum: 0.0}", "test.yaml");
+  testsupport::runRanks(1, [&](collective::Communicator& c) {
+    auto a = torch::arange(6, torch::kFloat).reshape({2, 3}).requires_grad_();
+    auto b = torch::full({4}, 2.0f).requires_grad_();
+    const auto* impl = a.unsafeGetTensorImpl();
+    ShardedOptimizer opt(cfg.optim, c, {a, b});
+    EXPECT_EQ(a.unsafeGetTensorImpl(), impl);
+    EXPECT_TRUE(torch::equal(a.detach(), torch::arange(6, torch::kFloat).reshape({2, 3})));
+    EXPECT_TRUE(torch::equal(b.detach(), torch::full({4}, 2.0f)));
+    a.mutable_grad() = torch::ones({2, 3});
+    b.mutable_grad() = torch::ones({4});
+    opt.step(0.5);
+    EXPECT_TRUE(torch::equal(a.detach(), torch::arange(6, torch::kFloat).reshape({2, 3}) - 0.5f));
+    EXPECT_TRUE(torch::equal(b.detach(), torch::full({4}, 1.5f)));
+  });
 }
 
 }  // namespace

@@ -1,14 +1,26 @@
 // Note [sharded optimizer] with real ranks (an mpirun job of 2, 3 or 4): 50 steps
 // under dist.shard: optimizer give the weights of the same 50 steps unsharded,
-// for sgd with momentum, adamw and lars, with accumulation and a padded last batch.
+// for sgd with momentum, adamw and lars, with accumulation and a padded last batch;
+// Note [sharded checkpoint]: sharded and unsharded checkpoints resume on every
+// world size, sharded or not.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "mpi_helpers.h"
 #include "split_invariance.h"
+#include "common/error.h"
+#include "worker/common/console.h"
+#include "worker/model/optimizer.h"
+#include "worker/plan/plan.h"
+#include "worker/train/checkpoint.h"
 #include "worker/train/sharded_optimizer.h"
 #include "worker/train/trainer.h"
 
@@ -86,6 +98,133 @@ TEST(ShardedOptimizer, SgdOverTheMpiCommunicatorStepsAsUnsharded) {
 
 TEST(ShardedOptimizer, LarsStepsAsUnsharded) {
   expectShardedEqualsUnsharded("name: lars, lr: 0.5, momentum: 0.9, weight_decay: 0.0005", 1e-6);
+}
+
+}  // namespace
+
+namespace {
+
+/// Steps [from, to) of `cfg` on the ranks of `comm`: a Trainer that first restores
+/// `resume` (when given) and then, when `save_dir` is not empty, writes a
+/// checkpoint there after step `to` (the sharded state in chunks of `chunk` bytes).
+/// `check` sees the trainer after the restore. Returns the flattened parameters.
+torch::Tensor trainFromTo(const Config& cfg, collective::Communicator& comm, int64_t from,
+                          int64_t to, const CheckpointCheck* resume, const std::string& save_dir,
+                          const std::function<void(Trainer&)>& check = {}) {
+  const auto data = testsupport::loadPlainData(cfg);
+  const auto plan = makePlan(cfg, comm.size(), data.train.size(), false);
+  Trainer trainer(cfg, comm, data, at::kCPU, plan);
+  if (resume) restoreState(*resume, trainer.state(), comm.rank(), comm.size());
+  if (check) check(trainer);
+  Sharder sharder(plan, static_cast<uint64_t>(cfg.train.seed));
+  for (int64_t g = from; g < to;) {
+    const int64_t epoch = g / plan.steps_per_epoch, s = g % plan.steps_per_epoch;
+    const int64_t n = std::min(plan.steps_per_epoch - s, to - g);
+    sharder.setEpoch(epoch);
+    trainer.loader().start(trainer.jobs(sharder, s, n), epoch, sharder.jobIndex(s));
+    for (int64_t i = 0; i < n; ++i, ++g) trainer.trainStep(sharder.realSamples(s + i), plan.lrAt(g));
+  }
+  if (!save_dir.empty()) {
+    CheckpointIdentity id;
+    id.plan = plan;
+    id.config = cfg.resolved;
+    Checkpointer ck(cfg.checkpoint, save_dir, id, comm);
+    ck.setStateChunkBytes(100);  // chunks that end inside a rank's slice and an element
+    Console quiet(false, ProgressStyle::kOff);
+    TrainPosition pos;
+    pos.global_step = to;
+    const auto rec = ck.save(trainer.state(), pos, false, quiet);
+    EXPECT_TRUE(rec.error.empty()) << rec.error;
+  }
+  std::vector<torch::Tensor> flat;
+  for (const auto& p : trainer.model().parameters()) flat.push_back(p.detach().reshape({-1}));
+  return torch::cat(flat);
+}
+
+/// Each piece of `sharded`'s state equals its range of `whole`'s, bit for bit.
+void expectPiecesOf(ShardedOptimizer& sharded, Optimizer& whole, const std::string& label) {
+  ASSERT_EQ(sharded.stateNames(), whole.stateNames());
+  for (std::size_t j = 0; j < sharded.pieces().size(); ++j) {
+    const auto& p = sharded.pieces()[j];
+    const auto i = static_cast<std::size_t>(p.param);
+    EXPECT_EQ(sharded.stepCount(j), whole.stepCount(i)) << label << " piece " << j;
+    for (std::size_t k = 0; k < whole.stateNames().size(); ++k) {
+      EXPECT_TRUE(torch::equal(sharded.stateVector(j, k),
+                               whole.stateVector(i, k).narrow(0, p.offset, p.length)))
+          << label << ": piece " << j << " (parameter " << i << " [" << p.offset << ", +"
+          << p.length << ")) " << whole.stateNames()[k];
+    }
+  }
+}
+
+ShardedOptimizer& shardedOf(Trainer& t) {
+  auto* s = dynamic_cast<ShardedOptimizer*>(&t.update().optimizer());
+  if (!s) throw std::runtime_error("not a sharded optimizer");
+  return *s;
+}
+
+/// Note [sharded checkpoint] with real ranks: a sharded run of W = P ranks and an
+/// unsharded one each checkpoint after 20 steps. Every world size W' that splits
+/// G resumes each of them sharded and unsharded: the state each rank restores is
+/// the checkpoint's, bit for bit, in whatever slices W' gives it, and 20 more
+/// steps land on the weights of 40 uninterrupted ones.
+void expectResumesAnywhere(const std::string& optim) {
+  const int P = mpitest::worldSize();
+  const auto dir = mpitest::sharedScratchDir("shard_checkpoint");
+  const auto sharded_dir = (dir / "sharded").string(), plain_dir = (dir / "plain").string();
+  torch::Tensor reference;
+  mpitest::inGroup(P, [&](collective::Communicator& comm) {
+    reference = trainFromTo(shardConfig(optim, "none"), comm, 0, 40, nullptr, "");
+    trainFromTo(shardConfig(optim, "optimizer"), comm, 0, 20, nullptr, sharded_dir);
+    trainFromTo(shardConfig(optim, "none"), comm, 0, 20, nullptr, plain_dir);
+  });
+  const auto sharded_ck = verifyCheckpoint(sharded_dir + "/step-00000020");
+  const auto plain_ck = verifyCheckpoint(plain_dir + "/step-00000020");
+  ASSERT_TRUE(sharded_ck.problem.empty()) << sharded_ck.problem;
+  ASSERT_TRUE(plain_ck.problem.empty()) << plain_ck.problem;
+  EXPECT_TRUE(sharded_ck.manifest.contains("optimizer_state"));
+  EXPECT_FALSE(std::filesystem::exists(sharded_dir + "/step-00000020/optimizer.pt"));
+  EXPECT_FALSE(plain_ck.manifest.contains("optimizer_state"));
+  for (int W = 1; W <= P; ++W) {
+    if ((2 * P) % W != 0) continue;  // G = 16 P in per-GPU batches of 8
+    for (const auto* ck : {&sharded_ck, &plain_ck}) {
+      for (const std::string shard : {"none", "optimizer"}) {
+        const std::string label = strCat(optim, ": ", ck == &sharded_ck ? "sharded" : "unsharded",
+                                         " checkpoint of ", P, " ranks resumed on ", W, ", ",
+                                         shard);
+        mpitest::inGroup(W, [&](collective::Communicator& comm) {
+          const auto cfg = shardConfig(optim, shard);
+          const auto w = trainFromTo(cfg, comm, 20, 40, ck, "", [&](Trainer& t) {
+            if (shard == "none") return;
+            // What the checkpoint holds, read whole (an unsharded optimizer over
+            // the same parameters), against this rank's slice as restored.
+            auto whole = makeOptimizer(cfg.optim, t.model().trainableParameters());
+            restoreState(*ck, TrainState{&t.model(), whole.get(), nullptr, at::kCPU}, comm.rank(),
+                         comm.size());
+            expectPiecesOf(shardedOf(t), *whole, label);
+          });
+          const double diff = (w - reference).abs().max().item<double>();
+          const double scale = reference.abs().max().item<double>();
+          // Same W: the same arithmetic as 40 uninterrupted steps. Another W sums
+          // the gradient in another order (Note [loss normalisation]'s tolerances).
+          const double tolerance = W == P ? 1e-6 : (optim.find("adamw") != std::string::npos ? 2e-4 : 1e-5);
+          EXPECT_LE(diff, tolerance * scale) << label;
+          if (comm.rank() == 0) {
+            std::printf("[ shard ] %s: max |w - w(40 uninterrupted)| = %.3g\n", label.c_str(), diff);
+          }
+        });
+      }
+    }
+  }
+  if (mpitest::worldRank() == 0) std::filesystem::remove_all(dir);
+}
+
+TEST(ShardedCheckpoint, AdamwResumesOnEveryWorldSizeShardedOrNot) {
+  expectResumesAnywhere("name: adamw, lr: 0.01, weight_decay: 0.1");
+}
+
+TEST(ShardedCheckpoint, SgdResumesOnEveryWorldSizeShardedOrNot) {
+  expectResumesAnywhere("name: sgd, lr: 0.2, momentum: 0.9, weight_decay: 0.001");
 }
 
 }  // namespace

@@ -607,6 +607,12 @@ void connectPhase(RunState& r) {
   if (const auto line = blasLine(s.blas); !line.empty()) r.console->line(line);
   r.console->line(strCat("data: ", s.data.origin, " -> ", s.data.train.size(), " train / ",
                          s.data.val.size(), " validation samples"));
+  if (s.cfg.dist.shard == Shard::kOptimizer) {  // Note [sharded optimizer]
+    r.console->line(strCat(
+        "update: dist.shard: optimizer (ZeRO-1): gradients allreduced, each rank keeps and steps "
+        "the optimizer state of 1/", r.place.size, " of the parameters, then an all-gather",
+        r.comm().nativeFlatCollectives() ? "" : " (emulated by gloo's list all-gather)"));
+  }
 }
 
 /// The batch search (or its cache) and the plan it gives. Returns the exit code

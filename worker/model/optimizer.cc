@@ -4,7 +4,9 @@
 
 #include <cmath>
 #include <sstream>
+#include <type_traits>
 
+#include "common/device_compat.h"
 #include "common/error.h"
 
 namespace batchdist::worker {
@@ -30,10 +32,16 @@ void loadArchive(torch::serialize::InputArchive& archive, const std::string& byt
 
 template <typename TorchOpt, typename Options>
 class TorchOptimizer : public Optimizer {
+  static constexpr bool kSgd = std::is_same_v<TorchOpt, torch::optim::SGD>;
+  using State = std::conditional_t<kSgd, torch::optim::SGDParamState, torch::optim::AdamWParamState>;
+
  public:
-  TorchOptimizer(std::vector<torch::Tensor> params, Options opts) : opt_(std::move(params), opts) {}
-  TorchOptimizer(std::vector<torch::optim::OptimizerParamGroup> groups, Options opts)
-      : opt_(std::move(groups), opts) {}
+  TorchOptimizer(std::vector<torch::Tensor> params, Options opts)
+      : opt_(params, opts), tensors_(std::move(params)) {}
+  /// `order`: the tensors in the order they were given (Note [optimizer state vectors]).
+  TorchOptimizer(std::vector<torch::Tensor> order,
+                 std::vector<torch::optim::OptimizerParamGroup> groups, Options opts)
+      : opt_(std::move(groups), opts), tensors_(std::move(order)) {}
   void step(double lr) override {
     for (auto& group : opt_.param_groups()) static_cast<Options&>(group.options()).lr(lr);
     opt_.step();
@@ -62,8 +70,70 @@ class TorchOptimizer : public Optimizer {
     }
   }
 
+  std::vector<std::string> stateNames() const override {
+    if constexpr (kSgd) {
+      const auto& o = static_cast<const Options&>(opt_.defaults());
+      if (o.momentum() == 0) return {};
+      return {"momentum"};
+    } else {
+      return {"exp_avg", "exp_avg_sq"};
+    }
+  }
+  at::Tensor stateVector(std::size_t i, std::size_t k) override {
+    State* st = find(i);
+    if (!st) return torch::zeros({tensors_[i].numel()}, tensors_[i].options());
+    return vectorOf(*st, k).reshape({-1});
+  }
+  void setStateVector(std::size_t i, std::size_t k, const at::Tensor& values) override {
+    torch::NoGradGuard no_grad;
+    auto& t = vectorOf(ensure(i), k);
+    t.copy_(values.reshape(t.sizes()));
+  }
+  int64_t stepCount(std::size_t i) override {
+    if constexpr (kSgd) {
+      return 0;
+    } else {
+      State* st = find(i);
+      return st ? static_cast<int64_t>(st->step()) : 0;
+    }
+  }
+  void setStepCount(std::size_t i, int64_t steps) override {
+    if constexpr (!kSgd) ensure(i).step(steps);
+  }
+
  private:
+  State* find(std::size_t i) {
+    auto& state = opt_.state();
+    auto it = state.find(compat::optimizerStateKey(state, tensors_.at(i)));
+    return it == state.end() ? nullptr : static_cast<State*>(it->second.get());
+  }
+  /// Tensor i's state, made as the optimizer's first step would find it: zeros, step 0.
+  State& ensure(std::size_t i) {
+    if (State* st = find(i)) return *st;
+    auto st = std::make_unique<State>();
+    const auto zeros = [&] { return torch::zeros_like(tensors_[i], at::MemoryFormat::Contiguous); };
+    if constexpr (kSgd) {
+      st->momentum_buffer(zeros());
+    } else {
+      st->step(0);
+      st->exp_avg(zeros());
+      st->exp_avg_sq(zeros());
+    }
+    State* out = st.get();
+    auto& state = opt_.state();
+    state[compat::optimizerStateKey(state, tensors_[i])] = std::move(st);
+    return *out;
+  }
+  static torch::Tensor& vectorOf(State& st, std::size_t k) {
+    if constexpr (kSgd) {
+      return st.momentum_buffer();
+    } else {
+      return k == 0 ? st.exp_avg() : st.exp_avg_sq();
+    }
+  }
+
   TorchOpt opt_;
+  std::vector<torch::Tensor> tensors_;  ///< in the order given, for the state vectors
 };
 
 /// SGD with layer-wise adaptive rate scaling. Weights (dim > 1) get the trust
@@ -118,6 +188,14 @@ class Lars : public Optimizer {
       momentum_[i].copy_(m);  // in place: the tensor step() updates
     }
   }
+  std::vector<std::string> stateNames() const override { return {"momentum"}; }
+  at::Tensor stateVector(std::size_t i, std::size_t) override { return momentum_.at(i).reshape({-1}); }
+  void setStateVector(std::size_t i, std::size_t, const at::Tensor& values) override {
+    torch::NoGradGuard no_grad;
+    momentum_.at(i).copy_(values.reshape(momentum_.at(i).sizes()));
+  }
+  int64_t stepCount(std::size_t) override { return 0; }
+  void setStepCount(std::size_t, int64_t) override {}
 
  private:
   std::vector<torch::Tensor> params_;
@@ -137,12 +215,15 @@ std::unique_ptr<Optimizer> makeAdamw(const OptimConfig& cfg, std::vector<Optimiz
                                                             .eps(cfg.eps)
                                                             .weight_decay(decay));
   };
-  std::vector<torch::Tensor> decayed, plain;
-  for (auto& p : params) (p.whole.dim() >= 2 ? decayed : plain).push_back(p.tensor);
+  std::vector<torch::Tensor> decayed, plain, order;
+  for (auto& p : params) {
+    (p.whole.dim() >= 2 ? decayed : plain).push_back(p.tensor);
+    order.push_back(p.tensor);
+  }
   std::vector<torch::optim::OptimizerParamGroup> groups;
   if (!decayed.empty()) groups.emplace_back(decayed, options(cfg.weight_decay));
   if (!plain.empty()) groups.emplace_back(plain, options(0.0));
-  return std::make_unique<AdamW>(std::move(groups), *options(cfg.weight_decay));
+  return std::make_unique<AdamW>(std::move(order), std::move(groups), *options(cfg.weight_decay));
 }
 
 }  // namespace

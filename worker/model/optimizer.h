@@ -4,6 +4,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,6 +26,25 @@ class Optimizer {
   /// Restores saveState()'s bytes into the tensors this optimizer updates (not
   /// copies of them). Throws Error when they do not fit (another optimizer or model).
   virtual void loadState(const std::string& bytes, const at::Device& device) = 0;
+
+  // Note [optimizer state vectors]: the same state, tensor by tensor, as element-wise
+  // vectors (each tensor's, flattened, in the order the optimizer was given its
+  // tensors) and a step count per tensor. A sharded checkpoint (Note [sharded
+  // checkpoint]) moves the state this way, so that any slicing of the tensors can
+  // write it and any other read it. An optimizer with no state for a tensor yet
+  // (before its first step) reads as zeros and step 0, which is what its first
+  // step would start from.
+
+  /// The vectors each tensor carries: sgd with momentum and lars "momentum",
+  /// adamw "exp_avg", "exp_avg_sq"; sgd without momentum none.
+  virtual std::vector<std::string> stateNames() const = 0;
+  /// Tensor i's vector k, flattened (numel of tensor i).
+  virtual at::Tensor stateVector(std::size_t i, std::size_t k) = 0;
+  /// Overwrites tensor i's vector k with `values` (numel of tensor i, any device).
+  virtual void setStateVector(std::size_t i, std::size_t k, const at::Tensor& values) = 0;
+  /// Tensor i's step count (adamw's bias correction); 0 where none is kept.
+  virtual int64_t stepCount(std::size_t i) = 0;
+  virtual void setStepCount(std::size_t i, int64_t steps) = 0;
 };
 
 /// A tensor an optimizer updates, and the parameter it is part of: the same

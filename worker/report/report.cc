@@ -106,6 +106,7 @@ nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const Trai
                            {"warmup_steps", plan.warmup_steps},
                            {"schedule", toString(plan.schedule)},
                            {"precision", toString(cfg.train.precision)},
+                           {"shard", toString(cfg.dist.shard)},
                            {"epochs", r.epochs},
                            {"steps", r.steps},
                            {"samples", r.samples},

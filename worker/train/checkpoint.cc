@@ -28,6 +28,8 @@
 #include "worker/model/model.h"
 #include "worker/model/optimizer.h"
 #include "worker/model/precision.h"
+#include "worker/train/sharded_checkpoint.h"
+#include "worker/train/sharded_optimizer.h"
 
 namespace batchdist::worker {
 namespace fs = std::filesystem;
@@ -49,6 +51,8 @@ std::string checkpointName(int64_t step) {
 
 namespace {
 
+// Format 5: under dist.shard: optimizer, optimizer_state.bin and the manifest's
+// "optimizer_state" instead of optimizer.pt (Note [sharded checkpoint]).
 // Format 4: the adaptive record's throughput, segments, history and noise entries
 // keyed (worker/train/adapt_record.h); formats 2 and 3's positional ones are still
 // read. Format 3: the history's epochs as keyed objects with the task's metrics
@@ -56,7 +60,7 @@ namespace {
 // eval_accuracy, samples_per_s, seconds] is still read. Format 2: rng.pt as
 // generator records (Note [rng records]) and the manifest's "rng"; format 1 (a
 // torch archive of CPU generators) is still read.
-constexpr int kFormat = 4;
+constexpr int kFormat = 5;
 constexpr int kOldestFormat = 1;
 constexpr std::uintmax_t kMaxCheckpointFile = std::uintmax_t{1} << 40;
 
@@ -172,6 +176,13 @@ class StreamedFile {
   std::size_t bytes_ = 0;
   uint64_t hash_ = fnv1a64(nullptr, 0);
 };
+
+constexpr char kStateFile[] = "optimizer_state.bin";  // Note [sharded checkpoint]
+
+/// A streamed file's entry in the manifest's "files".
+nlohmann::ordered_json fileEntry(const std::string& name, const StreamedFile& f) {
+  return {{"name", name}, {"bytes", f.bytes()}, {"fnv1a64", hex(f.hash())}};
+}
 
 constexpr char kRngMagic[8] = {'b', 'd', 'r', 'n', 'g', '0', '0', '2'};
 constexpr int64_t kRngHeaderBytes = 32;  // magic, ranks, CPU state bytes, CUDA state bytes
@@ -309,24 +320,42 @@ CheckpointRecord Checkpointer::save(const TrainState& state, const TrainPosition
       error = e.what();
     }
   }
-  // Collective: every rank's generators, streamed into rank 0's rng.pt (Note
-  // [rng records]). A write that failed stops writing, not the collectives.
-  const RngLayout rng = gatherRng(comm_, state.device, rng_chunk_bytes_,
-                                  [&](const char* data, std::size_t n) {
-                                    if (!error.empty()) return;
-                                    try {
-                                      rng_file.write(data, n);
-                                    } catch (const std::exception& e) {
-                                      error = e.what();
-                                    }
-                                  });
+  // A write that failed stops writing, not the collectives.
+  const auto into = [&error](StreamedFile& file) {
+    return [&error, f = &file](const char* data, std::size_t n) {
+      if (!error.empty()) return;
+      try {
+        f->write(data, n);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    };
+  };
+  // Collective: every rank's generators, streamed into rank 0's rng.pt (Note [rng records]).
+  const RngLayout rng = gatherRng(comm_, state.device, rng_chunk_bytes_, into(rng_file));
+  // Collective: a sharded optimizer's state, streamed alike (Note [sharded checkpoint]).
+  nlohmann::ordered_json opt_state;
+  StreamedFile state_file;
+  if (auto* sharded = dynamic_cast<ShardedOptimizer*>(state.optimizer)) {
+    if (root && error.empty()) {
+      try {
+        state_file.open((fs::path(tmp) / kStateFile).string());
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+    opt_state = gatherShardedState(*sharded, comm_, state_chunk_bytes_, into(state_file));
+  }
   if (root && error.empty()) {
     try {
       rng_file.finish();
-      rec.bytes = writeInto(tmp, state, pos, rng.json(),
-                            {{"name", "rng.pt"}, {"bytes", rng_file.bytes()},
-                             {"fnv1a64", hex(rng_file.hash())}},
-                            rec.path);
+      auto written = nlohmann::ordered_json::array({fileEntry("rng.pt", rng_file)});
+      if (!opt_state.is_null()) {
+        state_file.finish();
+        written.push_back(fileEntry(kStateFile, state_file));
+        opt_state["file"] = kStateFile;
+      }
+      rec.bytes = writeInto(tmp, state, pos, rng.json(), written, opt_state, rec.path);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -371,12 +400,13 @@ std::string Checkpointer::makeTemporary(int64_t step) const {
 
 int64_t Checkpointer::writeInto(const std::string& tmp, const TrainState& state,
                                 const TrainPosition& pos, const nlohmann::ordered_json& rng,
-                                const nlohmann::ordered_json& rng_file,
+                                const nlohmann::ordered_json& written,
+                                const nlohmann::ordered_json& opt_state,
                                 const std::string& final_path) {
   const std::string name = checkpointName(pos.global_step);
-  const std::vector<std::pair<std::string, std::string>> files = {
-      {"model.pt", modelBytes(*state.model)},
-      {"optimizer.pt", state.optimizer->saveState()}};
+  std::vector<std::pair<std::string, std::string>> files = {{"model.pt", modelBytes(*state.model)}};
+  // Note [sharded checkpoint]: a sharded state is in optimizer_state.bin already.
+  if (opt_state.is_null()) files.emplace_back("optimizer.pt", state.optimizer->saveState());
   const Plan& p = id_.plan;
   // An adaptive run's plan is plan0 (Note [adaptive checkpoint]): its epoch, place
   // in the epoch and next lr are the adapt record's.
@@ -407,13 +437,15 @@ int64_t Checkpointer::writeInto(const std::string& tmp, const TrainState& state,
       {"buffers", namesOf(state.model->namedBuffers())},
       {"rng", rng}};
   if (!pos.adapt.is_null()) m["adapt"] = pos.adapt;
+  if (!opt_state.is_null()) m["optimizer_state"] = opt_state;
   if (state.scaler) {
     m["loss_scaler"] = {{"scale", state.scaler->scale()},
                         {"tracker", state.scaler->growthTracker()},
                         {"skipped", state.scaler->skippedSteps()}};
   }
-  int64_t bytes = rng_file["bytes"].get<int64_t>();
-  auto list = nlohmann::ordered_json::array({rng_file});  // written already (Note [rng records])
+  int64_t bytes = 0;
+  auto list = written;  // rng.pt (Note [rng records]), optimizer_state.bin
+  for (const auto& f : written) bytes += f["bytes"].get<int64_t>();
   for (const auto& [file, data] : files) {
     writeSynced((fs::path(tmp) / file).string(), data);
     list.push_back({{"name", file}, {"bytes", data.size()}, {"fnv1a64", hashOf(data)}});
@@ -654,13 +686,34 @@ void restoreRngRecord(const std::string& dir, const nlohmann::ordered_json& layo
 
 }  // namespace
 
+namespace {
+
+/// The optimizer's state from optimizer.pt (an unsharded run's) or
+/// optimizer_state.bin (a sharded run's), into a sharded or a whole optimizer
+/// (Note [sharded checkpoint]).
+void restoreOptimizer(const CheckpointCheck& ckpt, const TrainState& state) {
+  auto* sharded = dynamic_cast<ShardedOptimizer*>(state.optimizer);
+  const auto& m = ckpt.manifest;
+  if (m.contains("optimizer_state")) {
+    restoreFlatState((fs::path(ckpt.path) / kStateFile).string(), m["optimizer_state"],
+                     *state.optimizer, sharded, state.model->trainableParameters());
+    return;
+  }
+  const auto bytes = readFileBounded((fs::path(ckpt.path) / "optimizer.pt").string(),
+                                     kMaxCheckpointFile, "checkpoint file");
+  if (sharded) {
+    restoreWholeIntoSharded(bytes, *sharded, state.device);
+  } else {
+    state.optimizer->loadState(bytes, state.device);
+  }
+}
+
+}  // namespace
+
 void restoreState(const CheckpointCheck& ckpt, const TrainState& state, int rank, int world) {
   const auto& m = ckpt.manifest;
   restoreModel(ckpt.path, m, *state.model, state.device);
-  state.optimizer->loadState(
-      readFileBounded((fs::path(ckpt.path) / "optimizer.pt").string(), kMaxCheckpointFile,
-                      "checkpoint file"),
-      state.device);
+  restoreOptimizer(ckpt, state);
   if (state.scaler && m.contains("loss_scaler")) {
     const auto& s = m["loss_scaler"];
     state.scaler->restore(s["scale"].get<double>(), s["tracker"].get<int64_t>(),

@@ -8,7 +8,9 @@
 //                 same on every rank, except BatchNorm running statistics, which
 //                 evaluation takes from rank 0 anyway)
 //   optimizer.pt  the optimizer's state (SGD momentum, Adam moments and step
-//                 counts, LARS momentum), restored into the optimizer's own tensors
+//                 counts, LARS momentum), restored into the optimizer's own tensors;
+//                 under dist.shard: optimizer optimizer_state.bin instead, written
+//                 by slices (Note [sharded checkpoint])
 //   rng.pt        every rank's CPU generator (dropout) and, on GPUs, its CUDA
 //                 generator (Note [cuda rng] in common/device_compat.h), as
 //                 records (Note [rng records]); restored only when the world size
@@ -136,16 +138,19 @@ class Checkpointer {
   /// rng.pt is gathered to rank 0 in pieces of at most this many bytes (Note
   /// [rng records]); 1 MiB unless a test asks for less.
   void setRngChunkBytes(std::size_t bytes) { rng_chunk_bytes_ = bytes; }
+  /// A sharded optimizer's state likewise (Note [sharded checkpoint]); 16 MiB.
+  void setStateChunkBytes(std::size_t bytes) { state_chunk_bytes_ = bytes; }
 
  private:
   /// Rank 0: a fresh DIR/.tmp-step-NNNNNNNN-PID.
   std::string makeTemporary(int64_t step) const;
-  /// Every other file into `tmp` (rng.pt is there already: `rng_file` is its
-  /// manifest entry, `rng` what it holds), fsynced; the rename; `latest`.
-  /// Returns the bytes written.
+  /// Every other file into `tmp` (rng.pt and a sharded optimizer_state.bin are
+  /// there already: `written` are their manifest entries, `rng` and `opt_state`
+  /// what they hold, `opt_state` null when the optimizer is whole), fsynced; the
+  /// rename; `latest`. Returns the bytes written.
   int64_t writeInto(const std::string& tmp, const TrainState& state, const TrainPosition& pos,
-                    const nlohmann::ordered_json& rng, const nlohmann::ordered_json& rng_file,
-                    const std::string& final_path);
+                    const nlohmann::ordered_json& rng, const nlohmann::ordered_json& written,
+                    const nlohmann::ordered_json& opt_state, const std::string& final_path);
   void prune(int64_t written_step, Console& console) const;
 
   CheckpointConfig cfg_;
@@ -155,6 +160,7 @@ class Checkpointer {
   CheckpointFault fault_;  ///< Note [fault plan]: where a test kills the write
   double last_write_ = 0;  ///< monotonic seconds of the last write (or the start)
   std::size_t rng_chunk_bytes_ = std::size_t{1} << 20;
+  std::size_t state_chunk_bytes_ = std::size_t{16} << 20;
 };
 
 /// A checkpoint directory checked against its manifest.

@@ -29,7 +29,7 @@ void checkOneDtype(const std::vector<at::Tensor>& params) {
 
 ShardedOptimizer::ShardedOptimizer(const OptimConfig& cfg, collective::Communicator& comm,
                                    std::vector<at::Tensor> params)
-    : comm_(comm), params_(std::move(params)),
+    : cfg_(cfg), comm_(comm), params_(std::move(params)),
       layout_(makeShardLayout(numelsOf(params_), comm.size())) {
   if (params_.empty()) throw ConfigError("dist.shard: optimizer: the model has no trainable parameters");
   checkOneDtype(params_);

@@ -43,15 +43,29 @@ class ShardedOptimizer : public Optimizer {
   void step(double lr) override;
   void zeroGrad() override;
   std::string saveState() override;
+  /// A sharded state is not one rank's bytes: Note [sharded checkpoint] writes and
+  /// reads it. These two throw Error, naming that.
   void loadState(const std::string& bytes, const at::Device& device) override;
+  // Note [optimizer state vectors] over this rank's pieces (i: a piece).
+  std::vector<std::string> stateNames() const override { return inner_->stateNames(); }
+  at::Tensor stateVector(std::size_t i, std::size_t k) override { return inner_->stateVector(i, k); }
+  void setStateVector(std::size_t i, std::size_t k, const at::Tensor& values) override {
+    inner_->setStateVector(i, k, values);
+  }
+  int64_t stepCount(std::size_t i) override { return inner_->stepCount(i); }
+  void setStepCount(std::size_t i, int64_t steps) override { inner_->setStepCount(i, steps); }
 
   const ShardLayout& layout() const { return layout_; }
   /// This rank's pieces, in flat order (Note [shard layout]).
   const std::vector<ShardPiece>& pieces() const { return pieces_; }
-  /// The optimizer over this rank's pieces.
-  Optimizer& inner() { return *inner_; }
+  /// The trainable parameters, in order.
+  const std::vector<at::Tensor>& params() const { return params_; }
+  /// An unsharded optimizer of the same config over the same parameters (to read
+  /// an unsharded checkpoint's state: Note [sharded checkpoint]).
+  std::unique_ptr<Optimizer> makeWhole() const { return makeOptimizer(cfg_, params_); }
 
  private:
+  OptimConfig cfg_;
   collective::Communicator& comm_;
   std::vector<at::Tensor> params_;
   ShardLayout layout_;

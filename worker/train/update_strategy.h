@@ -29,24 +29,23 @@ namespace batchdist::worker {
 /// lossScale() before backward, lastNorms() and lastSkewSeconds() after the sum,
 /// optimizer() and scaler() for checkpoints, clipFigures() for the report.
 ///
-/// One strategy today, plain data parallel (makeUpdateStrategy): the sum is an
-/// allreduce, so every rank holds the whole summed gradient and the whole
-/// optimizer state and takes the same step. A sharded strategy (dist.shard:
-/// optimizer | gradients, ZeRO-1/2; not built yet) differs at each call:
+/// Plain data parallel (makeUpdateStrategy): the sum is an allreduce, so every
+/// rank holds the whole summed gradient; the optimizer is whole, or under
+/// dist.shard: optimizer (ZeRO-1) a ShardedOptimizer (Note [sharded optimizer])
+/// that steps this rank's slice and all-gathers the parameters; the readers of
+/// the gradient are unchanged. A strategy that shards the gradients too
+/// (dist.shard: gradients, ZeRO-2; not built yet) differs at each call:
 ///  - sumGradients(): a reduce-scatter (Communicator::reduceScatter, Note [flat
 ///    collectives]) instead of the allreduce: rank r receives the sum of its 1/W
 ///    slice of the flat gradient only. The tail of Note [side channel] (the step's
 ///    wishes, this rank's |g|^2) is then copied into every rank's chunk of the last
 ///    bucket, so each rank receives the summed tail in its own slice: still no
-///    extra collective. Under `gradients` (ZeRO-2) a bucket's memory outside the
-///    slice is released once it is reduced; under `optimizer` (ZeRO-1) the whole
-///    gradient buffer stays.
+///    extra collective. A bucket's memory outside the slice is released once it
+///    is reduced.
 ///  - zeroGrad(), dropGrad(), beforeBackward(), backwardFailed(): the same
 ///    contract (a failed rank still sends zeros, in the same order).
-///  - step(lr): the optimizer holds the state (momentum, Adam's moments) of its
-///    1/W slice of the parameters only and steps that slice; then every rank
-///    all-gathers the updated parameters (Communicator::allgatherInto), so each
-///    holds the whole model for the next forward, the health check and evaluation.
+///  - step(lr): as ZeRO-1's (the sharded optimizer steps this rank's slice, then
+///    the all-gather), with the slice's gradient taken from the reduce-scatter.
 ///  - the readers of the whole gradient each sum over every parameter, of which a
 ///    rank now holds 1/W: each needs one small allreduce of its partial sums (one
 ///    scalar, or one per layer), and the four can share one allreduce per step:
@@ -57,11 +56,8 @@ namespace batchdist::worker {
 ///    from the strategy rather than computing them on its slice), and the noise
 ///    scale's |sum_r g_r|^2 (Note [gradient norms]; the local |g_r|^2 is taken
 ///    before the sum, as today).
-///  - optimizer(): here the whole state, which rank 0 alone writes into a
-///    checkpoint; a sharded strategy gathers its slices to rank 0 first (a
-///    collective every rank joins: the checkpoint then asks the strategy on every
-///    rank, not rank 0's Optimizer), or writes one file per rank with the slices'
-///    layout in the manifest and re-slices on a resume at another world size.
+///  - optimizer(): the ShardedOptimizer, whose checkpoint is ZeRO-1's (Note
+///    [sharded checkpoint]).
 /// The one-rank micro-batch noise (Note [gradient noise scale]: at W = 1 the slice
 /// is the whole gradient) and the health check (after the all-gather every rank
 /// holds every parameter): unchanged.
