@@ -20,7 +20,8 @@ namespace {
 
 constexpr int64_t kSteps = 12;
 
-Config oomConfig(bool bn, bool overlap, int64_t recover_after = 0, bool sync_bn = false) {
+Config oomConfig(bool bn, bool overlap, int64_t recover_after = 0, bool sync_bn = false,
+                 const std::string& shard = "none") {
   const int P = mpitest::worldSize();
   return parseConfig(
       "model: {name: mlp, hidden: [32, 16], batchnorm: " + std::string(bn ? "true" : "false") +
@@ -31,7 +32,8 @@ Config oomConfig(bool bn, bool overlap, int64_t recover_after = 0, bool sync_bn 
           "train: {seed: 5, epochs: 1, max_steps: " + std::to_string(kSteps) +
           ", oom_recover_after_steps: " + std::to_string(recover_after) + "}\n"
           // 1 KB buckets: one layer each, so buckets leave during backward, before the failure.
-          "dist: {bucket_mb: 0.001, overlap: " + (overlap ? "true" : "false") + "}\n",
+          "dist: {bucket_mb: 0.001, overlap: " + (overlap ? "true" : "false") + ", shard: " +
+          shard + "}\n",
       "oom.yaml");
 }
 
@@ -121,6 +123,25 @@ TEST(OomBackoff, InjectedFailureRedoesTheStepAsHalfTheBatchTwiceAccumulated) {
                 "max |diff| = %.3g\n", mpitest::worldSize(), overlap, diff);
     EXPECT_EQ(diff, 0.0);
   }
+}
+
+// Note [sharded optimizer]: the back-off drops the failed step's gradients before
+// any optimizer sees them, so under dist.shard: optimizer it is the unsharded
+// back-off, step for step: the same split afterwards and the same weights.
+TEST(OomBackoff, UnderShardedOptimizerStateTheBackOffIsTheUnshardedOne) {
+  const auto sharded = trainWithFaults(
+      oomConfig(/*bn=*/true, /*overlap=*/true, 0, false, "optimizer"), last() + ":5");
+  const auto plain = trainWithFaults(oomConfig(/*bn=*/true, /*overlap=*/true), last() + ":5");
+  if (mpitest::worldRank() != 0) return;
+  ASSERT_EQ(sharded.result.oom_backoffs.size(), 1u);
+  EXPECT_EQ(sharded.result.oom_backoffs[0].step, 5);
+  EXPECT_EQ(sharded.plan.per_gpu, 4);
+  EXPECT_EQ(sharded.plan.accum, 2);
+  EXPECT_TRUE(sharded.result.completed);
+  const double diff = (sharded.state - plain.state).abs().max().item<double>();
+  std::printf("[ oom ] W=%d dist.shard: optimizer vs none, back-off at step 5: max |diff| = %.3g\n",
+              mpitest::worldSize(), diff);
+  EXPECT_LE(diff, 1e-6 * plain.state.abs().max().item<double>());
 }
 
 // Without BatchNorm the split does not matter (Note [loss normalisation]): the

@@ -8,8 +8,11 @@
 #include <vector>
 
 #include "common/error.h"
+#include "tests/gpt_fixtures.h"
 #include "tests/thread_ranks.h"
 #include "worker/config/config.h"
+#include "worker/model/optimizer.h"
+#include "worker/search/cache.h"
 #include "worker/train/shard_layout.h"
 #include "worker/train/sharded_optimizer.h"
 
@@ -100,6 +103,20 @@ TEST(ShardConfig, GradientsIsRefusedAsNotBuiltAndATypoListsTheChoices) {
   EXPECT_NE(typo.find("optimizer"), std::string::npos) << typo;
 }
 
+// Sharding changes what fits: a search cached without it is not reused with it,
+// and an unsharded key is the one earlier runs wrote.
+TEST(ShardConfig, SearchCacheKeyIncludesTheShardSetting) {
+  SearchCacheInputs in;
+  in.world = 2;
+  in.device = "cpu";
+  const auto none = searchCacheKey(parseConfig("dist: {shard: none}", "t.yaml"), in);
+  const auto absent = searchCacheKey(parseConfig("model: {name: mlp}", "t.yaml"), in);
+  const auto sharded = searchCacheKey(parseConfig("dist: {shard: optimizer}", "t.yaml"), in);
+  EXPECT_EQ(none, absent);
+  EXPECT_NE(sharded, none);
+  EXPECT_EQ(none.find("shard"), std::string::npos) << none;
+}
+
 // The flat buffer holds one dtype: a model with two is refused by name.
 TEST(ShardedOptimizerAlone, ParametersOfTwoDtypesAreRefused) {
   const auto cfg = parseConfig("optim: {name: sgd, momentum: 0.9}", "test.yaml");
@@ -134,6 +151,45 @@ TEST(ShardedOptimizerAlone, ParametersKeepTheirValuesAndIdentity) {
     opt.step(0.5);
     EXPECT_TRUE(torch::equal(a.detach(), torch::arange(6, torch::kFloat).reshape({2, 3}) - 0.5f));
     EXPECT_TRUE(torch::equal(b.detach(), torch::full({4}, 1.5f)));
+  });
+}
+
+// adamw over a GPT's weights (decayed) and its LayerNorm gains and biases (not)
+// on 3 ranks, pieces straddling both kinds: 5 steps of the same gradients give
+// every rank the whole optimizer's weights, bit for bit.
+TEST(ShardedOptimizerAlone, GptAdamwOnThreeRanksStepsAsTheWholeOptimizer) {
+  const auto cfg = parseConfig("optim: {name: adamw, lr: 0.01, weight_decay: 0.1}", "t.yaml");
+  const auto grads = [](const std::vector<at::Tensor>& params, int step) {
+    auto gen = at::detail::createCPUGenerator(100 + step);
+    for (auto& p : params) p.mutable_grad() = at::randn(p.sizes(), gen);
+  };
+  torch::manual_seed(1);
+  auto whole_model = buildGpt(smallGptShape());
+  const auto whole_params = whole_model->trainableParameters();
+  auto whole = makeOptimizer(cfg.optim, whole_params);
+  for (int s = 0; s < 5; ++s) {
+    grads(whole_params, s);
+    whole->step(0.01);
+  }
+  // The ranks' models are built here: the threads would share the global generator.
+  std::vector<std::unique_ptr<Model>> models;
+  for (int r = 0; r < 3; ++r) {
+    torch::manual_seed(1);
+    models.push_back(buildGpt(smallGptShape()));
+  }
+  testsupport::runRanks(3, [&](collective::Communicator& c) {
+    const auto params = models[static_cast<std::size_t>(c.rank())]->trainableParameters();
+    ShardedOptimizer opt(cfg.optim, c, params);
+    for (int s = 0; s < 5; ++s) {
+      grads(params, s);
+      opt.step(0.01);
+    }
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      EXPECT_TRUE(torch::equal(params[i].detach(), whole_params[i].detach()))
+          << "rank " << c.rank() << " parameter " << i << " (" << params[i].sizes()
+          << "): max |diff| "
+          << (params[i].detach() - whole_params[i].detach()).abs().max().item<double>();
+    }
   });
 }
 

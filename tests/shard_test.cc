@@ -107,10 +107,12 @@ namespace {
 /// Steps [from, to) of `cfg` on the ranks of `comm`: a Trainer that first restores
 /// `resume` (when given) and then, when `save_dir` is not empty, writes a
 /// checkpoint there after step `to` (the sharded state in chunks of `chunk` bytes).
-/// `check` sees the trainer after the restore. Returns the flattened parameters.
+/// `check` sees the trainer after the restore, `after` after the last step.
+/// Returns the flattened parameters.
 torch::Tensor trainFromTo(const Config& cfg, collective::Communicator& comm, int64_t from,
                           int64_t to, const CheckpointCheck* resume, const std::string& save_dir,
-                          const std::function<void(Trainer&)>& check = {}) {
+                          const std::function<void(Trainer&)>& check = {},
+                          const std::function<void(Trainer&)>& after = {}) {
   const auto data = testsupport::loadPlainData(cfg);
   const auto plan = makePlan(cfg, comm.size(), data.train.size(), false);
   Trainer trainer(cfg, comm, data, at::kCPU, plan);
@@ -124,6 +126,7 @@ torch::Tensor trainFromTo(const Config& cfg, collective::Communicator& comm, int
     trainer.loader().start(trainer.jobs(sharder, s, n), epoch, sharder.jobIndex(s));
     for (int64_t i = 0; i < n; ++i, ++g) trainer.trainStep(sharder.realSamples(s + i), plan.lrAt(g));
   }
+  if (after) after(trainer);
   if (!save_dir.empty()) {
     CheckpointIdentity id;
     id.plan = plan;
@@ -225,6 +228,36 @@ TEST(ShardedCheckpoint, AdamwResumesOnEveryWorldSizeShardedOrNot) {
 
 TEST(ShardedCheckpoint, SgdResumesOnEveryWorldSizeShardedOrNot) {
   expectResumesAnywhere("name: sgd, lr: 0.2, momentum: 0.9, weight_decay: 0.001");
+}
+
+// Note [memory by part]: each rank's optimizer holds its slice's state only, K
+// vectors of as many elements as its slice has parameters (rank 0: n = ceil(N/W),
+// at most 1/W + 5 % of the unsharded state); parameters and gradients stay whole.
+TEST(ShardedOptimizer, EachRankHoldsItsSliceOfTheState) {
+  const int P = mpitest::worldSize();
+  mpitest::inGroup(P, [&](collective::Communicator& comm) {
+    UpdateMemory plain, sharded;
+    int64_t filled = 0;
+    const std::string adamw = "name: adamw, lr: 0.01";
+    trainFromTo(shardConfig(adamw, "none"), comm, 0, 3, nullptr, "", {},
+                [&](Trainer& t) { plain = t.update().memory(); });
+    trainFromTo(shardConfig(adamw, "optimizer"), comm, 0, 3, nullptr, "", {}, [&](Trainer& t) {
+      sharded = t.update().memory();
+      filled = shardedOf(t).layout().filled(comm.rank());
+    });
+    constexpr double kMb = 1 << 20;
+    EXPECT_DOUBLE_EQ(plain.optimizer_state_mb * kMb, 2 * 1067 * 4) << "adamw: two moments";
+    EXPECT_DOUBLE_EQ(sharded.optimizer_state_mb * kMb, 2.0 * filled * 4) << "rank " << comm.rank();
+    EXPECT_LE(sharded.optimizer_state_mb, (1.0 / P + 0.05) * plain.optimizer_state_mb);
+    EXPECT_DOUBLE_EQ(sharded.parameters_mb, plain.parameters_mb);
+    EXPECT_DOUBLE_EQ(sharded.gradients_mb, plain.gradients_mb);
+    EXPECT_DOUBLE_EQ(plain.parameters_mb * kMb, 1067 * 4);
+    if (comm.rank() == 0) {
+      std::printf("[ shard ] adamw state on rank 0 of %d: %.0f of %.0f bytes (%.4f; 1/W = %.4f)\n", P,
+                  sharded.optimizer_state_mb * kMb, plain.optimizer_state_mb * kMb,
+                  sharded.optimizer_state_mb / plain.optimizer_state_mb, 1.0 / P);
+    }
+  });
 }
 
 }  // namespace

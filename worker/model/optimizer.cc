@@ -100,6 +100,18 @@ class TorchOptimizer : public Optimizer {
   void setStepCount(std::size_t i, int64_t steps) override {
     if constexpr (!kSgd) ensure(i).step(steps);
   }
+  int64_t stateBytes() override {
+    int64_t bytes = 0;
+    for (std::size_t i = 0; i < tensors_.size(); ++i) {
+      State* st = find(i);
+      if (!st) continue;
+      for (std::size_t k = 0; k < (kSgd ? 1u : 2u); ++k) {
+        const auto& t = vectorOf(*st, k);
+        if (t.defined()) bytes += static_cast<int64_t>(t.nbytes());
+      }
+    }
+    return bytes;
+  }
 
  private:
   State* find(std::size_t i) {
@@ -196,6 +208,11 @@ class Lars : public Optimizer {
   }
   int64_t stepCount(std::size_t) override { return 0; }
   void setStepCount(std::size_t, int64_t) override {}
+  int64_t stateBytes() override {
+    int64_t bytes = 0;
+    for (const auto& m : momentum_) bytes += static_cast<int64_t>(m.nbytes());
+    return bytes;
+  }
 
  private:
   std::vector<torch::Tensor> params_;

@@ -45,6 +45,8 @@ class Optimizer {
   /// Tensor i's step count (adamw's bias correction); 0 where none is kept.
   virtual int64_t stepCount(std::size_t i) = 0;
   virtual void setStepCount(std::size_t i, int64_t steps) = 0;
+  /// Bytes of the state this optimizer holds now (none before its first step).
+  virtual int64_t stateBytes() = 0;
 };
 
 /// A tensor an optimizer updates, and the parameter it is part of: the same

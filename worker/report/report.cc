@@ -1,5 +1,7 @@
 #include "worker/report/report.h"
 
+#include <algorithm>
+
 #include "common/error.h"
 #include "worker/report/metrics_log.h"
 
@@ -167,9 +169,15 @@ nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const Trai
     for (const auto& e : d.first_errors) first.push_back({{"file", e.where}, {"reason", e.reason}});
     o["data_errors"] = {{"count", d.errors}, {"first", first}};
   }
+  // Note [memory by part]: rank 0's; "rest" is the peak less the three parts.
+  const auto& um = r.update_memory;
   o["memory"] = {{"peak_mb", r.peak_memory_mb},
                  {"total_mb", r.memory_total_mb},
-                 {"gpu_utilization", r.gpu_utilization}};
+                 {"gpu_utilization", r.gpu_utilization},
+                 {"parameters_mb", um.parameters_mb},
+                 {"gradients_mb", um.gradients_mb},
+                 {"optimizer_state_mb", um.optimizer_state_mb},
+                 {"rest_mb", std::max(0.0, r.peak_memory_mb - um.fixedMb())}};
   if (cfg.train.precision == Precision::kFp16) {
     o["loss_scaler"] = {{"scale", r.loss_scale}, {"skipped_steps", r.skipped_steps}};
   }

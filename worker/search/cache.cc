@@ -84,6 +84,8 @@ std::string searchCacheKey(const Config& cfg, const SearchCacheInputs& in) {
   key["world"] = in.world;
   key["budgets"] = budgets;
   key["torch"] = compat::torchVersion();
+  // dist.shard changes what fits (Note [sharded optimizer]); unsharded keys as before.
+  if (cfg.dist.shard != Shard::kNone) key["shard"] = toString(cfg.dist.shard);
   // The walk's rules: 2 caps the per-GPU batch under batch.global: auto at
   // batch.adapt_min_steps steps an epoch (a cache from before may hold a larger pick).
   key["rules"] = 2;

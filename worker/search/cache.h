@@ -25,7 +25,8 @@ struct SearchCacheInputs {
 
 /// Everything the result depends on: the resolved model, optim, search and batch
 /// sections (not per_gpu: that is what is searched), data shape and size,
-/// precision, resize, device, world size, every rank's budget and the torch version.
+/// precision, resize, device, world size, every rank's budget, the torch version
+/// and dist.shard.
 std::string searchCacheKey(const Config& cfg, const SearchCacheInputs& in);
 
 /// What readSearchCache found.

@@ -151,6 +151,18 @@ struct GradClipFigures {
   double max_norm = 0;   ///< the largest norm seen
 };
 
+/// Note [memory by part]: what the update strategy holds on this rank, in MB: the
+/// trainable parameters, their gradients (the gradient buckets) and the
+/// optimizer's state (under dist.shard: optimizer this rank's slice only). What a
+/// step uses beyond these (activations, workspace and, on the CPU, the process
+/// itself) is the peak less their sum.
+struct UpdateMemory {
+  double parameters_mb = 0;
+  double gradients_mb = 0;
+  double optimizer_state_mb = 0;
+  double fixedMb() const { return parameters_mb + gradients_mb + optimizer_state_mb; }
+};
+
 struct TrainResult {
   int64_t steps = 0;
   int64_t epochs = 0;
@@ -167,6 +179,7 @@ struct TrainResult {
   TimeBreakdown time;        ///< summed over the run, this rank (rank 0 reports)
   double peak_memory_mb = 0; ///< rank 0: CUDA allocator peak, or on CPU peak resident set
   double memory_total_mb = 0;
+  UpdateMemory update_memory; ///< rank 0's (Note [memory by part])
   double gpu_utilization = -1;  ///< mean NVML utilization in %, -1 if unknown
   int64_t skipped_steps = 0; ///< fp16: steps skipped for inf/NaN gradients
   GradClipFigures grad_clip; ///< optim.clip_grad_norm > 0

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <set>
 #include <utility>
 
 #include "common/error.h"
@@ -13,6 +14,17 @@ std::vector<int64_t> numelsOf(const std::vector<at::Tensor>& params) {
   std::vector<int64_t> out;
   for (const auto& p : params) out.push_back(p.numel());
   return out;
+}
+
+/// A tensor listed twice would take two ranges of the flat buffer and keep one.
+void checkDistinct(const std::vector<at::Tensor>& params) {
+  std::set<const c10::TensorImpl*> seen;
+  for (const auto& p : params) {
+    if (!seen.insert(p.unsafeGetTensorImpl()).second) {
+      throw ConfigError("dist.shard: optimizer: the model lists one parameter tensor twice; "
+                        "use dist.shard: none");
+    }
+  }
 }
 
 void checkOneDtype(const std::vector<at::Tensor>& params) {
@@ -33,6 +45,7 @@ ShardedOptimizer::ShardedOptimizer(const OptimConfig& cfg, collective::Communica
       layout_(makeShardLayout(numelsOf(params_), comm.size())) {
   if (params_.empty()) throw ConfigError("dist.shard: optimizer: the model has no trainable parameters");
   checkOneDtype(params_);
+  checkDistinct(params_);
   torch::NoGradGuard no_grad;
   flat_ = torch::zeros({layout_.slice * layout_.ranks},
                        params_.front().options().requires_grad(false));

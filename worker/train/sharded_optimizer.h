@@ -54,6 +54,7 @@ class ShardedOptimizer : public Optimizer {
   }
   int64_t stepCount(std::size_t i) override { return inner_->stepCount(i); }
   void setStepCount(std::size_t i, int64_t steps) override { inner_->setStepCount(i, steps); }
+  int64_t stateBytes() override { return inner_->stateBytes(); }
 
   const ShardLayout& layout() const { return layout_; }
   /// This rank's pieces, in flat order (Note [shard layout]).

@@ -856,6 +856,7 @@ void Trainer::summarise(TrainResult& result, int64_t global_step, double wall_s,
   result.noise = noiseResult();
   result.data = gatherDataFigures(comm_, *loader_, data_, cfg_.data.cache, device_);
   result.grad_clip = update_->clipFigures();
+  result.update_memory = update_->memory();
   if (const LossScaler* scaler = update_->scaler()) {
     result.skipped_steps = scaler->skippedSteps();
     result.loss_scale = scaler->scale();

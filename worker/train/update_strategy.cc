@@ -34,6 +34,7 @@ class DataParallelUpdate : public UpdateStrategy {
   LossScaler* scaler() override { return scaler_.get(); }
   const GradClipFigures& clipFigures() const override { return clip_; }
   void resetClipFigures() override { clip_ = GradClipFigures(); }
+  UpdateMemory memory() const override;
 
  private:
   /// Note [gradient clipping]: optim.clip_grad_norm on the summed gradient.
@@ -79,6 +80,17 @@ void DataParallelUpdate::clipGradients() {
   if (norm > clip_norm_) ++clip_.clipped;
   clip_.last_norm = norm;
   clip_.max_norm = std::max(clip_.max_norm, norm);
+}
+
+UpdateMemory DataParallelUpdate::memory() const {
+  constexpr double kMb = 1 << 20;
+  UpdateMemory m;
+  for (const auto& p : params_) {
+    m.parameters_mb += static_cast<double>(p.nbytes()) / kMb;
+    if (p.grad().defined()) m.gradients_mb += static_cast<double>(p.grad().nbytes()) / kMb;
+  }
+  m.optimizer_state_mb = static_cast<double>(optimizer_->stateBytes()) / kMb;
+  return m;
 }
 
 }  // namespace

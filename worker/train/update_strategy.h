@@ -101,6 +101,8 @@ class UpdateStrategy {
   /// Note [gradient clipping]'s figures since the last resetClipFigures().
   virtual const GradClipFigures& clipFigures() const = 0;
   virtual void resetClipFigures() = 0;
+  /// What this rank holds for the update (Note [memory by part]).
+  virtual UpdateMemory memory() const = 0;
 };
 
 /// The strategy of `cfg` over the trainable parameters `params` (the same, in the
