@@ -195,10 +195,10 @@ TEST(Trainer, DistributedEvaluationCountsEverySampleOnce) {
 namespace {
 /// Parameters and BatchNorm buffers of rank 0 after `steps` steps of a BN model
 /// with per-GPU batch G / W and no accumulation.
-torch::Tensor trainBn(bool sync, int W, int64_t G, int64_t steps) {
+torch::Tensor trainBn(bool sync, int W, int64_t G, int64_t steps, bool recompute = false) {
   auto cfg = parseConfig(
       "model: {name: mlp, hidden: [32, 16], batchnorm: true, sync_batchnorm: " +
-          std::string(sync ? "true" : "false") +
+          std::string(sync ? "true" : "false") + ", recompute: " + (recompute ? "on" : "off") +
           "}\n"
           "data: {name: synthetic, samples: 600, shape: [12], classes: 5, val_fraction: 0.1}\n"
           "batch: {global: " + std::to_string(G) + ", per_gpu: " + std::to_string(G / W) +
@@ -233,6 +233,27 @@ TEST(SyncBatchNorm, WRanksOfMSamplesMatchOneRankOfWM) {
               static_cast<long long>(G / P), static_cast<long long>(G), d_sync, d_local);
   EXPECT_LT(d_sync, 1e-4);
   EXPECT_GT(d_local, 1e-3);  // the test can tell: per-rank statistics do differ
+}
+
+// Note [recompute replay]: under recompute a SyncBatchNorm layer allreduces its
+// sums in the first pass only and the replay reuses them; weights and running
+// statistics after 8 steps are those without recompute: bitwise on 2 ranks; on 3
+// or more to rounding, since recompute makes a block's gradients ready together,
+// the Reducer's buckets (learned from arrival order) differ, and a ring allreduce
+// of W > 2 sums an element in an order that depends on its place in the bucket.
+TEST(SyncBatchNorm, RecomputeReplaysTheGlobalStatisticsBitwise) {
+  const int P = mpitest::worldSize();
+  const int64_t G = 16 * P;
+  const auto plain = trainBn(true, P, G, 8);
+  const auto recomputed = trainBn(true, P, G, 8, /*recompute=*/true);
+  if (mpitest::worldRank() != 0) return;
+  const double diff = (recomputed - plain).abs().max().item<double>();
+  std::printf("[ syncbn ] W=%d recompute vs not: max |diff| %.3g\n", P, diff);
+  if (P <= 2) {
+    EXPECT_TRUE(torch::equal(recomputed, plain)) << "max |diff| " << diff;
+  } else {
+    EXPECT_LE(diff, 1e-6 * plain.abs().max().item<double>());
+  }
 }
 
 TEST(SyncBatchNorm, LocalScopePausesOneModelAndIsUndoneOnThrow) {

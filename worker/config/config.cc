@@ -693,26 +693,23 @@ void readTask(Context& ctx, const YAML::Node& root, TaskConfig& c) {
 }
 
 /// Note [activation recompute]: model.recompute: on wraps the blocks of the
-/// built-in gpt and mlp; a BatchNorm layer would update its running statistics
-/// twice, and a TorchScript module has no blocks to wrap. Off, the key leaves the
-/// resolved config as it was without it (checkpoints and search cache entries
-/// of earlier runs still match).
+/// built-in gpt, mlp and resnet18/50 (BatchNorm updates its running statistics
+/// once: Note [recompute replay]); the cnn has no blocks, a TorchScript module no
+/// blocks batchdist can wrap. Off, the key leaves the resolved config as it was
+/// without it (checkpoints and search cache entries of earlier runs still match).
 void checkRecompute(Context& ctx, const ModelConfig& c) {
   if (c.recompute == Recompute::kOff) {
     (*ctx.resolved)["model"].erase("recompute");
     return;
   }
-  const bool mlp_bn = c.name == ModelName::kMlp && c.batchnorm;
-  if ((c.name == ModelName::kGpt || c.name == ModelName::kMlp) && !mlp_bn) return;
-  const std::string why =
-      c.name == ModelName::kTorchscript ? "a TorchScript module has no blocks batchdist can wrap"
-      : mlp_bn ? "its BatchNorm layers would update their running statistics twice (set "
-                 "model.batchnorm: false)"
-               : "its BatchNorm layers would update their running statistics twice";
+  if (c.name != ModelName::kCnn && c.name != ModelName::kTorchscript) return;
+  const std::string why = c.name == ModelName::kTorchscript
+                              ? "a TorchScript module has no blocks batchdist can wrap"
+                              : "its convolutions are not grouped into blocks to recompute";
   throw keyError(ctx.from_set.count("model.recompute") ? "--set model.recompute" : ctx.source,
                  "model.recompute",
                  strCat("on is not supported for model.name: ", toString(c.name), ": ", why,
-                        "; it is supported for gpt and for mlp without BatchNorm"));
+                        "; it is supported for gpt, mlp, resnet18 and resnet50"));
 }
 
 void readModel(Context& ctx, const YAML::Node& root, ModelConfig& c) {

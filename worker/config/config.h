@@ -128,7 +128,7 @@ struct ModelConfig {
   std::vector<int64_t> channels{16, 32};    ///< cnn conv widths
   bool batchnorm = true;
   double dropout = 0.0;
-  Recompute recompute = Recompute::kOff;     ///< gpt blocks, mlp layers: Note [activation recompute]
+  Recompute recompute = Recompute::kOff;     ///< gpt/resnet blocks, mlp layers: Note [activation recompute]
   int64_t outputs = 0;                       ///< the head's width (0: from the data: classes, or the targets' k)
   // gpt (Note [gpt] in worker/model/gpt.h); model.dropout above is its dropout.
   int64_t layers = 2;                        ///< transformer blocks

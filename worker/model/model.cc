@@ -74,8 +74,27 @@ struct AllreduceSum : public torch::autograd::Function<AllreduceSum> {
   }
 };
 
+/// Note [recompute replay]: the global sums the first pass allreduced, as
+/// AllreduceSum's output; its gradient is again an allreduce(SUM), as AllreduceSum's.
+struct ReplayedAllreduceSum : public torch::autograd::Function<ReplayedAllreduceSum> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x,
+                               torch::Tensor kept, int64_t comm_ptr) {
+    ctx->saved_data["comm"] = comm_ptr;
+    return kept.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* comm = reinterpret_cast<collective::Communicator*>(ctx->saved_data["comm"].toInt());
+    auto g = grads[0].contiguous().clone();
+    comm->allreduce(g, collective::ReduceOp::kSum);
+    return {g, torch::Tensor(), torch::Tensor()};
+  }
+};
+
 /// BatchNorm over dim 1 of (N, C) or (N, C, H, W) inputs; with `sync`, the batch
 /// statistics of training mode are global over the ranks (Note [sync batchnorm]).
+/// Under recompute, the replay normalises as the first pass did and updates no
+/// running statistics (Note [recompute replay]).
 class BatchNormLayerImpl : public nn::Module {
  public:
   BatchNormLayerImpl(int64_t channels, SyncBatchNorm* sync) : channels_(channels), sync_(sync) {
@@ -88,23 +107,42 @@ class BatchNormLayerImpl : public nn::Module {
   }
 
   torch::Tensor forward(const torch::Tensor& x) {
+    const bool replay = is_training() && recomputePass() == RecomputePass::kReplay;
     if (!is_training() || sync_ == nullptr || !sync_->synchronising()) {
+      if (replay) {  // the batch's statistics, no running ones to update
+        return torch::batch_norm(x, weight_, bias_, {}, {}, /*training=*/true, kMomentum, kEps,
+                                 /*cudnn_enabled=*/true);
+      }
       if (is_training()) num_batches_tracked_.add_(1);
       return torch::batch_norm(x, weight_, bias_, running_mean_, running_var_, is_training(),
                                kMomentum, kEps, /*cudnn_enabled=*/true);
     }
+    return syncForward(x, replay);
+  }
+
+ private:
+  /// Note [sync batchnorm]: the global batch statistics, from one allreduce of
+  /// the per-channel sums (the replay takes the first pass's instead).
+  torch::Tensor syncForward(const torch::Tensor& x, bool replay) {
     std::vector<int64_t> dims{0};
     for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
     const auto xf = x.to(torch::kFloat);
     const double local_n = static_cast<double>(x.numel() / channels_);
     auto packed = torch::cat({xf.sum(dims), (xf * xf).sum(dims),
                               torch::full({1}, local_n, xf.options())});
-    sync_->beforeCollective(packed.numel());  // Note [sync batchnorm failure]
-    auto total = AllreduceSum::apply(packed, reinterpret_cast<int64_t>(&sync_->comm()));
+    const auto comm = reinterpret_cast<int64_t>(&sync_->comm());
+    torch::Tensor total;
+    if (replay) {
+      total = ReplayedAllreduceSum::apply(packed, takeReplayed(), comm);
+    } else {
+      sync_->beforeCollective(packed.numel());  // Note [sync batchnorm failure]
+      total = AllreduceSum::apply(packed, comm);
+      keepForReplay(total);  // under recompute's first pass only
+    }
     const auto n = total.narrow(0, 2 * channels_, 1);
     const auto mean = total.narrow(0, 0, channels_) / n;
     const auto var = (total.narrow(0, channels_, channels_) / n - mean * mean).clamp_min(0);
-    {
+    if (!replay) {
       torch::NoGradGuard no_grad;
       const double count = n.item<double>();
       running_mean_.mul_(1 - kMomentum).add_(mean.detach(), kMomentum);
@@ -119,7 +157,6 @@ class BatchNormLayerImpl : public nn::Module {
     return y.to(x.scalar_type());
   }
 
- private:
   static constexpr double kMomentum = 0.1;
   static constexpr double kEps = 1e-5;
   int64_t channels_;
@@ -201,7 +238,8 @@ class ResNetImpl : public nn::Module {
   }
 
   ResNetImpl(bool bottleneck, std::vector<int64_t> layers, int64_t in_ch, int64_t classes,
-             bool imagenet_stem, SyncBatchNorm* comm) {
+             bool imagenet_stem, SyncBatchNorm* comm, bool recompute = false)
+      : recompute_(recompute) {
     stem_ = register_module("stem", nn::Sequential());
     if (imagenet_stem) {
       stem_->push_back(conv(in_ch, 64, 7, 2, 3));
@@ -223,12 +261,23 @@ class ResNetImpl : public nn::Module {
 
   torch::Tensor forward(torch::Tensor x) {
     x = stem_->forward(x);
-    for (auto& s : stages_) x = s->forward(x);
+    for (auto& s : stages_) {
+      if (!recompute_) {
+        x = s->forward(x);
+        continue;
+      }
+      // Note [activation recompute]: each residual block keeps only its input.
+      for (auto& block : *s) {
+        auto run = [block](const torch::Tensor& in) mutable { return block.forward(in); };
+        x = recomputed(run, x, block.ptr()->parameters());
+      }
+    }
     x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
     return fc_(x);
   }
 
  private:
+  bool recompute_;
   nn::Sequential stem_{nullptr};
   std::vector<nn::Sequential> stages_;
   nn::Linear fc_{nullptr};
@@ -269,8 +318,8 @@ class NnModel : public NnModuleModel {
 /// model.recompute: on. The head runs as it is: it keeps only its input anyway.
 class MlpModel : public NnModel<nn::Sequential> {
  public:
-  MlpModel(const nn::Sequential& net, bool recompute)
-      : NnModel<nn::Sequential>(net, "mlp", nullptr), net_(net), recompute_(recompute) {
+  MlpModel(const nn::Sequential& net, bool recompute, std::shared_ptr<SyncBatchNorm> sync)
+      : NnModel<nn::Sequential>(net, "mlp", std::move(sync)), net_(net), recompute_(recompute) {
     // Groups over the same modules (not registered in net_: the names stay
     // net_'s). A Linear after another Linear of the group starts the next one.
     bool has_linear = false;
@@ -473,9 +522,9 @@ std::unique_ptr<Model> checkedGpt(std::unique_ptr<Model> model, const std::vecto
 /// guards other callers of buildModel.
 void checkRecomputeSupported(const ModelConfig& cfg) {
   if (cfg.recompute == Recompute::kOn &&
-      !(cfg.name == ModelName::kGpt || (cfg.name == ModelName::kMlp && !cfg.batchnorm))) {
+      (cfg.name == ModelName::kCnn || cfg.name == ModelName::kTorchscript)) {
     throw ConfigError(strCat("model.recompute: on is not supported for model.name: ",
-                             toString(cfg.name), "; it is for gpt, and mlp without BatchNorm"));
+                             toString(cfg.name), "; it is for gpt, mlp, resnet18 and resnet50"));
   }
 }
 
@@ -554,7 +603,7 @@ std::unique_ptr<Model> buildModel(const ModelConfig& cfg, const std::vector<int6
     }
     net->push_back(nn::Linear(in, classes));
     if (cfg.recompute == Recompute::kOn) {
-      return checked(std::make_unique<MlpModel>(net, true), shape, classes, "model.name: mlp");
+      return checked(std::make_unique<MlpModel>(net, true, shared), shape, classes, "model.name: mlp");
     }
     return checked(std::make_unique<NnModel<nn::Sequential>>(net, "mlp", shared), shape, classes,
                    "model.name: mlp");
@@ -567,7 +616,8 @@ std::unique_ptr<Model> buildModel(const ModelConfig& cfg, const std::vector<int6
   if (cfg.name == ModelName::kResnet18 || cfg.name == ModelName::kResnet50) {
     const bool deep = cfg.name == ModelName::kResnet50;
     ResNet net(deep, deep ? std::vector<int64_t>{3, 4, 6, 3} : std::vector<int64_t>{2, 2, 2, 2},
-               shape[0], classes, cfg.stem == ResnetStem::kImagenet, sync);
+               shape[0], classes, cfg.stem == ResnetStem::kImagenet, sync,
+               cfg.recompute == Recompute::kOn);
     const std::string name = toString(cfg.name);
     return checked(std::make_unique<NnModel<ResNet>>(
                        net, strCat(name, " (", toString(cfg.stem), " stem)"), shared),

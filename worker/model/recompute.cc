@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "common/device_compat.h"
+#include "common/error.h"
 
 namespace batchdist::worker {
 
@@ -39,6 +40,31 @@ struct RecomputeState : torch::CustomClassHolder {
   bool autocast = false;
   at::ScalarType autocast_dtype = at::kBFloat16;
   bool input_requires_grad = false;
+  std::vector<at::Tensor> kept;  ///< Note [recompute replay]: what the first pass kept
+  std::size_t next_kept = 0;     ///< the replay's place in `kept`
+};
+
+/// Note [recompute replay]: the pass of the block running on this thread.
+thread_local RecomputePass t_pass = RecomputePass::kNone;
+thread_local RecomputeState* t_state = nullptr;
+
+/// Sets this thread's pass and state for a scope, and restores what was there.
+class PassScope {
+ public:
+  PassScope(RecomputePass pass, RecomputeState* state) : pass_(t_pass), state_(t_state) {
+    t_pass = pass;
+    t_state = state;
+  }
+  ~PassScope() {
+    t_pass = pass_;
+    t_state = state_;
+  }
+  PassScope(const PassScope&) = delete;
+  PassScope& operator=(const PassScope&) = delete;
+
+ private:
+  RecomputePass pass_;
+  RecomputeState* state_;
 };
 
 /// For the recompute's span: the random state and autocast as they were at the
@@ -84,7 +110,11 @@ struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
     state->autocast = compat::autocastEnabled(x.device().type());
     state->autocast_dtype = compat::autocastDtype(x.device().type());
     state->input_requires_grad = x.requires_grad();
-    auto y = state->block(x);
+    at::Tensor y;
+    {
+      PassScope pass(RecomputePass::kFirst, state.get());
+      y = state->block(x);
+    }
     ctx->save_for_backward({x});
     ctx->saved_data["state"] = c10::IValue::make_capsule(std::move(state));
     return y;
@@ -92,7 +122,7 @@ struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto holder = ctx->saved_data["state"].toCapsule();
-    const auto& state = *static_cast<RecomputeState*>(holder.get());
+    auto& state = *static_cast<RecomputeState*>(holder.get());
     const auto saved = ctx->get_saved_variables();
     if (!grads[0].defined()) return variable_list(state.params.size() + 2);
     variable_list inputs;
@@ -103,6 +133,8 @@ struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
     {
       ForwardConditions conditions(state);
       torch::AutoGradMode grad_mode(true);
+      PassScope pass(RecomputePass::kReplay, &state);
+      state.next_kept = 0;
       y = state.block(x);
     }
     auto computed = torch::autograd::grad({y}, inputs, {grads[0]}, /*retain_graph=*/false,
@@ -117,6 +149,21 @@ struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
 };
 
 }  // namespace
+
+RecomputePass recomputePass() { return t_pass; }
+
+void keepForReplay(const at::Tensor& t) {
+  if (t_pass == RecomputePass::kFirst && t_state != nullptr) t_state->kept.push_back(t.detach());
+}
+
+at::Tensor takeReplayed() {
+  if (t_pass != RecomputePass::kReplay || t_state == nullptr ||
+      t_state->next_kept >= t_state->kept.size()) {
+    throw Error("activation recompute: the replay of a block asked for a value its first pass "
+                "did not keep (the two passes took different paths)");
+  }
+  return t_state->kept[t_state->next_kept++];
+}
 
 at::Tensor recomputed(const BlockForward& block, const at::Tensor& x,
                       const std::vector<at::Tensor>& params) {

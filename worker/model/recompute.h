@@ -37,13 +37,35 @@ namespace batchdist::worker {
 ///    recompute and backward end (the Reducer learns the order from the first
 ///    step, as without recompute). It also makes the first MLP layer, whose input is data
 ///    that needs no gradient, take part in backward.
-///  - Not for BatchNorm (a second forward would update its running statistics
-///    twice) nor TorchScript modules (no blocks to wrap): the config refuses
-///    model.recompute: on for them (resnet18/50, cnn, torchscript, and mlp with
-///    model.batchnorm).
+///  - BatchNorm (resnet18/50's blocks, mlp with model.batchnorm) sees which pass
+///    it is in (Note [recompute replay]): the replay normalises with the batch's
+///    statistics as the first pass did, but leaves the running statistics (and
+///    the batch count) alone, so they are updated once per step, as without
+///    recompute; SyncBatchNorm's replay reuses the global sums the first pass
+///    allreduced instead of allreducing again, so no collective runs out of
+///    step (its backward's allreduce runs once, as without recompute).
+///  - Not for TorchScript modules (no blocks to wrap) nor the cnn (its layers
+///    are not blocks): the config refuses model.recompute: on for them.
 ///  - Without grad mode (evaluation, the config's sample forward) the block
 ///    runs as it is.
 using BlockForward = std::function<at::Tensor(const at::Tensor&)>;
+
+/// Note [recompute replay]: which pass of a recomputed block is running on this
+/// thread: none (no recompute, or outside a block), the first (the forward,
+/// without autograd) or the replay (its forward again, in backward). A layer
+/// whose forward has a side effect (BatchNorm's running statistics) or a
+/// collective (SyncBatchNorm's sums) does it in the first pass only, keeping
+/// what the replay needs with keepForReplay(); the replay takes the same values
+/// back, in the same order, with takeReplayed(). What is kept lives with the
+/// block's autograd node, so a step whose backward never runs (an out-of-memory
+/// back-off) drops it with its graph.
+enum class RecomputePass { kNone, kFirst, kReplay };
+RecomputePass recomputePass();
+/// In the first pass: keeps `t` for the replay.
+void keepForReplay(const at::Tensor& t);
+/// In the replay: the next tensor the first pass kept (throws Error when there is
+/// none: the two passes took different paths).
+at::Tensor takeReplayed();
 
 /// `block(x)` under Note [activation recompute]. `params` are the parameters
 /// `block` uses (those that do not require grad are passed over).
