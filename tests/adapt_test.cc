@@ -8,6 +8,7 @@
 #include <random>
 
 #include "common/error.h"
+#include "tests/config_errors.h"
 #include "worker/config/config.h"
 #include "worker/plan/adapt.h"
 #include "worker/train/adapt_record.h"
@@ -16,17 +17,9 @@
 
 using batchdist::ConfigError;
 using namespace batchdist::worker;
+using batchdist::testsupport::configError;
 
 namespace {
-
-std::string configErrorOf(const std::string& yaml) {
-  try {
-    parseConfig(yaml, "test.yaml");
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
 
 /// The ConfigError of adaptSpace() for `yaml` on `world` ranks and `n` samples.
 std::string spaceErrorOf(const std::string& yaml, int64_t world, int64_t n,
@@ -722,42 +715,42 @@ TEST(AdaptConfig, ReadsTheKeysAndDefaults) {
 }
 
 TEST(AdaptConfig, ErrorsNameTheKeyTheValueAndTheFix) {
-  auto msg = configErrorOf("batch: {global: auto, adapt: goodput}\n");
+  auto msg = configError("batch: {global: auto, adapt: goodput}\n");
   EXPECT_TRUE(contains(msg, "test.yaml: batch.adapt: goodput starts from batch.global")) << msg;
   EXPECT_TRUE(contains(msg, "batch.global is auto; set batch.global")) << msg;
-  msg = configErrorOf("batch: {per_gpu: auto, adapt: goodput}\n");
+  msg = configError("batch: {per_gpu: auto, adapt: goodput}\n");
   EXPECT_TRUE(contains(msg, "batch.global is not given")) << msg;
-  msg = configErrorOf("batch: {global: 256, adapt: goodput, adapt_max: 128}\n");
+  msg = configError("batch: {global: 256, adapt: goodput, adapt_max: 128}\n");
   EXPECT_TRUE(contains(msg, "test.yaml: batch.adapt_max: 128 is not above batch.global (256)")) << msg;
   EXPECT_TRUE(contains(msg, "0 means 16 x batch.global = 4096")) << msg;
-  msg = configErrorOf("batch: {global: 256, adapt: goodput, last_batch: keep}\n"
+  msg = configError("batch: {global: 256, adapt: goodput, last_batch: keep}\n"
                       "model: {batchnorm: false}\n");
   EXPECT_TRUE(contains(msg, "batch.last_batch: keep cannot be used with batch.adapt: goodput")) << msg;
   EXPECT_TRUE(contains(msg, "use drop or pad")) << msg;
-  msg = configErrorOf("batch: {global: 256, adapt: goodput}\ntrain: {noise_scale: false}\n");
+  msg = configError("batch: {global: 256, adapt: goodput}\ntrain: {noise_scale: false}\n");
   EXPECT_TRUE(contains(msg, "train.noise_scale: false, but batch.adapt: goodput")) << msg;
-  msg = configErrorOf("batch: {global: 256, adapt: godput}\n");
+  msg = configError("batch: {global: 256, adapt: godput}\n");
   EXPECT_TRUE(contains(msg, "did you mean 'goodput'")) << msg;
-  msg = configErrorOf("batch: {global: 256, adapt: goodput, adapt_gain: sqrt}\n");
+  msg = configError("batch: {global: 256, adapt: goodput, adapt_gain: sqrt}\n");
   EXPECT_TRUE(contains(msg, "batch.adapt_gain")) << msg;
   EXPECT_TRUE(contains(msg, "'sqrt' is not one of adascale | linear")) << msg;
-  msg = configErrorOf("batch: {global: 256, adapt_every_steps: 0}\n");
+  msg = configError("batch: {global: 256, adapt_every_steps: 0}\n");
   EXPECT_TRUE(contains(msg, "batch.adapt_every_steps: must be >= 1, got 0")) << msg;
   // adapt off: the adapt keys are read, nothing is required.
-  EXPECT_EQ(configErrorOf("batch: {global: auto, adapt_max: 16}\n"), "<no error>");
+  EXPECT_EQ(configError("batch: {global: auto, adapt_max: 16}\n"), "<no error>");
 }
 
 // Note [batch-size warmup]: warmup starts from G0 and re-cuts the epoch as goodput
 // does, so it has goodput's checks, each naming the mode in force.
 TEST(AdaptConfig, WarmupHasGoodputsChecksNamingItsMode) {
   // (A value not in the set: tests/config_test.cc, OutOfRangeValuesAreRefused.)
-  auto msg = configErrorOf("batch: {global: auto, adapt: warmup}\n");
+  auto msg = configError("batch: {global: auto, adapt: warmup}\n");
   EXPECT_TRUE(contains(msg, "test.yaml: batch.adapt: warmup starts from batch.global")) << msg;
-  msg = configErrorOf("batch: {global: 256, adapt: warmup, adapt_max: 128}\n");
+  msg = configError("batch: {global: 256, adapt: warmup, adapt_max: 128}\n");
   EXPECT_TRUE(contains(msg, "batch.adapt_max: 128 is not above batch.global (256)")) << msg;
-  msg = configErrorOf("batch: {global: 256, adapt: warmup, last_batch: keep}\nmodel: {batchnorm: false}\n");
+  msg = configError("batch: {global: 256, adapt: warmup, last_batch: keep}\nmodel: {batchnorm: false}\n");
   EXPECT_TRUE(contains(msg, "batch.last_batch: keep cannot be used with batch.adapt: warmup")) << msg;
-  msg = configErrorOf("batch: {global: 256, adapt: warmup}\ntrain: {noise_scale: false}\n");
+  msg = configError("batch: {global: 256, adapt: warmup}\ntrain: {noise_scale: false}\n");
   EXPECT_TRUE(contains(msg, "train.noise_scale: false, but batch.adapt: warmup")) << msg;
   msg = spaceErrorOf("batch: {global: 256, per_gpu: 32, adapt: warmup, adapt_max: 300}\n"
                      "model: {batchnorm: false}\n", 8, 100000);

@@ -11,6 +11,7 @@
 
 #include "common/device_compat.h"
 #include "common/error.h"
+#include "tests/config_errors.h"
 #include "tests/gpt_fixtures.h"
 #include "worker/config/config.h"
 #include "worker/model/gpt.h"
@@ -18,6 +19,7 @@
 
 using batchdist::ConfigError;
 using namespace batchdist::worker;
+using batchdist::testsupport::configError;
 namespace compat = batchdist::compat;
 
 namespace {
@@ -34,15 +36,6 @@ int64_t numel(const Model& m) {
   int64_t n = 0;
   for (const auto& t : m.parameters()) n += t.numel();
   return n;
-}
-
-std::string configError(const std::string& yaml) {
-  try {
-    parseConfig(yaml, "test.yaml");
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "<no error>";
 }
 
 /// softmax(q_i · k_j / sqrt(D), j <= i) · v, one query at a time.

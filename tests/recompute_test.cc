@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "tests/config_errors.h"
 #include "tests/gpt_fixtures.h"
 #include "worker/config/config.h"
 #include "worker/model/gpt.h"
@@ -27,6 +28,7 @@
 
 using batchdist::ConfigError;
 using namespace batchdist::worker;
+using batchdist::testsupport::configError;
 
 namespace {
 
@@ -138,15 +140,6 @@ int64_t graphNodes(const at::Tensor& t, bool count_leaves = true) {
   return static_cast<int64_t>(std::count_if(seen.begin(), seen.end(), [](torch::autograd::Node* n) {
     return n->name().find("AccumulateGrad") == std::string::npos;
   }));
-}
-
-std::string configError(const std::string& yaml) {
-  try {
-    parseConfig(yaml, "test.yaml");
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "<no error>";
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "tests/config_errors.h"
 #include "tests/gpt_fixtures.h"
 #include "tests/thread_ranks.h"
 #include "worker/config/config.h"
@@ -18,6 +19,7 @@
 
 using namespace batchdist;
 using namespace batchdist::worker;
+using batchdist::testsupport::configError;
 
 namespace {
 
@@ -73,15 +75,6 @@ TEST(ShardLayout, AParameterStraddlingSlicesIsSplitAtTheBoundary) {
   EXPECT_EQ(q.slice, 5);
   EXPECT_EQ(q.filled(3), 2);
   EXPECT_EQ(q.piecesOf(3).at(0).length, 2);
-}
-
-std::string configError(const std::string& yaml) {
-  try {
-    parseConfig(yaml, "test.yaml");
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "<no error>";
 }
 
 TEST(ShardConfig, DefaultsToNoneAndStaysOutOfTheResolvedConfig) {
