@@ -427,7 +427,9 @@ cmd_closure() {
       fi
       if [ -z "$pkg" ]; then why="no Debian package owns $p"
       elif grep -qx "$pkg" <<<"$kit"; then why=""
-      elif printf '%s\n' "${KIT_BASE[@]}" | grep -qx "$pkg"; then why=""
+      # Not `printf | grep -q` under pipefail: grep -q leaves at its first match, and a
+      # printf still writing then dies of SIGPIPE, failing the pipeline (under load).
+      elif grep -qxF "$pkg" < <(printf '%s\n' "${KIT_BASE[@]}"); then why=""
       else why="$p is in package $pkg, which the kit does not pack (bench/device_kit.sh: KIT_ROOTS/KIT_DEV/KIT_PRUNE)"
       fi
       if [ -n "$why" ]; then
