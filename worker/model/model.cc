@@ -55,6 +55,15 @@ std::string parameterCountText(int64_t n) {
 
 namespace {
 
+/// The gradient of a sum over the ranks: the incoming gradient summed over the
+/// ranks (AllreduceSum's and ReplayedAllreduceSum's backward).
+torch::Tensor allreducedGradient(torch::autograd::AutogradContext* ctx, const torch::Tensor& grad) {
+  auto* comm = reinterpret_cast<collective::Communicator*>(ctx->saved_data["comm"].toInt());
+  auto g = grad.contiguous().clone();
+  comm->allreduce(g, collective::ReduceOp::kSum);
+  return g;
+}
+
 /// allreduce(SUM) whose gradient is again an allreduce(SUM): the building block of
 /// SyncBatchNorm (Note [sync batchnorm]).
 struct AllreduceSum : public torch::autograd::Function<AllreduceSum> {
@@ -67,10 +76,7 @@ struct AllreduceSum : public torch::autograd::Function<AllreduceSum> {
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    auto* comm = reinterpret_cast<collective::Communicator*>(ctx->saved_data["comm"].toInt());
-    auto g = grads[0].contiguous().clone();
-    comm->allreduce(g, collective::ReduceOp::kSum);
-    return {g, torch::Tensor()};
+    return {allreducedGradient(ctx, grads[0]), torch::Tensor()};
   }
 };
 
@@ -84,10 +90,7 @@ struct ReplayedAllreduceSum : public torch::autograd::Function<ReplayedAllreduce
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    auto* comm = reinterpret_cast<collective::Communicator*>(ctx->saved_data["comm"].toInt());
-    auto g = grads[0].contiguous().clone();
-    comm->allreduce(g, collective::ReduceOp::kSum);
-    return {g, torch::Tensor(), torch::Tensor()};
+    return {allreducedGradient(ctx, grads[0]), torch::Tensor(), torch::Tensor()};
   }
 };
 
