@@ -313,8 +313,11 @@ TEST(Recompute, ConfigRefusesTheCnnAndTorchScript) {
                                "model: {name: resnet50, recompute: on}"}) {
     EXPECT_EQ(configError(ok), "<no error>") << ok;
   }
-  const auto typo = configError("model: {name: gpt, recompute: auto}");
+  const auto typo = configError("model: {name: mlp, recompute: yes-please}");
   EXPECT_NE(typo.find("not one of"), std::string::npos) << typo;
+  // auto is the search's (Note [lever search]): with a fixed per-GPU batch it is refused.
+  const auto fixed = configError("model: {name: mlp, recompute: auto}\nbatch: {per_gpu: 32}");
+  EXPECT_NE(fixed.find("auto is chosen by the batch search"), std::string::npos) << fixed;
 }
 
 TEST(Recompute, ConfigKeyDefaultsOffAndStaysOutOfTheResolvedConfig) {

@@ -76,8 +76,8 @@ TEST(SearchAgreement, RealMeasurerOverBudgetOnOneRankDoesNotHang) {
       once.min_steps = 1;
       once.min_time_s = 0;
       once.max_time_s = 0;
-      small = probe->measure(32, 1, once).peak_mb;
-      large = probe->measure(512, 1, once).peak_mb;
+      small = probe->measure(32, 1, Levers{}, once).peak_mb;
+      large = probe->measure(512, 1, Levers{}, once).peak_mb;
     }
     // (EXPECT, not ASSERT: a rank leaving early would strand the others' collectives.)
     EXPECT_GT(large, small + 50) << "activations should dominate the peak";

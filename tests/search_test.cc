@@ -539,7 +539,7 @@ namespace {
 class DriftingMeasurer : public Measurer {
  public:
   explicit DriftingMeasurer(std::function<double(int)> factor) : factor_(std::move(factor)) {}
-  Measurement measure(int64_t per_gpu, int64_t, const TimingRule&, int64_t) override {
+  Measurement measure(int64_t per_gpu, int64_t, const Levers&, const TimingRule&, int64_t) override {
     Measurement m;
     const double truth = 1000.0 * per_gpu / (per_gpu + 8);
     m.samples_per_s = truth * factor_(calls++);
@@ -607,7 +607,8 @@ namespace {
 /// rounds fall into a slow spell; the adapt range and after run at full speed).
 class SlowSpellMeasurer : public Measurer {
  public:
-  Measurement measure(int64_t per_gpu, int64_t accum, const TimingRule&, int64_t) override {
+  Measurement measure(int64_t per_gpu, int64_t accum, const Levers&, const TimingRule&,
+                      int64_t) override {
     if (per_gpu > 16) spell_over = true;
     Measurement m;
     m.samples_per_s = 1000.0 * per_gpu / (per_gpu + 8) * (spell_over ? 1.0 : 0.6);

@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "worker/search/search.h"
 
@@ -26,13 +28,35 @@ class SimulatedMeasurer : public worker::Measurer {
     return *this;
   }
 
-  worker::Measurement measure(int64_t per_gpu, int64_t accum, const worker::TimingRule& rule,
-                              int64_t extra_warmup) override {
+  /// The memory levers (Note [lever search]): parameters and gradients of
+  /// `params_mb` each and optimizer state of `state_mb` (1/`world` of it under
+  /// dist.shard: optimizer) add to the base; recompute keeps `recompute_keep` of the
+  /// per-sample memory and costs `recompute_cost` of the samples/s, sharding
+  /// `shard_cost`; the memory budget decides what fits.
+  SimulatedMeasurer& withLevers(double params_mb, double state_mb, int64_t world, double recompute_keep,
+                                double recompute_cost, double shard_cost) {
+    params_ = params_mb;
+    state_ = state_mb;
+    world_ = world;
+    keep_ = recompute_keep;
+    recompute_cost_ = recompute_cost;
+    shard_cost_ = shard_cost;
+    return *this;
+  }
+  std::string recomputeUnsupported() const override { return recompute_unsupported; }
+
+  worker::Measurement measure(int64_t per_gpu, int64_t accum, const worker::Levers& levers,
+                              const worker::TimingRule& rule, int64_t extra_warmup) override {
     (void)extra_warmup;
     (void)rule;
     ++calls;
+    seen.push_back({per_gpu, levers});
     worker::Measurement m;
-    m.peak_mb = base_ + per_sample_ * static_cast<double>(per_gpu);
+    const bool sharded = levers.shard == worker::Shard::kOptimizer;
+    const bool recompute = levers.recompute == worker::Recompute::kOn;
+    m.parts = {params_, params_, sharded ? state_ / static_cast<double>(world_) : state_};
+    m.peak_mb = base_ + m.parts.fixedMb() +
+                per_sample_ * (recompute ? keep_ : 1.0) * static_cast<double>(per_gpu);
     if (fail_from_ > 0 && per_gpu >= fail_from_) {
       m.fail = fail_kind_;
       if (fail_kind_ == worker::FailKind::kError) m.detail = "simulated fault";
@@ -44,7 +68,8 @@ class SimulatedMeasurer : public worker::Measurer {
     }
     // Deterministic "noise": a fixed wiggle per size.
     const double wiggle = 1.0 + noise_ * std::sin(static_cast<double>(per_gpu) * 12.9898);
-    m.samples_per_s = peak_ * per_gpu / (per_gpu + half_) * wiggle;
+    m.samples_per_s = peak_ * per_gpu / (per_gpu + half_) * wiggle *
+                      (recompute ? 1 - recompute_cost_ : 1.0) * (sharded ? 1 - shard_cost_ : 1.0);
     m.sps_low = 0.99 * m.samples_per_s;
     m.sps_high = 1.01 * m.samples_per_s;
     m.timed_steps = 3;
@@ -56,8 +81,12 @@ class SimulatedMeasurer : public worker::Measurer {
   std::string deviceName() const override { return "simulated"; }
 
   int calls = 0;
+  std::vector<std::pair<int64_t, worker::Levers>> seen;  ///< every measure()'s size and levers
+  std::string recompute_unsupported;
 
  private:
+  double params_ = 0, state_ = 0, keep_ = 1, recompute_cost_ = 0, shard_cost_ = 0;
+  int64_t world_ = 1;
   int64_t oom_above_;
   double peak_, half_, base_, per_sample_, budget_, noise_;
   int64_t fail_from_ = 0;

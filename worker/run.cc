@@ -466,6 +466,20 @@ std::optional<CheckpointCheck> prepareResume(const RunRequest& req, RunSetup& s,
   checkResumable(resumed->manifest, s.cfg, resumed->path);
   planResumedBatch(s, *resumed, comm.size());
   if (s.cfg.batch.per_gpu_auto) return resumed;  // searched again for this world size
+  // Note [lever search]: on the same world the levers the checkpoint's run chose (none and
+  // off for a checkpoint from before the levers were recorded).
+  if (const Levers asked = configLevers(s.cfg); hasAutoLevers(asked)) {
+    Levers then;
+    if (const auto& l = resumed->manifest.value("levers", nlohmann::ordered_json()); l.is_object()) {
+      then.shard = parseEnum<Shard>(l.value("shard", "none")).value_or(Shard::kNone);
+      then.recompute = parseEnum<Recompute>(l.value("recompute", "off")).value_or(Recompute::kOff);
+    }
+    if (asked.shard != Shard::kAuto) then.shard = asked.shard;
+    if (asked.recompute != Recompute::kAuto) then.recompute = asked.recompute;
+    applyLevers(s.cfg, then);
+    console.line(strCat("levers: ", leversText(then), " (as the checkpoint's run chose for ",
+                        autoLeversText(asked), ")"));
+  }
   s.plan = makePlan(s.cfg, comm.size(), s.data.train.size(), s.has_bn);
   if (const int64_t m = resumed->manifest["searched_per_gpu"]; m > 0 && m == s.plan.per_gpu) {
     searched->emplace();  // the search result the checkpoint's run found for this world size
@@ -648,6 +662,12 @@ std::optional<int> searchPhase(RunState& r) {
       writeSearchEvents((fs::path(r.req.output) / "tensorboard" / "search").string(), *r.searched);
     }
   }
+  // Note [lever search]: auto levers become the search's choice before anything is built.
+  if (const Levers asked = configLevers(s.cfg); hasAutoLevers(asked)) {
+    applyLevers(s.cfg, r.searched->chosen_levers);
+    r.console->line(strCat("levers: ", leversText(r.searched->chosen_levers),
+                           " (the search's choice for ", autoLeversText(asked), ")"));
+  }
   // The plan (shards, lr scaling, warmup, BatchNorm minimum) follows the choice.
   s.plan = makePlan(s.cfg, r.place.size, s.data.train.size(), s.has_bn, r.searched->chosen);
   if (r.req.search_only) {
@@ -770,7 +790,9 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
                          toString(s.cfg.train.precision),
                          s.cfg.model.sync_batchnorm ? ", synchronised BatchNorm" : ""));
   Checkpointer checkpointer(s.cfg.checkpoint, s.checkpoint_dir,
-                            {s.plan, r.searched ? r.searched->chosen : 0, s.cfg.resolved}, r.comm(),
+                            {s.plan, r.searched ? r.searched->chosen : 0, s.cfg.resolved,
+                             configLevers(s.cfg)},
+                            r.comm(),
                             &req.faults);
   trainer.setCheckpointer(&checkpointer);
   MetricSinks sinks;

@@ -680,6 +680,15 @@ void validate(const Config& cfg, const Context& ctx) {
                      "more, or model.batchnorm: false"));
   }
   validateAdapt(cfg, ctx);
+  // Note [lever search]: auto is the batch search's choice; a fixed per-GPU batch has no search.
+  for (const auto& [key, is_auto] :
+       {std::pair<const char*, bool>{"dist.shard", cfg.dist.shard == Shard::kAuto},
+        {"model.recompute", cfg.model.recompute == Recompute::kAuto}}) {
+    if (!is_auto || b.per_gpu_auto) continue;
+    throw err(key, strCat("auto is chosen by the batch search, and batch.per_gpu is fixed (",
+                          b.per_gpu, "), so nothing searches: set batch.per_gpu: auto, or ",
+                          std::string(key) == "dist.shard" ? "none or optimizer" : "off or on"));
+  }
   if (builtin_bn && !b.per_gpu_auto && b.per_gpu == 1) {
     throw err("batch.per_gpu", "1 is too small for a model with BatchNorm, which cannot "
                                "normalise one sample per micro-batch (NaN statistics); use 2 or "
@@ -702,10 +711,10 @@ void checkRecompute(Context& ctx, const ModelConfig& c) {
     (*ctx.resolved)["model"].erase("recompute");
     return;
   }
-  if (c.name != ModelName::kCnn && c.name != ModelName::kTorchscript) return;
-  const std::string why = c.name == ModelName::kTorchscript
-                              ? "a TorchScript module has no blocks batchdist can wrap"
-                              : "its convolutions are not grouped into blocks to recompute";
+  // auto: the batch search weighs it, and says when the model has no blocks (Note [lever search]).
+  if (c.recompute == Recompute::kAuto) return;
+  const std::string why = recomputeUnsupported(c);
+  if (why.empty()) return;
   throw keyError(ctx.from_set.count("model.recompute") ? "--set model.recompute" : ctx.source,
                  "model.recompute",
                  strCat("on is not supported for model.name: ", toString(c.name), ": ", why,
@@ -1024,6 +1033,39 @@ void checkUnknownKeys(const Context& ctx, const YAML::Node& root) {
 }
 
 }  // namespace
+
+std::string recomputeUnsupported(const ModelConfig& c) {
+  if (c.name == ModelName::kTorchscript) return "a TorchScript module has no blocks batchdist can wrap";
+  if (c.name == ModelName::kCnn) return "its convolutions are not grouped into blocks to recompute";
+  return "";
+}
+
+std::string leversText(const Levers& l) {
+  std::string out;
+  if (l.shard != Shard::kNone) out = strCat("shard ", toString(l.shard));
+  if (l.recompute != Recompute::kOff) {
+    out += strCat(out.empty() ? "" : " + ", "recompute", l.recompute == Recompute::kAuto ? " auto" : "");
+  }
+  return out.empty() ? "plain" : out;
+}
+
+bool hasAutoLevers(const Levers& l) {
+  return l.shard == Shard::kAuto || l.recompute == Recompute::kAuto;
+}
+
+std::string autoLeversText(const Levers& l) {
+  std::string out;
+  if (l.shard == Shard::kAuto) out = "dist.shard: auto";
+  if (l.recompute == Recompute::kAuto) out += strCat(out.empty() ? "" : " and ", "model.recompute: auto");
+  return out;
+}
+
+Levers configLevers(const Config& cfg) { return {cfg.dist.shard, cfg.model.recompute}; }
+
+void applyLevers(Config& cfg, const Levers& l) {
+  cfg.dist.shard = l.shard;
+  cfg.model.recompute = l.recompute;
+}
 
 Config parseConfig(const std::string& yaml_text, const std::string& source,
                    const std::vector<std::string>& overrides) {

@@ -24,7 +24,7 @@ enum class Schedule { kConstant, kStep, kCosine };
 enum class TaskKind { kAuto, kClassification, kRegression, kLanguageModel, kModuleLoss };
 enum class ModelName { kMlp, kCnn, kResnet18, kResnet50, kTorchscript, kGpt };
 enum class ResnetStem { kCifar, kImagenet };
-enum class Recompute { kOff, kOn };  ///< Note [activation recompute] (worker/model/recompute.h)
+enum class Recompute { kOff, kOn, kAuto };  ///< Note [activation recompute] (worker/model/recompute.h); auto: Note [lever search]
 enum class DataName { kDigits, kCsv, kSynthetic, kSyntheticImages, kCifar10, kCifar100, kMnist,
                       kImageFolder, kWebdataset, kNpy, kTokens };
 enum class OnError { kSkip, kFail };
@@ -33,7 +33,7 @@ enum class OptimName { kSgd, kAdamw, kLars };
 enum class DeviceKind { kAuto, kCpu, kCuda };
 enum class Precision { kFp32, kBf16, kFp16 };
 enum class DistBackend { kAuto, kGloo, kMpi, kNccl };
-enum class Shard { kNone, kOptimizer, kGradients };  ///< Note [shard layout] (worker/train/shard_layout.h)
+enum class Shard { kNone, kOptimizer, kGradients, kAuto };  ///< Note [shard layout] (worker/train/shard_layout.h); auto: Note [lever search]
 enum class Objective { kThroughput, kMaxFit };
 enum class ResumeMode { kOff, kAuto };
 enum class ProgressMode { kAuto, kBar, kLines, kOff };
@@ -64,7 +64,8 @@ BATCHDIST_ENUM_NAMES(ModelName, {ModelName::kMlp, "mlp"}, {ModelName::kCnn, "cnn
                      {ModelName::kResnet18, "resnet18"}, {ModelName::kResnet50, "resnet50"},
                      {ModelName::kTorchscript, "torchscript"}, {ModelName::kGpt, "gpt"});
 BATCHDIST_ENUM_NAMES(ResnetStem, {ResnetStem::kCifar, "cifar"}, {ResnetStem::kImagenet, "imagenet"});
-BATCHDIST_ENUM_NAMES(Recompute, {Recompute::kOff, "off"}, {Recompute::kOn, "on"});
+BATCHDIST_ENUM_NAMES(Recompute, {Recompute::kOff, "off"}, {Recompute::kOn, "on"},
+                     {Recompute::kAuto, "auto"});
 BATCHDIST_ENUM_NAMES(DataName, {DataName::kDigits, "digits"}, {DataName::kCsv, "csv"},
                      {DataName::kSynthetic, "synthetic"},
                      {DataName::kSyntheticImages, "synthetic_images"},
@@ -83,7 +84,7 @@ BATCHDIST_ENUM_NAMES(Precision, {Precision::kFp32, "fp32"}, {Precision::kBf16, "
 BATCHDIST_ENUM_NAMES(DistBackend, {DistBackend::kAuto, "auto"}, {DistBackend::kGloo, "gloo"},
                      {DistBackend::kMpi, "mpi"}, {DistBackend::kNccl, "nccl"});
 BATCHDIST_ENUM_NAMES(Shard, {Shard::kNone, "none"}, {Shard::kOptimizer, "optimizer"},
-                     {Shard::kGradients, "gradients"});
+                     {Shard::kGradients, "gradients"}, {Shard::kAuto, "auto"});
 BATCHDIST_ENUM_NAMES(Objective, {Objective::kThroughput, "throughput"},
                      {Objective::kMaxFit, "max_fit"});
 BATCHDIST_ENUM_NAMES(ResumeMode, {ResumeMode::kOff, "off"}, {ResumeMode::kAuto, "auto"});
@@ -307,6 +308,30 @@ struct Config {
   /// interface, threads, cache file): "section.key".
   static const std::vector<std::string>& perRankKeys();
 };
+
+/// The memory levers a run trains under (Note [lever search] in
+/// worker/search/levers.h): how the update is sharded and whether the model's
+/// blocks recompute their activations. The config may say auto for either; the
+/// trainer only ever sees concrete values (applyLevers).
+struct Levers {
+  Shard shard = Shard::kNone;
+  Recompute recompute = Recompute::kOff;
+  bool operator==(const Levers& o) const { return shard == o.shard && recompute == o.recompute; }
+  bool operator!=(const Levers& o) const { return !(*this == o); }
+};
+/// Why model.recompute cannot be on for `c` (cnn, TorchScript), or "" (Note [activation recompute]).
+std::string recomputeUnsupported(const ModelConfig& c);
+/// "plain", "shard optimizer", "recompute", "shard optimizer + recompute".
+std::string leversText(const Levers& l);
+/// Whether either lever is auto.
+bool hasAutoLevers(const Levers& l);
+/// "dist.shard: auto", "model.recompute: auto" or both, joined by " and ".
+std::string autoLeversText(const Levers& l);
+/// The config's levers, auto included.
+Levers configLevers(const Config& cfg);
+/// `l` in force in `cfg` (dist.shard, model.recompute); the resolved config keeps
+/// what the user asked for (auto), so a resume of the run still matches it.
+void applyLevers(Config& cfg, const Levers& l);
 
 /// Note [task choice]: data.name: tokens, model.name: gpt and the language-model
 /// task go together. What is wrong with the config's pairing of them, if anything:

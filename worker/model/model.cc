@@ -524,14 +524,14 @@ std::unique_ptr<Model> checkedGpt(std::unique_ptr<Model> model, const std::vecto
 /// Note [activation recompute]: the config refuses the other models first; this
 /// guards other callers of buildModel.
 void checkRecomputeSupported(const ModelConfig& cfg) {
-  if (cfg.recompute == Recompute::kOn &&
-      (cfg.name == ModelName::kCnn || cfg.name == ModelName::kTorchscript)) {
+  if (cfg.recompute == Recompute::kOn && !recomputeUnsupported(cfg).empty()) {
     throw ConfigError(strCat("model.recompute: on is not supported for model.name: ",
                              toString(cfg.name), "; it is for gpt, mlp, resnet18 and resnet50"));
   }
 }
 
 }  // namespace
+
 
 bool SyncBatchNorm::synchronising() const { return comm_.size() > 1 && paused_ == 0; }
 

@@ -172,7 +172,7 @@ std::string svgSearch(const nlohmann::ordered_json& s) {
     p.sps = jnum(c, "samples_per_s");
     p.mem = jnum(c, "peak_memory_mb");
     p.failed = jbool(c, "failed");
-    p.chosen = jbool(c, "chosen") || p.m == chosen;
+    p.chosen = jbool(c, "chosen") || (!c.contains("levers") && p.m == chosen);
     p.reason = jtext(c, "reason");
     p.has_ci = findInterval(c, &p.lo, &p.hi);
     smax = std::max({smax, p.sps, p.has_ci ? p.hi : 0.0});

@@ -109,6 +109,7 @@ nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const Trai
                            {"schedule", toString(plan.schedule)},
                            {"precision", toString(cfg.train.precision)},
                            {"shard", toString(cfg.dist.shard)},
+                           {"recompute", toString(cfg.model.recompute)},
                            {"epochs", r.epochs},
                            {"steps", r.steps},
                            {"samples", r.samples},
@@ -198,8 +199,20 @@ nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const Trai
                    {"rule", s.rule},
                    {"loader_samples_per_s", s.loader_sps},
                    {"data_bound", !s.data_bound.empty()}};
+    if (!s.levers.empty()) {  // Note [lever search]
+      o["search"]["chosen_levers"] = {{"shard", toString(s.chosen_levers.shard)},
+                                      {"recompute", toString(s.chosen_levers.recompute)}};
+      auto outcomes = nlohmann::ordered_json::array();
+      for (const auto& l : s.levers) {
+        outcomes.push_back({{"levers", leversText(l.levers)},
+                            {"predicted_max_per_gpu", l.predicted_max},
+                            {"measured_max_per_gpu", l.measured_max},
+                            {"verdict", l.verdict}});
+      }
+      o["search"]["levers"] = outcomes;
+    }
     for (const auto& c : s.candidates) {
-      if (c.per_gpu != s.chosen || c.failed) continue;
+      if (!isChosen(s, c) || c.failed) continue;
       o["search"]["chosen_samples_per_s"] = c.global_sps;
       if (tokens > 0) o["search"]["chosen_tokens_per_s"] = c.global_sps * tokens;
       o["search"]["chosen_ci_low"] = c.sps_low;

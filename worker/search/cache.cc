@@ -23,7 +23,7 @@ std::string implausible(const SearchResult& r) {
   if (r.chosen <= 0) return strCat("chosen per-GPU batch ", r.chosen, " is not positive");
   if (r.chosen_accum <= 0) return strCat("chosen accumulation ", r.chosen_accum, " is not positive");
   for (const auto& c : r.candidates) {
-    if (c.per_gpu == r.chosen && c.accum == r.chosen_accum && !c.failed) return "";
+    if (isChosen(r, c) && !c.failed) return "";
   }
   return strCat("chosen per-GPU batch ", r.chosen, " x accum ", r.chosen_accum,
                 " is not among the measured candidates that fit");
@@ -44,10 +44,16 @@ std::string applyTrainingOoms(const nlohmann::json& marks, SearchResult& r) {
              worst->at("rank").get<int64_t>(), " (peak ", formatFixed(worst->at("peak_mb").get<double>(), 0),
              " MB)");
   // The adapt range too (Note [adapt range]): the adaptive batch does not take
-  // a size that ran out of memory in training either.
+  // a size that ran out of memory in training either. Training ran under the
+  // chosen levers (Note [lever search]): a size under them, or under levers that
+  // save less memory, fails too; under levers that save more it may still fit.
+  const auto savesNoMore = [&](const Levers& l) {
+    return (l.shard == Shard::kNone || l.shard == r.chosen_levers.shard) &&
+           (l.recompute == Recompute::kOff || l.recompute == r.chosen_levers.recompute);
+  };
   for (auto* list : {&r.candidates, &r.adapt_range}) {
     for (auto& c : *list) {
-      if (c.per_gpu >= limit && !c.failed) {
+      if (c.per_gpu >= limit && !c.failed && savesNoMore(c.levers)) {
         c.failed = true;
         c.reason = reason;
       }
@@ -58,6 +64,7 @@ std::string applyTrainingOoms(const nlohmann::json& marks, SearchResult& r) {
       chooseCandidate(r.candidates, r.objective, r.tolerance, &r.why, r.tokens_per_sample);
   r.chosen = c.per_gpu;
   r.chosen_accum = c.accum;
+  r.chosen_levers = c.levers;
   return strCat("per-GPU batch ", limit, " ran ", reason, "; taking ", r.chosen,
                 r.chosen != before ? strCat(" instead of ", before) : std::string(),
                 " from the cached measurements");

@@ -30,7 +30,23 @@ std::string xmlEscape(const std::string& s) {
 
 namespace {
 
-nlohmann::ordered_json candidateJson(const Candidate& c, bool chosen, int64_t tokens_per_sample) {
+nlohmann::ordered_json leversJson(const Levers& l) {
+  return {{"shard", toString(l.shard)}, {"recompute", toString(l.recompute)}};
+}
+
+Levers leversFromJson(const nlohmann::json& j) {
+  Levers l;
+  if (!j.is_object()) return l;
+  const auto shard = parseEnum<Shard>(j.value("shard", std::string("none")));
+  const auto recompute = parseEnum<Recompute>(j.value("recompute", std::string("off")));
+  if (!shard || !recompute || *shard == Shard::kAuto || *recompute == Recompute::kAuto) {
+    throw std::invalid_argument("unknown levers");
+  }
+  return {*shard, *recompute};
+}
+
+nlohmann::ordered_json candidateJson(const Candidate& c, bool chosen, int64_t tokens_per_sample,
+                                     bool levers) {
   nlohmann::ordered_json j{{"per_gpu_batch", c.per_gpu},
           {"accum_steps", c.accum},
           {"global_batch", c.global},
@@ -52,7 +68,41 @@ nlohmann::ordered_json candidateJson(const Candidate& c, bool chosen, int64_t to
   if (tokens_per_sample > 0) {  // Note [tokens per sample]
     j["tokens_per_s"] = c.global_sps * static_cast<double>(tokens_per_sample);
   }
+  // Note [memory by part]; Note [lever search]: the levers when the search weighed them.
+  j["memory_parts_mb"] = {{"parameters", c.parts.parameters_mb},
+                          {"gradients", c.parts.gradients_mb},
+                          {"optimizer_state", c.parts.optimizer_state_mb},
+                          {"rest", c.restMb()}};
+  if (levers) j["levers"] = leversJson(c.levers);
   return j;
+}
+
+nlohmann::ordered_json outcomeJson(const LeverOutcome& o) {
+  return {{"levers", leversJson(o.levers)},
+          {"fixed_mb", o.fixed_mb},
+          {"rest_intercept_mb", o.intercept_mb},
+          {"rest_per_sample_mb", o.per_sample_mb},
+          {"fitted", o.fitted},
+          {"predicted_max_per_gpu", o.predicted_max},
+          {"predicted_peak_mb", o.predicted_peak_mb},
+          {"measured_max_per_gpu", o.measured_max},
+          {"timed", o.timed},
+          {"verdict", o.verdict}};
+}
+
+LeverOutcome outcomeFromJson(const nlohmann::json& j) {
+  LeverOutcome o;
+  o.levers = leversFromJson(j.at("levers"));
+  o.fixed_mb = j.value("fixed_mb", 0.0);
+  o.intercept_mb = j.value("rest_intercept_mb", 0.0);
+  o.per_sample_mb = j.value("rest_per_sample_mb", 0.0);
+  o.fitted = j.value("fitted", false);
+  o.predicted_max = j.value("predicted_max_per_gpu", int64_t{0});
+  o.predicted_peak_mb = j.value("predicted_peak_mb", 0.0);
+  o.measured_max = j.value("measured_max_per_gpu", int64_t{0});
+  o.timed = j.value("timed", false);
+  o.verdict = j.value("verdict", std::string());
+  return o;
 }
 
 Candidate candidateFromJson(const nlohmann::json& c) {
@@ -74,6 +124,11 @@ Candidate candidateFromJson(const nlohmann::json& c) {
   k.timed_steps = c.value("timed_steps", int64_t{0});
   k.step_seconds = c.value("step_seconds", std::vector<double>{});
   k.rank_peak_mb = c.value("rank_peak_memory_mb", std::vector<double>{});
+  if (c.contains("levers")) k.levers = leversFromJson(c.at("levers"));
+  if (c.contains("memory_parts_mb")) {
+    const auto& p = c.at("memory_parts_mb");
+    k.parts = {p.value("parameters", 0.0), p.value("gradients", 0.0), p.value("optimizer_state", 0.0)};
+  }
   return k;
 }
 
@@ -82,9 +137,10 @@ Candidate candidateFromJson(const nlohmann::json& c) {
 nlohmann::ordered_json searchJson(const SearchResult& r) {
   auto cands = nlohmann::ordered_json::array();
   const int64_t tokens = r.tokens_per_sample;
-  for (const auto& c : r.candidates) cands.push_back(candidateJson(c, c.per_gpu == r.chosen, tokens));
+  const bool levers = !r.levers.empty();
+  for (const auto& c : r.candidates) cands.push_back(candidateJson(c, isChosen(r, c), tokens, levers));
   auto range = nlohmann::ordered_json::array();
-  for (const auto& c : r.adapt_range) range.push_back(candidateJson(c, false, tokens));
+  for (const auto& c : r.adapt_range) range.push_back(candidateJson(c, false, tokens, levers));
   nlohmann::ordered_json j{{"chosen", r.chosen},
           {"chosen_accum", r.chosen_accum},
           {"why", r.why},
@@ -101,6 +157,12 @@ nlohmann::ordered_json searchJson(const SearchResult& r) {
           {"candidates", cands}};
   if (!range.empty()) j["adapt_range"] = range;
   if (tokens > 0) j["tokens_per_sample"] = tokens;
+  if (levers) {  // Note [lever search]
+    j["chosen_levers"] = leversJson(r.chosen_levers);
+    auto outcomes = nlohmann::ordered_json::array();
+    for (const auto& o : r.levers) outcomes.push_back(outcomeJson(o));
+    j["levers"] = outcomes;
+  }
   return j;
 }
 
@@ -123,32 +185,55 @@ SearchResult searchFromJson(const nlohmann::json& j) {
   if (j.contains("adapt_range")) {
     for (const auto& c : j.at("adapt_range")) r.adapt_range.push_back(candidateFromJson(c));
   }
+  if (j.contains("chosen_levers")) r.chosen_levers = leversFromJson(j.at("chosen_levers"));
+  if (j.contains("levers")) {
+    for (const auto& o : j.at("levers")) r.levers.push_back(outcomeFromJson(o));
+  }
   return r;
 }
 
 std::string searchTable(const SearchResult& r) {
   // Note [tokens per sample]: token samples add a tokens/s column after samples/s.
   const bool tokens = r.tokens_per_sample > 0;
+  // Note [lever search]: a levers column and the fixed parts when the search weighed them.
+  const bool levers = !r.levers.empty();
   std::ostringstream os;
-  os << "  per-GPU  accum  global   samples/s" << (tokens ? "     tokens/s" : "")
-     << "   95 % interval          vs best  steps   peak MB  result\n";
+  os << "  per-GPU  accum  global" << (levers ? "  levers                       " : "")
+     << "   samples/s" << (tokens ? "     tokens/s" : "")
+     << "   95 % interval          vs best  steps   peak MB" << (levers ? "  fixed MB" : "")
+     << "  result\n";
   for (const auto& c : r.candidates) {
-    char head[160], tail[320], rate[32] = "";
-    std::snprintf(head, sizeof head, "  %7lld  %5lld  %6lld  %10.0f",
+    char head[200], tail[320], rate[32] = "", fixed[32] = "";
+    char column[40] = "";
+    if (levers) std::snprintf(column, sizeof column, "  %-29s", leversText(c.levers).c_str());
+    std::snprintf(head, sizeof head, "  %7lld  %5lld  %6lld%s  %10.0f",
                   static_cast<long long>(c.per_gpu), static_cast<long long>(c.accum),
-                  static_cast<long long>(c.global), c.global_sps);
+                  static_cast<long long>(c.global), column, c.global_sps);
+    if (levers) std::snprintf(fixed, sizeof fixed, "  %8.0f", c.parts.fixedMb());
     if (tokens) {
       std::snprintf(rate, sizeof rate, "  %11.0f",
                     c.global_sps * static_cast<double>(r.tokens_per_sample));
     }
-    std::snprintf(tail, sizeof tail, "   %10.0f..%-10.0f %6.1f %%  %5lld  %8.0f  %s%s\n",
+    std::snprintf(tail, sizeof tail, "   %10.0f..%-10.0f %6.1f %%  %5lld  %8.0f%s  %s%s\n",
                   c.sps_low, c.sps_high, 100 * c.relative, static_cast<long long>(c.timed_steps),
-                  c.peak_mb, c.failed ? c.reason.c_str() : "ok",
-                  c.per_gpu == r.chosen ? "  <- chosen" : "");
+                  c.peak_mb, fixed, c.failed ? c.reason.c_str() : "ok",
+                  isChosen(r, c) ? "  <- chosen" : "");
     os << head << rate << tail;
   }
-  os << "  chosen per-GPU batch " << r.chosen << " x accum " << r.chosen_accum << ": " << r.why
+  os << "  chosen per-GPU batch " << r.chosen << " x accum " << r.chosen_accum
+     << (levers ? strCat(" under ", leversText(r.chosen_levers)) : std::string()) << ": " << r.why
      << (r.cached ? " [cached]" : "") << "\n";
+  if (levers) {
+    os << "  memory model (Note [lever search]): peak = fixed (parameters + gradients + optimizer "
+          "state) + rest a + b x per-GPU\n";
+    for (const auto& o : r.levers) {
+      os << "    " << leversText(o.levers) << ": fixed " << formatFixed(o.fixed_mb, 0) << " MB"
+         << (o.fitted ? strCat(", rest ", formatFixed(o.intercept_mb, 0), " + ",
+                               formatFixed(o.per_sample_mb, 2), " x m MB")
+                      : std::string())
+         << "; " << o.verdict << "\n";
+    }
+  }
   if (tokens) {
     const int64_t global = r.chosen * r.chosen_accum * r.world_size;
     os << "  tokens: " << r.tokens_per_sample << " per sample (model.seq_len); the chosen global "
@@ -221,6 +306,12 @@ std::string searchSvg(const SearchResult& r) {
          << "</title></text>\n";
       continue;
     }
+    if (c.levers != r.candidates.front().levers) {  // Note [lever search]: other levers, unjoined
+      os << "<circle cx=\"" << X(c.per_gpu) << "\" cy=\"" << Ys(c.global_sps)
+         << "\" r=\"4\" fill=\"none\" stroke=\"#9467bd\"><title>" << xmlEscape(leversText(c.levers))
+         << "</title></circle>\n";
+      continue;
+    }
     sps_pts += strCat(X(c.per_gpu), ",", Ys(c.global_sps), " ");
     if (c.peak_mb > 0) mem_pts += strCat(X(c.per_gpu), ",", Ym(c.peak_mb), " ");
     os << "<circle cx=\"" << X(c.per_gpu) << "\" cy=\"" << Ys(c.global_sps)
@@ -250,7 +341,7 @@ std::string searchSvg(const SearchResult& r) {
        << std::setprecision(1);
   }
   for (const auto& c : sorted) {
-    if (c.per_gpu != r.chosen || c.failed) continue;
+    if (!isChosen(r, c) || c.failed) continue;
     os << "<circle cx=\"" << X(c.per_gpu) << "\" cy=\"" << Ys(c.global_sps)
        << "\" r=\"8\" fill=\"none\" stroke=\"green\" stroke-width=\"2.5\"/>\n"
        << "<text x=\"" << X(c.per_gpu) << "\" y=\"" << Ys(c.global_sps) - 12

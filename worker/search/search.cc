@@ -10,6 +10,7 @@
 #include "worker/common/util.h"
 #include "worker/plan/adapt.h"
 #include "worker/plan/plan.h"
+#include "worker/search/levers.h"
 
 namespace batchdist::worker {
 namespace {
@@ -110,6 +111,28 @@ static std::string ruleText(Objective objective, double tolerance, int64_t round
 }
 
 
+bool isChosen(const SearchResult& r, const Candidate& c) {
+  return c.per_gpu == r.chosen && c.accum == r.chosen_accum && c.levers == r.chosen_levers;
+}
+
+namespace {
+
+/// The rule's order among candidates that qualify: the smaller per-GPU batch,
+/// and of one size (under other levers: Note [lever search]) the smaller peak.
+bool smallerThan(const Candidate& a, const Candidate& b) {
+  return a.per_gpu != b.per_gpu ? a.per_gpu < b.per_gpu : a.peak_mb < b.peak_mb;
+}
+
+/// ", under shard optimizer + recompute" when the candidates ran under several levers.
+std::string leversClause(const std::vector<Candidate>& candidates, const Candidate& pick) {
+  for (const auto& c : candidates) {
+    if (c.levers != pick.levers) return strCat(", under ", leversText(pick.levers));
+  }
+  return "";
+}
+
+}  // namespace
+
 const Candidate& chooseCandidate(const std::vector<Candidate>& candidates,
                                  Objective objective, double tolerance,
                                  std::string* why, int64_t tokens_per_sample) {
@@ -118,7 +141,10 @@ const Candidate& chooseCandidate(const std::vector<Candidate>& candidates,
   for (const auto& c : candidates) {
     if (c.failed) continue;
     if (!best || c.global_sps > best->global_sps) best = &c;
-    if (!largest || c.per_gpu > largest->per_gpu) largest = &c;
+    if (!largest || c.per_gpu > largest->per_gpu ||
+        (c.per_gpu == largest->per_gpu && c.peak_mb < largest->peak_mb)) {
+      largest = &c;
+    }
   }
   if (!best) {
     const Candidate* smallest = nullptr;
@@ -133,13 +159,16 @@ const Candidate& chooseCandidate(const std::vector<Candidate>& candidates,
                        "(search.memory_limit_mb / search.memory_fraction)"));
   }
   if (objective == Objective::kMaxFit) {
-    if (why) *why = strCat("the largest per-GPU batch that fits on every rank");
+    if (why) {
+      *why = strCat("the largest per-GPU batch that fits on every rank",
+                    leversClause(candidates, *largest));
+    }
     return *largest;
   }
   const Candidate* pick = best;
   for (const auto& c : candidates) {
     if (!c.failed && relativeThroughput(c, *best, /*conservative=*/true) >= 1.0 - tolerance &&
-        c.per_gpu < pick->per_gpu) {
+        smallerThan(c, *pick)) {
       pick = &c;
     }
   }
@@ -151,6 +180,7 @@ const Candidate& chooseCandidate(const std::vector<Candidate>& candidates,
                         " % of the best throughput (", rate(*best), " at per-GPU ", best->per_gpu,
                         "): ", rate(*pick), ", ",
                         formatFixed(100 * relativeThroughput(*pick, *best), 1), " % of it");
+    *why += leversClause(candidates, *pick);
   }
   return *pick;
 }
@@ -159,7 +189,7 @@ void explainChoice(SearchResult& r) {
   std::string why;
   const auto& pick = chooseCandidate(r.candidates, r.objective, r.tolerance, &why,
                                      r.tokens_per_sample);
-  if (pick.per_gpu == r.chosen && pick.accum == r.chosen_accum) r.why = why;
+  if (isChosen(r, pick)) r.why = why;
 }
 
 // ---------------------------------------------------------------------------
@@ -205,6 +235,13 @@ struct BatchSearch::Space {
     const int64_t top = roundDown(hi);
     return top > m && allowed(top) ? top : 0;
   }
+  /// The sizes the search may measure: allowed, and multiples of search.multiple_of
+  /// unless the global batch fixes the divisors (the lever search's predictions).
+  bool searchable(int64_t m) const {
+    return allowed(m) && (fixed_global || m % std::max<int64_t>(1, multiple_of) == 0);
+  }
+  /// The largest size allowed.
+  int64_t top() const { return fixed_global ? std::min(hi, share) : hi; }
   /// Allowed sizes strictly between a and b (multiples of search.multiple_of
   /// unless the global batch fixes the divisors).
   std::vector<int64_t> between(int64_t a, int64_t b) const {
@@ -262,7 +299,8 @@ BatchSearch::Space BatchSearch::space() const {
   return sp;
 }
 
-Candidate BatchSearch::agree(int64_t per_gpu, int64_t accum, const Measurement& m) {
+Candidate BatchSearch::agree(int64_t per_gpu, int64_t accum, const Levers& levers,
+                             const Measurement& m) {
   const int64_t W = comm_.size();
   const bool failed = m.fail != FailKind::kNone;
   const bool stop = stop_requested_ && stop_requested_();
@@ -272,12 +310,15 @@ Candidate BatchSearch::agree(int64_t per_gpu, int64_t accum, const Measurement& 
   const auto v = comm_.allreduce(
       {failureCode(m.fail, comm_.rank()), m.peak_mb, failed ? 0.0 : m.samples_per_s,
        failed ? kNone : -m.samples_per_s, stop ? 1.0 : 0.0, failed ? kNone : -m.sps_low,
-       failed ? kNone : -m.sps_high, failed ? 0.0 : m.data_wait_fraction},
+       failed ? kNone : -m.sps_high, failed ? 0.0 : m.data_wait_fraction, m.parts.parameters_mb,
+       m.parts.gradients_mb, m.parts.optimizer_state_mb},
       collective::ReduceOp::kMax);
   Candidate c;
   c.rank_peak_mb = comm_.allgather(m.peak_mb);
   c.per_gpu = per_gpu;
   c.accum = accum;
+  c.levers = levers;
+  c.parts = {v[8], v[9], v[10]};
   c.global = per_gpu * accum * W;
   const auto [kind, rank] = decodeFailure(v[0]);
   c.failed = kind != FailKind::kNone;
@@ -306,14 +347,15 @@ Candidate BatchSearch::agree(int64_t per_gpu, int64_t accum, const Measurement& 
 }
 
 const Candidate& BatchSearch::measureOne(SearchResult& r, const Space& sp, int64_t m,
-                                         Console* console, bool adapt_range) {
+                                         Console* console, bool adapt_range, const Levers* levers) {
   const int64_t a = adapt_range ? 1 : sp.accumFor(m);
+  const Levers& under = levers ? *levers : base_;
   // The first candidate also pays for a cold process (allocator, thread pools).
-  const auto local = measurer_.measure(m, a, TimingRule::fromConfig(cfg_.search),
+  const auto local = measurer_.measure(m, a, under, TimingRule::fromConfig(cfg_.search),
                                        r.candidates.empty() ? cfg_.search.warmup_steps + 2 : 0);
   r.timed_steps += local.timed_steps;
   auto& into = adapt_range ? r.adapt_range : r.candidates;
-  into.push_back(agree(m, a, local));
+  into.push_back(agree(m, a, under, local));
   const auto& c = into.back();
   if (console) {
     const std::string tokens =
@@ -321,7 +363,10 @@ const Candidate& BatchSearch::measureOne(SearchResult& r, const Space& sp, int64
             ? strCat(", ", formatFixed(c.global_sps * static_cast<double>(r.tokens_per_sample), 0),
                      " tokens/s")
             : std::string();
-    console->line(strCat("  per-GPU ", m, " x accum ", a, ": ",
+    console->line(strCat("  per-GPU ", m, " x accum ", a,
+                         configLevers(cfg_) != base_ || levers ? strCat(" [", leversText(under), "]")
+                                                               : std::string(),
+                         ": ",
                          c.failed ? "FAILED " + c.reason
                                   : strCat(formatFixed(c.global_sps, 0), " samples/s (",
                                            formatFixed(c.sps_low, 0), "..",
@@ -431,7 +476,7 @@ void BatchSearch::interleavePhase(SearchResult& r, Console* console) {
     std::string line;
     for (auto i : order) {
       auto& c = r.candidates[i];
-      const auto again = measureAgain(r, c.per_gpu, c.accum);
+      const auto again = measureAgain(r, c);
       if (again.failed) {
         failedAgain(c, again);
         failed_now.push_back(i);
@@ -455,15 +500,170 @@ void BatchSearch::interleavePhase(SearchResult& r, Console* console) {
   }
 }
 
-Candidate BatchSearch::measureAgain(SearchResult& r, int64_t per_gpu, int64_t accum) {
+// Note [lever search], 2 and 3.
+void BatchSearch::leverPhase(SearchResult& r, const Space& sp, const LeverSpace& levers,
+                             Console* console) {
+  int64_t m0 = 0;
+  for (const auto& c : r.candidates) {
+    if (c.levers == base_ && !c.failed) m0 = std::max(m0, c.per_gpu);
+  }
+  bool memory_bound = false;  // the search throws on errors: a failure is memory's
+  for (const auto& c : r.candidates) memory_bound |= c.levers == base_ && c.failed && c.per_gpu > m0;
+  const int64_t pick =
+      m0 > 0 ? chooseCandidate(r.candidates, cfg_.search.objective, cfg_.search.tolerance).per_gpu : 0;
+  if (console) {
+    console->line(strCat("batch search: levers: the walk under ", leversText(base_), " ",
+                         m0 == 0 ? "fit no size"
+                                 : strCat("fit up to per-GPU ", m0, memory_bound
+                                                                        ? ", bounded by memory"
+                                                                        : ", not bounded by memory")));
+  }
+  const LeverWalk walk{m0, memory_bound, pick};
+  for (const auto& l : levers.combinations) {
+    r.levers.push_back(weighLevers(r, sp, l, walk, console));
+    if (console) {
+      const auto& o = r.levers.back();
+      console->line(strCat("  ", leversText(l), ": ", o.verdict));
+    }
+  }
+}
+
+namespace {
+
+/// The largest per-GPU batch measured to fit under `levers`; 0 if none.
+int64_t largestFit(const std::vector<Candidate>& candidates, const Levers& levers) {
+  int64_t top = 0;
+  for (const auto& c : candidates) {
+    if (c.levers == levers && !c.failed) top = std::max(top, c.per_gpu);
+  }
+  return top;
+}
+
+/// "predicted to fit up to per-GPU 48 (peak 343 MB of 406)", or why there is no prediction.
+std::string predictedText(const LeverOutcome& o, double budget_mb) {
+  if (o.predicted_max > 0) {
+    return strCat("predicted to fit up to per-GPU ", o.predicted_max, " (peak ",
+                  formatFixed(o.predicted_peak_mb, 0), " MB of ", formatFixed(budget_mb, 0), ")");
+  }
+  return o.fitted ? "predicted to fit no allowed size"
+                  : "no memory model (fewer than two sizes measured with a peak)";
+}
+
+}  // namespace
+
+LeverOutcome BatchSearch::weighLevers(SearchResult& r, const Space& sp, const Levers& levers,
+                                      const LeverWalk& walk, Console* console) {
+  if (walk.m0 == 0) return rescueLevers(r, sp, levers, console);
+  LeverOutcome o = modelLevers(r, sp, levers, walk, console);
+  const std::string predicted = predictedText(o, r.memory_budget_mb);
+  if (levers == base_) {
+    o.measured_max = walk.m0;
+    o.timed = true;
+    o.verdict = strCat("the walk's levers: fit up to per-GPU ", walk.m0,
+                       walk.memory_bound && o.fitted ? strCat("; ", predicted) : std::string());
+    return o;
+  }
+  if (walk.memory_bound && o.predicted_max > walk.m0) {
+    confirmLevers(r, sp, o, walk.m0, console);
+    return o;
+  }
+  const std::string why_not =
+      !walk.memory_bound ? strCat("memory did not bound the walk (up to per-GPU ", walk.m0, ")")
+                         : strCat(predicted, ": no larger than the walk's ", walk.m0);
+  if (levers.recompute != base_.recompute) {
+    o.measured_max = largestFit(r.candidates, levers);
+    o.verdict = strCat("pruned: ", why_not, "; recompute would only cost time");
+    return o;
+  }
+  o.timed = !measureOne(r, sp, walk.pick, console, false, &levers).failed;
+  o.measured_max = largestFit(r.candidates, levers);
+  o.verdict = strCat(why_not, "; timed at the walk's pick, per-GPU ", walk.pick,
+                     ": the same batch in less memory");
+  return o;
+}
+
+LeverOutcome BatchSearch::rescueLevers(SearchResult& r, const Space& sp, const Levers& levers,
+                                       Console* console) {
+  LeverOutcome o;
+  o.levers = levers;
+  const int64_t first = sp.firstAllowedFrom(sp.lo);
+  if (levers != base_ && first > 0) {
+    o.timed = !measureOne(r, sp, first, console, false, &levers).failed;
+    o.measured_max = largestFit(r.candidates, levers);
+  }
+  o.verdict = levers == base_ ? "the walk's levers: no size fit"
+              : o.timed       ? strCat("fits the smallest size, ", first, ", which the walk's levers did not")
+                              : strCat("does not fit the smallest size, ", first, ", either");
+  return o;
+}
+
+LeverOutcome BatchSearch::modelLevers(SearchResult& r, const Space& sp, const Levers& levers,
+                                      const LeverWalk& walk, Console* console) {
+  LeverOutcome o;
+  o.levers = levers;
+  // The fixed parts from the largest fitting measurement under the base.
+  const Candidate* ref = nullptr;
+  for (const auto& c : r.candidates) {
+    if (c.levers == base_ && !c.failed && (!ref || c.per_gpu > ref->per_gpu)) ref = &c;
+  }
+  o.fixed_mb = fixedMbUnder(ref->parts, base_.shard, levers.shard, comm_.size());
+  // Recompute's two probes, once per recompute setting, only where memory bounds:
+  // the base's largest fitting size and the smallest that failed above it (as far
+  // apart as the walk knows sizes near the boundary: a slope from small sizes is
+  // mostly the process's own memory on the CPU).
+  if (levers.recompute != base_.recompute && walk.memory_bound &&
+      !fitRest(r.candidates, levers.recompute).valid) {
+    int64_t above = 0;
+    for (const auto& c : r.candidates) {
+      if (c.levers == base_ && c.failed && c.per_gpu > walk.m0 && (above == 0 || c.per_gpu < above)) {
+        above = c.per_gpu;
+      }
+    }
+    const Levers probe{base_.shard, levers.recompute};
+    for (const int64_t m : {walk.m0, above}) measureOne(r, sp, m, console, false, &probe);
+  }
+  const auto fit = fitRest(r.candidates, levers.recompute);
+  o.fitted = fit.valid;
+  o.intercept_mb = fit.intercept_mb;
+  o.per_sample_mb = fit.per_sample_mb;
+  o.predicted_max = predictLargest(fit, o.fixed_mb, r.memory_budget_mb, sp.lo, sp.top(),
+                                   [&sp](int64_t m) { return sp.searchable(m); });
+  if (o.predicted_max > 0) {
+    o.predicted_peak_mb = o.fixed_mb + fit.intercept_mb +
+                          fit.per_sample_mb * static_cast<double>(o.predicted_max);
+  }
+  return o;
+}
+
+void BatchSearch::confirmLevers(SearchResult& r, const Space& sp, LeverOutcome& o, int64_t m0,
+                                Console* console) {
+  // The predicted size, then the sizes below it down to m0 + 1.
+  std::vector<int64_t> failed;
+  for (int64_t m = o.predicted_max, tries = 0; m > m0 && tries < kConfirmTries; ++tries) {
+    if (largestFit(r.candidates, o.levers) >= m) break;  // a probe measured it already
+    if (!measureOne(r, sp, m, console, false, &o.levers).failed) break;
+    failed.push_back(m);
+    for (--m; m > m0 && !sp.searchable(m);) --m;
+  }
+  o.measured_max = largestFit(r.candidates, o.levers);
+  o.timed = o.measured_max > 0;
+  std::string tried;
+  for (const int64_t f : failed) tried += strCat(tried.empty() ? "" : ", ", f);
+  o.verdict = strCat(predictedText(o, r.memory_budget_mb), "; ",
+                     o.measured_max > m0 ? strCat("measured to fit ", o.measured_max)
+                                         : std::string("but none of the sizes tried fit"),
+                     failed.empty() ? std::string() : strCat(" (out of memory at ", tried, ")"));
+}
+
+Candidate BatchSearch::measureAgain(SearchResult& r, const Candidate& c) {
   // A round needs less precision than a first measurement: the rounds' median
   // and the pairing do the rest. Half the time keeps the search's cost bounded.
   auto rule = TimingRule::fromConfig(cfg_.search);
   rule.min_time_s /= 2;
   rule.max_time_s /= 2;
-  const auto local = measurer_.measure(per_gpu, accum, rule, 0);
+  const auto local = measurer_.measure(c.per_gpu, c.accum, c.levers, rule, 0);
   r.timed_steps += local.timed_steps;
-  return agree(per_gpu, accum, local);
+  return agree(c.per_gpu, c.accum, c.levers, local);
 }
 
 void BatchSearch::addMeasurement(Candidate& c, const Candidate& again) const {
@@ -494,6 +694,8 @@ SearchResult BatchSearch::run(Console* console) {
     if (b > 0 && (r.memory_budget_mb == 0 || b < r.memory_budget_mb)) r.memory_budget_mb = b;
   }
   const Space sp = space();
+  const auto levers = leverSpace(configLevers(cfg_), comm_.size(), measurer_.recomputeUnsupported());
+  base_ = levers.base;
   if (console) {
     console->line(strCat("batch search: ", r.world_size, " rank(s) on ", r.device, ", objective ",
                          toString(s.objective), ", per-GPU from ", sp.lo,
@@ -518,11 +720,21 @@ SearchResult BatchSearch::run(Console* console) {
                            " bounds the global batch the search may choose"));
     }
   }
+  if (console) {
+    for (const auto& note : levers.notes) console->line("  " + note);
+    if (levers.weighed()) {
+      std::string list;
+      for (const auto& l : levers.combinations) list += strCat(list.empty() ? "" : ", ", leversText(l));
+      console->line(strCat("  levers weighed (Note [lever search]): ", list, "; the walk runs under ",
+                           leversText(base_)));
+    }
+  }
   int64_t last_ok = 0;
   int64_t first_fail = 0;
   double best = 0;
   doublingPhase(r, sp, console, &last_ok, &first_fail, &best);
   boundaryPhase(r, sp, console, last_ok, first_fail, best);
+  if (levers.weighed()) leverPhase(r, sp, levers, console);
   if (s.objective == Objective::kThroughput) interleavePhase(r, console);
 
   const auto& pick =
@@ -537,6 +749,7 @@ SearchResult BatchSearch::run(Console* console) {
   }
   r.chosen = pick.per_gpu;
   r.chosen_accum = pick.accum;
+  r.chosen_levers = pick.levers;
   dataBound(r, pick);
   if (cfg_.batch.adapt != BatchAdapt::kOff) adaptRangePhase(r, sp, pick, console);
   r.seconds = monotonicSeconds() - t0;
@@ -581,7 +794,7 @@ void BatchSearch::adaptRangePhase(SearchResult& r, const Space& sp, const Candid
   int64_t top = 0;
   double best = 0;
   for (const auto& c : r.candidates) {
-    if (c.failed || c.accum != 1) continue;
+    if (c.failed || c.accum != 1 || c.levers != pick.levers) continue;
     top = std::max(top, c.per_gpu);
     best = std::max(best, c.global_sps);
   }
@@ -596,7 +809,7 @@ void BatchSearch::adaptRangePhase(SearchResult& r, const Space& sp, const Candid
     // Doubling, and the ceiling itself last (rounded to multiple_of).
     const int64_t size = sp.roundDown(std::min(m, hi));
     if (size <= top) break;
-    const auto& c = measureOne(r, sp, size, console, /*adapt_range=*/true);
+    const auto& c = measureOne(r, sp, size, console, /*adapt_range=*/true, &pick.levers);
     if (c.failed) break;
     flat = c.global_sps > best * (1.0 + cfg_.search.tolerance) ? 0 : flat + 1;
     best = std::max(best, c.global_sps);
@@ -639,9 +852,9 @@ void BatchSearch::pairAdaptRange(SearchResult& r, const Candidate& pick, Console
     std::vector<std::pair<std::size_t, double>> got;
     std::string line;
     for (auto i : order) {
-      const int64_t m = i == kPick ? pick.per_gpu : r.adapt_range[i].per_gpu;
-      const int64_t a = i == kPick ? pick.accum : 1;
-      const auto again = measureAgain(r, m, a);
+      const Candidate& which = i == kPick ? pick : r.adapt_range[i];
+      const int64_t m = which.per_gpu;
+      const auto again = measureAgain(r, which);
       line += strCat(line.empty() ? "" : ", ", m, ": ",
                      again.failed ? "FAILED" : formatFixed(again.global_sps, 0));
       if (again.failed) {

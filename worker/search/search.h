@@ -35,6 +35,7 @@
 // measured spread"; on a flat plateau a borderline smaller batch loses to a
 // larger one that is certainly as fast.
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -77,6 +78,15 @@ struct TimingRule {
   int64_t nextCheck(int64_t n) const;
 };
 
+/// What a rank holds for the update, by part (Note [memory by part] in
+/// worker/train/result.h): the fixed parts of the memory model (Note [lever search]).
+struct MemoryParts {
+  double parameters_mb = 0;
+  double gradients_mb = 0;
+  double optimizer_state_mb = 0;
+  double fixedMb() const { return parameters_mb + gradients_mb + optimizer_state_mb; }
+};
+
 /// One rank's measurement of one candidate.
 struct Measurement {
   FailKind fail = FailKind::kNone;
@@ -88,17 +98,24 @@ struct Measurement {
   int64_t timed_steps = 0;
   std::vector<double> step_seconds;  ///< every timed step, in order
   double data_wait_fraction = 0;     ///< share of the timed steps spent waiting for the loader
+  MemoryParts parts;                 ///< this rank's, under the candidate's levers
 };
+
+struct LeverSpace;
 
 /// Measures a candidate per-GPU batch on this rank. Implementations must make the
 /// same collective calls on every rank whatever happens locally (Note [search agreement]).
 class Measurer {
  public:
   virtual ~Measurer() = default;
-  /// Times per-GPU batch `per_gpu` x `accum` under `rule`; `extra_warmup` steps
-  /// are added to the configured warmup (a cold process). Collective.
-  virtual Measurement measure(int64_t per_gpu, int64_t accum, const TimingRule& rule,
-                              int64_t extra_warmup = 0) = 0;
+  /// Times per-GPU batch `per_gpu` x `accum` under `levers` (concrete: no auto)
+  /// and `rule`; `extra_warmup` steps are added to the configured warmup (a cold
+  /// process). Collective.
+  virtual Measurement measure(int64_t per_gpu, int64_t accum, const Levers& levers,
+                              const TimingRule& rule, int64_t extra_warmup = 0) = 0;
+  /// Why the model cannot recompute its activations ("" if it can): model.recompute:
+  /// auto then weighs off only (Note [lever search]).
+  virtual std::string recomputeUnsupported() const { return ""; }
   /// Peak memory (MB) a candidate must stay under; 0 = no budget.
   virtual double memoryBudgetMb() const = 0;
   /// e.g. "NVIDIA H100 80GB HBM3" or "cpu".
@@ -115,6 +132,7 @@ struct Candidate {
   int64_t per_gpu = 0;
   int64_t accum = 1;
   int64_t global = 0;
+  Levers levers;                 ///< sharding and recompute it ran under (Note [lever search])
   bool failed = false;
   std::string reason;            ///< empty unless failed
   double min_rank_sps = 0;       ///< slowest rank's samples/s
@@ -130,11 +148,31 @@ struct Candidate {
   double peak_mb = 0;            ///< max over ranks
   std::vector<double> rank_peak_mb;  ///< each rank's own peak (ranks may have different budgets)
   double data_wait = 0;          ///< max over ranks of the share of step time waiting for data
+  MemoryParts parts;             ///< max over ranks, by part
+  /// Peak less the fixed parts: activations, workspace and the process's own (CPU).
+  double restMb() const { return std::max(0.0, peak_mb - parts.fixedMb()); }
+};
+
+/// Note [lever search]: what the search made of one lever combination.
+struct LeverOutcome {
+  Levers levers;
+  double fixed_mb = 0;        ///< parameters + gradients + optimizer state per rank (formulas)
+  double intercept_mb = 0;    ///< the rest's fit at per-GPU 0
+  double per_sample_mb = 0;   ///< the rest's slope: activations per sample
+  bool fitted = false;        ///< the rest was fitted (two sizes measured under its recompute)
+  int64_t predicted_max = 0;  ///< the largest allowed per-GPU batch predicted to fit (0: none)
+  double predicted_peak_mb = 0;  ///< the model's peak at predicted_max
+  int64_t measured_max = 0;   ///< the largest measured to fit under these levers (0: none)
+  bool timed = false;         ///< candidates under these levers compete
+  std::string verdict;        ///< why it was timed or pruned, in words
 };
 
 struct SearchResult {
   int64_t chosen = 0;  ///< per-GPU batch
   int64_t chosen_accum = 1;
+  Levers chosen_levers;  ///< Note [lever search]
+  /// Note [lever search]: one per combination weighed (empty: no lever was auto).
+  std::vector<LeverOutcome> levers;
   bool cached = false;
   Objective objective = Objective::kThroughput;
   double tolerance = 0;
@@ -159,6 +197,9 @@ struct SearchResult {
   std::string data_bound;
 };
 
+/// Whether `c` is r's choice: its per-GPU batch, accumulation and levers.
+bool isChosen(const SearchResult& r, const Candidate& c);
+
 /// `c`'s throughput relative to `best`: the median of the per-round ratios when
 /// both were measured in the same interleaved rounds (`conservative`: the lowest
 /// of them), else the ratio of their estimates (Note [interleaved comparison]).
@@ -167,7 +208,8 @@ double relativeThroughput(const Candidate& c, const Candidate& best, bool conser
 /// The selection rule. throughput: the smallest candidate whose global samples/s
 /// is within `tolerance` of the best measured (conservative relativeThroughput >=
 /// 1 - tolerance);
-/// max_fit: the largest that fits.
+/// max_fit: the largest that fits. Among candidates of one per-GPU batch under
+/// different levers (Note [lever search]), the smallest peak memory.
 /// Throws Error naming the smallest size tried and the memory seen when none fits.
 /// `why` gets the sentence of why; with `tokens_per_sample` > 0 (Note [tokens per
 /// sample] in worker/plan/plan.h) its rates give tokens/s beside samples/s.
@@ -214,16 +256,34 @@ class BatchSearch {
   /// The per-GPU sizes the walk may try, from the config and the world size.
   struct Space;
   Space space() const;
-  Candidate agree(int64_t per_gpu, int64_t accum, const Measurement& m);
+  Candidate agree(int64_t per_gpu, int64_t accum, const Levers& levers, const Measurement& m);
   /// Measures `per_gpu` (at the space's accumulation, or 1 for the adapt range)
-  /// and appends it to r.candidates (or r.adapt_range).
+  /// under `levers` (null: the base's) and appends it to r.candidates (or r.adapt_range).
   const Candidate& measureOne(SearchResult& r, const Space& sp, int64_t per_gpu, Console* console,
-                              bool adapt_range = false);
+                              bool adapt_range = false, const Levers* levers = nullptr);
   void doublingPhase(SearchResult& r, const Space& sp, Console* console, int64_t* last_ok,
                      int64_t* first_fail, double* best);
   void boundaryPhase(SearchResult& r, const Space& sp, Console* console, int64_t last_ok,
                      int64_t first_fail, double best);
   void interleavePhase(SearchResult& r, Console* console);
+  /// Note [lever search], 2 and 3: after the walk under the base levers.
+  void leverPhase(SearchResult& r, const Space& sp, const LeverSpace& levers, Console* console);
+  /// What the walk under the base levers found (Note [lever search], 1).
+  struct LeverWalk {
+    int64_t m0 = 0;             ///< the largest size that fit
+    bool memory_bound = false;  ///< a larger size ran out of memory or over the budget
+    int64_t pick = 0;           ///< the rule's pick among the walk's sizes
+  };
+  /// Note [lever search], 3: one combination's prediction, confirmation or pruning.
+  LeverOutcome weighLevers(SearchResult& r, const Space& sp, const Levers& levers,
+                           const LeverWalk& walk, Console* console);
+  /// ... when nothing fit under the base: the smallest size under `levers`, once.
+  LeverOutcome rescueLevers(SearchResult& r, const Space& sp, const Levers& levers, Console* console);
+  /// ... the memory model of `levers` (recompute's probes measured first where needed).
+  LeverOutcome modelLevers(SearchResult& r, const Space& sp, const Levers& levers,
+                           const LeverWalk& walk, Console* console);
+  /// ... the predicted size measured, then the ones below it down to m0 + 1.
+  void confirmLevers(SearchResult& r, const Space& sp, LeverOutcome& o, int64_t m0, Console* console);
   /// Note [adapt range]; `pick` is the walk's choice, in r.candidates (which the
   /// adapt range, kept in r.adapt_range, does not grow: the reference stays valid).
   void adaptRangePhase(SearchResult& r, const Space& sp, const Candidate& pick, Console* console);
@@ -231,7 +291,7 @@ class BatchSearch {
   void pairAdaptRange(SearchResult& r, const Candidate& pick, Console* console);
   /// One more measurement of a size already measured, in a round (interleaved or
   /// paired): half the timing budget of a first one, agreed over the ranks.
-  Candidate measureAgain(SearchResult& r, int64_t per_gpu, int64_t accum);
+  Candidate measureAgain(SearchResult& r, const Candidate& c);
   void addMeasurement(Candidate& c, const Candidate& again) const;
   /// Note [data-bound search]: the loader's rate and, if the pick waited for data, why.
   void dataBound(SearchResult& r, const Candidate& pick);
@@ -242,6 +302,7 @@ class BatchSearch {
   int64_t train_size_;
   bool has_bn_;
   std::function<bool()> stop_requested_;
+  Levers base_;  ///< the walk's levers (Note [lever search])
 };
 
 }  // namespace batchdist::worker

@@ -110,6 +110,7 @@ struct CheckpointIdentity {
   Plan plan;
   int64_t searched_per_gpu = 0;      ///< the batch search's choice, 0 when not searched
   nlohmann::ordered_json config;     ///< the resolved config
+  Levers levers;                     ///< in force (Note [lever search]: the search's under auto)
 };
 
 /// Writes this run's checkpoints (rank 0 writes; every call is collective).

@@ -21,13 +21,13 @@ class TrainStepMeasurer : public Measurer {
  public:
   TrainStepMeasurer(const Config& cfg, collective::Communicator& comm, const DataSplit& data,
                     at::Device device, const FaultPlan* faults)
-      : cfg_(cfg), comm_(comm), data_(data), device_(device) {
-    // A throwaway model: the training run starts from a fresh, identical one.
+      : cfg_(cfg), comm_(comm), data_(data), device_(device), faults_(faults) {
     has_bn_ = modelHasBatchNorm(cfg_.model, cfg_.base_dir);
-    const auto first = makePlan(cfg_, comm_.size(), data_.train.size(), has_bn_,
-                                std::max<int64_t>(2, cfg_.search.min));
-    // Note [fault plan]: the search times the real step, slow reads and updates included.
-    trainer_ = std::make_unique<Trainer>(cfg_, comm_, data_, device_, first, faults);
+    // Note [lever search]: auto levers start concrete (none, off); measure() rebuilds.
+    Levers start = configLevers(cfg_);
+    if (start.shard == Shard::kAuto) start.shard = Shard::kNone;
+    if (start.recompute == Recompute::kAuto) start.recompute = Recompute::kOff;
+    build(start);
     if (device_.is_cuda()) {
       total_mb_ = compat::cudaTotalBytes(device_.index()) / (1 << 20);
       budget_mb_ = cfg_.search.memory_fraction * total_mb_;
@@ -46,11 +46,18 @@ class TrainStepMeasurer : public Measurer {
   }
   int64_t loaderWorkers() const override { return trainer_->loader().workers(); }
   std::string deviceName() const override { return name_; }
+  std::string recomputeUnsupported() const override {
+    return worker::recomputeUnsupported(cfg_.model);
+  }
 
-  Measurement measure(int64_t per_gpu, int64_t accum, const TimingRule& rule,
+  Measurement measure(int64_t per_gpu, int64_t accum, const Levers& levers, const TimingRule& rule,
                       int64_t extra_warmup) override {
     Measurement out;
-    Config cfg = cfg_;
+    if (levers != levers_) {
+      build(levers);
+      extra_warmup += 2;  // a fresh model and optimizer: as cold as the first candidate
+    }
+    Config cfg = *run_cfg_;
     cfg.batch.global = 0;
     cfg.batch.global_auto = false;
     cfg.batch.accum = accum;
@@ -90,6 +97,8 @@ class TrainStepMeasurer : public Measurer {
       check = rule.nextCheck(n);
     }
     out.peak_mb = peakMb();
+    const auto parts = trainer_->update().memory();  // Note [memory by part]
+    out.parts = {parts.parameters_mb, parts.gradients_mb, parts.optimizer_state_mb};
     {
       const auto t = trainer_->takeTime();
       double timed = 0;
@@ -106,7 +115,7 @@ class TrainStepMeasurer : public Measurer {
       double mean = 0;
       for (const double x : out.step_seconds) mean += x;
       mean /= std::max<std::size_t>(1, out.step_seconds.size());
-      const double k = cfg_.data.decoded() && e.median > 0 ? std::max(1.0, mean / e.median) : 1.0;
+      const double k = cfg.data.decoded() && e.median > 0 ? std::max(1.0, mean / e.median) : 1.0;
       out.samples_per_s = samples / std::max(e.median * k, 1e-9);
       out.sps_low = std::isfinite(e.half_width) ? samples / ((e.median + e.half_width) * k) : 0.0;
       out.sps_high = std::isfinite(e.half_width) && e.median > e.half_width
@@ -121,6 +130,22 @@ class TrainStepMeasurer : public Measurer {
   }
 
  private:
+  /// A throwaway trainer under `levers` (the training run starts from a fresh,
+  /// identical model). Collective: every rank builds with the same levers in the
+  /// same order (Note [search agreement]). The last one is gone first, so that its
+  /// memory does not count in the new one's peak.
+  void build(const Levers& levers) {
+    trainer_.reset();
+    if (device_.is_cuda()) compat::cudaEmptyCache();
+    run_cfg_ = std::make_unique<Config>(cfg_);  // the Trainer keeps a reference
+    applyLevers(*run_cfg_, levers);
+    levers_ = levers;
+    const auto first = makePlan(*run_cfg_, comm_.size(), data_.train.size(), has_bn_,
+                                std::max<int64_t>(2, cfg_.search.min));
+    // Note [fault plan]: the search times the real step, slow reads and updates included.
+    trainer_ = std::make_unique<Trainer>(*run_cfg_, comm_, data_, device_, first, faults_);
+  }
+
   /// Queues the first `count` steps of the sharder's epoch (cycling) on the loader.
   void queueSteps(const Sharder& sharder, int64_t count) {
     std::vector<MicroBatch> jobs;
@@ -171,6 +196,9 @@ class TrainStepMeasurer : public Measurer {
   collective::Communicator& comm_;
   const DataSplit& data_;
   at::Device device_;
+  const FaultPlan* faults_;
+  Levers levers_;
+  std::unique_ptr<Config> run_cfg_;  ///< cfg_ under levers_, which trainer_ refers to
   std::unique_ptr<Trainer> trainer_;
   bool has_bn_ = false;
   double total_mb_ = 0;

@@ -1,0 +1,290 @@
+// Note [lever search]: the batch search weighs dist.shard and model.recompute with
+// the per-GPU batch: the memory model, its predictions, what it times and prunes,
+// the choice, and how the result travels (search.json, the cache, the table).
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "simulated_measurer.h"
+#include "tests/config_errors.h"
+#include "tests/scratch_dir.h"
+#include "tests/thread_ranks.h"
+#include "worker/search/cache.h"
+#include "worker/search/levers.h"
+#include "worker/search/output.h"
+#include "worker/search/search.h"
+
+using namespace batchdist;
+using namespace batchdist::worker;
+using batchdist::testsupport::SimulatedMeasurer;
+
+namespace {
+
+const Levers kPlain{Shard::kNone, Recompute::kOff};
+const Levers kShard{Shard::kOptimizer, Recompute::kOff};
+const Levers kRecompute{Shard::kNone, Recompute::kOn};
+const Levers kBoth{Shard::kOptimizer, Recompute::kOn};
+
+std::vector<SearchResult> searchOnRanks(const Config& cfg, std::vector<SimulatedMeasurer>& measurers) {
+  std::vector<SearchResult> results(measurers.size());
+  batchdist::testsupport::runRanks(static_cast<int>(measurers.size()), [&](collective::Communicator& comm) {
+    BatchSearch search(cfg, comm, measurers[comm.rank()], 1 << 20, false);
+    results[comm.rank()] = search.run(nullptr);
+  });
+  return results;
+}
+
+const LeverOutcome& outcome(const SearchResult& r, const Levers& l) {
+  for (const auto& o : r.levers) {
+    if (o.levers == l) return o;
+  }
+  throw std::runtime_error("no outcome for " + leversText(l));
+}
+
+/// Peak = 100 + fixed + 4 MB a sample (1 under recompute) against a 400 MB budget;
+/// fixed = parameters 10 + gradients 10 + state 20 (10 sharded over 2 ranks);
+/// samples/s 1000 m / (m + 32), recompute 20 % slower, sharding 2 %.
+SimulatedMeasurer memoryBound() {
+  SimulatedMeasurer m(1 << 30, 1000, 32, 100, 4, 400);
+  m.withLevers(10, 20, 2, 0.25, 0.2, 0.02);
+  return m;
+}
+
+const char* kAutoLevers =
+    "batch: {per_gpu: auto}\n"
+    "dist: {shard: auto}\n"
+    "model: {recompute: auto}\n"
+    "search: {min: 8, max: 256, multiple_of: 8, tolerance: 0.05, rounds: 2}\n";
+
+}  // namespace
+
+TEST(LeverSearch, WhereMemoryBoundsThePlainWalkTheModelPredictsWhatEachLeverFits) {
+  const auto cfg = parseConfig(kAutoLevers, "t.yaml");
+  std::vector<SimulatedMeasurer> m{memoryBound(), memoryBound()};
+  const auto res = searchOnRanks(cfg, m);
+  const auto& r = res[0];
+  const std::string table = searchTable(r);
+  // Plain: 140 + 4 m <= 400 -> 64 (a multiple of 8); sharded: 130 + 4 m -> 64 too;
+  // recompute: 140 + m -> 260, capped by search.max at 256; both: 256.
+  ASSERT_EQ(r.levers.size(), 4u) << table;
+  EXPECT_EQ(outcome(r, kPlain).predicted_max, 64) << table;
+  EXPECT_EQ(outcome(r, kPlain).measured_max, 64) << table;
+  EXPECT_EQ(outcome(r, kShard).predicted_max, 64) << table;
+  EXPECT_EQ(outcome(r, kRecompute).predicted_max, 256) << table;
+  EXPECT_EQ(outcome(r, kRecompute).measured_max, 256) << table;
+  EXPECT_EQ(outcome(r, kBoth).predicted_max, 256) << table;
+  EXPECT_EQ(outcome(r, kBoth).measured_max, 256) << table;
+  // The fixed parts from the formulas, the rest fitted exactly (a straight line here).
+  EXPECT_DOUBLE_EQ(outcome(r, kPlain).fixed_mb, 40);
+  EXPECT_DOUBLE_EQ(outcome(r, kShard).fixed_mb, 30);
+  EXPECT_NEAR(outcome(r, kPlain).per_sample_mb, 4, 1e-9);
+  EXPECT_NEAR(outcome(r, kRecompute).per_sample_mb, 1, 1e-9);
+  EXPECT_NEAR(outcome(r, kRecompute).intercept_mb, 100, 1e-9);
+  // Sharding fits no larger batch: timed once at the walk's pick (the same batch in less memory).
+  EXPECT_NE(outcome(r, kShard).verdict.find("timed at the walk's pick, per-GPU 64"), std::string::npos)
+      << outcome(r, kShard).verdict;
+  // Recompute at 256 (711 samples/s) beats plain's best, 64 (667), by more than the
+  // tolerance; sharded as well it is 2 % slower, within the tolerance, and smaller.
+  EXPECT_EQ(r.chosen, 256) << table;
+  EXPECT_EQ(r.chosen_levers, kBoth) << table;
+  EXPECT_NE(r.why.find("under shard optimizer + recompute"), std::string::npos) << r.why;
+  // Every rank walked the same sizes under the same levers, and agreed.
+  ASSERT_EQ(m[0].seen.size(), m[1].seen.size());
+  for (std::size_t i = 0; i < m[0].seen.size(); ++i) {
+    EXPECT_EQ(m[0].seen[i].first, m[1].seen[i].first);
+    EXPECT_EQ(m[0].seen[i].second, m[1].seen[i].second);
+  }
+  EXPECT_EQ(res[1].chosen, r.chosen);
+  EXPECT_EQ(res[1].chosen_levers, r.chosen_levers);
+  // Recompute's two probes: the walk's largest fitting size, 64, and the smallest
+  // that failed above it, 72 (the boundary tried 96, 80, 72).
+  int probes = 0;
+  for (const auto& c : r.candidates) {
+    if (c.levers == kRecompute && (c.per_gpu == 64 || c.per_gpu == 72)) ++probes;
+  }
+  EXPECT_EQ(probes, 2) << table;
+  EXPECT_NE(table.find("memory model"), std::string::npos) << table;
+  EXPECT_NE(table.find("<- chosen"), std::string::npos) << table;
+}
+
+TEST(LeverSearch, WithoutAMemoryBoundRecomputeIsPrunedUnmeasured) {
+  // No budget, no out-of-memory: the walk stops on its plateau. Recompute could
+  // only cost time; the sharded optimizer is timed once at the walk's pick.
+  auto make = [] {
+    SimulatedMeasurer m(1 << 30, 1000, 4);
+    m.withLevers(10, 20, 2, 0.25, 0.2, 0.0);
+    return m;
+  };
+  const auto cfg = parseConfig(kAutoLevers, "t.yaml");
+  std::vector<SimulatedMeasurer> m{make(), make()};
+  const auto res = searchOnRanks(cfg, m);
+  const auto& r = res[0];
+  for (const auto& [size, levers] : m[0].seen) {
+    EXPECT_EQ(levers.recompute, Recompute::kOff) << size;
+  }
+  EXPECT_NE(outcome(r, kRecompute).verdict.find("pruned: memory did not bound the walk"),
+            std::string::npos)
+      << outcome(r, kRecompute).verdict;
+  EXPECT_NE(outcome(r, kBoth).verdict.find("recompute would only cost time"), std::string::npos)
+      << outcome(r, kBoth).verdict;
+  EXPECT_TRUE(outcome(r, kShard).timed);
+  int sharded = 0;
+  for (const auto& c : r.candidates) sharded += c.levers == kShard ? 1 : 0;
+  EXPECT_EQ(sharded, 1) << searchTable(r);
+  // As fast (no cost) at the same size and smaller: sharding is chosen.
+  EXPECT_EQ(r.chosen_levers, kShard) << searchTable(r);
+}
+
+TEST(LeverSearch, APredictionThatIsTooHighIsConfirmedDownwards) {
+  // A rank whose memory grows faster above 240 under recompute (the model's line
+  // is fitted at 64 and 72): 256 and 248 run out of memory, 240 fits.
+  struct Kinked : SimulatedMeasurer {
+    Kinked() : SimulatedMeasurer(1 << 30, 1000, 32, 100, 4, 400) { withLevers(10, 20, 2, 0.25, 0.2, 0.02); }
+    Measurement measure(int64_t per_gpu, int64_t accum, const Levers& levers, const TimingRule& rule,
+                        int64_t extra) override {
+      auto m = SimulatedMeasurer::measure(per_gpu, accum, levers, rule, extra);
+      if (levers.recompute == Recompute::kOn && per_gpu > 240) {
+        m.fail = FailKind::kOutOfMemory;
+        m.samples_per_s = 0;
+      }
+      return m;
+    }
+  };
+  auto cfg = parseConfig(kAutoLevers, "t.yaml");
+  std::vector<SearchResult> results(2);
+  std::vector<Kinked> m(2);
+  batchdist::testsupport::runRanks(2, [&](collective::Communicator& comm) {
+    BatchSearch search(cfg, comm, m[comm.rank()], 1 << 20, false);
+    results[comm.rank()] = search.run(nullptr);
+  });
+  const auto& o = outcome(results[0], kRecompute);
+  EXPECT_EQ(o.predicted_max, 256);
+  EXPECT_EQ(o.measured_max, 240) << o.verdict;
+  EXPECT_NE(o.verdict.find("out of memory at 256, 248"), std::string::npos) << o.verdict;
+}
+
+TEST(LeverSearch, OneRankAndAModelWithoutBlocksSayWhatAutoCannotWeigh) {
+  const auto one = leverSpace({Shard::kAuto, Recompute::kAuto}, 1, "");
+  EXPECT_EQ(one.combinations.size(), 2u);  // plain, recompute
+  ASSERT_EQ(one.notes.size(), 1u);
+  EXPECT_NE(one.notes[0].find("dist.shard: auto: one rank"), std::string::npos) << one.notes[0];
+  const auto cnn = leverSpace({Shard::kAuto, Recompute::kAuto}, 4, "no blocks here");
+  EXPECT_EQ(cnn.combinations.size(), 2u);  // plain, sharded
+  ASSERT_EQ(cnn.notes.size(), 1u);
+  EXPECT_EQ(cnn.notes[0], "model.recompute: auto: no blocks here: off");
+  const auto fixed = leverSpace({Shard::kOptimizer, Recompute::kAuto}, 4, "");
+  ASSERT_EQ(fixed.combinations.size(), 2u);
+  EXPECT_EQ(fixed.base, kShard);  // a lever that is not auto stays as configured
+  EXPECT_EQ(fixed.combinations[1], kBoth);
+  EXPECT_FALSE(leverSpace({Shard::kNone, Recompute::kOff}, 4, "").weighed());
+}
+
+TEST(LeverSearch, TheMemoryModelsPiecesByThemselves) {
+  const MemoryParts sharded{10, 10, 5};  // state 5 of 20 over 4 ranks
+  EXPECT_DOUBLE_EQ(fixedMbUnder(sharded, Shard::kOptimizer, Shard::kNone, 4), 40);
+  EXPECT_DOUBLE_EQ(fixedMbUnder(sharded, Shard::kOptimizer, Shard::kOptimizer, 4), 25);
+  EXPECT_DOUBLE_EQ(fixedMbUnder({10, 10, 20}, Shard::kNone, Shard::kOptimizer, 4), 25);
+  // The fit takes the two largest sizes with a peak, an over-budget one included,
+  // an out-of-memory (no peak) not.
+  auto at = [](int64_t m, double peak, const std::string& reason = "") {
+    Candidate c;
+    c.per_gpu = m;
+    c.peak_mb = peak;
+    c.failed = !reason.empty();
+    c.reason = reason;
+    c.parts = {10, 10, 20};
+    return c;
+  };
+  const std::vector<Candidate> cs{at(8, 172), at(16, 204), at(32, 268, "over memory budget on rank 0"),
+                                  at(64, 999, "out of memory on rank 1")};
+  const auto fit = fitRest(cs, Recompute::kOff);
+  ASSERT_TRUE(fit.valid);
+  EXPECT_NEAR(fit.per_sample_mb, 4, 1e-9);
+  EXPECT_NEAR(fit.intercept_mb, 100, 1e-9);
+  EXPECT_FALSE(fitRest(cs, Recompute::kOn).valid);
+  const auto any = [](int64_t) { return true; };
+  const auto eights = [](int64_t m) { return m % 8 == 0; };
+  EXPECT_EQ(predictLargest(fit, 40, 400, 1, 1000, any), 65);
+  EXPECT_EQ(predictLargest(fit, 40, 400, 1, 1000, eights), 64);
+  EXPECT_EQ(predictLargest(fit, 40, 400, 1, 50, any), 50);
+  EXPECT_EQ(predictLargest(fit, 40, 130, 1, 1000, any), 0);  // the fixed parts alone overflow
+  EXPECT_EQ(predictLargest(fit, 40, 0, 1, 1000, any), 0);    // no budget: no prediction
+}
+
+TEST(LeverSearch, TheLeversTravelThroughSearchJsonTheCacheAndTrainingOoms) {
+  const auto cfg = parseConfig(kAutoLevers, "t.yaml");
+  std::vector<SimulatedMeasurer> m{memoryBound(), memoryBound()};
+  const auto r = searchOnRanks(cfg, m)[0];
+  const auto back = searchFromJson(nlohmann::json::parse(searchJson(r).dump()));
+  EXPECT_EQ(back.chosen_levers, r.chosen_levers);
+  ASSERT_EQ(back.levers.size(), r.levers.size());
+  for (std::size_t i = 0; i < r.levers.size(); ++i) {
+    EXPECT_EQ(back.levers[i].levers, r.levers[i].levers);
+    EXPECT_EQ(back.levers[i].predicted_max, r.levers[i].predicted_max);
+    EXPECT_EQ(back.levers[i].verdict, r.levers[i].verdict);
+  }
+  ASSERT_EQ(back.candidates.size(), r.candidates.size());
+  for (std::size_t i = 0; i < r.candidates.size(); ++i) {
+    EXPECT_EQ(back.candidates[i].levers, r.candidates[i].levers);
+    EXPECT_DOUBLE_EQ(back.candidates[i].parts.optimizer_state_mb, r.candidates[i].parts.optimizer_state_mb);
+  }
+  // Exactly one candidate is chosen in search.json, though several ran at 256.
+  int chosen = 0;
+  const auto doc = searchJson(r);
+  for (const auto& c : doc["candidates"]) chosen += c["chosen"].get<bool>() ? 1 : 0;
+  EXPECT_EQ(chosen, 1);
+  // Training under shard optimizer + recompute ran out of memory at 256: 256 under
+  // those levers and under the ones that save less is out; the choice falls back.
+  const batchdist::testsupport::ScratchDir dir("lever_cache");  // Note [scratch dirs]
+  const auto path = (dir.path() / "search_cache.json").string();
+  writeSearchCache(path, "k", r);
+  markSearchCacheOom(path, "k", {{256, 1, 3, 0, 410}});
+  const auto found = readSearchCache(path, "k");
+  ASSERT_TRUE(found.result.has_value()) << found.problem;
+  EXPECT_LT(found.result->chosen, 256) << found.note;
+  for (const auto& c : found.result->candidates) {
+    if (c.per_gpu == 256) EXPECT_TRUE(c.failed) << leversText(c.levers);
+  }
+}
+
+TEST(LeverSearch, AutoNeedsTheSearchAndNamesItsValues) {
+  using batchdist::testsupport::configError;
+  const auto fixed = configError("batch: {per_gpu: 16}\ndist: {shard: auto}\n");
+  EXPECT_NE(fixed.find("dist.shard"), std::string::npos) << fixed;
+  EXPECT_NE(fixed.find("auto is chosen by the batch search, and batch.per_gpu is fixed (16)"),
+            std::string::npos)
+      << fixed;
+  EXPECT_NE(fixed.find("none or optimizer"), std::string::npos) << fixed;
+  const auto recompute = configError("batch: {per_gpu: 16}\nmodel: {recompute: auto}\n");
+  EXPECT_NE(recompute.find("model.recompute"), std::string::npos) << recompute;
+  EXPECT_NE(recompute.find("off or on"), std::string::npos) << recompute;
+  const auto bad = configError("batch: {per_gpu: auto}\nmodel: {recompute: sometimes}\n");
+  EXPECT_NE(bad.find("auto"), std::string::npos) << bad;
+  // A model with no blocks takes auto (the search weighs off only), not on.
+  EXPECT_EQ(configError("batch: {per_gpu: auto}\nmodel: {name: cnn, recompute: auto}\n"), "<no error>");
+  EXPECT_NE(configError("model: {name: cnn, recompute: on}\n").find("not supported"), std::string::npos);
+  EXPECT_EQ(configError("batch: {per_gpu: auto}\ndist: {shard: auto}\nmodel: {recompute: auto}\n"),
+            "<no error>");
+}
+
+TEST(LeverSearch, WhenNothingFitsPlainTheLeversAreTriedAtTheSmallestSize) {
+  // A 160 MB budget: plain needs 172 MB at per-GPU 8, sharded 162; recompute 148, both 138.
+  auto make = [] {
+    SimulatedMeasurer m(1 << 30, 1000, 32, 100, 4, 160);
+    m.withLevers(10, 20, 2, 0.25, 0.2, 0.02);
+    return m;
+  };
+  const auto cfg = parseConfig(kAutoLevers, "t.yaml");
+  std::vector<SimulatedMeasurer> m{make(), make()};
+  const auto res = searchOnRanks(cfg, m);
+  const auto& r = res[0];
+  EXPECT_EQ(outcome(r, kPlain).verdict, "the walk's levers: no size fit");
+  EXPECT_NE(outcome(r, kShard).verdict.find("does not fit the smallest size, 8, either"), std::string::npos)
+      << outcome(r, kShard).verdict;
+  EXPECT_NE(outcome(r, kRecompute).verdict.find("fits the smallest size, 8"), std::string::npos)
+      << outcome(r, kRecompute).verdict;
+  EXPECT_EQ(r.chosen, 8) << searchTable(r);
+  EXPECT_EQ(r.chosen_levers, kBoth) << searchTable(r);
+}
