@@ -24,13 +24,8 @@ set -euo pipefail
 bin=${1:-build/launcher/batchdist}
 out=${2:-$(mktemp -d /tmp/lever_search.XXXXXX)}
 ranks=${RANKS:-2 4} sweep_rounds=${SWEEP_ROUNDS:-2}
-make_data=$(dirname "$(dirname "$bin")")/tests/batchdist_make_data
-[ -x "$bin" ] || { echo "no batchdist binary at $bin" >&2; exit 2; }
-[ -x "$make_data" ] || { echo "no batchdist_make_data at $make_data" >&2; exit 2; }
-flags=(--oversubscribe --bind-to none)
-[ "$(id -u)" = 0 ] && flags+=(--allow-run-as-root)
-mkdir -p "$out"
-"$make_data" tokens --text /usr/share/common-licenses/GPL-3 --out "$out/tokens" >/dev/null
+# shellcheck source=bench/gpt_tokens_lib.sh
+source "$(dirname "$0")/gpt_tokens_lib.sh"
 echo "lever_search: $(uptime | sed 's/.*load/load/'); out $out"
 sizes=(8 12 16 24 48)
 combos=("none off" "optimizer off" "none on" "optimizer on")

@@ -21,13 +21,8 @@ bin=${1:-build/launcher/batchdist}
 out=${2:-$(mktemp -d /tmp/memory_levers.XXXXXX)}
 ranks=${RANKS:-2 4} rounds=${ROUNDS:-3} m=${M:-16} steps=${STEPS:-30}
 read -r layers heads embed seq <<<"${GPT_SHAPE:-4 4 256 128}"
-make_data=$(dirname "$(dirname "$bin")")/tests/batchdist_make_data
-[ -x "$bin" ] || { echo "no batchdist binary at $bin" >&2; exit 2; }
-[ -x "$make_data" ] || { echo "no batchdist_make_data at $make_data" >&2; exit 2; }
-flags=(--oversubscribe --bind-to none)
-[ "$(id -u)" = 0 ] && flags+=(--allow-run-as-root)
-mkdir -p "$out"
-"$make_data" tokens --text /usr/share/common-licenses/GPL-3 --out "$out/tokens" >/dev/null
+# shellcheck source=bench/gpt_tokens_lib.sh
+source "$(dirname "$0")/gpt_tokens_lib.sh"
 echo "memory_levers: $(uptime | sed 's/.*load/load/'); gpt ${layers}x${heads}x${embed}, seq $seq; M=$m, $steps steps; out $out"
 combos=("none off" "optimizer off" "none on" "optimizer on")
 

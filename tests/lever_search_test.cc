@@ -43,14 +43,16 @@ const LeverOutcome& outcome(const SearchResult& r, const Levers& l) {
   throw std::runtime_error("no outcome for " + leversText(l));
 }
 
-/// Peak = 100 + fixed + 4 MB a sample (1 under recompute) against a 400 MB budget;
-/// fixed = parameters 10 + gradients 10 + state 20 (10 sharded over 2 ranks);
-/// samples/s 1000 m / (m + 32), recompute 20 % slower, sharding 2 %.
-SimulatedMeasurer memoryBound() {
-  SimulatedMeasurer m(1 << 30, 1000, 32, 100, 4, 400);
-  m.withLevers(10, 20, 2, 0.25, 0.2, 0.02);
+/// Peak = 100 + fixed + 4 MB a sample (1 under recompute) against a `budget_mb`
+/// budget (0: none); fixed = parameters 10 + gradients 10 + state 20 (10 sharded
+/// over 2 ranks); samples/s 1000 m / (m + `half`), recompute 20 % slower, sharding
+/// `shard_cost`.
+SimulatedMeasurer leverMeasurer(double budget_mb, double half = 32, double shard_cost = 0.02) {
+  SimulatedMeasurer m(1 << 30, 1000, half, 100, 4, budget_mb);
+  m.withLevers(10, 20, 2, 0.25, 0.2, shard_cost);
   return m;
 }
+SimulatedMeasurer memoryBound() { return leverMeasurer(400); }
 
 const char* kAutoLevers =
     "batch: {per_gpu: auto}\n"
@@ -112,13 +114,8 @@ TEST(LeverSearch, WhereMemoryBoundsThePlainWalkTheModelPredictsWhatEachLeverFits
 TEST(LeverSearch, WithoutAMemoryBoundRecomputeIsPrunedUnmeasured) {
   // No budget, no out-of-memory: the walk stops on its plateau. Recompute could
   // only cost time; the sharded optimizer is timed once at the walk's pick.
-  auto make = [] {
-    SimulatedMeasurer m(1 << 30, 1000, 4);
-    m.withLevers(10, 20, 2, 0.25, 0.2, 0.0);
-    return m;
-  };
   const auto cfg = parseConfig(kAutoLevers, "t.yaml");
-  std::vector<SimulatedMeasurer> m{make(), make()};
+  std::vector<SimulatedMeasurer> m{leverMeasurer(0, 4, 0.0), leverMeasurer(0, 4, 0.0)};
   const auto res = searchOnRanks(cfg, m);
   const auto& r = res[0];
   for (const auto& [size, levers] : m[0].seen) {
@@ -141,7 +138,7 @@ TEST(LeverSearch, APredictionThatIsTooHighIsConfirmedDownwards) {
   // A rank whose memory grows faster above 240 under recompute (the model's line
   // is fitted at 64 and 72): 256 and 248 run out of memory, 240 fits.
   struct Kinked : SimulatedMeasurer {
-    Kinked() : SimulatedMeasurer(1 << 30, 1000, 32, 100, 4, 400) { withLevers(10, 20, 2, 0.25, 0.2, 0.02); }
+    Kinked() : SimulatedMeasurer(memoryBound()) {}
     Measurement measure(int64_t per_gpu, int64_t accum, const Levers& levers, const TimingRule& rule,
                         int64_t extra) override {
       auto m = SimulatedMeasurer::measure(per_gpu, accum, levers, rule, extra);
@@ -245,7 +242,9 @@ TEST(LeverSearch, TheLeversTravelThroughSearchJsonTheCacheAndTrainingOoms) {
   ASSERT_TRUE(found.result.has_value()) << found.problem;
   EXPECT_LT(found.result->chosen, 256) << found.note;
   for (const auto& c : found.result->candidates) {
-    if (c.per_gpu == 256) EXPECT_TRUE(c.failed) << leversText(c.levers);
+    if (c.per_gpu == 256) {
+      EXPECT_TRUE(c.failed) << leversText(c.levers);
+    }
   }
 }
 
@@ -271,13 +270,8 @@ TEST(LeverSearch, AutoNeedsTheSearchAndNamesItsValues) {
 
 TEST(LeverSearch, WhenNothingFitsPlainTheLeversAreTriedAtTheSmallestSize) {
   // A 160 MB budget: plain needs 172 MB at per-GPU 8, sharded 162; recompute 148, both 138.
-  auto make = [] {
-    SimulatedMeasurer m(1 << 30, 1000, 32, 100, 4, 160);
-    m.withLevers(10, 20, 2, 0.25, 0.2, 0.02);
-    return m;
-  };
   const auto cfg = parseConfig(kAutoLevers, "t.yaml");
-  std::vector<SimulatedMeasurer> m{make(), make()};
+  std::vector<SimulatedMeasurer> m{leverMeasurer(160), leverMeasurer(160)};
   const auto res = searchOnRanks(cfg, m);
   const auto& r = res[0];
   EXPECT_EQ(outcome(r, kPlain).verdict, "the walk's levers: no size fit");

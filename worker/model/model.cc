@@ -532,7 +532,6 @@ void checkRecomputeSupported(const ModelConfig& cfg) {
 
 }  // namespace
 
-
 bool SyncBatchNorm::synchronising() const { return comm_.size() > 1 && paused_ == 0; }
 
 LocalBatchNorm::LocalBatchNorm(Model& model) : sync_(model.syncBatchNorm()) {

@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "worker/report/metrics_log.h"
+#include "worker/search/output.h"
 
 namespace batchdist::worker {
 namespace {
@@ -200,8 +201,7 @@ nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const Trai
                    {"loader_samples_per_s", s.loader_sps},
                    {"data_bound", !s.data_bound.empty()}};
     if (!s.levers.empty()) {  // Note [lever search]
-      o["search"]["chosen_levers"] = {{"shard", toString(s.chosen_levers.shard)},
-                                      {"recompute", toString(s.chosen_levers.recompute)}};
+      o["search"]["chosen_levers"] = leversJson(s.chosen_levers);
       auto outcomes = nlohmann::ordered_json::array();
       for (const auto& l : s.levers) {
         outcomes.push_back({{"levers", leversText(l.levers)},

@@ -28,11 +28,11 @@ std::string xmlEscape(const std::string& s) {
   return out;
 }
 
-namespace {
-
 nlohmann::ordered_json leversJson(const Levers& l) {
   return {{"shard", toString(l.shard)}, {"recompute", toString(l.recompute)}};
 }
+
+namespace {
 
 Levers leversFromJson(const nlohmann::json& j) {
   Levers l;

@@ -28,6 +28,7 @@
 #include "worker/model/model.h"
 #include "worker/model/optimizer.h"
 #include "worker/model/precision.h"
+#include "worker/search/output.h"
 #include "worker/train/sharded_checkpoint.h"
 #include "worker/train/sharded_optimizer.h"
 
@@ -431,7 +432,7 @@ int64_t Checkpointer::writeInto(const std::string& tmp, const TrainState& state,
         {"world_size", p.world_size}, {"steps_per_epoch", p.steps_per_epoch},
         {"total_steps", p.total_steps}, {"dataset_size", p.dataset_size}}},
       {"searched_per_gpu", id_.searched_per_gpu},
-      {"levers", {{"shard", toString(id_.levers.shard)}, {"recompute", toString(id_.levers.recompute)}}},
+      {"levers", leversJson(id_.levers)},
       {"config_hash", hashOf(id_.config.dump())},
       {"config", id_.config},
       {"parameters", namesOf(state.model->namedParameters())},
