@@ -34,6 +34,10 @@ struct GradSqNorms {
   double local_sum = 0;
   double summed = 0;
   bool valid = false;  ///< measured at the last sum (measuring on, world size > 1)
+  /// The local gradients summed in `local_sum` per rank: 1 (the step's whole
+  /// gradient), or under dist.shard: gradients the accumulation a (one per
+  /// micro-batch, each reduce-scattered on its own: Note [sharded gradients]).
+  int64_t parts = 1;
 };
 
 /// Note [side channel]: the per-step side channel (SideChannel, Note [step wishes]

@@ -144,6 +144,29 @@ TEST(OomBackoff, UnderShardedOptimizerStateTheBackOffIsTheUnshardedOne) {
   EXPECT_LE(diff, 1e-6 * plain.state.abs().max().item<double>());
 }
 
+// Note [sharded gradients]: under dist.shard: gradients the failing rank still
+// makes every reduce-scatter of the step (at step 9 the window has two
+// micro-batches, the first already reduce-scattered), every rank drops the step,
+// and the run goes on as the unsharded back-off does: 8 x 1, 4 x 2 from step 5,
+// 2 x 4 from step 9. Without BatchNorm (whose batches of 2 would magnify it) the
+// only difference is the order of the sums under accumulation: to rounding.
+TEST(OomBackoff, UnderShardedGradientsTheBackOffIsTheUnshardedOne) {
+  const std::string faults = last() + ":5," + last() + ":9";
+  const auto sharded = trainWithFaults(
+      oomConfig(/*bn=*/false, /*overlap=*/true, 0, false, "gradients"), faults);
+  const auto plain = trainWithFaults(oomConfig(/*bn=*/false, /*overlap=*/true), faults);
+  if (mpitest::worldRank() != 0) return;
+  ASSERT_EQ(sharded.result.oom_backoffs.size(), 2u);
+  EXPECT_EQ(sharded.result.oom_backoffs[1].step, 9);
+  EXPECT_EQ(sharded.plan.per_gpu, 2);
+  EXPECT_EQ(sharded.plan.accum, 4);
+  EXPECT_TRUE(sharded.result.completed);
+  const double diff = (sharded.state - plain.state).abs().max().item<double>();
+  std::printf("[ oom ] W=%d dist.shard: gradients vs none, back-offs at steps 5 and 9: max |diff| = %.3g\n",
+              mpitest::worldSize(), diff);
+  EXPECT_LE(diff, 1e-5 * plain.state.abs().max().item<double>());
+}
+
 // Without BatchNorm the split does not matter (Note [loss normalisation]): the
 // run that backed off matches the run that never failed to float rounding.
 TEST(OomBackoff, WithoutBatchNormTheResultIsTheUnsplitRunsToRounding) {

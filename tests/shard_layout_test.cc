@@ -1,5 +1,5 @@
 // Note [shard layout]: the pieces of every rank tile the parameters exactly once,
-// in flat order, with the pad at the end. Note [sharded optimizer]: the config key
+// in flat order, with the pad at the end (one segment) or in every segment's. Note [sharded optimizer]: the config key
 // and what a sharded optimizer refuses.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -59,6 +59,50 @@ TEST(ShardLayout, PiecesTileTheParametersOnce) {
   expectTiles({1, 0, 2}, 8);  // more ranks than elements: empty slices, an empty parameter
 }
 
+/// Segmented (Note [sharded gradients]): every element of every parameter is in
+/// exactly one rank's piece, each piece inside its rank's chunk of its segment,
+/// at its packed position; a rank's pieces fill its shard in order, without gaps
+/// but the pads.
+void expectSegmentedTiles(const std::vector<int64_t>& numels, int ranks, int64_t segment) {
+  const auto l = makeShardLayout(numels, ranks, segment);
+  std::vector<int> seen(static_cast<std::size_t>(l.total), 0);
+  int64_t filled = 0, shard = 0;
+  for (const auto& s : l.segments) {
+    EXPECT_TRUE(s.elements <= segment || s.end - s.first == 1) << "a segment over the size";
+    EXPECT_EQ(s.chunk, (s.elements + ranks - 1) / ranks);
+    EXPECT_EQ(s.owned, shard);
+    shard += s.chunk;
+  }
+  EXPECT_EQ(l.slice, shard);
+  for (int r = 0; r < ranks; ++r) {
+    int64_t owned = -1;
+    for (const auto& p : l.piecesOf(r)) {
+      ASSERT_GT(p.length, 0);
+      EXPECT_EQ(p.packed, l.packed[p.param] + p.offset);
+      EXPECT_EQ(p.flat, l.starts[p.param] + p.offset);
+      EXPECT_GT(p.owned, owned) << "rank " << r << ": pieces out of order";
+      EXPECT_LE(p.owned + p.length, l.slice);
+      owned = p.owned;
+      for (int64_t i = 0; i < p.length; ++i) ++seen[p.packed + i];
+    }
+    filled += l.filled(r);
+  }
+  EXPECT_EQ(filled, l.total);
+  for (std::size_t i = 0; i < seen.size(); ++i) ASSERT_EQ(seen[i], 1) << "element " << i;
+}
+
+TEST(ShardLayout, SegmentsTileTheParametersOnce) {
+  const std::vector<int64_t> mlp{384, 32, 544, 17, 85, 5};
+  for (int ranks : {1, 2, 3, 4, 7}) {
+    expectSegmentedTiles(mlp, ranks, 262);  // 384 | 32 | 544 | 17 85 5
+    expectSegmentedTiles(mlp, ranks, 100);
+    expectSegmentedTiles(mlp, ranks, 1);    // a segment per parameter
+  }
+  expectSegmentedTiles({1, 0, 2}, 8, 2);
+  EXPECT_EQ(makeShardLayout(mlp, 2, 262).segments.size(), 4u);
+  EXPECT_EQ(makeShardLayout(mlp, 2, 0).segments.size(), 1u) << "ZeRO-1: one segment";
+}
+
 TEST(ShardLayout, AParameterStraddlingSlicesIsSplitAtTheBoundary) {
   // 10 + 6 elements over 4 ranks: n = 4; rank 2 owns [8, 12): 2 of the first, 2 of the second.
   const auto l = makeShardLayout({10, 6}, 4);
@@ -86,14 +130,13 @@ TEST(ShardConfig, DefaultsToNoneAndStaysOutOfTheResolvedConfig) {
   EXPECT_EQ(on.resolved["dist"]["shard"], "optimizer");
 }
 
-TEST(ShardConfig, GradientsIsRefusedAsNotBuiltAndATypoListsTheChoices) {
-  const auto later = configError("dist: {shard: gradients}");
-  EXPECT_NE(later.find("dist.shard"), std::string::npos) << later;
-  EXPECT_NE(later.find("not available"), std::string::npos) << later;
-  EXPECT_NE(later.find("optimizer"), std::string::npos) << later;
+TEST(ShardConfig, GradientsIsAcceptedAndATypoListsTheChoices) {
+  const auto on = parseConfig("dist: {shard: gradients}", "test.yaml");
+  EXPECT_EQ(on.dist.shard, Shard::kGradients);
+  EXPECT_EQ(on.resolved["dist"]["shard"], "gradients");
   const auto typo = configError("dist: {shard: zero1}");
   EXPECT_NE(typo.find("not one of"), std::string::npos) << typo;
-  EXPECT_NE(typo.find("optimizer"), std::string::npos) << typo;
+  EXPECT_NE(typo.find("gradients"), std::string::npos) << typo;
 }
 
 // Sharding changes what fits: a search cached without it is not reused with it,

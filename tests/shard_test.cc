@@ -33,14 +33,16 @@ namespace {
 /// 421 samples: the last batch of an epoch is padded. An mlp of 1 067 parameters:
 /// not a multiple of 2, 3 or 4, so the last rank's slice holds the pad, and
 /// several parameters straddle two slices. Per-GPU 8 of G = 16 W: accumulation 2.
-Config shardConfig(const std::string& optim, const std::string& shard) {
+/// Under dist.shard: gradients, segments of at most 262 floats (bucket_mb 0.001):
+/// four (Note [shard layout]), each with its own chunks and pad.
+Config shardConfig(const std::string& optim, const std::string& shard, int64_t per_gpu = 8) {
   const int64_t G = 16 * mpitest::worldSize();
   return parseConfig(
       "model: {name: mlp, hidden: [32, 17], batchnorm: false}\n"
       "data: {name: synthetic, samples: 421, shape: [12], classes: 5, val_fraction: 0.1}\n"
-      "batch: {global: " + std::to_string(G) + ", per_gpu: 8, last_batch: pad}\n"
+      "batch: {global: " + std::to_string(G) + ", per_gpu: " + std::to_string(per_gpu) + ", last_batch: pad}\n"
       "optim: {" + optim + ", base_batch: " + std::to_string(G) + ", warmup_steps: 2}\n"
-      "dist: {shard: " + shard + "}\n"
+      "dist: {shard: " + shard + (shard == "gradients" ? ", bucket_mb: 0.001" : "") + "}\n"
       "train: {epochs: 3, seed: 5}\n",
       "shard_test.yaml");
 }
@@ -52,16 +54,21 @@ Config shardConfig(const std::string& optim, const std::string& shard) {
 /// tensor's unaligned tail apart (scalar vs fused multiply-add) could differ by
 /// an ulp at piece boundaries on another machine.
 void expectShardedEqualsUnsharded(const std::string& optim, double tolerance,
-                                  const std::string& backend = "gloo") {
+                                  const std::string& backend = "gloo",
+                                  const std::string& shard = "optimizer", int64_t per_gpu = 8) {
   torch::Tensor plain, sharded;
   mpitest::inGroup(mpitest::worldSize(), [&](collective::Communicator& comm) {
-    plain = trainSteps(shardConfig(optim, "none"), comm, 50);
-    sharded = trainSteps(shardConfig(optim, "optimizer"), comm, 50,
+    plain = trainSteps(shardConfig(optim, "none", per_gpu), comm, 50);
+    sharded = trainSteps(shardConfig(optim, shard, per_gpu), comm, 50,
                          testsupport::loadPlainData, [&](Trainer& t) {
                            auto* s = dynamic_cast<ShardedOptimizer*>(&t.update().optimizer());
-                           ASSERT_NE(s, nullptr) << "dist.shard: optimizer built no sharded optimizer";
+                           ASSERT_NE(s, nullptr) << "dist.shard: " << shard << " built no sharded optimizer";
                            EXPECT_EQ(s->layout().total, 1067);
-                           EXPECT_EQ(s->layout().slice, (1067 + comm.size() - 1) / comm.size());
+                           if (shard == "gradients") {
+                             EXPECT_EQ(s->layout().segments.size(), 4u);
+                           } else {
+                             EXPECT_EQ(s->layout().slice, (1067 + comm.size() - 1) / comm.size());
+                           }
                          });
   }, backend);
   ASSERT_TRUE(plain.defined() && sharded.defined());
@@ -70,8 +77,9 @@ void expectShardedEqualsUnsharded(const std::string& optim, double tolerance,
   const double scale = plain.abs().max().item<double>();
   const bool bitwise = torch::equal(sharded, plain);
   EXPECT_LE(diff, tolerance * scale) << optim << " on " << mpitest::worldSize() << " ranks";
-  std::printf("[ shard ] %s rank %d/%d %s: max |w_sharded - w| = %.3g (max |w| %.3g)%s\n",
-              backend.c_str(), mpitest::worldRank(), mpitest::worldSize(), optim.c_str(), diff, scale,
+  std::printf("[ shard ] %s %s rank %d/%d %s, per-GPU %lld of %d: max |w_sharded - w| = %.3g (max |w| %.3g)%s\n",
+              shard.c_str(), backend.c_str(), mpitest::worldRank(), mpitest::worldSize(), optim.c_str(),
+              static_cast<long long>(per_gpu), 16 * mpitest::worldSize(), diff, scale,
               bitwise ? ", bitwise equal" : "");
 }
 
@@ -98,6 +106,36 @@ TEST(ShardedOptimizer, SgdOverTheMpiCommunicatorStepsAsUnsharded) {
 
 TEST(ShardedOptimizer, LarsStepsAsUnsharded) {
   expectShardedEqualsUnsharded("name: lars, lr: 0.5, momentum: 0.9, weight_decay: 0.0005", 1e-6);
+}
+
+// Note [sharded gradients]: reduce-scattered per segment and micro-batch, the
+// readers of the whole gradient fed by partial sums; the same updates. Without
+// accumulation (per-GPU 16) the same sums in the same order: to 1e-6 (bitwise on
+// 2 ranks here, printed). With it (per-GPU 8, two micro-batches) the ranks are
+// summed per micro-batch before the micro-batches are: another rounding, which
+// 50 steps of training carry to ~3e-6 of max |w| (measured, SGD on 2 ranks):
+// to 1e-5.
+void expectGradientShardingAsUnsharded(const std::string& optim, const std::string& backend = "gloo") {
+  expectShardedEqualsUnsharded(optim, 1e-6, backend, "gradients", 16);
+  expectShardedEqualsUnsharded(optim, 1e-5, backend, "gradients", 8);
+}
+
+TEST(ShardedGradients, SgdWithMomentumStepsAsUnsharded) {
+  expectGradientShardingAsUnsharded("name: sgd, lr: 0.2, momentum: 0.9, weight_decay: 0.001");
+}
+
+TEST(ShardedGradients, AdamwWithClippingStepsAsUnsharded) {
+  expectGradientShardingAsUnsharded("name: adamw, lr: 0.01, weight_decay: 0.1, clip_grad_norm: 0.5");
+}
+
+TEST(ShardedGradients, LarsStepsAsUnsharded) {
+  expectGradientShardingAsUnsharded("name: lars, lr: 0.5, momentum: 0.9, weight_decay: 0.0005");
+}
+
+// The MPI communicator's native reduce-scatter (Note [flat collectives]).
+TEST(ShardedGradients, NesterovOverTheMpiCommunicatorStepsAsUnsharded) {
+  expectGradientShardingAsUnsharded(
+      "name: sgd, lr: 0.2, momentum: 0.9, nesterov: true, weight_decay: 0.001", "mpi");
 }
 
 }  // namespace
@@ -166,9 +204,9 @@ ShardedOptimizer& shardedOf(Trainer& t) {
   return *s;
 }
 
-/// Note [sharded checkpoint] with real ranks: a sharded run of W = P ranks and an
-/// unsharded one each checkpoint after 20 steps. Every world size W' that splits
-/// G resumes each of them sharded and unsharded: the state each rank restores is
+/// Note [sharded checkpoint] with real ranks: a run of W = P ranks under each of
+/// dist.shard: none, optimizer and gradients checkpoints after 20 steps. Every world size W' that splits
+/// G resumes each of them under each sharding: the state each rank restores is
 /// the checkpoint's, bit for bit, in whatever slices W' gives it, and 20 more
 /// steps land on the weights of 40 uninterrupted ones.
 void expectResumesAnywhere(const std::string& optim) {
@@ -176,23 +214,28 @@ void expectResumesAnywhere(const std::string& optim) {
   const auto dir = mpitest::sharedScratchDir("shard_checkpoint");
   const auto sharded_dir = (dir / "sharded").string(), plain_dir = (dir / "plain").string();
   torch::Tensor reference;
+  const auto grads_dir = (dir / "gradients").string();
   mpitest::inGroup(P, [&](collective::Communicator& comm) {
     reference = trainFromTo(shardConfig(optim, "none"), comm, 0, 40, nullptr, "");
     trainFromTo(shardConfig(optim, "optimizer"), comm, 0, 20, nullptr, sharded_dir);
     trainFromTo(shardConfig(optim, "none"), comm, 0, 20, nullptr, plain_dir);
+    trainFromTo(shardConfig(optim, "gradients"), comm, 0, 20, nullptr, grads_dir);
   });
   const auto sharded_ck = verifyCheckpoint(sharded_dir + "/step-00000020");
   const auto plain_ck = verifyCheckpoint(plain_dir + "/step-00000020");
+  const auto grads_ck = verifyCheckpoint(grads_dir + "/step-00000020");
   ASSERT_TRUE(sharded_ck.problem.empty()) << sharded_ck.problem;
   ASSERT_TRUE(plain_ck.problem.empty()) << plain_ck.problem;
+  ASSERT_TRUE(grads_ck.problem.empty()) << grads_ck.problem;
+  EXPECT_TRUE(grads_ck.manifest.contains("optimizer_state"));
   EXPECT_TRUE(sharded_ck.manifest.contains("optimizer_state"));
   EXPECT_FALSE(std::filesystem::exists(sharded_dir + "/step-00000020/optimizer.pt"));
   EXPECT_FALSE(plain_ck.manifest.contains("optimizer_state"));
   for (int W = 1; W <= P; ++W) {
     if ((2 * P) % W != 0) continue;  // G = 16 P in per-GPU batches of 8
-    for (const auto* ck : {&sharded_ck, &plain_ck}) {
-      for (const std::string shard : {"none", "optimizer"}) {
-        const std::string label = strCat(optim, ": ", ck == &sharded_ck ? "sharded" : "unsharded",
+    for (const auto* ck : {&sharded_ck, &plain_ck, &grads_ck}) {
+      for (const std::string shard : {"none", "optimizer", "gradients"}) {
+        const std::string label = strCat(optim, ": ", ck == &sharded_ck ? "sharded" : ck == &plain_ck ? "unsharded" : "gradient-sharded",
                                          " checkpoint of ", P, " ranks resumed on ", W, ", ",
                                          shard);
         mpitest::inGroup(W, [&](collective::Communicator& comm) {
@@ -210,7 +253,10 @@ void expectResumesAnywhere(const std::string& optim) {
           const double scale = reference.abs().max().item<double>();
           // Same W: the same arithmetic as 40 uninterrupted steps. Another W sums
           // the gradient in another order (Note [loss normalisation]'s tolerances).
-          const double tolerance = W == P ? 1e-6 : (optim.find("adamw") != std::string::npos ? 2e-4 : 1e-5);
+          // Either side under dist.shard: gradients sums the micro-batches in
+          // another order too (Note [sharded gradients]).
+          const bool same_order = W == P && ck != &grads_ck && shard != "gradients";
+          const double tolerance = same_order ? 1e-6 : (optim.find("adamw") != std::string::npos ? 2e-4 : 1e-5);
           EXPECT_LE(diff, tolerance * scale) << label;
           if (comm.rank() == 0) {
             std::printf("[ shard ] %s: max |w - w(40 uninterrupted)| = %.3g\n", label.c_str(), diff);
@@ -232,7 +278,8 @@ TEST(ShardedCheckpoint, SgdResumesOnEveryWorldSizeShardedOrNot) {
 
 // Note [memory by part]: each rank's optimizer holds its slice's state only, K
 // vectors of as many elements as its slice has parameters (rank 0: n = ceil(N/W),
-// at most 1/W + 5 % of the unsharded state); parameters and gradients stay whole.
+// at most 1/W + 5 % of the unsharded state); parameters and gradients stay whole,
+// but under dist.shard: gradients a rank keeps its shard of the gradient only.
 TEST(ShardedOptimizer, EachRankHoldsItsSliceOfTheState) {
   const int P = mpitest::worldSize();
   mpitest::inGroup(P, [&](collective::Communicator& comm) {
@@ -252,10 +299,23 @@ TEST(ShardedOptimizer, EachRankHoldsItsSliceOfTheState) {
     EXPECT_DOUBLE_EQ(sharded.parameters_mb, plain.parameters_mb);
     EXPECT_DOUBLE_EQ(sharded.gradients_mb, plain.gradients_mb);
     EXPECT_DOUBLE_EQ(plain.parameters_mb * kMb, 1067 * 4);
+    // Note [sharded gradients]: the gradient's shard too, its pads included.
+    UpdateMemory zero2;
+    int64_t shard_elements = 0;
+    trainFromTo(shardConfig(adamw, "gradients"), comm, 0, 3, nullptr, "", {}, [&](Trainer& t) {
+      zero2 = t.update().memory();
+      shard_elements = shardedOf(t).layout().slice;
+    });
+    EXPECT_DOUBLE_EQ(zero2.gradients_mb * kMb, 4.0 * shard_elements);
+    EXPECT_LE(zero2.gradients_mb, (1.0 / P + 0.05) * plain.gradients_mb);
+    EXPECT_LE(zero2.optimizer_state_mb, (1.0 / P + 0.05) * plain.optimizer_state_mb);
     if (comm.rank() == 0) {
-      std::printf("[ shard ] adamw state on rank 0 of %d: %.0f of %.0f bytes (%.4f; 1/W = %.4f)\n", P,
+      std::printf("[ shard ] adamw state on rank 0 of %d: %.0f of %.0f bytes (%.4f; 1/W = %.4f); "
+                  "gradients under dist.shard: gradients %.0f of %.0f bytes (%.4f)\n", P,
                   sharded.optimizer_state_mb * kMb, plain.optimizer_state_mb * kMb,
-                  sharded.optimizer_state_mb / plain.optimizer_state_mb, 1.0 / P);
+                  sharded.optimizer_state_mb / plain.optimizer_state_mb, 1.0 / P,
+                  zero2.gradients_mb * kMb, plain.gradients_mb * kMb,
+                  zero2.gradients_mb / plain.gradients_mb);
     }
   });
 }

@@ -32,7 +32,7 @@ class PlainDataParallel : public ::testing::TestWithParam<bool> {
 collective::SideChannel backward(UpdateStrategy& update, const torch::Tensor& w,
                                  const torch::Tensor& x, const collective::SideChannel& side) {
   update.zeroGrad();
-  update.beforeBackward(/*final_micro=*/true);
+  update.beforeBackward(/*micro=*/0, /*micros=*/1);
   (w * x * static_cast<float>(update.lossScale())).sum().backward();
   return update.sumGradients(side);
 }

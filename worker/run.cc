@@ -607,6 +607,31 @@ struct RunState {
   collective::Communicator& comm() { return *conn.comm; }
 };
 
+/// The console's line for a sharded update (Note [sharded optimizer], Note
+/// [sharded gradients]); "" when not sharded.
+std::string updateLine(const DistConfig& dist, collective::Communicator& comm) {
+  const int w = comm.size();
+  const bool native = comm.nativeFlatCollectives();
+  if (dist.shard == Shard::kGradients && w > 1) {
+    return strCat("update: dist.shard: gradients (ZeRO-2): each micro-batch's gradients "
+                  "reduce-scattered per ", dist.bucket_mb, " MB segment",
+                  native ? "" : " (emulated by an allreduce on gloo: 2x the bytes)",
+                  ", each rank keeps 1/", w, " of the summed gradient and of the optimizer "
+                  "state, one small allreduce of partial sums (clipping, fp16, LARS, noise "
+                  "scale), then an all-gather; dist.overlap does not apply");
+  }
+  if (dist.shard == Shard::kOptimizer || dist.shard == Shard::kGradients) {
+    if (w == 1) {
+      return strCat("update: dist.shard: ", toString(dist.shard), " on one rank: nothing to shard, "
+                    "the rank keeps the whole gradient and optimizer state");
+    }
+    return strCat("update: dist.shard: optimizer (ZeRO-1): gradients allreduced, each rank keeps "
+                  "and steps the optimizer state of 1/", w, " of the parameters, then an all-gather",
+                  native ? "" : " (emulated by gloo's list all-gather)");
+  }
+  return "";
+}
+
 void connectPhase(RunState& r) {
   r.conn = connect(r.s, r.place);
   checkConfigsAgree(r.s.cfg, r.comm());
@@ -621,12 +646,7 @@ void connectPhase(RunState& r) {
   if (const auto line = blasLine(s.blas); !line.empty()) r.console->line(line);
   r.console->line(strCat("data: ", s.data.origin, " -> ", s.data.train.size(), " train / ",
                          s.data.val.size(), " validation samples"));
-  if (s.cfg.dist.shard == Shard::kOptimizer) {  // Note [sharded optimizer]
-    r.console->line(strCat(
-        "update: dist.shard: optimizer (ZeRO-1): gradients allreduced, each rank keeps and steps "
-        "the optimizer state of 1/", r.place.size, " of the parameters, then an all-gather",
-        r.comm().nativeFlatCollectives() ? "" : " (emulated by gloo's list all-gather)"));
-  }
+  if (const auto line = updateLine(s.cfg.dist, r.comm()); !line.empty()) r.console->line(line);
 }
 
 /// The batch search (or its cache) and the plan it gives. Returns the exit code

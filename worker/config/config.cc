@@ -900,21 +900,11 @@ void readTrain(Context& ctx, const YAML::Node& root, TrainConfig& c) {
   c.progress = s.choice("progress", ProgressMode::kAuto);
 }
 
-/// Note [sharded optimizer]: dist.shard: optimizer (ZeRO-1) is built; gradients
-/// (ZeRO-2) is not yet. None leaves the resolved config as it was without the key
+/// dist.shard: optimizer (Note [sharded optimizer]) and gradients (Note [sharded
+/// gradients]). None leaves the resolved config as it was without the key
 /// (checkpoints and search cache entries of earlier runs still match).
 void checkShard(Context& ctx, const DistConfig& c) {
-  if (c.shard == Shard::kNone) {
-    (*ctx.resolved)["dist"].erase("shard");
-    return;
-  }
-  if (c.shard == Shard::kGradients) {
-    throw keyError(ctx.from_set.count("dist.shard") ? "--set dist.shard" : ctx.source,
-                   "dist.shard",
-                   "gradients (ZeRO-2: reduce-scattered gradients) is not available in this "
-                   "batchdist yet; optimizer (ZeRO-1: each rank keeps and steps 1/W of the "
-                   "optimizer state) and none are");
-  }
+  if (c.shard == Shard::kNone) (*ctx.resolved)["dist"].erase("shard");
 }
 
 void readDist(Context& ctx, const YAML::Node& root, DistConfig& c) {

@@ -170,14 +170,17 @@ class Lars : public Optimizer {
       const auto& whole = wholes_[i];
       if (whole.dim() > 1) {
         const double wn = whole.norm().item<double>();
-        const double gn = whole.grad().norm().item<double>();
+        const double gn = given_.empty() ? whole.grad().norm().item<double>() : given_.at(i);
         const double trust = larsTrustRatio(wn, gn, cfg_.weight_decay, cfg_.trust_coefficient);
         g = (g + cfg_.weight_decay * p) * trust;
       }
       momentum_[i].mul_(cfg_.momentum).add_(g, lr);
       p.sub_(momentum_[i]);
     }
+    given_.clear();
   }
+  bool needsWholeGradNorms() const override { return true; }
+  void setWholeGradNorms(std::vector<double> norms) override { given_ = std::move(norms); }
   void zeroGrad() override {
     for (auto& p : params_) {
       if (p.grad().defined()) p.mutable_grad().zero_();
@@ -217,6 +220,7 @@ class Lars : public Optimizer {
  private:
   std::vector<torch::Tensor> params_;
   std::vector<torch::Tensor> wholes_;  ///< what params_[i] is part of (itself when whole)
+  std::vector<double> given_;  ///< the next step's |grad| per tensor (Note [sharded gradients])
   std::vector<torch::Tensor> momentum_;
   OptimConfig cfg_;
 };

@@ -47,6 +47,13 @@ class Optimizer {
   virtual void setStepCount(std::size_t i, int64_t steps) = 0;
   /// Bytes of the state this optimizer holds now (none before its first step).
   virtual int64_t stateBytes() = 0;
+
+  /// Whether step() reads whole layers' gradient norms (LARS's trust ratio).
+  virtual bool needsWholeGradNorms() const { return false; }
+  /// The next step's whole-layer gradient norms, one per tensor given (Note
+  /// [sharded gradients]: no rank holds a whole layer's gradient, the strategy
+  /// sums them); used by that step only. Ignored by optimizers that read none.
+  virtual void setWholeGradNorms(std::vector<double> /*norms*/) {}
 };
 
 /// A tensor an optimizer updates, and the parameter it is part of: the same

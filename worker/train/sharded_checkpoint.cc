@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <utility>
 
 #include "common/error.h"
 #include "worker/train/sharded_optimizer.h"
@@ -25,27 +26,52 @@ struct FlatHeader {
   int64_t vectorBytes() const { return elements * element_bytes; }
 };
 
-/// This rank's slice of vector k (its pieces end to end), on the CPU.
-at::Tensor sliceOnCpu(ShardedOptimizer& opt, std::size_t k) {
-  std::vector<at::Tensor> parts;
-  for (std::size_t j = 0; j < opt.pieces().size(); ++j) parts.push_back(opt.stateVector(j, k));
-  if (parts.empty()) return at::Tensor();
-  return at::cat(parts).to(at::kCPU).contiguous();
+/// Runs of this rank's pieces that are consecutive in the packed space, as
+/// [first, end) piece indices: one under ZeRO-1, about one per segment under
+/// ZeRO-2 (Note [shard layout]).
+std::vector<std::pair<std::size_t, std::size_t>> packedRuns(const std::vector<ShardPiece>& pieces) {
+  std::vector<std::pair<std::size_t, std::size_t>> runs;
+  for (std::size_t j = 0; j < pieces.size(); ++j) {
+    if (!runs.empty() && pieces[j - 1].packed + pieces[j - 1].length == pieces[j].packed) {
+      runs.back().second = j + 1;
+    } else {
+      runs.emplace_back(j, j + 1);
+    }
+  }
+  return runs;
 }
 
-/// Streams [0, bytes) of the flat vector whose bytes [mine_begin, mine_begin +
-/// mine.nbytes()) this rank holds (Note [sharded checkpoint]).
-void streamVector(collective::Communicator& comm, const at::Tensor& mine, int64_t mine_begin,
+/// Bytes of a packed vector that this rank holds: from byte `begin`, `values`.
+struct HeldBytes {
+  int64_t begin = 0;
+  at::Tensor values;  ///< on the CPU, contiguous
+};
+
+/// This rank's parts of vector k, a run of pieces each, on the CPU.
+std::vector<HeldBytes> heldOf(ShardedOptimizer& opt, std::size_t k, int64_t element_bytes) {
+  std::vector<HeldBytes> out;
+  for (const auto& [first, end] : packedRuns(opt.pieces())) {
+    std::vector<at::Tensor> parts;
+    for (std::size_t j = first; j < end; ++j) parts.push_back(opt.stateVector(j, k));
+    out.push_back({opt.pieces()[first].packed * element_bytes, at::cat(parts).to(at::kCPU).contiguous()});
+  }
+  return out;
+}
+
+/// Streams [0, bytes) of the packed vector whose parts `held` this rank holds
+/// (Note [sharded checkpoint]).
+void streamVector(collective::Communicator& comm, const std::vector<HeldBytes>& held,
                   int64_t bytes, int64_t chunk,
                   const std::function<void(const char*, std::size_t)>& sink) {
-  const int64_t mine_end = mine_begin + (mine.defined() ? static_cast<int64_t>(mine.nbytes()) : 0);
   for (int64_t b0 = 0; b0 < bytes; b0 += chunk) {
     const int64_t len = std::min(chunk, bytes - b0);
     auto buf = at::zeros({(len + 7) / 8}, at::TensorOptions().dtype(at::kLong));
-    const int64_t a = std::max(b0, mine_begin), b = std::min(b0 + len, mine_end);
-    if (a < b) {
+    for (const auto& h : held) {
+      const int64_t end = h.begin + static_cast<int64_t>(h.values.nbytes());
+      const int64_t a = std::max(b0, h.begin), b = std::min(b0 + len, end);
+      if (a >= b) continue;
       std::memcpy(static_cast<char*>(buf.data_ptr()) + (a - b0),
-                  static_cast<const char*>(mine.data_ptr()) + (a - mine_begin),
+                  static_cast<const char*>(h.values.data_ptr()) + (a - h.begin),
                   static_cast<std::size_t>(b - a));
     }
     auto on_device = buf.to(comm.device());
@@ -87,18 +113,20 @@ at::Tensor readElements(std::ifstream& in, const std::string& file, const FlatHe
   return t;
 }
 
-/// This rank's slice of every vector into its pieces (Note [sharded checkpoint]).
+/// This rank's parts of every vector into its pieces (Note [sharded checkpoint]):
+/// one read per run of pieces consecutive in the packed space.
 void readSlice(std::ifstream& in, const std::string& file, const FlatHeader& h,
                const std::vector<int64_t>& steps, Optimizer& opt,
                const std::vector<ShardPiece>& pieces) {
-  if (pieces.empty()) return;  // a slice of pad only
-  const int64_t begin = pieces.front().flat;
-  const int64_t end = pieces.back().flat + pieces.back().length;
-  for (int64_t k = 0; k < h.vectors; ++k) {
-    const auto slot = readElements(in, file, h, k, begin, end - begin);
-    for (std::size_t j = 0; j < pieces.size(); ++j) {
-      opt.setStateVector(j, static_cast<std::size_t>(k),
-                         slot.narrow(0, pieces[j].flat - begin, pieces[j].length));
+  for (const auto& [first, end] : packedRuns(pieces)) {
+    const int64_t begin = pieces[first].packed;
+    const int64_t stop = pieces[end - 1].packed + pieces[end - 1].length;
+    for (int64_t k = 0; k < h.vectors; ++k) {
+      const auto slot = readElements(in, file, h, k, begin, stop - begin);
+      for (std::size_t j = first; j < end; ++j) {
+        opt.setStateVector(j, static_cast<std::size_t>(k),
+                           slot.narrow(0, pieces[j].packed - begin, pieces[j].length));
+      }
     }
   }
   for (std::size_t j = 0; j < pieces.size(); ++j) {
@@ -149,9 +177,8 @@ nlohmann::ordered_json gatherShardedState(ShardedOptimizer& opt, collective::Com
     sink(reinterpret_cast<const char*>(counts.data()), counts.size() * 8);
   }
   const int64_t chunk = std::max<int64_t>(8, static_cast<int64_t>(chunk_bytes) / 8 * 8);
-  const int64_t mine_begin = comm.rank() * l.slice * h.element_bytes;
   for (std::size_t k = 0; k < names.size(); ++k) {
-    streamVector(comm, sliceOnCpu(opt, k), mine_begin, h.vectorBytes(), chunk, sink);
+    streamVector(comm, heldOf(opt, k, h.element_bytes), h.vectorBytes(), chunk, sink);
   }
   return {{"layout", "flat"}, {"names", names}, {"params", h.params}, {"elements", h.elements},
           {"dtype", c10::toString(static_cast<at::ScalarType>(h.dtype))},

@@ -17,10 +17,11 @@ namespace batchdist::worker {
 class Optimizer;
 class ShardedOptimizer;
 
-/// Note [sharded checkpoint]: under dist.shard: optimizer no rank holds the whole
-/// optimizer state, and none gathers it: the checkpoint holds optimizer_state.bin
-/// instead of optimizer.pt, the state as Note [optimizer state vectors] over the
-/// flat space of Note [shard layout] without its pad:
+/// Note [sharded checkpoint]: under dist.shard: optimizer or gradients no rank
+/// holds the whole optimizer state, and none gathers it: the checkpoint holds
+/// optimizer_state.bin instead of optimizer.pt, the state as Note [optimizer state
+/// vectors] over the packed space of Note [shard layout] (the parameters end to
+/// end, no pad: the same for ZeRO-1's one segment and ZeRO-2's several):
 ///   a 64-byte header (magic "bdopt001", K vectors, P parameters, N elements,
 ///   element bytes, dtype, 2 reserved words), P int64 step counts (one per
 ///   parameter), then K vectors of N elements each, in flat order.
@@ -29,10 +30,12 @@ class ShardedOptimizer;
 /// the chunk place their bytes and everyone else zeros (the sum is the bytes, bit
 /// for bit: no two ranks place a byte in the same position), and rank 0 appends
 /// each chunk as it arrives. Rank 0 holds one chunk at a time; every rank copies
-/// its own slice of one vector to the CPU at a time (1/W of it). The file count
+/// its own parts of one vector to the CPU at a time (1/W of it). The file count
 /// stays the same for any W. Since the layout without pad does not depend on W:
-///  - a resume at any world size W' reads, on rank r', only its own slice of each
-///    vector (one seek and one read per vector) and gives each piece its part;
+///  - a resume at any world size W' (and either sharding) reads, on rank r', only
+///    its own parts of each vector (one seek and one read per run of pieces
+///    consecutive in the packed space: one under ZeRO-1, about one per segment
+///    under ZeRO-2) and gives each piece its part;
 ///  - an unsharded run reads every parameter's range of every vector into its
 ///    whole optimizer (sharded -> unsharded);
 ///  - a sharded run resuming an unsharded checkpoint (optimizer.pt) loads it into

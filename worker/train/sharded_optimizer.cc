@@ -40,14 +40,14 @@ void checkOneDtype(const std::vector<at::Tensor>& params) {
 }  // namespace
 
 ShardedOptimizer::ShardedOptimizer(const OptimConfig& cfg, collective::Communicator& comm,
-                                   std::vector<at::Tensor> params)
+                                   std::vector<at::Tensor> params, int64_t segment_elements)
     : cfg_(cfg), comm_(comm), params_(std::move(params)),
-      layout_(makeShardLayout(numelsOf(params_), comm.size())) {
+      layout_(makeShardLayout(numelsOf(params_), comm.size(), segment_elements)) {
   if (params_.empty()) throw ConfigError("dist.shard: optimizer: the model has no trainable parameters");
   checkOneDtype(params_);
   checkDistinct(params_);
   torch::NoGradGuard no_grad;
-  flat_ = torch::zeros({layout_.slice * layout_.ranks},
+  flat_ = torch::zeros({layout_.flatSize()},
                        params_.front().options().requires_grad(false));
   for (std::size_t i = 0; i < params_.size(); ++i) {
     auto& p = params_[i];
@@ -67,6 +67,10 @@ ShardedOptimizer::ShardedOptimizer(const OptimConfig& cfg, collective::Communica
 void ShardedOptimizer::step(double lr) {
   for (std::size_t j = 0; j < pieces_.size(); ++j) {
     const auto& piece = pieces_[j];
+    if (shard_grad_.defined()) {  // Note [sharded gradients]
+      tensors_[j].mutable_grad() = shard_grad_.narrow(0, piece.owned, piece.length);
+      continue;
+    }
     const auto& g = params_[static_cast<std::size_t>(piece.param)].grad();
     // A view of the summed gradient when it is contiguous (it is the parameter's layout).
     tensors_[j].mutable_grad() =
@@ -74,14 +78,24 @@ void ShardedOptimizer::step(double lr) {
   }
   inner_->step(lr);
   if (layout_.ranks == 1) return;
-  auto mine = flat_.narrow(0, comm_.rank() * layout_.slice, layout_.slice);
-  comm_.allgatherInto(mine, flat_);
+  for (const auto& s : layout_.segments) {  // each segment in place (Note [shard layout])
+    if (s.chunk == 0) continue;
+    auto segment = flat_.narrow(0, s.base, s.chunk * layout_.ranks);
+    comm_.allgatherInto(segment.narrow(0, comm_.rank() * s.chunk, s.chunk), segment);
+  }
+}
+
+void ShardedOptimizer::setWholeGradNorms(std::vector<double> norms) {
+  std::vector<double> by_piece;
+  for (const auto& piece : pieces_) by_piece.push_back(norms.at(static_cast<std::size_t>(piece.param)));
+  inner_->setWholeGradNorms(std::move(by_piece));
 }
 
 void ShardedOptimizer::zeroGrad() {
   for (auto& p : params_) {
     if (p.grad().defined()) p.mutable_grad().zero_();
   }
+  if (shard_grad_.defined()) shard_grad_.zero_();
 }
 
 std::string ShardedOptimizer::saveState() {

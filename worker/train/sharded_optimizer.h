@@ -1,7 +1,7 @@
 #pragma once
-// dist.shard: optimizer (ZeRO-1): each rank keeps and steps the optimizer state of
-// its 1/W of the parameters, then the parameters are all-gathered (Note [sharded
-// optimizer]).
+// dist.shard: optimizer (ZeRO-1) and gradients (ZeRO-2): each rank keeps and steps
+// the optimizer state of its 1/W of the parameters, then the parameters are
+// all-gathered (Note [sharded optimizer]).
 
 #include <ATen/core/Tensor.h>
 
@@ -35,10 +35,17 @@ namespace batchdist::worker {
 /// run's (tests/shard_test.cc measures how closely). Optimizer state per rank:
 /// 1/W of the unsharded one (the last ranks' slices may hold the pad instead of
 /// parameters). The parameters need one dtype (a ConfigError names the others).
+/// Under dist.shard: gradients (Note [sharded gradients]) the layout has a segment
+/// per bucket, each all-gathered on its own, and the pieces' gradients are views of
+/// the rank's shard of the summed gradient (useShardGradient) instead of ranges of
+/// the parameters' (which that strategy frees); LARS then takes each layer's
+/// gradient norm from the strategy (setWholeGradNorms), since no rank holds a
+/// whole layer's gradient.
 class ShardedOptimizer : public Optimizer {
  public:
+  /// `segment_elements`: Note [shard layout]'s segment size (0: one segment).
   ShardedOptimizer(const OptimConfig& cfg, collective::Communicator& comm,
-                   std::vector<at::Tensor> params);
+                   std::vector<at::Tensor> params, int64_t segment_elements = 0);
 
   void step(double lr) override;
   void zeroGrad() override;
@@ -55,6 +62,13 @@ class ShardedOptimizer : public Optimizer {
   int64_t stepCount(std::size_t i) override { return inner_->stepCount(i); }
   void setStepCount(std::size_t i, int64_t steps) override { inner_->setStepCount(i, steps); }
   int64_t stateBytes() override { return inner_->stateBytes(); }
+  bool needsWholeGradNorms() const override { return inner_->needsWholeGradNorms(); }
+  /// `norms`: one per parameter (not per piece), as the inner optimizer's whole.
+  void setWholeGradNorms(std::vector<double> norms) override;
+
+  /// From now on each piece's gradient is its range of `shard` (this rank's
+  /// chunks end to end, layout().slice elements), not of its parameter's gradient.
+  void useShardGradient(at::Tensor shard) { shard_grad_ = std::move(shard); }
 
   const ShardLayout& layout() const { return layout_; }
   /// This rank's pieces, in flat order (Note [shard layout]).
@@ -74,6 +88,7 @@ class ShardedOptimizer : public Optimizer {
   std::vector<ShardPiece> pieces_;   ///< this rank's
   std::vector<at::Tensor> tensors_;  ///< pieces_' views of flat_, what inner_ steps
   std::unique_ptr<Optimizer> inner_;
+  at::Tensor shard_grad_;            ///< Note [sharded gradients]; undefined under ZeRO-1
 };
 
 }  // namespace batchdist::worker

@@ -167,7 +167,7 @@ double Trainer::computeGradients(int64_t real) {
     // Note [overlapped reducer]: only the last micro-batch's backward sends.
     // The side channel is given in syncGradients() (Note [side channel]).
     const bool final_micro = k == plan_.accum - 1;
-    update_->beforeBackward(final_micro);
+    update_->beforeBackward(k, plan_.accum);
     if (batch.x.size(0) == 0) continue;  // only under last_batch: keep
     std::optional<InjectedOom> fault;
     if (final_micro && oom_.injectInBackward()) {
@@ -274,14 +274,15 @@ void Trainer::recordNoise() {
   // A padded (or uneven, last_batch: keep) step has ranks of different real
   // batch sizes: Note [gradient noise scale] assumes equal ones, so it is left out.
   if (!n.valid || step_real_ != plan_.global) return;
-  const auto x = noiseSample(n.local_sum, n.summed, grad_scale_, comm_.size(),
-                             plan_.per_gpu * plan_.accum);
+  // Under dist.shard: gradients one local gradient per micro-batch (n.parts).
+  const auto x = noiseSample(n.local_sum, n.summed, grad_scale_, comm_.size() * n.parts,
+                             plan_.per_gpu * plan_.accum / n.parts);
   noise_.add(x.small_sq, x.b_small, x.big_sq, x.b_big);  // skips an fp16 overflow
 }
 
 NoiseScaleResult Trainer::noiseResult() const {
   NoiseScaleResult r;
-  r.b_small = microNoise() ? plan_.per_gpu : plan_.per_gpu * plan_.accum;
+  r.b_small = microNoise() || shardsGradients() ? plan_.per_gpu : plan_.per_gpu * plan_.accum;
   r.b_big = plan_.global;
   r.steps = noise_.steps();
   r.measured = noise_.steps() > 0;

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <utility>
 
+#include "worker/train/sharded_gradients.h"
 #include "worker/train/sharded_optimizer.h"
 
 namespace batchdist::worker {
@@ -19,7 +20,9 @@ class DataParallelUpdate : public UpdateStrategy {
 
   void zeroGrad() override { sync_->zeroGrad(); }
   void dropGrad() override { sync_->dropGrad(); }
-  void beforeBackward(bool final_micro) override { sync_->beforeBackward(final_micro); }
+  void beforeBackward(int64_t micro, int64_t micros) override {
+    sync_->beforeBackward(micro == micros - 1);
+  }
   void backwardFailed() override { sync_->backwardFailed(); }
   collective::SideChannel sumGradients(const collective::SideChannel& side) override {
     return sync_->sumGradients(side);
@@ -52,7 +55,8 @@ DataParallelUpdate::DataParallelUpdate(const Config& cfg, collective::Communicat
                                        std::vector<at::Tensor> params)
     : params_(std::move(params)), clip_norm_(cfg.optim.clip_grad_norm) {
   // Note [sharded optimizer]: first, since it moves the parameters into its flat buffer.
-  if (cfg.dist.shard == Shard::kOptimizer) {
+  // dist.shard: gradients on one rank: the shard is the whole gradient (ZeRO-1's path).
+  if (cfg.dist.shard == Shard::kOptimizer || cfg.dist.shard == Shard::kGradients) {
     optimizer_ = std::make_unique<ShardedOptimizer>(cfg.optim, comm, params_);
   } else {
     optimizer_ = makeOptimizer(cfg.optim, params_);
@@ -98,6 +102,9 @@ UpdateMemory DataParallelUpdate::memory() const {
 std::unique_ptr<UpdateStrategy> makeUpdateStrategy(const Config& cfg,
                                                    collective::Communicator& comm,
                                                    std::vector<at::Tensor> params) {
+  if (cfg.dist.shard == Shard::kGradients && comm.size() > 1) {
+    return makeShardedGradientUpdate(cfg, comm, std::move(params));
+  }
   return std::make_unique<DataParallelUpdate>(cfg, comm, std::move(params));
 }
 

@@ -23,7 +23,7 @@ namespace batchdist::worker {
 /// the plan's lr), because the readers of the whole gradient (clipping's global
 /// norm, the fp16 overflow check, LARS's per-layer trust ratios, the noise scale's
 /// norms) read what the communication half leaves. Per step the trainer calls
-///   zeroGrad(); { beforeBackward(final); backward } x accum; sumGradients(side); step(lr)
+///   zeroGrad(); { beforeBackward(k, accum); backward } x accum; sumGradients(side); step(lr)
 /// with backwardFailed() before sumGradients() on a rank whose backward threw and
 /// dropGrad() instead of step() for a step that is not applied; it reads
 /// lossScale() before backward, lastNorms() and lastSkewSeconds() after the sum,
@@ -33,34 +33,12 @@ namespace batchdist::worker {
 /// rank holds the whole summed gradient; the optimizer is whole, or under
 /// dist.shard: optimizer (ZeRO-1) a ShardedOptimizer (Note [sharded optimizer])
 /// that steps this rank's slice and all-gathers the parameters; the readers of
-/// the gradient are unchanged. A strategy that shards the gradients too
-/// (dist.shard: gradients, ZeRO-2; not built yet) differs at each call:
-///  - sumGradients(): a reduce-scatter (Communicator::reduceScatter, Note [flat
-///    collectives]) instead of the allreduce: rank r receives the sum of its 1/W
-///    slice of the flat gradient only. The tail of Note [side channel] (the step's
-///    wishes, this rank's |g|^2) is then copied into every rank's chunk of the last
-///    bucket, so each rank receives the summed tail in its own slice: still no
-///    extra collective. A bucket's memory outside the slice is released once it
-///    is reduced.
-///  - zeroGrad(), dropGrad(), beforeBackward(), backwardFailed(): the same
-///    contract (a failed rank still sends zeros, in the same order).
-///  - step(lr): as ZeRO-1's (the sharded optimizer steps this rank's slice, then
-///    the all-gather), with the slice's gradient taken from the reduce-scatter.
-///  - the readers of the whole gradient each sum over every parameter, of which a
-///    rank now holds 1/W: each needs one small allreduce of its partial sums (one
-///    scalar, or one per layer), and the four can share one allreduce per step:
-///    clipping's global norm (the squares of the slice; every rank then scales its
-///    slice by the same coefficient), the fp16 overflow check (inf/NaN in the
-///    slice, so every rank skips the same steps), LARS's trust ratios (|w| and |g|
-///    per layer, a layer possibly straddling two slices: the optimizer takes them
-///    from the strategy rather than computing them on its slice), and the noise
-///    scale's |sum_r g_r|^2 (Note [gradient norms]; the local |g_r|^2 is taken
-///    before the sum, as today).
-///  - optimizer(): the ShardedOptimizer, whose checkpoint is ZeRO-1's (Note
-///    [sharded checkpoint]).
-/// The one-rank micro-batch noise (Note [gradient noise scale]: at W = 1 the slice
-/// is the whole gradient) and the health check (after the all-gather every rank
-/// holds every parameter): unchanged.
+/// the gradient are unchanged. dist.shard: gradients (ZeRO-2) is the other
+/// strategy (Note [sharded gradients] in worker/train/sharded_gradients.h): the
+/// gradients reduce-scattered, the readers of the whole gradient fed by one small
+/// allreduce of partial sums. The one-rank micro-batch noise (Note [gradient
+/// noise scale]) and the health check (after the all-gather every rank holds
+/// every parameter): unchanged under both.
 class UpdateStrategy {
  public:
   virtual ~UpdateStrategy() = default;
@@ -71,8 +49,9 @@ class UpdateStrategy {
   virtual void zeroGrad() = 0;
   /// Every gradient gone (a step that is not applied), once no bucket is in flight.
   virtual void dropGrad() = 0;
-  /// Before each micro-batch's backward; `final_micro`: the last of the window.
-  virtual void beforeBackward(bool final_micro) = 0;
+  /// Before micro-batch `micro`'s backward, of the step's `micros` (0-based: the
+  /// last of the window is micros - 1).
+  virtual void beforeBackward(int64_t micro, int64_t micros) = 0;
   /// After a backward that failed on this rank, before sumGradients().
   virtual void backwardFailed() = 0;
   /// On every rank at every step: the gradients summed over the ranks, `side`
@@ -106,7 +85,8 @@ class UpdateStrategy {
 };
 
 /// The strategy of `cfg` over the trainable parameters `params` (the same, in the
-/// same order, on every rank): plain data parallel, its
+/// same order, on every rank): under dist.shard: gradients with more than one rank
+/// the sharded one (makeShardedGradientUpdate), else plain data parallel, its
 /// GradientSync from dist.overlap and dist.bucket_mb, its optimizer from optim, a
 /// loss scaler under train.precision: fp16. Throws ConfigError for an optimizer
 /// the config cannot build.

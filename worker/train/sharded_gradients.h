@@ -1,0 +1,56 @@
+#pragma once
+// dist.shard: gradients (ZeRO-2): the update strategy that reduce-scatters the
+// gradients, so each rank holds 1/W of the summed gradient and of the optimizer
+// state (Note [sharded gradients]).
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <vector>
+
+#include "collective/communicator.h"
+#include "worker/config/config.h"
+#include "worker/train/update_strategy.h"
+
+namespace batchdist::worker {
+
+/// Note [sharded gradients]: under dist.shard: gradients (ZeRO-2) the update
+/// strategy (Note [update strategy]) keeps, on rank r, only chunk r of every
+/// segment of Note [shard layout] (a segment per dist.bucket_mb of parameters) of
+/// the summed gradient: its shard, 1/W of the gradient, accumulated over the
+/// step's micro-batches. Per call:
+///  - beforeBackward(k, a) for k > 0, and sumGradients() for the last micro-batch:
+///    the micro-batch's gradients are reduce-scattered into the shard, segment by
+///    segment: each segment's gradients copied into a W s_k buffer (the pad zero),
+///    every parameter's gradient then freed, Communicator::reduceScatter (Note
+///    [flat collectives]: native on NCCL and MPI, an allreduce on Gloo) into the
+///    shard or a temporary added to it. So no buffer of the whole gradient lives
+///    past a backward: between micro-batches and during the next forward a rank
+///    holds the shard (N / W) plus one segment's buffer at most, where plain data
+///    parallel holds N. The price: a reduce-scatter per micro-batch, (W-1) n
+///    elements each, so a x (W-1) n per step against the allreduce's 2 (W-1) n
+///    (accumulation 1: half; 2: the same; more: more), as in DeepSpeed's stage 2.
+///    dist.overlap does not apply: the reduce-scatters run after backward.
+///  - a rank whose backward failed (backwardFailed()) makes the reduce-scatters
+///    the others still make this step, with what it has, so no rank waits; every
+///    rank discards the step (Note [oom back-off]).
+///  - sumGradients() ends with one small allreduce of doubles, on every rank at
+///    every step: Note [side channel]'s slots, this rank's |g|^2 taken before each
+///    reduce-scatter (Note [gradient norms]: with `parts` = a, one per
+///    micro-batch), |shard|^2, and under LARS each parameter's |shard piece|^2.
+///    Summed over the ranks they are what the readers of the whole gradient need:
+///    the fp16 overflow check (a non-finite sum: every rank skips the same step),
+///    Note [gradient clipping]'s global norm (every rank scales its shard by the
+///    same coefficient), LARS's per-layer |g| (ShardedOptimizer::setWholeGradNorms)
+///    and the noise scale's |sum_r g_r|^2. They are taken on the scaled gradient
+///    and divided by the loss scale after.
+///  - step(lr): unscale or skip, clip, then the ShardedOptimizer steps its pieces
+///    from the shard (useShardGradient) and all-gathers every segment in place.
+/// Checkpoints are ZeRO-1's (Note [sharded checkpoint]): the state in the packed
+/// space, so ZeRO-1, ZeRO-2 and unsharded runs resume each other's on any W.
+/// The reducer's arrival slots are not sent: lastSkewSeconds() is 0.
+std::unique_ptr<UpdateStrategy> makeShardedGradientUpdate(const Config& cfg,
+                                                          collective::Communicator& comm,
+                                                          std::vector<at::Tensor> params);
+
+}  // namespace batchdist::worker
