@@ -61,7 +61,7 @@ outcomes = {(o["levers"]["shard"], o["levers"]["recompute"]): o for o in s["leve
 for o in s["levers"]:
     print(f'  {o["levers"]["shard"]}/{o["levers"]["recompute"]}: predicted {o["predicted_max_per_gpu"]}, '
           f'measured {o["measured_max_per_gpu"]}: {o["verdict"]}')
-assert len(outcomes) == 4, outcomes.keys()
+assert len(outcomes) == 6, outcomes.keys()  # none, optimizer, gradients x off, on
 plain, rec = outcomes[("none", "off")], outcomes[("none", "on")]
 m0 = plain["measured_max_per_gpu"]
 assert m0 in (16, 24), plain

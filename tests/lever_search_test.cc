@@ -26,6 +26,8 @@ const Levers kPlain{Shard::kNone, Recompute::kOff};
 const Levers kShard{Shard::kOptimizer, Recompute::kOff};
 const Levers kRecompute{Shard::kNone, Recompute::kOn};
 const Levers kBoth{Shard::kOptimizer, Recompute::kOn};
+const Levers kGrads{Shard::kGradients, Recompute::kOff};
+const Levers kGradsBoth{Shard::kGradients, Recompute::kOn};
 
 std::vector<SearchResult> searchOnRanks(const Config& cfg, std::vector<SimulatedMeasurer>& measurers) {
   std::vector<SearchResult> results(measurers.size());
@@ -45,8 +47,9 @@ const LeverOutcome& outcome(const SearchResult& r, const Levers& l) {
 
 /// Peak = 100 + fixed + 4 MB a sample (1 under recompute) against a `budget_mb`
 /// budget (0: none); fixed = parameters 10 + gradients 10 + state 20 (10 sharded
-/// over 2 ranks); samples/s 1000 m / (m + `half`), recompute 20 % slower, sharding
-/// `shard_cost`.
+/// over 2 ranks; gradients 5 too under dist.shard: gradients); samples/s
+/// 1000 m / (m + `half`), recompute 20 % slower, sharding `shard_cost` (twice that
+/// under gradients).
 SimulatedMeasurer leverMeasurer(double budget_mb, double half = 32, double shard_cost = 0.02) {
   SimulatedMeasurer m(1 << 30, 1000, half, 100, 4, budget_mb);
   m.withLevers(10, 20, 2, 0.25, 0.2, shard_cost);
@@ -68,9 +71,10 @@ TEST(LeverSearch, WhereMemoryBoundsThePlainWalkTheModelPredictsWhatEachLeverFits
   const auto res = searchOnRanks(cfg, m);
   const auto& r = res[0];
   const std::string table = searchTable(r);
-  // Plain: 140 + 4 m <= 400 -> 64 (a multiple of 8); sharded: 130 + 4 m -> 64 too;
-  // recompute: 140 + m -> 260, capped by search.max at 256; both: 256.
-  ASSERT_EQ(r.levers.size(), 4u) << table;
+  // Plain: 140 + 4 m <= 400 -> 64 (a multiple of 8); sharded: 130 + 4 m -> 64 too,
+  // gradients as well 125 + 4 m -> 64; recompute: 140 + m -> 260, capped by
+  // search.max at 256; with either sharding: 256.
+  ASSERT_EQ(r.levers.size(), 6u) << table;
   EXPECT_EQ(outcome(r, kPlain).predicted_max, 64) << table;
   EXPECT_EQ(outcome(r, kPlain).measured_max, 64) << table;
   EXPECT_EQ(outcome(r, kShard).predicted_max, 64) << table;
@@ -78,9 +82,13 @@ TEST(LeverSearch, WhereMemoryBoundsThePlainWalkTheModelPredictsWhatEachLeverFits
   EXPECT_EQ(outcome(r, kRecompute).measured_max, 256) << table;
   EXPECT_EQ(outcome(r, kBoth).predicted_max, 256) << table;
   EXPECT_EQ(outcome(r, kBoth).measured_max, 256) << table;
+  EXPECT_EQ(outcome(r, kGrads).predicted_max, 64) << table;
+  EXPECT_EQ(outcome(r, kGradsBoth).predicted_max, 256) << table;
+  EXPECT_EQ(outcome(r, kGradsBoth).measured_max, 256) << table;
   // The fixed parts from the formulas, the rest fitted exactly (a straight line here).
   EXPECT_DOUBLE_EQ(outcome(r, kPlain).fixed_mb, 40);
   EXPECT_DOUBLE_EQ(outcome(r, kShard).fixed_mb, 30);
+  EXPECT_DOUBLE_EQ(outcome(r, kGrads).fixed_mb, 25);
   EXPECT_NEAR(outcome(r, kPlain).per_sample_mb, 4, 1e-9);
   EXPECT_NEAR(outcome(r, kRecompute).per_sample_mb, 1, 1e-9);
   EXPECT_NEAR(outcome(r, kRecompute).intercept_mb, 100, 1e-9);
@@ -88,10 +96,11 @@ TEST(LeverSearch, WhereMemoryBoundsThePlainWalkTheModelPredictsWhatEachLeverFits
   EXPECT_NE(outcome(r, kShard).verdict.find("timed at the walk's pick, per-GPU 64"), std::string::npos)
       << outcome(r, kShard).verdict;
   // Recompute at 256 (711 samples/s) beats plain's best, 64 (667), by more than the
-  // tolerance; sharded as well it is 2 % slower, within the tolerance, and smaller.
+  // tolerance; sharded as well it is 2 % (optimizer) or 4 % (gradients) slower,
+  // within the tolerance, and of those the gradients' peak is the smallest.
   EXPECT_EQ(r.chosen, 256) << table;
-  EXPECT_EQ(r.chosen_levers, kBoth) << table;
-  EXPECT_NE(r.why.find("under shard optimizer + recompute"), std::string::npos) << r.why;
+  EXPECT_EQ(r.chosen_levers, kGradsBoth) << table;
+  EXPECT_NE(r.why.find("under shard gradients + recompute"), std::string::npos) << r.why;
   // Every rank walked the same sizes under the same levers, and agreed.
   ASSERT_EQ(m[0].seen.size(), m[1].seen.size());
   for (std::size_t i = 0; i < m[0].seen.size(); ++i) {
@@ -127,11 +136,16 @@ TEST(LeverSearch, WithoutAMemoryBoundRecomputeIsPrunedUnmeasured) {
   EXPECT_NE(outcome(r, kBoth).verdict.find("recompute would only cost time"), std::string::npos)
       << outcome(r, kBoth).verdict;
   EXPECT_TRUE(outcome(r, kShard).timed);
-  int sharded = 0;
-  for (const auto& c : r.candidates) sharded += c.levers == kShard ? 1 : 0;
+  EXPECT_TRUE(outcome(r, kGrads).timed);
+  int sharded = 0, grads = 0;
+  for (const auto& c : r.candidates) {
+    sharded += c.levers == kShard ? 1 : 0;
+    grads += c.levers == kGrads ? 1 : 0;
+  }
   EXPECT_EQ(sharded, 1) << searchTable(r);
-  // As fast (no cost) at the same size and smaller: sharding is chosen.
-  EXPECT_EQ(r.chosen_levers, kShard) << searchTable(r);
+  EXPECT_EQ(grads, 1) << searchTable(r);
+  // As fast (no cost) at the same size and smaller: the sharding that saves most is chosen.
+  EXPECT_EQ(r.chosen_levers, kGrads) << searchTable(r);
 }
 
 TEST(LeverSearch, APredictionThatIsTooHighIsConfirmedDownwards) {
@@ -168,7 +182,7 @@ TEST(LeverSearch, OneRankAndAModelWithoutBlocksSayWhatAutoCannotWeigh) {
   ASSERT_EQ(one.notes.size(), 1u);
   EXPECT_NE(one.notes[0].find("dist.shard: auto: one rank"), std::string::npos) << one.notes[0];
   const auto cnn = leverSpace({Shard::kAuto, Recompute::kAuto}, 4, "no blocks here");
-  EXPECT_EQ(cnn.combinations.size(), 2u);  // plain, sharded
+  EXPECT_EQ(cnn.combinations.size(), 3u);  // plain, optimizer, gradients
   ASSERT_EQ(cnn.notes.size(), 1u);
   EXPECT_EQ(cnn.notes[0], "model.recompute: auto: no blocks here: off");
   const auto fixed = leverSpace({Shard::kOptimizer, Recompute::kAuto}, 4, "");
@@ -183,6 +197,11 @@ TEST(LeverSearch, TheMemoryModelsPiecesByThemselves) {
   EXPECT_DOUBLE_EQ(fixedMbUnder(sharded, Shard::kOptimizer, Shard::kNone, 4), 40);
   EXPECT_DOUBLE_EQ(fixedMbUnder(sharded, Shard::kOptimizer, Shard::kOptimizer, 4), 25);
   EXPECT_DOUBLE_EQ(fixedMbUnder({10, 10, 20}, Shard::kNone, Shard::kOptimizer, 4), 25);
+  // Gradients sharded too: 10 + 10/4 + 20/4, from either measurement and back.
+  EXPECT_DOUBLE_EQ(fixedMbUnder({10, 10, 20}, Shard::kNone, Shard::kGradients, 4), 17.5);
+  EXPECT_DOUBLE_EQ(fixedMbUnder(sharded, Shard::kOptimizer, Shard::kGradients, 4), 17.5);
+  EXPECT_DOUBLE_EQ(fixedMbUnder({10, 2.5, 5}, Shard::kGradients, Shard::kNone, 4), 40);
+  EXPECT_DOUBLE_EQ(fixedMbUnder({10, 2.5, 5}, Shard::kGradients, Shard::kOptimizer, 4), 25);
   // The fit takes the two largest sizes with a peak, an over-budget one included,
   // an out-of-memory (no peak) not.
   auto at = [](int64_t m, double peak, const std::string& reason = "") {
@@ -255,7 +274,7 @@ TEST(LeverSearch, AutoNeedsTheSearchAndNamesItsValues) {
   EXPECT_NE(fixed.find("auto is chosen by the batch search, and batch.per_gpu is fixed (16)"),
             std::string::npos)
       << fixed;
-  EXPECT_NE(fixed.find("none or optimizer"), std::string::npos) << fixed;
+  EXPECT_NE(fixed.find("none, optimizer or gradients"), std::string::npos) << fixed;
   const auto recompute = configError("batch: {per_gpu: 16}\nmodel: {recompute: auto}\n");
   EXPECT_NE(recompute.find("model.recompute"), std::string::npos) << recompute;
   EXPECT_NE(recompute.find("off or on"), std::string::npos) << recompute;
@@ -269,7 +288,8 @@ TEST(LeverSearch, AutoNeedsTheSearchAndNamesItsValues) {
 }
 
 TEST(LeverSearch, WhenNothingFitsPlainTheLeversAreTriedAtTheSmallestSize) {
-  // A 160 MB budget: plain needs 172 MB at per-GPU 8, sharded 162; recompute 148, both 138.
+  // A 160 MB budget: plain needs 172 MB at per-GPU 8, optimizer 162, gradients 157;
+  // recompute 148, with the optimizer sharded 138, with the gradients 133.
   const auto cfg = parseConfig(kAutoLevers, "t.yaml");
   std::vector<SimulatedMeasurer> m{leverMeasurer(160), leverMeasurer(160)};
   const auto res = searchOnRanks(cfg, m);
@@ -279,6 +299,9 @@ TEST(LeverSearch, WhenNothingFitsPlainTheLeversAreTriedAtTheSmallestSize) {
       << outcome(r, kShard).verdict;
   EXPECT_NE(outcome(r, kRecompute).verdict.find("fits the smallest size, 8"), std::string::npos)
       << outcome(r, kRecompute).verdict;
+  EXPECT_NE(outcome(r, kGrads).verdict.find("fits the smallest size, 8"), std::string::npos)
+      << outcome(r, kGrads).verdict;
+  // Gradients sharded alone costs 4 %, recompute 20 %: the fastest that fits.
   EXPECT_EQ(r.chosen, 8) << searchTable(r);
-  EXPECT_EQ(r.chosen_levers, kBoth) << searchTable(r);
+  EXPECT_EQ(r.chosen_levers, kGrads) << searchTable(r);
 }

@@ -30,9 +30,10 @@ class SimulatedMeasurer : public worker::Measurer {
 
   /// The memory levers (Note [lever search]): parameters and gradients of
   /// `params_mb` each and optimizer state of `state_mb` (1/`world` of it under
-  /// dist.shard: optimizer) add to the base; recompute keeps `recompute_keep` of the
-  /// per-sample memory and costs `recompute_cost` of the samples/s, sharding
-  /// `shard_cost`; the memory budget decides what fits.
+  /// dist.shard: optimizer, and of the gradients too under gradients) add to the
+  /// base; recompute keeps `recompute_keep` of the per-sample memory and costs
+  /// `recompute_cost` of the samples/s, sharding `shard_cost` (twice that under
+  /// gradients); the memory budget decides what fits.
   SimulatedMeasurer& withLevers(double params_mb, double state_mb, int64_t world, double recompute_keep,
                                 double recompute_cost, double shard_cost) {
     params_ = params_mb;
@@ -52,9 +53,11 @@ class SimulatedMeasurer : public worker::Measurer {
     ++calls;
     seen.push_back({per_gpu, levers});
     worker::Measurement m;
-    const bool sharded = levers.shard == worker::Shard::kOptimizer;
+    const bool sharded = levers.shard != worker::Shard::kNone;
+    const bool grads = levers.shard == worker::Shard::kGradients;
     const bool recompute = levers.recompute == worker::Recompute::kOn;
-    m.parts = {params_, params_, sharded ? state_ / static_cast<double>(world_) : state_};
+    const double w = static_cast<double>(world_);
+    m.parts = {params_, grads ? params_ / w : params_, sharded ? state_ / w : state_};
     m.peak_mb = base_ + m.parts.fixedMb() +
                 per_sample_ * (recompute ? keep_ : 1.0) * static_cast<double>(per_gpu);
     if (fail_from_ > 0 && per_gpu >= fail_from_) {
@@ -69,7 +72,8 @@ class SimulatedMeasurer : public worker::Measurer {
     // Deterministic "noise": a fixed wiggle per size.
     const double wiggle = 1.0 + noise_ * std::sin(static_cast<double>(per_gpu) * 12.9898);
     m.samples_per_s = peak_ * per_gpu / (per_gpu + half_) * wiggle *
-                      (recompute ? 1 - recompute_cost_ : 1.0) * (sharded ? 1 - shard_cost_ : 1.0);
+                      (recompute ? 1 - recompute_cost_ : 1.0) *
+                      (sharded ? 1 - (grads ? 2 : 1) * shard_cost_ : 1.0);
     m.sps_low = 0.99 * m.samples_per_s;
     m.sps_high = 1.01 * m.samples_per_s;
     m.timed_steps = 3;

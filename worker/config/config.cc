@@ -687,7 +687,7 @@ void validate(const Config& cfg, const Context& ctx) {
     if (!is_auto || b.per_gpu_auto) continue;
     throw err(key, strCat("auto is chosen by the batch search, and batch.per_gpu is fixed (",
                           b.per_gpu, "), so nothing searches: set batch.per_gpu: auto, or ",
-                          std::string(key) == "dist.shard" ? "none or optimizer" : "off or on"));
+                          std::string(key) == "dist.shard" ? "none, optimizer or gradients" : "off or on"));
   }
   if (builtin_bn && !b.per_gpu_auto && b.per_gpu == 1) {
     throw err("batch.per_gpu", "1 is too small for a model with BatchNorm, which cannot "

@@ -10,6 +10,7 @@
 #include "collective/torch_compat.h"
 #include "worker/common/console.h"
 #include "worker/common/files.h"
+#include "worker/search/levers.h"
 #include "worker/search/output.h"
 
 namespace batchdist::worker {
@@ -48,7 +49,7 @@ std::string applyTrainingOoms(const nlohmann::json& marks, SearchResult& r) {
   // chosen levers (Note [lever search]): a size under them, or under levers that
   // save less memory, fails too; under levers that save more it may still fit.
   const auto savesNoMore = [&](const Levers& l) {
-    return (l.shard == Shard::kNone || l.shard == r.chosen_levers.shard) &&
+    return shardSaving(l.shard) <= shardSaving(r.chosen_levers.shard) &&
            (l.recompute == Recompute::kOff || l.recompute == r.chosen_levers.recompute);
   };
   for (auto* list : {&r.candidates, &r.adapt_range}) {

@@ -16,6 +16,7 @@ LeverSpace leverSpace(const Levers& configured, int64_t world,
     shards = {Shard::kNone};
     if (world > 1) {
       shards.push_back(Shard::kOptimizer);
+      shards.push_back(Shard::kGradients);
     } else {
       out.notes.push_back("dist.shard: auto: one rank holds the whole state anyway: none");
     }
@@ -30,7 +31,8 @@ LeverSpace leverSpace(const Levers& configured, int64_t world,
     }
   }
   out.base = {shards.front(), recomputes.front()};
-  // Cheaper in time first: sharding the optimizer costs an all-gather, recompute a forward.
+  // Cheaper in time first: sharding costs an all-gather (and under gradients a
+  // reduce-scatter per micro-batch), recompute a forward.
   for (const auto r : recomputes) {
     for (const auto s : shards) out.combinations.push_back({s, r});
   }
@@ -57,12 +59,22 @@ RestFit fitRest(const std::vector<Candidate>& candidates, Recompute recompute) {
   return fit;
 }
 
+int shardSaving(Shard s) {
+  switch (s) {
+    case Shard::kOptimizer: return 1;
+    case Shard::kGradients: return 2;
+    default: return 0;
+  }
+}
+
 double fixedMbUnder(const MemoryParts& measured, Shard measured_shard, Shard target, int64_t world) {
   const double w = static_cast<double>(std::max<int64_t>(1, world));
-  const double whole_state = measured_shard == Shard::kOptimizer ? measured.optimizer_state_mb * w
-                                                                 : measured.optimizer_state_mb;
-  const double state = target == Shard::kOptimizer ? whole_state / w : whole_state;
-  return measured.parameters_mb + measured.gradients_mb + state;
+  // Whole again where the measurement was sharded, then split as `target` splits.
+  const auto part = [&](double mb, int saved_from) {
+    const double whole = shardSaving(measured_shard) >= saved_from ? mb * w : mb;
+    return shardSaving(target) >= saved_from ? whole / w : whole;
+  };
+  return measured.parameters_mb + part(measured.gradients_mb, 2) + part(measured.optimizer_state_mb, 1);
 }
 
 int64_t predictLargest(const RestFit& fit, double fixed_mb, double budget_mb, int64_t lo, int64_t hi,

@@ -12,8 +12,11 @@
 //  2. The memory model. A rank's peak under levers (s, r) at per-GPU m is
 //       peak = fixed(s) + a_r + b_r x m
 //     fixed(s): parameters + gradients + optimizer state, from the formulas
-//     (Note [memory by part]): one measurement's parts, the state x W when it was
-//     sharded, / W under dist.shard: optimizer. a_r + b_r x m: the rest
+//     (Note [memory by part]): one measurement's parts, each made whole again (x W)
+//     where it was sharded, then the state / W under dist.shard: optimizer, the
+//     state and the gradients / W under gradients (Note [sharded gradients]: the
+//     whole gradient then lives only during backward, as activations are freed,
+//     so it falls to the rest, which the confirmation measures). a_r + b_r x m: the rest
 //     (activations, workspace, the process's own on the CPU), fitted per recompute
 //     setting through the two largest sizes measured under it with a peak (fits
 //     or over the budget; an out-of-memory has none). Recompute's two probes are
@@ -43,6 +46,10 @@
 #include "worker/search/search.h"
 
 namespace batchdist::worker {
+
+/// How much of the update's state a sharding splits over the ranks: none 0,
+/// optimizer 1, gradients 2 (each saves at least what the one before saves).
+int shardSaving(Shard s);
 
 /// At most this many sizes are measured to confirm one combination's prediction.
 constexpr int kConfirmTries = 3;
