@@ -4,16 +4,23 @@
 # byte-level tokens of the GPL-3 Debian ships, AdamW, trained at one per-GPU
 # batch M under each (dist.shard, model.recompute):
 #   none/off  plain data parallel: the baseline
-#   optimizer/off, none/on, optimizer/on
-# For each world size in RANKS, ROUNDS rounds, the four in a rotated order each
+#   optimizer/off, gradients/off, none/on, optimizer/on, gradients/on
+# For each world size in RANKS, ROUNDS rounds, the six in a rotated order each
 # round (a machine that slows during a round favours none); per run, rank 0's
 # report.json: samples/s over the run's STEPS steps, peak memory (peak resident
 # set: Note [host allocator] keeps freed memory, so it is the most the step ever
-# held), the optimizer state and the rest (Note [memory by part]). Printed per
-# world size: medians over the rounds, and each lever's samples/s and state
-# against the baseline's in the same round (median of the per-round ratios).
+# held), the gradients and optimizer state kept between steps and the rest (Note
+# [memory by part]). Printed per world size: medians over the rounds, and each
+# lever's samples/s, gradients and state against the baseline's in the same round
+# (median of the per-round ratios).
+#
+# COMBOS="SHARD RECOMPUTE [BACKEND];..." replaces the six (dist.backend auto,
+# which is mpi on one host): e.g. the Gloo emulation of the flat collectives
+# against the MPI communicator's native ones (Note [flat collectives]); the first
+# is the baseline.
 #
 #   [RANKS="2 4"] [ROUNDS=3] [M=16] [STEPS=30] [GPT_SHAPE="LAYERS HEADS EMBED SEQ_LEN"]
+#   [COMBOS="none off gloo;gradients off gloo;none off mpi;gradients off mpi"]
 #   bench/memory_levers.sh [BATCHDIST_BIN] [OUT_DIR]
 #     defaults: build/launcher/batchdist, a fresh mktemp -d; GPT_SHAPE "4 4 256 128"
 set -euo pipefail
@@ -24,17 +31,18 @@ read -r layers heads embed seq <<<"${GPT_SHAPE:-4 4 256 128}"
 # shellcheck source=bench/gpt_tokens_lib.sh
 source "$(dirname "$0")/gpt_tokens_lib.sh"
 echo "memory_levers: $(uptime | sed 's/.*load/load/'); gpt ${layers}x${heads}x${embed}, seq $seq; M=$m, $steps steps; out $out"
-combos=("none off" "optimizer off" "none on" "optimizer on")
+IFS=';' read -r -a combos <<<"${COMBOS:-none off;optimizer off;gradients off;none on;optimizer on;gradients on}"
 
-# run W SHARD RECOMPUTE NAME: one training run; its report into $out/NAME.
+# run W SHARD RECOMPUTE BACKEND NAME: one training run; its report into $out/NAME.
 run() {
-  local w=$1 shard=$2 rc=$3 name=$4
+  local w=$1 shard=$2 rc=$3 backend=$4 name=$5
   mpirun "${flags[@]}" -np "$w" "$bin" train "$(dirname "$0")/../configs/gpt-tiny.yaml" \
     --set data.path="$out/tokens/train.bin" --set data.val_path="$out/tokens/val.bin" \
     --set model.layers="$layers" --set model.heads="$heads" --set model.embed="$embed" \
     --set model.seq_len="$seq" --set batch.global=$((m * w)) --set batch.per_gpu="$m" \
     --set optim.base_batch=$((m * w)) --set train.max_steps="$steps" --set train.epochs=1000 \
-    --set dist.shard="$shard" --set model.recompute="$rc" --set checkpoint.every_minutes=0 \
+    --set dist.shard="$shard" --set model.recompute="$rc" --set dist.backend="$backend" \
+    --set checkpoint.every_minutes=0 \
     --set checkpoint.on_signal=false --set report.tensorboard=false \
     --output "$out/$name" --quiet >"$out/$name.log" 2>&1 ||
     { echo "run $name failed: $out/$name.log" >&2; tail -5 "$out/$name.log" >&2; exit 1; }
@@ -42,28 +50,32 @@ run() {
 
 for w in $ranks; do
   for ((r = 0; r < rounds; r++)); do
-    for ((k = 0; k < 4; k++)); do
-      c=${combos[$(((k + r) % 4))]}
-      run "$w" ${c% *} ${c#* } "w${w}-r${r}-${c/ /-}"
+    for ((k = 0; k < ${#combos[@]}; k++)); do
+      read -r shard rc backend <<<"${combos[$(((k + r) % ${#combos[@]}))]}"
+      run "$w" "$shard" "$rc" "${backend:-auto}" "w${w}-r${r}-$shard-$rc-${backend:-auto}"
     done
   done
-  python3 - "$out" "$w" "$rounds" <<'PY'
+  python3 - "$out" "$w" "$rounds" "${combos[@]}" <<'PY'
 import json, statistics, sys
 out, w, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
-combos = ["none-off", "optimizer-off", "none-on", "optimizer-on"]
+combos = ["-".join((c.split() + ["auto"])[:3]) for c in sys.argv[4:]]
 rep = {(c, r): json.load(open(f"{out}/w{w}-r{r}-{c}/report.json")) for c in combos for r in range(rounds)}
 med = lambda xs: statistics.median(xs)
-print(f"\nW={w}: {rounds} rounds, medians; ratios against none/off (plain DP) of the same round")
-print(f"{'shard/recompute':<16} {'samples/s':>10} {'x plain':>8} {'peak MB':>8} {'state MB':>9} "
-      f"{'x plain':>8} {'rest MB':>8}")
+print(f"\nW={w}: {rounds} rounds, medians; ratios against {combos[0]} of the same round")
+print(f"{'shard/recompute/backend':<24} {'samples/s':>10} {'x plain':>8} {'peak MB':>8} {'grads MB':>9} "
+      f"{'x plain':>8} {'state MB':>9} {'x plain':>8} {'rest MB':>8}")
+def vs_plain(c, key):
+    mine = [rep[c, r]["memory"][key] for r in range(rounds)]
+    base = [rep[combos[0], r]["memory"][key] for r in range(rounds)]
+    return med(mine), med([m / b for m, b in zip(mine, base)])
 for c in combos:
     sps = [rep[c, r]["samples_per_s"] for r in range(rounds)]
-    ratio = [rep[c, r]["samples_per_s"] / rep["none-off", r]["samples_per_s"] for r in range(rounds)]
+    ratio = [rep[c, r]["samples_per_s"] / rep[combos[0], r]["samples_per_s"] for r in range(rounds)]
     mem = [rep[c, r]["memory"] for r in range(rounds)]
-    state = [x["optimizer_state_mb"] for x in mem]
-    base = [rep["none-off", r]["memory"]["optimizer_state_mb"] for r in range(rounds)]
-    print(f"{c.replace('-', '/'):<16} {med(sps):>10.1f} {med(ratio):>8.3f} "
-          f"{med([x['peak_mb'] for x in mem]):>8.0f} {med(state):>9.2f} "
-          f"{med([s / b for s, b in zip(state, base)]):>8.3f} {med([x['rest_mb'] for x in mem]):>8.0f}")
+    grads, grads_x = vs_plain(c, "gradients_mb")
+    state, state_x = vs_plain(c, "optimizer_state_mb")
+    print(f"{c.replace('-', '/'):<24} {med(sps):>10.1f} {med(ratio):>8.3f} "
+          f"{med([x['peak_mb'] for x in mem]):>8.0f} {grads:>9.2f} {grads_x:>8.3f} {state:>9.2f} "
+          f"{state_x:>8.3f} {med([x['rest_mb'] for x in mem]):>8.0f}")
 PY
 done

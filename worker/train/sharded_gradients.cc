@@ -56,7 +56,7 @@ class ShardedGradientUpdate : public UpdateStrategy {
   int64_t micros_ = 1;       ///< the step's micro-batches (beforeBackward's `micros`)
   int64_t flushed_ = 0;      ///< reduce-scatters made this step
   bool measure_ = false;
-  double local_sq_ = 0;      ///< this step's own |g|^2, one term per micro-batch
+  at::Tensor local_sq_;      ///< this step's own |g|^2, one term per micro-batch (double, on the device)
   collective::GradSqNorms norms_;
   std::vector<double> summed_;  ///< the last sumGradients()' allreduce
 };
@@ -69,6 +69,7 @@ ShardedGradientUpdate::ShardedGradientUpdate(const Config& cfg, collective::Comm
   optimizer_ = std::make_unique<ShardedOptimizer>(cfg.optim, comm, params_, std::max<int64_t>(1, segment));
   shard_ = torch::zeros({optimizer_->layout().slice}, params_.front().options().requires_grad(false));
   optimizer_->useShardGradient(shard_);
+  zeroGrad();
   if (cfg.train.precision == Precision::kFp16) {
     scaler_ = std::make_unique<LossScaler>(cfg.train.loss_scale, cfg.train.scale_growth_interval);
   }
@@ -78,7 +79,7 @@ void ShardedGradientUpdate::zeroGrad() {
   for (auto& p : params_) p.mutable_grad() = at::Tensor();
   shard_.zero_();
   flushed_ = 0;
-  local_sq_ = 0;
+  local_sq_ = torch::zeros({}, shard_.options().dtype(torch::kDouble));
 }
 
 void ShardedGradientUpdate::beforeBackward(int64_t micro, int64_t micros) {
@@ -102,7 +103,7 @@ void ShardedGradientUpdate::flush() {
       auto& p = params_[static_cast<std::size_t>(i)];
       if (!p.grad().defined()) continue;
       const auto g = p.grad().reshape({-1});
-      if (measure_) local_sq_ += g.to(torch::kDouble).square().sum().item<double>();
+      if (measure_) local_sq_ += g.to(torch::kDouble).square().sum();  // read once, in sumGradients()
       buffer.narrow(0, l.starts[static_cast<std::size_t>(i)] - s.base, g.numel()).copy_(g);
       p.mutable_grad() = at::Tensor();  // freed: the shard holds its sum
     }
@@ -140,7 +141,7 @@ collective::SideChannel ShardedGradientUpdate::sumGradients(const collective::Si
   flush();
   auto values = partialSums();
   std::copy(side.begin(), side.end(), values.begin());
-  values[kLocalSq] = local_sq_;
+  values[kLocalSq] = measure_ ? local_sq_.item<double>() : 0.0;
   summed_ = comm_.allreduce(values, collective::ReduceOp::kSum);
   norms_ = collective::GradSqNorms();
   if (measure_) norms_ = {summed_[kLocalSq], summed_[kShardSq], true, micros_};
