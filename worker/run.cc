@@ -35,6 +35,7 @@
 #include "worker/train/step_measurer.h"
 #include "worker/train/memory.h"
 #include "worker/train/trainer.h"
+#include "worker/train/update_strategy.h"
 
 namespace batchdist::worker {
 namespace fs = std::filesystem;
@@ -612,7 +613,7 @@ struct RunState {
 std::string updateLine(const DistConfig& dist, collective::Communicator& comm) {
   const int w = comm.size();
   const bool native = comm.nativeFlatCollectives();
-  if (dist.shard == Shard::kGradients && w > 1) {
+  if (shardsGradients(dist, w)) {
     return strCat("update: dist.shard: gradients (ZeRO-2): each micro-batch's gradients "
                   "reduce-scattered per ", dist.bucket_mb, " MB segment",
                   native ? "" : " (emulated by an allreduce on gloo: 2x the bytes)",

@@ -259,13 +259,15 @@ double clipGradNorm(const std::vector<at::Tensor>& params, double max_norm) {
   auto sq = torch::zeros({}, grads.front().options().dtype(torch::kDouble));
   for (const auto& g : grads) sq += g.to(torch::kDouble).square().sum();
   const double norm = std::sqrt(sq.item<double>());
-  // A non-finite norm leaves the gradients as they are: the fp16 scaler has
-  // already skipped such a step, and otherwise the health check names it.
-  if (std::isfinite(norm) && norm > max_norm) {
-    const double coef = max_norm / (norm + 1e-6);
+  if (const double coef = clipCoefficient(norm, max_norm); coef != 1) {
     for (auto& g : grads) g.mul_(coef);
   }
   return norm;
+}
+
+double clipCoefficient(double norm, double max_norm) {
+  if (!std::isfinite(norm) || norm <= max_norm) return 1;
+  return max_norm / (norm + 1e-6);
 }
 
 std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<torch::Tensor> params) {

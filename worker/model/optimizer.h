@@ -78,6 +78,10 @@ std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<Opt
 /// rank clips alike) once per optimizer step, after the fp16 scaler's unscale:
 /// under accumulation it sees the whole step's gradient, never a micro-batch's.
 double clipGradNorm(const std::vector<at::Tensor>& params, double max_norm);
+/// What clipGradNorm multiplies the gradients by at global norm `norm`: 1 when
+/// the norm is within `max_norm` or not finite (the fp16 scaler has already
+/// skipped such a step, and otherwise the health check names it).
+double clipCoefficient(double norm, double max_norm);
 
 /// LARS trust ratio of one layer: eta * |w| / (|g| + wd * |w|), or 1 when either
 /// norm is zero (You et al. 2017).

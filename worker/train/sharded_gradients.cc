@@ -16,7 +16,7 @@ namespace {
 constexpr std::size_t kLocalSq = collective::kSideSlots, kShardSq = kLocalSq + 1,
                       kLayers = kShardSq + 1;
 
-class ShardedGradientUpdate : public UpdateStrategy {
+class ShardedGradientUpdate : public UpdateStrategyBase {
  public:
   ShardedGradientUpdate(const Config& cfg, collective::Communicator& comm,
                         std::vector<at::Tensor> params);
@@ -30,12 +30,8 @@ class ShardedGradientUpdate : public UpdateStrategy {
   const collective::GradSqNorms& lastNorms() const override { return norms_; }
   double lastSkewSeconds() const override { return 0; }
 
-  double lossScale() const override { return scaler_ ? scaler_->scale() : 1.0; }
   bool step(double lr) override;
   Optimizer& optimizer() override { return *optimizer_; }
-  LossScaler* scaler() override { return scaler_.get(); }
-  const GradClipFigures& clipFigures() const override { return clip_; }
-  void resetClipFigures() override { clip_ = GradClipFigures(); }
   UpdateMemory memory() const override;
 
  private:
@@ -43,15 +39,9 @@ class ShardedGradientUpdate : public UpdateStrategy {
   void flush();
   /// The sum of |piece|^2 per parameter of this rank's pieces (LARS) and of all.
   std::vector<double> partialSums() const;
-  /// Note [gradient clipping] on the shard; returns the coefficient applied (1: none).
-  double clip(double norm);
-
   collective::Communicator& comm_;
   std::vector<at::Tensor> params_;
-  double clip_norm_ = 0;
   std::unique_ptr<ShardedOptimizer> optimizer_;
-  std::unique_ptr<LossScaler> scaler_;
-  GradClipFigures clip_;
   at::Tensor shard_;         ///< this rank's chunks of the summed gradient, end to end
   int64_t micros_ = 1;       ///< the step's micro-batches (beforeBackward's `micros`)
   int64_t flushed_ = 0;      ///< reduce-scatters made this step
@@ -63,16 +53,13 @@ class ShardedGradientUpdate : public UpdateStrategy {
 
 ShardedGradientUpdate::ShardedGradientUpdate(const Config& cfg, collective::Communicator& comm,
                                              std::vector<at::Tensor> params)
-    : comm_(comm), params_(std::move(params)), clip_norm_(cfg.optim.clip_grad_norm) {
+    : UpdateStrategyBase(cfg), comm_(comm), params_(std::move(params)) {
   const int64_t element = params_.empty() ? 4 : static_cast<int64_t>(params_.front().element_size());
   const auto segment = static_cast<int64_t>(cfg.dist.bucket_mb * (1 << 20)) / element;
   optimizer_ = std::make_unique<ShardedOptimizer>(cfg.optim, comm, params_, std::max<int64_t>(1, segment));
   shard_ = torch::zeros({optimizer_->layout().slice}, params_.front().options().requires_grad(false));
   optimizer_->useShardGradient(shard_);
   zeroGrad();
-  if (cfg.train.precision == Precision::kFp16) {
-    scaler_ = std::make_unique<LossScaler>(cfg.train.loss_scale, cfg.train.scale_growth_interval);
-  }
 }
 
 void ShardedGradientUpdate::zeroGrad() {
@@ -158,8 +145,9 @@ bool ShardedGradientUpdate::step(double lr) {
     if (!scaler_->update(!std::isfinite(summed_[kShardSq]))) return false;
     shard_.mul_(1.0 / scale);
   }
-  double coef = 1;
-  if (clip_norm_ > 0) coef = clip(std::sqrt(summed_[kShardSq]) / scale);
+  double coef = 1;  // Note [gradient clipping] on the shard, by the global norm
+  if (clip_norm_ > 0) coef = recordClip(std::sqrt(summed_[kShardSq]) / scale);
+  if (coef != 1) shard_.mul_(coef);
   if (optimizer_->needsWholeGradNorms()) {
     std::vector<double> norms;
     for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -169,18 +157,6 @@ bool ShardedGradientUpdate::step(double lr) {
   }
   optimizer_->step(lr);
   return true;
-}
-
-double ShardedGradientUpdate::clip(double norm) {
-  ++clip_.steps;
-  if (norm > clip_norm_) ++clip_.clipped;
-  clip_.last_norm = norm;
-  clip_.max_norm = std::max(clip_.max_norm, norm);
-  // As clipGradNorm: a non-finite norm leaves the gradient as it is.
-  if (!std::isfinite(norm) || norm <= clip_norm_) return 1;
-  const double coef = clip_norm_ / (norm + 1e-6);
-  shard_.mul_(coef);
-  return coef;
 }
 
 UpdateMemory ShardedGradientUpdate::memory() const {

@@ -22,6 +22,7 @@
 #include "worker/train/data_figures.h"
 #include "worker/train/gpu_monitor.h"
 #include "worker/train/memory.h"
+#include "worker/train/update_strategy.h"
 
 namespace batchdist::worker {
 namespace {
@@ -282,7 +283,9 @@ void Trainer::recordNoise() {
 
 NoiseScaleResult Trainer::noiseResult() const {
   NoiseScaleResult r;
-  r.b_small = microNoise() || shardsGradients() ? plan_.per_gpu : plan_.per_gpu * plan_.accum;
+  // Note [sharded gradients]: a local gradient per micro-batch, so B_small = per_gpu.
+  r.b_small = microNoise() || shardsGradients(cfg_.dist, comm_.size()) ? plan_.per_gpu
+                                                                        : plan_.per_gpu * plan_.accum;
   r.b_big = plan_.global;
   r.steps = noise_.steps();
   r.measured = noise_.steps() > 0;

@@ -248,8 +248,6 @@ class Trainer {
   bool microNoise() const {
     return cfg_.train.noise_scale && comm_.size() == 1 && plan_.accum > 1;
   }
-  // Note [sharded gradients]: a local gradient per micro-batch, so B_small = per_gpu.
-  bool shardsGradients() const { return cfg_.dist.shard == Shard::kGradients && comm_.size() > 1; }
   // Note [noise cadence]: steps started so far (the same count on every rank, OOM
   // retries included) and whether the current one measures the norms.
   int64_t noise_ticks_ = 0;

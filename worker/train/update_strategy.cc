@@ -13,7 +13,7 @@ namespace {
 /// Plain data parallel (Note [update strategy]): an allreduce of the whole
 /// gradient (the Reducer or the GradientSynchronizer), then the same whole step
 /// on every rank.
-class DataParallelUpdate : public UpdateStrategy {
+class DataParallelUpdate : public UpdateStrategyBase {
  public:
   DataParallelUpdate(const Config& cfg, collective::Communicator& comm,
                      std::vector<at::Tensor> params);
@@ -31,29 +31,19 @@ class DataParallelUpdate : public UpdateStrategy {
   const collective::GradSqNorms& lastNorms() const override { return sync_->lastNorms(); }
   double lastSkewSeconds() const override { return sync_->lastSkewSeconds(); }
 
-  double lossScale() const override { return scaler_ ? scaler_->scale() : 1.0; }
   bool step(double lr) override;
   Optimizer& optimizer() override { return *optimizer_; }
-  LossScaler* scaler() override { return scaler_.get(); }
-  const GradClipFigures& clipFigures() const override { return clip_; }
-  void resetClipFigures() override { clip_ = GradClipFigures(); }
   UpdateMemory memory() const override;
 
  private:
-  /// Note [gradient clipping]: optim.clip_grad_norm on the summed gradient.
-  void clipGradients();
-
   std::vector<at::Tensor> params_;  ///< the trainable ones (Note [frozen parameters])
-  double clip_norm_ = 0;            ///< optim.clip_grad_norm (0: off)
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<collective::GradientSync> sync_;  ///< Note [gradient sync]
-  std::unique_ptr<LossScaler> scaler_;              ///< fp16 only
-  GradClipFigures clip_;                            ///< optim.clip_grad_norm > 0
 };
 
 DataParallelUpdate::DataParallelUpdate(const Config& cfg, collective::Communicator& comm,
                                        std::vector<at::Tensor> params)
-    : params_(std::move(params)), clip_norm_(cfg.optim.clip_grad_norm) {
+    : UpdateStrategyBase(cfg), params_(std::move(params)) {
   // Note [sharded optimizer]: first, since it moves the parameters into its flat buffer.
   // dist.shard: gradients on one rank: the shard is the whole gradient (ZeRO-1's path).
   if (cfg.dist.shard == Shard::kOptimizer || cfg.dist.shard == Shard::kGradients) {
@@ -63,27 +53,16 @@ DataParallelUpdate::DataParallelUpdate(const Config& cfg, collective::Communicat
   }
   const auto bucket_bytes = static_cast<std::size_t>(cfg.dist.bucket_mb * (1 << 20));
   sync_ = collective::makeGradientSync(cfg.dist.overlap, comm, params_, bucket_bytes);
-  if (cfg.train.precision == Precision::kFp16) {
-    scaler_ = std::make_unique<LossScaler>(cfg.train.loss_scale, cfg.train.scale_growth_interval);
-  }
 }
 
 bool DataParallelUpdate::step(double lr) {
   // fp16: gradients are already summed over ranks, so every rank reaches the same verdict.
   if (scaler_ && !unscaleOrSkip(*scaler_, params_)) return false;  // the scale backed off
-  if (clip_norm_ > 0) clipGradients();
+  // Note [gradient clipping]: the gradients are the synchronised ones (the same on
+  // every rank) and, under fp16, already unscaled; once per step, whatever the accumulation.
+  if (clip_norm_ > 0) recordClip(clipGradNorm(params_, clip_norm_));
   optimizer_->step(lr);
   return true;
-}
-
-// Note [gradient clipping]: the gradients are the synchronised ones (the same on
-// every rank) and, under fp16, already unscaled; once per step, whatever the accumulation.
-void DataParallelUpdate::clipGradients() {
-  const double norm = clipGradNorm(params_, clip_norm_);
-  ++clip_.steps;
-  if (norm > clip_norm_) ++clip_.clipped;
-  clip_.last_norm = norm;
-  clip_.max_norm = std::max(clip_.max_norm, norm);
 }
 
 UpdateMemory DataParallelUpdate::memory() const {
@@ -99,10 +78,28 @@ UpdateMemory DataParallelUpdate::memory() const {
 
 }  // namespace
 
+UpdateStrategyBase::UpdateStrategyBase(const Config& cfg) : clip_norm_(cfg.optim.clip_grad_norm) {
+  if (cfg.train.precision == Precision::kFp16) {
+    scaler_ = std::make_unique<LossScaler>(cfg.train.loss_scale, cfg.train.scale_growth_interval);
+  }
+}
+
+double UpdateStrategyBase::recordClip(double norm) {
+  ++clip_.steps;
+  if (norm > clip_norm_) ++clip_.clipped;
+  clip_.last_norm = norm;
+  clip_.max_norm = std::max(clip_.max_norm, norm);
+  return clipCoefficient(norm, clip_norm_);
+}
+
+bool shardsGradients(const DistConfig& dist, int64_t world) {
+  return dist.shard == Shard::kGradients && world > 1;
+}
+
 std::unique_ptr<UpdateStrategy> makeUpdateStrategy(const Config& cfg,
                                                    collective::Communicator& comm,
                                                    std::vector<at::Tensor> params) {
-  if (cfg.dist.shard == Shard::kGradients && comm.size() > 1) {
+  if (shardsGradients(cfg.dist, comm.size())) {
     return makeShardedGradientUpdate(cfg, comm, std::move(params));
   }
   return std::make_unique<DataParallelUpdate>(cfg, comm, std::move(params));

@@ -84,6 +84,31 @@ class UpdateStrategy {
   virtual UpdateMemory memory() const = 0;
 };
 
+/// What the two strategies' optimizer halves share: the fp16 loss scaler (built
+/// under train.precision: fp16) and Note [gradient clipping]'s figures.
+class UpdateStrategyBase : public UpdateStrategy {
+ public:
+  double lossScale() const override { return scaler_ ? scaler_->scale() : 1.0; }
+  LossScaler* scaler() override { return scaler_.get(); }
+  const GradClipFigures& clipFigures() const override { return clip_; }
+  void resetClipFigures() override { clip_ = GradClipFigures(); }
+
+ protected:
+  explicit UpdateStrategyBase(const Config& cfg);
+  /// Counts one step's global gradient norm (before clipping) in the figures;
+  /// returns the coefficient clipping scales the gradient by (clipCoefficient).
+  double recordClip(double norm);
+
+  double clip_norm_ = 0;  ///< optim.clip_grad_norm (0: off)
+  std::unique_ptr<LossScaler> scaler_;  ///< fp16 only
+  GradClipFigures clip_;                ///< optim.clip_grad_norm > 0
+};
+
+/// Whether `dist` over `world` ranks runs the sharded-gradient strategy (Note
+/// [sharded gradients]): dist.shard: gradients with more than one rank (one rank
+/// has nothing to shard and runs as dist.shard: optimizer).
+bool shardsGradients(const DistConfig& dist, int64_t world);
+
 /// The strategy of `cfg` over the trainable parameters `params` (the same, in the
 /// same order, on every rank): under dist.shard: gradients with more than one rank
 /// the sharded one (makeShardedGradientUpdate), else plain data parallel, its
