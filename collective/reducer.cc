@@ -1,9 +1,6 @@
 #include "collective/reducer.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
-#include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 #include <chrono>
@@ -29,35 +26,12 @@ Reducer::Reducer(Communicator& comm, std::vector<at::Tensor> params, std::size_t
   std::vector<std::size_t> order;
   for (std::size_t k = params_.size(); k-- > 0;) order.push_back(k);
   build(order);
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    using torch::autograd::Node;
-    auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
-    if (!acc) {
-      throw CollectiveError(strCat("reducer: parameter ", i, " has no gradient accumulator (it "
-                                   "does not require grad, or is not a leaf)"));
-    }
-    const uintptr_t key = acc->add_post_hook(
-        std::make_unique<torch::autograd::utils::LambdaPostHook>(
-            [this, i](const torch::autograd::variable_list& outputs,
-                      const torch::autograd::variable_list&) {
-              onGradReady(i);
-              return outputs;
-            }));
-    // Note [reducer hooks]: the key removes the hook again in ~Reducer().
-    Node* node = acc.get();
-    hooks_.push_back({std::make_shared<decltype(acc)>(acc), node, key});
-  }
+  // Note [reducer hooks] (collective/grad_hooks.h): removed with the Reducer.
+  hooks_ = std::make_unique<GradReadyHooks>(
+      params_, [this](std::size_t i) { onGradReady(i); }, "reducer");
 }
 
-// Note [reducer hooks]: the hooks hold `this`, and the accumulators outlive the
-// Reducer (they live as long as the parameters, and a second Reducer may be built
-// over the same model: the batch search's candidates, a test). So the destructor
-// removes every hook it added; a backward after it never reaches a freed Reducer,
-// and a gradient is counted by the live Reducer alone. (Destroying a Reducer while
-// a backward over its parameters runs is not supported, as in c10d.)
-Reducer::~Reducer() {
-  for (auto& hook : hooks_) hook.accumulator->del_post_hook(hook.key);
-}
+Reducer::~Reducer() = default;
 
 void Reducer::build(const std::vector<std::size_t>& order) {
   // One open bucket per (dtype, device), filled in `order` up to bucket_bytes_.

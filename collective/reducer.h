@@ -46,11 +46,8 @@
 #include <vector>
 
 #include "collective/communicator.h"
+#include "collective/grad_hooks.h"
 #include "collective/grad_sync.h"
-
-namespace torch::autograd {
-struct Node;
-}
 
 namespace batchdist::collective {
 
@@ -161,14 +158,6 @@ class Reducer : public GradientSync {
   std::size_t bucket_bytes_;
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> bucket_of_;       // param -> bucket
-  /// One autograd post-hook per parameter (Note [reducer hooks] in reducer.cc):
-  /// the accumulator it sits on, kept alive, and the key that removes it.
-  struct Hook {
-    std::shared_ptr<void> keep;  // the accumulator's own pointer type (1.13 / 2.x), held
-    torch::autograd::Node* accumulator = nullptr;
-    uintptr_t key = 0;
-  };
-  std::vector<Hook> hooks_;
   std::vector<std::size_t> ready_order_;     // first step: param ready order
   std::vector<bool> seen_;
   std::mutex mu_;
@@ -185,6 +174,8 @@ class Reducer : public GradientSync {
   bool measure_ = false;
   SqNormSum local_sq_;  // this step's own squared norm so far
   GradSqNorms norms_;
+  /// Last: removed first, before anything onGradReady() touches (Note [reducer hooks]).
+  std::unique_ptr<GradReadyHooks> hooks_;
 };
 
 }  // namespace batchdist::collective

@@ -89,8 +89,11 @@ TEST(OomGuard, InjectedTriesAreThisRanksAndUsedOnce) {
         guard.disarm();
       }
     }
-    if (c.rank() == 0) EXPECT_EQ(fired, (std::vector<int>{31, 31, 52}));
-    if (c.rank() == 1) EXPECT_EQ(fired, (std::vector<int>{31}));
+    if (c.rank() == 0) {
+      EXPECT_EQ(fired, (std::vector<int>{31, 31, 52}));
+    } else {
+      EXPECT_EQ(fired, (std::vector<int>{31}));
+    }
     // Which ranks failed, and the highest peak among them: one allreduce.
     const auto f = guard.agreeFigures(c.rank() == 1);
     EXPECT_EQ(f.ranks, (std::vector<int64_t>{1}));

@@ -616,10 +616,11 @@ std::string updateLine(const DistConfig& dist, collective::Communicator& comm) {
   if (shardsGradients(dist, w)) {
     return strCat("update: dist.shard: gradients (ZeRO-2): each micro-batch's gradients "
                   "reduce-scattered per ", dist.bucket_mb, " MB segment",
+                  dist.overlap ? " as backward produces them" : " after backward (dist.overlap: false)",
                   native ? "" : " (emulated by an allreduce on gloo: 2x the bytes)",
                   ", each rank keeps 1/", w, " of the summed gradient and of the optimizer "
                   "state, one small allreduce of partial sums (clipping, fp16, LARS, noise "
-                  "scale), then an all-gather; dist.overlap does not apply");
+                  "scale), then an all-gather");
   }
   if (dist.shard == Shard::kOptimizer || dist.shard == Shard::kGradients) {
     if (w == 1) {

@@ -30,7 +30,7 @@ namespace batchdist::worker {
 ///    (which accumulates nothing) and returns them, and the outer backward
 ///    accumulates them through each parameter's own AccumulateGrad node, as
 ///    without recompute. So the Reducer's post hooks on those nodes
-///    (collective/reducer.cc, Note [reducer hooks]) fire exactly once per
+///    (Note [reducer hooks] in collective/grad_hooks.h) fire exactly once per
 ///    parameter per backward, and its bucket readiness sees the same events,
 ///    with the parameter's .grad in place when its hook fires; only their
 ///    timing moves: a block's parameters become ready together, when its

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <utility>
 
+#include "worker/train/gradient_scatter.h"
 #include "worker/train/sharded_optimizer.h"
 
 namespace batchdist::worker {
@@ -24,9 +25,13 @@ class ShardedGradientUpdate : public UpdateStrategyBase {
   void zeroGrad() override;
   void dropGrad() override { zeroGrad(); }
   void beforeBackward(int64_t micro, int64_t micros) override;
-  void backwardFailed() override;
+  /// Nothing: sumGradients() closes the open round and makes the ones missed.
+  void backwardFailed() override {}
   collective::SideChannel sumGradients(const collective::SideChannel& side) override;
-  void setMeasureNorms(bool on) override { measure_ = on && comm_.size() > 1; }
+  void setMeasureNorms(bool on) override {
+    measure_ = on && comm_.size() > 1;
+    scatter_->setMeasureNorms(measure_);
+  }
   const collective::GradSqNorms& lastNorms() const override { return norms_; }
   double lastSkewSeconds() const override { return 0; }
 
@@ -35,18 +40,15 @@ class ShardedGradientUpdate : public UpdateStrategyBase {
   UpdateMemory memory() const override;
 
  private:
-  /// The current micro-batch's gradients into the shard (one reduce-scatter per segment).
-  void flush();
   /// The sum of |piece|^2 per parameter of this rank's pieces (LARS) and of all.
   std::vector<double> partialSums() const;
   collective::Communicator& comm_;
   std::vector<at::Tensor> params_;
   std::unique_ptr<ShardedOptimizer> optimizer_;
   at::Tensor shard_;         ///< this rank's chunks of the summed gradient, end to end
+  std::unique_ptr<GradientScatter> scatter_;  ///< Note [gradient scatter]: fills shard_
   int64_t micros_ = 1;       ///< the step's micro-batches (beforeBackward's `micros`)
-  int64_t flushed_ = 0;      ///< reduce-scatters made this step
   bool measure_ = false;
-  at::Tensor local_sq_;      ///< this step's own |g|^2, one term per micro-batch (double, on the device)
   collective::GradSqNorms norms_;
   std::vector<double> summed_;  ///< the last sumGradients()' allreduce
 };
@@ -59,51 +61,16 @@ ShardedGradientUpdate::ShardedGradientUpdate(const Config& cfg, collective::Comm
   optimizer_ = std::make_unique<ShardedOptimizer>(cfg.optim, comm, params_, std::max<int64_t>(1, segment));
   shard_ = torch::zeros({optimizer_->layout().slice}, params_.front().options().requires_grad(false));
   optimizer_->useShardGradient(shard_);
+  scatter_ = std::make_unique<GradientScatter>(comm, params_, optimizer_->layout(), shard_,
+                                               cfg.dist.overlap);
   zeroGrad();
 }
 
-void ShardedGradientUpdate::zeroGrad() {
-  for (auto& p : params_) p.mutable_grad() = at::Tensor();
-  shard_.zero_();
-  flushed_ = 0;
-  local_sq_ = torch::zeros({}, shard_.options().dtype(torch::kDouble));
-}
+void ShardedGradientUpdate::zeroGrad() { scatter_->beginStep(); }
 
-void ShardedGradientUpdate::beforeBackward(int64_t micro, int64_t micros) {
+void ShardedGradientUpdate::beforeBackward(int64_t /*micro*/, int64_t micros) {
   micros_ = std::max<int64_t>(1, micros);
-  if (micro > 0) flush();
-}
-
-// Every rank makes micros_ reduce-scatters a step (micros_ - 1 before the last
-// backward, one in sumGradients()): a rank that failed makes the ones it missed.
-void ShardedGradientUpdate::backwardFailed() {
-  while (flushed_ < micros_ - 1) flush();
-}
-
-void ShardedGradientUpdate::flush() {
-  torch::NoGradGuard no_grad;
-  const auto& l = optimizer_->layout();
-  for (const auto& s : l.segments) {
-    if (s.chunk == 0) continue;
-    auto buffer = torch::zeros({s.chunk * l.ranks}, shard_.options());
-    for (int64_t i = s.first; i < s.end; ++i) {
-      auto& p = params_[static_cast<std::size_t>(i)];
-      if (!p.grad().defined()) continue;
-      const auto g = p.grad().reshape({-1});
-      if (measure_) local_sq_ += g.to(torch::kDouble).square().sum();  // read once, in sumGradients()
-      buffer.narrow(0, l.starts[static_cast<std::size_t>(i)] - s.base, g.numel()).copy_(g);
-      p.mutable_grad() = at::Tensor();  // freed: the shard holds its sum
-    }
-    auto mine = shard_.narrow(0, s.owned, s.chunk);
-    if (flushed_ == 0) {
-      comm_.reduceScatter(buffer, mine, collective::ReduceOp::kSum);
-    } else {
-      auto part = torch::empty_like(mine);
-      comm_.reduceScatter(buffer, part, collective::ReduceOp::kSum);
-      mine.add_(part);
-    }
-  }
-  ++flushed_;
+  scatter_->beginRound();
 }
 
 std::vector<double> ShardedGradientUpdate::partialSums() const {
@@ -125,10 +92,10 @@ std::vector<double> ShardedGradientUpdate::partialSums() const {
 }
 
 collective::SideChannel ShardedGradientUpdate::sumGradients(const collective::SideChannel& side) {
-  flush();
+  scatter_->endStep(micros_);
   auto values = partialSums();
   std::copy(side.begin(), side.end(), values.begin());
-  values[kLocalSq] = measure_ ? local_sq_.item<double>() : 0.0;
+  values[kLocalSq] = measure_ ? scatter_->localSq().item<double>() : 0.0;
   summed_ = comm_.allreduce(values, collective::ReduceOp::kSum);
   norms_ = collective::GradSqNorms();
   if (measure_) norms_ = {summed_[kLocalSq], summed_[kShardSq], true, micros_};

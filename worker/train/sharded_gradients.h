@@ -19,24 +19,26 @@ namespace batchdist::worker {
 /// segment of Note [shard layout] (a segment per dist.bucket_mb of parameters) of
 /// the summed gradient: its shard, 1/W of the gradient, accumulated over the
 /// step's micro-batches. Per call:
-///  - beforeBackward(k, a) for k > 0, and sumGradients() for the last micro-batch:
-///    the micro-batch's gradients are reduce-scattered into the shard, segment by
-///    segment: each segment's gradients copied into a W s_k buffer (the pad zero),
-///    every parameter's gradient then freed, Communicator::reduceScatter (Note
-///    [flat collectives]: native on NCCL and MPI, an allreduce on Gloo) into the
-///    shard or a temporary added to it. So no buffer of the whole gradient lives
-///    past a backward: between micro-batches and during the next forward a rank
-///    holds the shard (N / W) plus one segment's buffer at most, where plain data
-///    parallel holds N. The price: a reduce-scatter per micro-batch, (W-1) n
-///    elements each, so a x (W-1) n per step against the allreduce's 2 (W-1) n
-///    (accumulation 1: half; 2: the same; more: more), as in DeepSpeed's stage 2.
-///    dist.overlap does not apply: the reduce-scatters run after backward.
-///  - a rank whose backward failed (backwardFailed()) makes the reduce-scatters
-///    the others still make this step, with what it has, so no rank waits; every
-///    rank discards the step (Note [oom back-off]).
+///  - Each micro-batch's gradients are reduce-scattered into the shard, segment
+///    by segment, as backward produces them (Note [gradient scatter] in
+///    worker/train/gradient_scatter.h: beforeBackward(k, a) opens micro-batch k's
+///    round, sumGradients() closes the last): a hook copies each gradient into its
+///    segment's W s_k buffer and frees the parameter's .grad; a full segment's
+///    Communicator::reduceScatter (Note [flat collectives]: native on NCCL and
+///    MPI, an allreduce on Gloo) starts at once under dist.overlap, into the
+///    shard or a temporary added to it. So no buffer of the whole gradient lives:
+///    during backward a rank holds the shard (N / W) plus the buffers of the
+///    segments filling or in flight, where plain data parallel holds N. The
+///    price: a reduce-scatter per micro-batch, (W-1) n elements each, so
+///    a x (W-1) n per step against the allreduce's 2 (W-1) n (accumulation 1:
+///    half; 2: the same; more: more), as in DeepSpeed's stage 2.
+///  - a rank whose backward failed (backwardFailed()) closes its round with what
+///    it has and makes the rounds it missed with zeros (in sumGradients()), so
+///    every rank makes the same collectives; every rank discards the step (Note
+///    [oom back-off]).
 ///  - sumGradients() ends with one small allreduce of doubles, on every rank at
-///    every step: Note [side channel]'s slots, this rank's |g|^2 taken before each
-///    reduce-scatter (Note [gradient norms]: with `parts` = a, one per
+///    every step: Note [side channel]'s slots, this rank's |g|^2 taken as each gradient
+///    is copied (Note [gradient norms]: with `parts` = a, one per
 ///    micro-batch), |shard|^2, and under LARS each parameter's |shard piece|^2.
 ///    Summed over the ranks they are what the readers of the whole gradient need:
 ///    the fp16 overflow check (a non-finite sum: every rank skips the same step),
