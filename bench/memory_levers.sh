@@ -19,18 +19,22 @@
 # against the MPI communicator's native ones (Note [flat collectives]); the first
 # is the baseline.
 #
-#   [RANKS="2 4"] [ROUNDS=3] [M=16] [STEPS=30] [GPT_SHAPE="LAYERS HEADS EMBED SEQ_LEN"]
+# BUCKET_MB sets dist.bucket_mb (default 25, the config's): the reducer's buckets
+# and the segments of dist.shard: gradients, whose buffers live only while a
+# segment fills or is in flight (Note [gradient scatter]).
+#
+#   [RANKS="2 4"] [ROUNDS=3] [M=16] [STEPS=30] [BUCKET_MB=25] [GPT_SHAPE="LAYERS HEADS EMBED SEQ_LEN"]
 #   [COMBOS="none off gloo;gradients off gloo;none off mpi;gradients off mpi"]
 #   bench/memory_levers.sh [BATCHDIST_BIN] [OUT_DIR]
 #     defaults: build/launcher/batchdist, a fresh mktemp -d; GPT_SHAPE "4 4 256 128"
 set -euo pipefail
 bin=${1:-build/launcher/batchdist}
 out=${2:-$(mktemp -d /tmp/memory_levers.XXXXXX)}
-ranks=${RANKS:-2 4} rounds=${ROUNDS:-3} m=${M:-16} steps=${STEPS:-30}
+ranks=${RANKS:-2 4} rounds=${ROUNDS:-3} m=${M:-16} steps=${STEPS:-30} bucket=${BUCKET_MB:-25}
 read -r layers heads embed seq <<<"${GPT_SHAPE:-4 4 256 128}"
 # shellcheck source=bench/gpt_tokens_lib.sh
 source "$(dirname "$0")/gpt_tokens_lib.sh"
-echo "memory_levers: $(uptime | sed 's/.*load/load/'); gpt ${layers}x${heads}x${embed}, seq $seq; M=$m, $steps steps; out $out"
+echo "memory_levers: $(uptime | sed 's/.*load/load/'); gpt ${layers}x${heads}x${embed}, seq $seq; M=$m, $steps steps, dist.bucket_mb $bucket; out $out"
 IFS=';' read -r -a combos <<<"${COMBOS:-none off;optimizer off;gradients off;none on;optimizer on;gradients on}"
 
 # run W SHARD RECOMPUTE BACKEND NAME: one training run; its report into $out/NAME.
@@ -42,7 +46,7 @@ run() {
     --set model.seq_len="$seq" --set batch.global=$((m * w)) --set batch.per_gpu="$m" \
     --set optim.base_batch=$((m * w)) --set train.max_steps="$steps" --set train.epochs=1000 \
     --set dist.shard="$shard" --set model.recompute="$rc" --set dist.backend="$backend" \
-    --set checkpoint.every_minutes=0 \
+    --set dist.bucket_mb="$bucket" --set checkpoint.every_minutes=0 \
     --set checkpoint.on_signal=false --set report.tensorboard=false \
     --output "$out/$name" --quiet >"$out/$name.log" 2>&1 ||
     { echo "run $name failed: $out/$name.log" >&2; tail -5 "$out/$name.log" >&2; exit 1; }

@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "simulated_measurer.h"
@@ -109,6 +111,20 @@ TEST(LeverSearch, WhereMemoryBoundsThePlainWalkTheModelPredictsWhatEachLeverFits
   }
   EXPECT_EQ(res[1].chosen, r.chosen);
   EXPECT_EQ(res[1].chosen_levers, r.chosen_levers);
+  // Note [interleaved comparison]: the rounds (the measurements after each
+  // candidate's first) group the contenders by levers and reverse every other
+  // round, so the levers change (a rebuilt model) once per group boundary only.
+  ASSERT_GE(r.rounds, 2) << table;
+  std::vector<std::pair<int64_t, Levers>> rounds(m[0].seen.begin() + static_cast<std::ptrdiff_t>(r.candidates.size()),
+                                                  m[0].seen.end());
+  std::vector<Levers> groups;
+  int changes = 0;
+  for (std::size_t i = 0; i < rounds.size(); ++i) {
+    if (std::find(groups.begin(), groups.end(), rounds[i].second) == groups.end()) groups.push_back(rounds[i].second);
+    if (i > 0 && !(rounds[i].second == rounds[i - 1].second)) ++changes;
+  }
+  ASSERT_GE(groups.size(), 2u) << table;
+  EXPECT_EQ(changes, r.rounds * static_cast<int>(groups.size() - 1)) << table;
   // Recompute's two probes: the walk's largest fitting size, 64, and the smallest
   // that failed above it, 72 (the boundary tried 96, 80, 72).
   int probes = 0;

@@ -505,7 +505,10 @@ TEST(SearchTiming, RuleWantsMoreUntilPreciseWithinItsBudgets) {
   r.target = 0.01;
   MedianEstimate precise{1.0, 0.005, 50};
   MedianEstimate vague{1.0, 0.05, 50};
-  EXPECT_TRUE(r.wantsMore(3, 10.0, precise)) << "below min_steps";
+  EXPECT_TRUE(r.wantsMore(3, 1.5, precise)) << "below min_steps";
+  EXPECT_TRUE(r.wantsMore(1, 10.0, precise)) << "one slow step shows no spread";
+  EXPECT_FALSE(r.wantsMore(2, 10.0, vague)) << "two slow steps past max_time_s are enough";
+  EXPECT_FALSE(r.wantsMore(3, 2.1, precise)) << "slow steps: min_steps yields to max_time_s";
   EXPECT_TRUE(r.wantsMore(50, 0.2, precise)) << "below min_time_s";
   EXPECT_FALSE(r.wantsMore(50, 0.6, precise));
   EXPECT_TRUE(r.wantsMore(50, 0.6, vague));
@@ -514,7 +517,8 @@ TEST(SearchTiming, RuleWantsMoreUntilPreciseWithinItsBudgets) {
   // Check points: the same on every rank, growing ~x1.5, capped.
   std::vector<int64_t> checks;
   for (int64_t n = 0; n < r.max_steps; n = r.nextCheck(n)) checks.push_back(r.nextCheck(n));
-  EXPECT_EQ(checks.front(), 5);
+  EXPECT_EQ(checks.front(), 2) << "slow steps are checked after two";
+  EXPECT_EQ(checks[1], 5) << "then at min_steps";
   EXPECT_EQ(checks.back(), 100);
   EXPECT_LT(checks.size(), 12u) << "few agreement collectives";
 }

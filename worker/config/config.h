@@ -266,7 +266,7 @@ struct SearchConfig {
   int64_t memory_limit_mb = 0;               ///< CPU: resident-memory budget (0: none)
   int64_t warmup_steps = 2;
   // Note [adaptive timing] in worker/search/search.h.
-  int64_t timed_steps = 5;                   ///< at least this many timed steps per candidate
+  int64_t timed_steps = 5;                   ///< at least this many timed steps per candidate (2 of slow steps)
   int64_t max_steps = 1000;                  ///< at most this many
   double min_time_s = 0.3;                   ///< timed for at least this long
   double max_time_s = 1.0;                   ///< and at most this long, precise or not

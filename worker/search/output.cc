@@ -214,8 +214,13 @@ std::string searchTable(const SearchResult& r) {
       std::snprintf(rate, sizeof rate, "  %11.0f",
                     c.global_sps * static_cast<double>(r.tokens_per_sample));
     }
-    std::snprintf(tail, sizeof tail, "   %10.0f..%-10.0f %6.1f %%  %5lld  %8.0f%s  %s%s\n",
-                  c.sps_low, c.sps_high, 100 * c.relative, static_cast<long long>(c.timed_steps),
+    char low[24] = "-", high[24] = "-";  // none from too few steps (Note [adaptive timing])
+    if (c.sps_low > 0) {
+      std::snprintf(low, sizeof low, "%.0f", c.sps_low);
+      std::snprintf(high, sizeof high, "%.0f", c.sps_high);
+    }
+    std::snprintf(tail, sizeof tail, "   %10s..%-10s %6.1f %%  %5lld  %8.0f%s  %s%s\n",
+                  low, high, 100 * c.relative, static_cast<long long>(c.timed_steps),
                   c.peak_mb, fixed, c.failed ? c.reason.c_str() : "ok",
                   isChosen(r, c) ? "  <- chosen" : "");
     os << head << rate << tail;

@@ -22,6 +22,13 @@ constexpr double kLuckMargin = 0.15;
 
 std::string mb(double v) { return formatFixed(v, 0) + " MB"; }
 
+/// "low..high, " of a candidate's 95 % interval; "" when its steps were too few
+/// for one (Note [adaptive timing]: two slow steps).
+std::string intervalText(const Candidate& c) {
+  if (c.sps_low <= 0) return "";
+  return strCat(formatFixed(c.sps_low, 0), "..", formatFixed(c.sps_high, 0), ", ");
+}
+
 /// "156 samples/s"; on token data (Note [tokens per sample] in worker/plan/plan.h)
 /// "156 samples/s, 9970 tokens/s", as the search's lines give the tokens.
 std::string rateText(double sps, int64_t tokens_per_sample) {
@@ -73,12 +80,15 @@ TimingRule TimingRule::fromConfig(const SearchConfig& s) {
 
 bool TimingRule::wantsMore(int64_t n, double elapsed, const MedianEstimate& e) const {
   if (n >= max_steps) return false;
-  if (n < min_steps || elapsed < min_time_s) return true;
+  // Slow steps: min_steps yields to max_time_s once a spread can be seen.
+  if (n < min_steps && (n < kSlowStepFloor || elapsed < max_time_s)) return true;
+  if (elapsed < min_time_s) return true;
   return elapsed < max_time_s && e.relative() > target;
 }
 
 int64_t TimingRule::nextCheck(int64_t n) const {
-  const int64_t next = n < min_steps ? min_steps : n + std::max<int64_t>(1, n / 2);
+  int64_t next = n + std::max<int64_t>(1, n / 2);
+  if (n < min_steps) next = n < kSlowStepFloor && kSlowStepFloor < min_steps ? kSlowStepFloor : min_steps;
   return std::min(next, max_steps);
 }
 
@@ -369,9 +379,8 @@ const Candidate& BatchSearch::measureOne(SearchResult& r, const Space& sp, int64
                          ": ",
                          c.failed ? "FAILED " + c.reason
                                   : strCat(formatFixed(c.global_sps, 0), " samples/s (",
-                                           formatFixed(c.sps_low, 0), "..",
-                                           formatFixed(c.sps_high, 0), ", ", c.timed_steps,
-                                           " steps)", tokens, ", peak ", mb(c.peak_mb))));
+                                           intervalText(c), c.timed_steps, " steps)", tokens,
+                                           ", peak ", mb(c.peak_mb))));
   }
   return c;
 }
@@ -428,6 +437,38 @@ void failedAgain(Candidate& c, const Candidate& again) {
   c.peak_mb = std::max(c.peak_mb, again.peak_mb);
 }
 
+/// The order of one interleaved round (Note [interleaved comparison]). Under
+/// one set of levers rotated each round: A B C, B C A, C A B. Under several, the
+/// contenders grouped by levers (a change of levers rebuilds the measured model
+/// and warms it up again: Note [lever search]), the groups in the order of their
+/// first contender and each group by size, and every other round the whole order
+/// reversed (A B C, C B A, A B C: a round starts with the levers the last one
+/// ended with, and a drift within rounds reaches both ends).
+std::vector<std::size_t> roundOrder(const std::vector<Candidate>& candidates,
+                                    const std::vector<std::size_t>& alive, int64_t round) {
+  std::vector<std::size_t> order;
+  const bool one_group = std::all_of(alive.begin(), alive.end(), [&](std::size_t i) {
+    return candidates[i].levers == candidates[alive.front()].levers;
+  });
+  if (one_group) {
+    for (std::size_t k = 0; k < alive.size(); ++k) {
+      order.push_back(alive[(k + static_cast<std::size_t>(round)) % alive.size()]);
+    }
+    return order;
+  }
+  for (std::size_t k = 0; k < alive.size(); ++k) {
+    const Levers& levers = candidates[alive[k]].levers;
+    const bool placed = std::any_of(order.begin(), order.end(),
+                                    [&](std::size_t i) { return candidates[i].levers == levers; });
+    if (placed) continue;
+    for (std::size_t j = k; j < alive.size(); ++j) {
+      if (candidates[alive[j]].levers == levers) order.push_back(alive[j]);
+    }
+  }
+  if (round % 2 == 1) std::reverse(order.begin(), order.end());
+  return order;
+}
+
 }  // namespace
 
 // Phase 3 (throughput): the best of several noisy measurements is biased
@@ -467,11 +508,7 @@ void BatchSearch::interleavePhase(SearchResult& r, Console* console) {
   }
   std::vector<std::size_t> alive = contenders;
   for (int64_t round = 0; round < s.rounds && alive.size() >= 2; ++round) {
-    // Rotate the order each round: A B C, B C A, C A B.
-    std::vector<std::size_t> order;
-    for (std::size_t k = 0; k < alive.size(); ++k) {
-      order.push_back(alive[(k + static_cast<std::size_t>(round)) % alive.size()]);
-    }
+    const auto order = roundOrder(r.candidates, alive, round);
     std::vector<std::size_t> failed_now;
     std::string line;
     for (auto i : order) {

@@ -20,10 +20,14 @@
 // good enough, not for a fixed count: at least search.timed_steps steps and
 // search.min_time_s seconds, then until the relative 95 % half-width of the median
 // step time is below search.tolerance / 3, within search.max_steps and
-// search.max_time_s. Each rank decides for itself, but the ranks only stop together:
-// after the timed-step counts of TimingRule::nextCheck (the same on every rank)
-// one allreduce(MAX) of [wants more, failed] says whether any rank wants more (or
-// any failed: then all stop). The check runs outside the timed interval.
+// search.max_time_s. Slow steps (two of them already past search.max_time_s, as a
+// large model's or a large global batch's) stop at two: each is precise on its
+// own, the interleaved rounds pair the contenders again, and five such steps per
+// candidate made a search of ten candidates minutes long. Each rank decides for
+// itself, but the ranks only stop together: after the timed-step counts of
+// TimingRule::nextCheck (2, then search.timed_steps, then ~x1.5; the same on every
+// rank) one allreduce(MAX) of [wants more, failed] says whether any rank wants
+// more (or any failed: then all stop). The check runs outside the timed interval.
 //
 // Note [interleaved comparison]: the machine drifts (other jobs, clocks, caches),
 // so the contenders near the top are measured again in rounds, A B C, B C A,
@@ -33,7 +37,10 @@
 // The rule takes a contender only if it is within the tolerance in every round
 // (its lowest per-round ratio): "not worse by more than the tolerance, given the
 // measured spread"; on a flat plateau a borderline smaller batch loses to a
-// larger one that is certainly as fast.
+// larger one that is certainly as fast. Contenders under several levers (Note
+// [lever search]) are grouped by levers in a round and the order reversed every
+// other round (A B C, C B A) instead of rotated, so a round rebuilds the measured
+// model once per lever combination, not once per contender.
 
 #include <algorithm>
 #include <cstdint>
@@ -63,6 +70,8 @@ std::pair<FailKind, int> decodeFailure(double code);
 
 /// How long one candidate is timed (Note [adaptive timing]).
 struct TimingRule {
+  /// Timed steps a candidate gets at least, however slow: two show a spread.
+  static constexpr int64_t kSlowStepFloor = 2;
   int64_t min_steps = 3;
   int64_t max_steps = 1000;
   double min_time_s = 0.3;
