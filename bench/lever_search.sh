@@ -11,8 +11,9 @@
 #     its choice, its time, and per combination the largest per-GPU batch it
 #     predicted to fit and the largest it measured;
 #  3. the sweep: every (shard, recompute) x every size, one `search` of that single
-#     candidate each (no limit: its peak and samples/s), in SWEEP_ROUNDS rotated
-#     rounds (median); a point fits when its peak is within the limit.
+#     candidate each (no limit: its peak and samples/s; search.max_time_s 4, so
+#     each point gets search.timed_steps' 5 steps however slow), in SWEEP_ROUNDS
+#     rotated rounds (median); a point fits when its peak is within the limit.
 # Printed per W: the largest fitting size per combination, predicted (the search)
 # against measured (the sweep); the search's choice against the sweep's best
 # fitting point (the choice's own sweep figure / the best's, same rounds: target
@@ -28,7 +29,7 @@ ranks=${RANKS:-2 4} sweep_rounds=${SWEEP_ROUNDS:-2}
 source "$(dirname "$0")/gpt_tokens_lib.sh"
 echo "lever_search: $(uptime | sed 's/.*load/load/'); out $out"
 sizes=(8 12 16 24 48)
-combos=("none off" "optimizer off" "none on" "optimizer on")
+combos=("none off" "optimizer off" "gradients off" "none on" "optimizer on" "gradients on")
 
 # search W NAME ARGS...: one `batchdist search` on W ranks into $out/NAME.
 search() {
@@ -58,7 +59,7 @@ PY
       c=${combos[$(((k + r) % ${#combos[@]}))]}
       for m in "${sizes[@]}"; do
         search "$w" "w$w-r$r-${c/ /-}-$m" --set dist.shard="${c% *}" --set model.recompute="${c#* }" \
-          --set search.min="$m" --set search.max="$m"
+          --set search.min="$m" --set search.max="$m" --set search.max_time_s=4
       done
     done
   done
@@ -67,9 +68,11 @@ PY
 import json, statistics, sys
 out, w, limit, rounds, sweep_s = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
 sizes = [int(x) for x in sys.argv[6].split()]
-combos = [("none", "off"), ("optimizer", "off"), ("none", "on"), ("optimizer", "on")]
-label = {("none", "off"): "plain", ("optimizer", "off"): "shard optimizer",
-         ("none", "on"): "recompute", ("optimizer", "on"): "shard optimizer + recompute"}
+combos = [(s, r) for r in ("off", "on") for s in ("none", "optimizer", "gradients")]
+label = {c: " + ".join(x for x in ({"none": "", "optimizer": "shard optimizer",
+                                    "gradients": "shard gradients"}[c[0]],
+                                   "recompute" if c[1] == "on" else "") if x) or "plain"
+         for c in combos}
 def point(r, c, m):
     s = json.load(open(f"{out}/w{w}-r{r}-{c[0]}-{c[1]}-{m}/search.json"))
     k = s["candidates"][0]

@@ -236,6 +236,16 @@ TEST(LeverSearch, TheMemoryModelsPiecesByThemselves) {
   EXPECT_NEAR(fit.per_sample_mb, 4, 1e-9);
   EXPECT_NEAR(fit.intercept_mb, 100, 1e-9);
   EXPECT_FALSE(fitRest(cs, Recompute::kOn).valid);
+  // Two sizes over the budget above the largest fit (a resident set that jumps
+  // past the boundary, as on 4 ranks oversubscribing 2 cores: 16 at 322 MB, 24 at
+  // 485, 48 at 543): the line runs across the boundary, 16 to 24, not 24 to 48
+  // (which put 403 MB under m = 0 and predicted that nothing fits).
+  const std::vector<Candidate> jump{at(8, 280), at(16, 322), at(24, 485, "over memory budget on rank 2"),
+                                    at(48, 543, "over memory budget on rank 0")};
+  const auto across = fitRest(jump, Recompute::kOff);
+  ASSERT_TRUE(across.valid);
+  EXPECT_NEAR(across.per_sample_mb, (485.0 - 322) / 8, 1e-9);
+  EXPECT_EQ(predictLargest(across, 40, 407, 8, 48, [](int64_t m) { return m % 8 == 0; }), 16);
   const auto any = [](int64_t) { return true; };
   const auto eights = [](int64_t m) { return m % 8 == 0; };
   EXPECT_EQ(predictLargest(fit, 40, 400, 1, 1000, any), 65);

@@ -42,16 +42,26 @@ LeverSpace leverSpace(const Levers& configured, int64_t world,
 RestFit fitRest(const std::vector<Candidate>& candidates, Recompute recompute) {
   // The largest peak seen at each size (a size measured again keeps its highest).
   std::map<int64_t, double> rest;
+  int64_t largest_fit = 0;
   for (const auto& c : candidates) {
     if (c.levers.recompute != recompute || c.peak_mb <= 0) continue;
     // An out-of-memory stopped before its peak: no figure. Over the budget ran whole.
     if (c.failed && c.reason.rfind(toString(FailKind::kOverBudget), 0) != 0) continue;
     auto& v = rest[c.per_gpu];
     v = std::max(v, c.restMb());
+    if (!c.failed) largest_fit = std::max(largest_fit, c.per_gpu);
   }
   RestFit fit;
   if (rest.size() < 2) return fit;
-  const auto hi = std::prev(rest.end());
+  // The two largest, or across the boundary where sizes above it were measured:
+  // the largest that fit and the smallest over the budget above it (a peak that
+  // grows faster than linearly, as a CPU's resident set can, is then not
+  // extrapolated from two sizes far past the boundary).
+  auto hi = std::prev(rest.end());
+  if (const auto above = rest.upper_bound(largest_fit); largest_fit > 0 && above != rest.end()) {
+    hi = above;
+  }
+  if (hi == rest.begin()) return fit;
   const auto lo = std::prev(hi);
   fit.per_sample_mb = std::max(0.0, (hi->second - lo->second) / static_cast<double>(hi->first - lo->first));
   fit.intercept_mb = hi->second - fit.per_sample_mb * static_cast<double>(hi->first);

@@ -72,7 +72,9 @@ struct RestFit {
   double per_sample_mb = 0;
 };
 /// Through the two largest per-GPU sizes among `candidates` measured under
-/// `recompute` with a peak (any sharding: the rest does not depend on it).
+/// `recompute` with a peak (any sharding: the rest does not depend on it); where
+/// sizes over the budget lie above the largest that fit, through that one and the
+/// smallest above it instead (the boundary).
 RestFit fitRest(const std::vector<Candidate>& candidates, Recompute recompute);
 
 /// Fixed parts under `target` sharding from parts measured under `measured`
