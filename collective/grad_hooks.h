@@ -10,6 +10,8 @@
 #include <memory>
 #include <vector>
 
+#include "collective/communicator.h"
+
 namespace torch::autograd {
 struct Node;
 }
@@ -45,5 +47,15 @@ class GradReadyHooks {
   };
   std::vector<Hook> hooks_;
 };
+
+/// Note [ready order]: the order in which the hooks' owner saw its units (the
+/// reducer's parameters, the gradient scatter's segments) become ready in its first
+/// step, agreed over the ranks: rank 0's `seen`, then every unit of `initial` rank 0
+/// did not see (no gradient, or a failed backward), in `initial`'s order. Ranks may
+/// see different orders (threads on CUDA), and collectives must start in one order
+/// everywhere, so everyone takes rank 0's. Collective (one broadcast, none when
+/// `initial` is empty): every rank calls it at the same point.
+std::vector<std::size_t> agreeReadyOrder(Communicator& comm, const std::vector<std::size_t>& seen,
+                                         const std::vector<std::size_t>& initial);
 
 }  // namespace batchdist::collective

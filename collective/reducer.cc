@@ -98,17 +98,11 @@ void Reducer::rebuildInReadyOrder() {
   // get here at the end of the same step. The summed gradients move into the
   // new buckets (attachViews copies), so the optimizer still sees them.
   rebuilt_ = true;
-  // Parameters that never became ready go last, in the initial order.
-  std::vector<std::size_t> order = ready_order_;
-  for (std::size_t k = params_.size(); k-- > 0;) {
-    if (!seen_[k]) order.push_back(k);
-  }
-  // Ranks may see different orders (threads on CUDA); everyone takes rank 0's.
-  auto t = at::tensor(std::vector<int64_t>(order.begin(), order.end()), at::kLong)
-               .to(comm_.device());
-  comm_.broadcast(t, 0);
-  t = t.cpu();
-  order.assign(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+  // Note [ready order]: parameters that never became ready go last, in the
+  // initial order (reverse registration).
+  std::vector<std::size_t> initial;
+  for (std::size_t k = params_.size(); k-- > 0;) initial.push_back(k);
+  const auto order = agreeReadyOrder(comm_, ready_order_, initial);
   build(order);
 }
 

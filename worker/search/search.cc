@@ -88,7 +88,7 @@ bool TimingRule::wantsMore(int64_t n, double elapsed, const MedianEstimate& e) c
 
 int64_t TimingRule::nextCheck(int64_t n) const {
   int64_t next = n + std::max<int64_t>(1, n / 2);
-  if (n < min_steps) next = n < kSlowStepFloor && kSlowStepFloor < min_steps ? kSlowStepFloor : min_steps;
+  if (n < min_steps) next = n < kSlowStepFloor ? std::min(kSlowStepFloor, min_steps) : min_steps;
   return std::min(next, max_steps);
 }
 

@@ -139,21 +139,9 @@ void GradientScatter::closeRound() {
 }
 
 void GradientScatter::learnOrder() {
-  // Collective (one broadcast): every rank ends every step here. Segments rank 0
-  // did not see become ready in its first step (no gradient, or a failed
-  // backward) go last, in the first step's order.
+  // Collective: every rank ends every step here (Note [ready order]).
   learned_ = true;
-  if (order_.empty()) return;  // no parameter (the same on every rank)
-  std::vector<int64_t> order(seen_order_.begin(), seen_order_.end());
-  for (const auto k : order_) {
-    if (std::find(seen_order_.begin(), seen_order_.end(), k) == seen_order_.end()) {
-      order.push_back(static_cast<int64_t>(k));
-    }
-  }
-  auto t = torch::tensor(order, torch::kLong).to(comm_.device());
-  comm_.broadcast(t, 0);
-  t = t.cpu();
-  order_.assign(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+  order_ = collective::agreeReadyOrder(comm_, seen_order_, order_);
   seen_order_.clear();
 }
 
