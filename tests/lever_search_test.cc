@@ -136,6 +136,46 @@ TEST(LeverSearch, WhereMemoryBoundsThePlainWalkTheModelPredictsWhatEachLeverFits
   EXPECT_NE(table.find("<- chosen"), std::string::npos) << table;
 }
 
+TEST(LeverSearch, ShardingOnTopOfRecomputeThatFitsNoMoreIsTimedOnlyWhereRecomputeContends) {
+  // Note [lever search], 3: recompute alone fits 256, search.max; its shardings are
+  // predicted to fit no more (their twin's size) and could only give that batch in
+  // less memory.
+  const auto cfg = parseConfig(kAutoLevers, "t.yaml");
+  {
+    // Recompute 20 % slower: at 256 it is the best (711 samples/s against plain's
+    // 667 at 64), so both shardings are timed there.
+    std::vector<SimulatedMeasurer> m{memoryBound(), memoryBound()};
+    const auto r = searchOnRanks(cfg, m)[0];
+    for (const auto& l : {kBoth, kGradsBoth}) {
+      EXPECT_NE(outcome(r, l).verdict.find("no larger than recompute's 256; timed at 256"),
+                std::string::npos)
+          << outcome(r, l).verdict;
+      EXPECT_EQ(outcome(r, l).measured_max, 256);
+    }
+  }
+  // Recompute 50 % slower: 444 samples/s at 256, 67 % of plain's 667, out of the
+  // rounds' reach (1 - 2 x 0.05 - 0.15 = 75 %): both pruned, never measured.
+  std::vector<SimulatedMeasurer> m;
+  for (int i = 0; i < 2; ++i) m.push_back(leverMeasurer(400).withLevers(10, 20, 2, 0.25, 0.5, 0.02));
+  const auto r = searchOnRanks(cfg, m)[0];
+  const std::string table = searchTable(r);
+  EXPECT_EQ(outcome(r, kRecompute).measured_max, 256) << table;
+  for (const auto& l : {kBoth, kGradsBoth}) {
+    const auto& v = outcome(r, l).verdict;
+    EXPECT_EQ(v.rfind("pruned: predicted to fit up to per-GPU 256", 0), 0u) << v;
+    EXPECT_NE(v.find("no larger than recompute's 256, which runs at 67 % of the best"),
+              std::string::npos)
+        << v;
+    EXPECT_EQ(outcome(r, l).measured_max, 0);
+    EXPECT_FALSE(outcome(r, l).timed);
+    EXPECT_EQ(std::count_if(m[0].seen.begin(), m[0].seen.end(),
+                            [&](const auto& s) { return s.second == l; }),
+              0)
+        << leversText(l);
+  }
+  EXPECT_EQ(r.chosen_levers.recompute, Recompute::kOff) << table;
+}
+
 TEST(LeverSearch, WithoutAMemoryBoundRecomputeIsPrunedUnmeasured) {
   // No budget, no out-of-memory: the walk stops on its plateau. Recompute could
   // only cost time; the sharded optimizer is timed once at the walk's pick.

@@ -300,6 +300,54 @@ TEST(Recompute, Bf16AutocastOnCpuMatchesWithout) {
   expectSame(a, b);
 }
 
+TEST(Recompute, SwitchedOnABuiltModelItRunsAsOneBuiltWithIt) {
+  // Note [lever switch]: the batch search turns recompute on and off on one model.
+  const auto build = [](const std::string& name, bool recompute) {
+    if (name == "mlp") return seededMlp(recompute);  // with dropout: the mask replays
+    torch::manual_seed(1);
+    const auto cfg = parseConfig(std::string("model: {name: resnet18, recompute: ") +
+                                     (recompute ? "on" : "off") + "}",
+                                 "test.yaml");
+    return buildModel(cfg.model, {3, 16, 16}, 5);
+  };
+  for (const std::string name : {"mlp", "resnet18"}) {
+    SCOPED_TRACE(name);
+    const auto loss = [&](Model& m) {
+      return name == "mlp" ? mlpLoss(m)
+                           : torch::nn::functional::cross_entropy(
+                                 m.forward(torch::randn({4, 3, 16, 16})),
+                                 torch::randint(0, 5, {4}, torch::kLong));
+    };
+    auto switched = build(name, false);
+    auto built_on = build(name, true);
+    ASSERT_TRUE(switched->setRecompute(true));
+    torch::manual_seed(7);
+    const auto on_nodes = graphNodes(loss(*built_on), /*count_leaves=*/false);
+    torch::manual_seed(7);
+    EXPECT_EQ(graphNodes(loss(*switched), /*count_leaves=*/false), on_nodes);
+    auto off = build(name, false);
+    expectSame(step(*off, loss), step(*switched, loss));
+    ASSERT_TRUE(switched->setRecompute(false));  // and back: the graph of off again
+    torch::manual_seed(7);
+    const auto off_nodes = graphNodes(loss(*off), /*count_leaves=*/false);
+    torch::manual_seed(7);
+    EXPECT_EQ(graphNodes(loss(*switched), /*count_leaves=*/false), off_nodes);
+    EXPECT_GT(off_nodes, on_nodes);
+  }
+  auto gpt = seededGpt(false);
+  auto gpt_on = seededGpt(true);
+  ASSERT_TRUE(gpt->setRecompute(true));
+  torch::manual_seed(7);
+  const auto a = graphNodes(gptLoss(*gpt));
+  torch::manual_seed(7);
+  EXPECT_EQ(a, graphNodes(gptLoss(*gpt_on)));
+  EXPECT_NE(gpt->describe().find("gpt"), std::string::npos);
+  // The cnn has no blocks: it says so, and stays as it is.
+  auto cnn = buildModel(parseConfig("model: {name: cnn}", "test.yaml").model, {3, 16, 16}, 5);
+  EXPECT_FALSE(cnn->setRecompute(true));
+  EXPECT_TRUE(cnn->setRecompute(false));
+}
+
 TEST(Recompute, ConfigRefusesTheCnnAndTorchScript) {
   const auto cnn = configError("model: {name: cnn, recompute: on}");
   EXPECT_NE(cnn.find("model.recompute"), std::string::npos) << cnn;

@@ -135,3 +135,86 @@ TEST(SearchAgreement, RanksStopEveryCandidateAtTheSameStep) {
     }
   });
 }
+
+TEST(LeverSwitch, OneMeasurerRunsEachCombinationAsOneBuiltUnderIt) {
+  // Note [lever switch]: the measurer switches levers on one trainer (recompute a
+  // flag of the model, sharding a new update strategy). Each combination, reached
+  // by switching, there and back, steps without failure and holds what a measurer
+  // built under it holds: the parameters, gradients and optimizer state by part,
+  // the state split over the ranks under dist.shard (Note [memory by part]).
+  const int P = mpitest::worldSize();
+  const auto cfg = parseConfig(
+      "model: {name: mlp, hidden: [64, 64], batchnorm: false, dropout: 0.1, recompute: auto}\n"
+      "data: {name: synthetic, samples: 512, shape: [32], classes: 4, val_fraction: 0}\n"
+      "optim: {name: adamw}\n"
+      "batch: {per_gpu: auto}\n"
+      "dist: {shard: auto}\n",
+      "switch.yaml");
+  TimingRule once;
+  once.min_steps = 1;
+  once.min_time_s = 0;
+  once.max_time_s = 0;
+  const std::vector<Levers> walk{{Shard::kNone, Recompute::kOff},
+                                 {Shard::kGradients, Recompute::kOn},
+                                 {Shard::kOptimizer, Recompute::kOff},
+                                 {Shard::kOptimizer, Recompute::kOn},
+                                 {Shard::kNone, Recompute::kOff}};
+  mpitest::inGroup(P, [&](collective::Communicator& comm) {
+    const auto data = loadData(cfg.data, cfg.train.seed, "");
+    auto switching = makeTrainStepMeasurer(cfg, comm, data, at::kCPU);
+    MemoryParts plain;
+    for (const auto& levers : walk) {
+      SCOPED_TRACE(leversText(levers));
+      const auto a = switching->measure(16, 2, levers, once);
+      Config fixed = cfg;
+      applyLevers(fixed, levers);
+      const auto b = makeTrainStepMeasurer(fixed, comm, data, at::kCPU)->measure(16, 2, levers, once);
+      // (EXPECT, not ASSERT: a rank leaving early would strand the others' collectives.)
+      EXPECT_EQ(a.fail, FailKind::kNone) << a.detail;
+      EXPECT_EQ(a.timed_steps, 1);
+      EXPECT_EQ(a.parts.parameters_mb, b.parts.parameters_mb);
+      EXPECT_EQ(a.parts.gradients_mb, b.parts.gradients_mb);
+      EXPECT_EQ(a.parts.optimizer_state_mb, b.parts.optimizer_state_mb);
+      if (levers.shard == Shard::kNone) plain = a.parts;
+    }
+    ASSERT_GT(plain.optimizer_state_mb, 0);
+    // Sharded, the state is a rank's share (plus padding to a multiple of P).
+    const auto sharded = switching->measure(16, 2, {Shard::kGradients, Recompute::kOff}, once);
+    EXPECT_LT(sharded.parts.optimizer_state_mb, plain.optimizer_state_mb / P * 1.05);
+    EXPECT_LT(sharded.parts.gradients_mb, plain.gradients_mb / P * 1.05);
+  });
+}
+
+TEST(SearchAgreement, AnOverBudgetCandidateIsNotTimed) {
+  // Note [search warm-up]: a rank past its budget after the untimed step says so,
+  // and no rank times the candidate; without warm-up steps, the first check point
+  // (2 timed steps) stops it.
+  const int P = mpitest::worldSize();
+  auto cfg = parseConfig(
+      "model: {name: mlp, hidden: [32], batchnorm: false}\n"
+      "data: {name: synthetic, samples: 512, shape: [16], classes: 4, val_fraction: 0}\n"
+      "batch: {per_gpu: auto}\n",
+      "budget.yaml");
+  TimingRule slow;  // wants at least 6 steps and a second
+  slow.min_steps = 6;
+  slow.min_time_s = 1;
+  slow.max_time_s = 10;
+  mpitest::inGroup(P, [&](collective::Communicator& comm) {
+    const auto data = loadData(cfg.data, cfg.train.seed, "");
+    Config mine = cfg;
+    if (comm.rank() == P - 1) mine.search.memory_limit_mb = 1;  // any process is over 1 MB
+    auto measurer = makeTrainStepMeasurer(mine, comm, data, at::kCPU);
+    const auto m = measurer->measure(16, 1, Levers{}, slow);
+    EXPECT_EQ(m.step_seconds.size(), 0u);
+    EXPECT_EQ(m.fail, comm.rank() == P - 1 ? FailKind::kOverBudget : FailKind::kNone);
+    EXPECT_GT(m.peak_mb, 1);
+    Config cold = mine;
+    cold.search.warmup_steps = 0;
+    const auto c = makeTrainStepMeasurer(cold, comm, data, at::kCPU)->measure(16, 1, Levers{}, slow);
+    EXPECT_EQ(c.step_seconds.size(), 2u);
+    EXPECT_EQ(c.fail, comm.rank() == P - 1 ? FailKind::kOverBudget : FailKind::kNone);
+    // Without a budget the same rule times its 6 steps at least.
+    auto free = makeTrainStepMeasurer(cfg, comm, data, at::kCPU);
+    EXPECT_GE(free->measure(16, 1, Levers{}, slow).step_seconds.size(), 6u);
+  });
+}

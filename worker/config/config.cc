@@ -925,7 +925,7 @@ void readSearch(Context& ctx, const YAML::Node& root, SearchConfig& c) {
   c.multiple_of = s.integer("multiple_of", 8, 1, 1 << 20);
   c.memory_fraction = s.real("memory_fraction", 0.9, 0.05, 1.0);
   c.memory_limit_mb = s.integer("memory_limit_mb", 0, 0, int64_t{1} << 30);
-  c.warmup_steps = s.integer("warmup_steps", 2, 0, 1000);
+  c.warmup_steps = s.integer("warmup_steps", 1, 0, 1000);
   c.timed_steps = s.integer("timed_steps", 5, 1, 100000);
   c.max_steps = s.integer("max_steps", 1000, 1, 1000000);
   c.min_time_s = s.real("min_time_s", 0.3, 0.0, 3600.0);

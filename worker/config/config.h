@@ -264,7 +264,7 @@ struct SearchConfig {
   int64_t multiple_of = 8;
   double memory_fraction = 0.9;
   int64_t memory_limit_mb = 0;               ///< CPU: resident-memory budget (0: none)
-  int64_t warmup_steps = 2;
+  int64_t warmup_steps = 1;                  ///< Note [search warm-up]
   // Note [adaptive timing] in worker/search/search.h.
   int64_t timed_steps = 5;                   ///< at least this many timed steps per candidate (2 of slow steps)
   int64_t max_steps = 1000;                  ///< at most this many

@@ -127,6 +127,7 @@ class GptNetImpl : public nn::Module {
     }
     return at::linear(ln_f_(x), wte_->weight);  // tied head: h · wteᵀ
   }
+  void setRecompute(bool on) { recompute_ = on; }
 
  private:
   /// GPT-2's initialisation (Note [gpt]).
@@ -182,6 +183,11 @@ class GptModel : public NnModuleModel {
     return net_->forward(x.scalar_type() == at::kLong ? x : x.to(at::kLong));
   }
   bool hasBatchNorm() const override { return false; }
+  bool setRecompute(bool on) override {
+    net_->setRecompute(on);
+    shape_.recompute = on;
+    return true;
+  }
   std::string describe() const override {
     return shapeName(shape_) + ", " + parameterCountText(gptParameterCount(shape_)) + " parameters";
   }

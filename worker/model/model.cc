@@ -278,6 +278,7 @@ class ResNetImpl : public nn::Module {
     x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
     return fc_(x);
   }
+  void setRecompute(bool on) { recompute_ = on; }
 
  private:
   bool recompute_;
@@ -316,6 +317,21 @@ class NnModel : public NnModuleModel {
   std::shared_ptr<SyncBatchNorm> sync_;  ///< shared by its layers; null without sync
 };
 
+/// model.name: resnet18/50: each residual block under Note [activation recompute]
+/// with model.recompute: on.
+class ResNetModel : public NnModel<ResNet> {
+ public:
+  ResNetModel(const ResNet& net, std::string name, std::shared_ptr<SyncBatchNorm> sync)
+      : NnModel<ResNet>(net, std::move(name), std::move(sync)), net_(net) {}
+  bool setRecompute(bool on) override {
+    net_->setRecompute(on);
+    return true;
+  }
+
+ private:
+  ResNet net_;
+};
+
 /// model.name: mlp, whose hidden layers (each from its Linear up to the next
 /// Linear: ReLU, dropout) run under Note [activation recompute] with
 /// model.recompute: on. The head runs as it is: it keeps only its input anyway.
@@ -345,6 +361,10 @@ class MlpModel : public NnModel<nn::Sequential> {
       h = recomputed(run, h, group->parameters());
     }
     return groups_.back()->forward(h);  // the head
+  }
+  bool setRecompute(bool on) override {
+    recompute_ = on;
+    return true;
   }
 
  private:
@@ -604,11 +624,8 @@ std::unique_ptr<Model> buildModel(const ModelConfig& cfg, const std::vector<int6
       in = width;
     }
     net->push_back(nn::Linear(in, classes));
-    if (cfg.recompute == Recompute::kOn) {
-      return checked(std::make_unique<MlpModel>(net, true, shared), shape, classes, "model.name: mlp");
-    }
-    return checked(std::make_unique<NnModel<nn::Sequential>>(net, "mlp", shared), shape, classes,
-                   "model.name: mlp");
+    return checked(std::make_unique<MlpModel>(net, cfg.recompute == Recompute::kOn, shared), shape,
+                   classes, "model.name: mlp");
   }
   if (shape.size() != 3) {
     throw ConfigError(strCat("model.name: ", toString(cfg.name),
@@ -621,7 +638,7 @@ std::unique_ptr<Model> buildModel(const ModelConfig& cfg, const std::vector<int6
                shape[0], classes, cfg.stem == ResnetStem::kImagenet, sync,
                cfg.recompute == Recompute::kOn);
     const std::string name = toString(cfg.name);
-    return checked(std::make_unique<NnModel<ResNet>>(
+    return checked(std::make_unique<ResNetModel>(
                        net, strCat(name, " (", toString(cfg.stem), " stem)"), shared),
                    shape, classes, "model.name: " + name);
   }

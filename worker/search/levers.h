@@ -30,7 +30,13 @@
 //     without recompute that fits nothing larger is still timed once at the walk's
 //     pick (the same batch in less memory, possibly as fast); one with recompute
 //     is pruned (recompute would only cost time), and so is every combination when
-//     memory did not bound the walk. LeverOutcome keeps the figures and the words.
+//     memory did not bound the walk. A sharding on top of recompute predicted to
+//     fit no larger size than recompute alone measured (its twin) could only give
+//     the twin's batch in less memory: it is timed at that size if the twin's
+//     samples/s there contends (within the interleaved rounds' reach of the best
+//     so far), else pruned (a GPT's search on 2 CPU ranks: recompute fit the
+//     largest size, 48, at ~63 % of the best, and its two shardings' confirmations
+//     at 48 cost ~10 s of 64). LeverOutcome keeps the figures and the words.
 //  4. The interleaved comparison (Note [interleaved comparison]) then takes the
 //     contenders of every combination, and the rule picks the smallest per-GPU
 //     batch within the tolerance of the best, and at that size the smallest peak.

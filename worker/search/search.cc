@@ -19,6 +19,11 @@ namespace {
 constexpr std::size_t kMaxContenders = 4;
 /// How far a first measurement may have been off and still be re-measured.
 constexpr double kLuckMargin = 0.15;
+/// A first measurement at least this share of the best's contends (is re-measured
+/// in the interleaved rounds, Note [interleaved comparison]).
+double contenderReach(double tolerance) { return 1.0 - 2 * tolerance - kLuckMargin; }
+/// Note [search warm-up]: the first candidate's extra untimed steps.
+constexpr int64_t kColdWarmup = 1;
 
 std::string mb(double v) { return formatFixed(v, 0) + " MB"; }
 
@@ -360,9 +365,9 @@ const Candidate& BatchSearch::measureOne(SearchResult& r, const Space& sp, int64
                                          Console* console, bool adapt_range, const Levers* levers) {
   const int64_t a = adapt_range ? 1 : sp.accumFor(m);
   const Levers& under = levers ? *levers : base_;
-  // The first candidate also pays for a cold process (allocator, thread pools).
+  // Note [search warm-up]: the first candidate also pays for a cold process.
   const auto local = measurer_.measure(m, a, under, TimingRule::fromConfig(cfg_.search),
-                                       r.candidates.empty() ? cfg_.search.warmup_steps + 2 : 0);
+                                       r.candidates.empty() ? kColdWarmup : 0);
   r.timed_steps += local.timed_steps;
   auto& into = adapt_range ? r.adapt_range : r.candidates;
   into.push_back(agree(m, a, under, local));
@@ -439,8 +444,8 @@ void failedAgain(Candidate& c, const Candidate& again) {
 
 /// The order of one interleaved round (Note [interleaved comparison]). Under
 /// one set of levers rotated each round: A B C, B C A, C A B. Under several, the
-/// contenders grouped by levers (a change of levers rebuilds the measured model
-/// and warms it up again: Note [lever search]), the groups in the order of their
+/// contenders grouped by levers (a change of levers rebuilds the update strategy
+/// and warms it up again: Note [lever switch]), the groups in the order of their
 /// first contender and each group by size, and every other round the whole order
 /// reversed (A B C, C B A, A B C: a round starts with the levers the last one
 /// ended with, and a drift within rounds reaches both ends).
@@ -487,7 +492,7 @@ void BatchSearch::interleavePhase(SearchResult& r, Console* console) {
   std::vector<std::size_t> contenders;
   for (std::size_t i = 0; i < r.candidates.size(); ++i) {
     const auto& c = r.candidates[i];
-    const double reach = 1.0 - 2 * s.tolerance - kLuckMargin;
+    const double reach = contenderReach(s.tolerance);
     if (!c.failed && std::max(c.sps_high, c.global_sps) >= reach * best->global_sps) {
       contenders.push_back(i);
     }
@@ -600,6 +605,13 @@ LeverOutcome BatchSearch::weighLevers(SearchResult& r, const Space& sp, const Le
                        walk.memory_bound && o.fitted ? strCat("; ", predicted) : std::string());
     return o;
   }
+  if (levers.recompute != base_.recompute && levers.shard != base_.shard) {
+    const Levers twin{base_.shard, levers.recompute};  // weighed before (leverSpace's order)
+    const int64_t twin_fit = largestFit(r.candidates, twin);
+    if (twin_fit > 0 && o.predicted_max > 0 && o.predicted_max <= twin_fit) {
+      return besideTwin(r, sp, std::move(o), twin, twin_fit, console);
+    }
+  }
   if (walk.memory_bound && o.predicted_max > walk.m0) {
     confirmLevers(r, sp, o, walk.m0, console);
     return o;
@@ -616,6 +628,30 @@ LeverOutcome BatchSearch::weighLevers(SearchResult& r, const Space& sp, const Le
   o.measured_max = largestFit(r.candidates, levers);
   o.verdict = strCat(why_not, "; timed at the walk's pick, per-GPU ", walk.pick,
                      ": the same batch in less memory");
+  return o;
+}
+
+LeverOutcome BatchSearch::besideTwin(SearchResult& r, const Space& sp, LeverOutcome o,
+                                     const Levers& twin, int64_t twin_fit, Console* console) {
+  const Candidate* best = nullptr;
+  const Candidate* there = nullptr;
+  for (const auto& c : r.candidates) {
+    if (c.failed) continue;
+    if (!best || c.global_sps > best->global_sps) best = &c;
+    if (c.levers == twin && c.per_gpu == twin_fit) there = &c;
+  }
+  const double share = best && there ? there->global_sps / best->global_sps : 0.0;
+  const std::string why = strCat(predictedText(o, r.memory_budget_mb), ": no larger than ",
+                                 leversText(twin), "'s ", twin_fit);
+  if (share < contenderReach(cfg_.search.tolerance)) {
+    o.measured_max = largestFit(r.candidates, o.levers);
+    o.verdict = strCat("pruned: ", why, ", which runs at ", formatFixed(100 * share, 0),
+                       " % of the best: the same batch in less memory would not contend");
+    return o;
+  }
+  o.timed = !measureOne(r, sp, twin_fit, console, false, &o.levers).failed;
+  o.measured_max = largestFit(r.candidates, o.levers);
+  o.verdict = strCat(why, "; timed at ", twin_fit, ": the same batch in less memory");
   return o;
 }
 

@@ -16,6 +16,23 @@
 // A candidate fails if any rank ran out of memory (a cuDNN "not supported" at a
 // large batch counts as out of memory) or its peak memory exceeded the budget.
 //
+// Note [search warm-up]: a measurement first runs search.warmup_steps [1] untimed
+// steps (the new size's allocations, the loader's first batches); the search's
+// first measurement kColdWarmup [1] more (a cold process: thread pools, the
+// allocator's first growth), and one more after a change of levers (Note [lever
+// switch] in worker/train/step_measurer.cc). One, not two: in a GPT's joint search
+// on 2 CPU ranks (bench/lever_search.sh's workload) run without any, 5 timed steps
+// a measurement, the first step after a change of size was within the others'
+// spread (per-GPU 8: 0.78 0.78 0.86 0.79 0.82 s; 16: 0.86 0.78 0.82 0.90 0.85;
+// the first measurement, after 2 untimed steps in a fresh process, is the 8), and
+// the median discounts one slow step anyway. The one step takes the CUDA
+// allocator's growth at a new size (its cache is emptied between measurements).
+// At ~0.8 s a step, the second step cost ~20 s of a search of 22 measurements.
+// After the untimed steps the ranks agree (one allreduce) whether any failed or
+// went past its memory budget: then none times the candidate (its peak is known:
+// a failing per-GPU 48 of that GPT cost 3 steps of ~1.3 s, now 1); a budget crossed
+// while timed stops the timing at the next check (Note [adaptive timing]).
+//
 // Note [adaptive timing]: a candidate is timed step by step until its estimate is
 // good enough, not for a fixed count: at least search.timed_steps steps and
 // search.min_time_s seconds, then until the relative 95 % half-width of the median
@@ -39,8 +56,9 @@
 // measured spread"; on a flat plateau a borderline smaller batch loses to a
 // larger one that is certainly as fast. Contenders under several levers (Note
 // [lever search]) are grouped by levers in a round and the order reversed every
-// other round (A B C, C B A) instead of rotated, so a round rebuilds the measured
-// model once per lever combination, not once per contender.
+// other round (A B C, C B A) instead of rotated, so a round switches levers once
+// per lever combination, not once per contender (a switch costs a warm-up step:
+// Note [search warm-up]).
 
 #include <algorithm>
 #include <cstdint>
@@ -286,6 +304,11 @@ class BatchSearch {
   /// Note [lever search], 3: one combination's prediction, confirmation or pruning.
   LeverOutcome weighLevers(SearchResult& r, const Space& sp, const Levers& levers,
                            const LeverWalk& walk, Console* console);
+  /// ... a sharding on top of recompute that fits no larger size than its twin (the
+  /// same recompute under the base's sharding) measured, `twin_fit`: timed there
+  /// or pruned (Note [lever search], 3).
+  LeverOutcome besideTwin(SearchResult& r, const Space& sp, LeverOutcome o, const Levers& twin,
+                          int64_t twin_fit, Console* console);
   /// ... when nothing fit under the base: the smallest size under `levers`, once.
   LeverOutcome rescueLevers(SearchResult& r, const Space& sp, const Levers& levers, Console* console);
   /// ... the memory model of `levers` (recompute's probes measured first where needed).

@@ -53,10 +53,7 @@ class TrainStepMeasurer : public Measurer {
   Measurement measure(int64_t per_gpu, int64_t accum, const Levers& levers, const TimingRule& rule,
                       int64_t extra_warmup) override {
     Measurement out;
-    if (levers != levers_) {
-      build(levers);
-      extra_warmup += 2;  // a fresh model and optimizer: as cold as the first candidate
-    }
+    if (levers != levers_) extra_warmup += switchLevers(levers);
     Config cfg = *run_cfg_;
     cfg.batch.global = 0;
     cfg.batch.global_auto = false;
@@ -82,13 +79,15 @@ class TrainStepMeasurer : public Measurer {
     // agree at the check points whether to go on.
     const double started = monotonicSeconds();
     trainer_->takeTime();  // the warm-up's
-    for (int64_t n = 0, check = rule.nextCheck(0);;) {
+    const bool timed = warm == 0 || !failedInWarmup(out);
+    for (int64_t n = 0, check = rule.nextCheck(0); timed;) {
       synchronize();
       const double t = monotonicSeconds();
       step(sharder, warm + n, out);
       synchronize();
       out.step_seconds.push_back(monotonicSeconds() - t);
       if (++n < check) continue;
+      markOverBudget(out);
       const bool failed = out.fail != FailKind::kNone;
       const bool more =
           !failed && rule.wantsMore(n, monotonicSeconds() - started, medianEstimate(out.step_seconds));
@@ -130,6 +129,34 @@ class TrainStepMeasurer : public Measurer {
   }
 
  private:
+  /// Note [lever switch]: the search measures every lever combination (Note
+  /// [lever search]) on one trainer and one model. Recompute is a flag of the
+  /// model's forward (Model::setRecompute); another sharding needs only another
+  /// update strategy (Trainer::rebuildUpdate: the old gradients, optimizer state
+  /// and hooks freed first, so they do not count in the new peak; the new state
+  /// starts empty, as in a rebuilt trainer). The parameters stay whatever the
+  /// steps so far made of them, identical on every rank as every strategy keeps
+  /// them, which a timing does not mind. The first step after a switch allocates
+  /// the new state and learns the ready order (Note [ready order]): one more
+  /// warm-up step. Rebuilding the trainer (model, broadcast, loader) took two and
+  /// a model build: in a GPT's joint search (bench/lever_search.sh) a dozen
+  /// switches. A model that cannot switch recompute (never asked: the search
+  /// weighs recompute only where the model has blocks) is rebuilt.
+  /// Collective: every rank switches to the same levers (Note [search agreement]).
+  /// Returns the extra warm-up steps the switch costs.
+  int64_t switchLevers(const Levers& to) {
+    if (to.recompute != levers_.recompute &&
+        !trainer_->model().setRecompute(to.recompute == Recompute::kOn)) {
+      build(to);
+      return 2;  // a fresh model and optimizer: as cold as the first candidate
+    }
+    const bool reshard = to.shard != levers_.shard;
+    applyLevers(*run_cfg_, to);  // the trainer's config (it keeps a reference)
+    levers_ = to;
+    if (reshard) trainer_->rebuildUpdate();
+    return 1;
+  }
+
   /// A throwaway trainer under `levers` (the training run starts from a fresh,
   /// identical model). Collective: every rank builds with the same levers in the
   /// same order (Note [search agreement]). The last one is gone first, so that its
@@ -175,6 +202,19 @@ class TrainStepMeasurer : public Measurer {
     }
     trainer_->syncGradients();
     if (out.fail == FailKind::kNone) trainer_->applyUpdate(trainer_->plan().lr);
+  }
+
+  /// Past the budget already: a failure, not timed on (Note [search warm-up]).
+  void markOverBudget(Measurement& out) const {
+    if (out.fail == FailKind::kNone && budget_mb_ > 0 && peakMb() > budget_mb_) {
+      out.fail = FailKind::kOverBudget;
+    }
+  }
+  /// Note [search warm-up]: whether any rank failed (out of memory, or past its
+  /// budget) in the untimed steps; then no rank times the candidate. Collective.
+  bool failedInWarmup(Measurement& out) {
+    markOverBudget(out);
+    return comm_.allreduce(out.fail != FailKind::kNone ? 1.0 : 0.0, collective::ReduceOp::kMax) > 0;
   }
 
   void resetPeak() {

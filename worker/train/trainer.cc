@@ -103,6 +103,11 @@ Trainer::Trainer(const Config& cfg, collective::Communicator& comm, const DataSp
 
 Trainer::~Trainer() = default;
 
+void Trainer::rebuildUpdate() {
+  update_.reset();
+  update_ = makeUpdateStrategy(cfg_, comm_, model_->trainableParameters());
+}
+
 void Trainer::synchronize() const {
   if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
 }

@@ -73,6 +73,12 @@ class Trainer {
   Model& model() { return *model_; }
   /// How gradients become a step (Note [update strategy]).
   UpdateStrategy& update() { return *update_; }
+  /// A new update strategy from the config the trainer was built with, whose
+  /// dist.shard the caller has changed since (Note [lever switch] in
+  /// worker/train/step_measurer.cc); the model's parameters stay as they are, the
+  /// gradients and optimizer state start anew. The old one is gone first (its
+  /// memory, its hooks). Collective, as the constructor.
+  void rebuildUpdate();
   const Task& task() const { return *task_; }
   Loader& loader() { return *loader_; }
   at::Device device() const { return device_; }
