@@ -74,27 +74,8 @@ class TrainStepMeasurer : public Measurer {
     const LocalBatchNorm local_bn(trainer_->model());
     resetPeak();
     for (int64_t i = 0; i < warm; ++i) step(sharder, i, out);
-    // Note [adaptive timing]: each timed step is timed alone and the median taken
-    // (a step delayed by the scheduler, or a peer's, does not move it); the ranks
-    // agree at the check points whether to go on.
-    const double started = monotonicSeconds();
     trainer_->takeTime();  // the warm-up's
-    const bool timed = warm == 0 || !failedInWarmup(out);
-    for (int64_t n = 0, check = rule.nextCheck(0); timed;) {
-      synchronize();
-      const double t = monotonicSeconds();
-      step(sharder, warm + n, out);
-      synchronize();
-      out.step_seconds.push_back(monotonicSeconds() - t);
-      if (++n < check) continue;
-      markOverBudget(out);
-      const bool failed = out.fail != FailKind::kNone;
-      const bool more =
-          !failed && rule.wantsMore(n, monotonicSeconds() - started, medianEstimate(out.step_seconds));
-      const auto v = comm_.allreduce({more ? 1.0 : 0.0, failed ? 1.0 : 0.0}, collective::ReduceOp::kMax);
-      if (v[0] == 0 || v[1] > 0 || n >= rule.max_steps) break;
-      check = rule.nextCheck(n);
-    }
+    if (warm == 0 || !failedInWarmup(out)) timeSteps(sharder, warm, rule, out);
     out.peak_mb = peakMb();
     const auto parts = trainer_->update().memory();  // Note [memory by part]
     out.parts = {parts.parameters_mb, parts.gradients_mb, parts.optimizer_state_mb};
@@ -104,24 +85,7 @@ class TrainStepMeasurer : public Measurer {
       for (const double x : out.step_seconds) timed += x;
       out.data_wait_fraction = timed > 0 ? std::min(1.0, t.data_wait / timed) : 0.0;
     }
-    if (out.fail == FailKind::kNone) {
-      const auto e = medianEstimate(out.step_seconds);
-      const double samples = static_cast<double>(per_gpu * accum);
-      out.timed_steps = e.n;
-      // Note [data-bound search]: a loader that cannot keep up delivers in bursts
-      // (some steps find a batch ready, the next waits for several), so the median
-      // step overstates the rate; with a decoded source the mean step counts too.
-      double mean = 0;
-      for (const double x : out.step_seconds) mean += x;
-      mean /= std::max<std::size_t>(1, out.step_seconds.size());
-      const double k = cfg.data.decoded() && e.median > 0 ? std::max(1.0, mean / e.median) : 1.0;
-      out.samples_per_s = samples / std::max(e.median * k, 1e-9);
-      out.sps_low = std::isfinite(e.half_width) ? samples / ((e.median + e.half_width) * k) : 0.0;
-      out.sps_high = std::isfinite(e.half_width) && e.median > e.half_width
-                         ? samples / ((e.median - e.half_width) * k)
-                         : out.samples_per_s * 2;
-      if (budget_mb_ > 0 && out.peak_mb > budget_mb_) out.fail = FailKind::kOverBudget;
-    }
+    if (out.fail == FailKind::kNone) rates(per_gpu * accum, cfg.data.decoded(), out);
     trainer_->clearGradients();
     trainer_->takeTime();
     if (device_.is_cuda()) compat::cudaEmptyCache();
@@ -129,6 +93,48 @@ class TrainStepMeasurer : public Measurer {
   }
 
  private:
+  /// Note [adaptive timing]: each timed step is timed alone and the median taken
+  /// (a step delayed by the scheduler, or a peer's, does not move it); the ranks
+  /// agree at the check points whether to go on. Steps from `first` of `sharder`.
+  void timeSteps(const Sharder& sharder, int64_t first, const TimingRule& rule, Measurement& out) {
+    const double started = monotonicSeconds();
+    for (int64_t n = 0, check = rule.nextCheck(0);;) {
+      synchronize();
+      const double t = monotonicSeconds();
+      step(sharder, first + n, out);
+      synchronize();
+      out.step_seconds.push_back(monotonicSeconds() - t);
+      if (++n < check) continue;
+      markOverBudget(out);
+      const bool failed = out.fail != FailKind::kNone;
+      const bool more =
+          !failed && rule.wantsMore(n, monotonicSeconds() - started, medianEstimate(out.step_seconds));
+      const auto v = comm_.allreduce({more ? 1.0 : 0.0, failed ? 1.0 : 0.0}, collective::ReduceOp::kMax);
+      if (v[0] == 0 || v[1] > 0 || n >= rule.max_steps) return;
+      check = rule.nextCheck(n);
+    }
+  }
+
+  /// samples/s and its interval from the timed steps of `samples` per step.
+  void rates(int64_t samples_per_step, bool decoded, Measurement& out) const {
+    const auto e = medianEstimate(out.step_seconds);
+    const double samples = static_cast<double>(samples_per_step);
+    out.timed_steps = e.n;
+    // Note [data-bound search]: a loader that cannot keep up delivers in bursts
+    // (some steps find a batch ready, the next waits for several), so the median
+    // step overstates the rate; with a decoded source the mean step counts too.
+    double mean = 0;
+    for (const double x : out.step_seconds) mean += x;
+    mean /= std::max<std::size_t>(1, out.step_seconds.size());
+    const double k = decoded && e.median > 0 ? std::max(1.0, mean / e.median) : 1.0;
+    out.samples_per_s = samples / std::max(e.median * k, 1e-9);
+    out.sps_low = std::isfinite(e.half_width) ? samples / ((e.median + e.half_width) * k) : 0.0;
+    out.sps_high = std::isfinite(e.half_width) && e.median > e.half_width
+                       ? samples / ((e.median - e.half_width) * k)
+                       : out.samples_per_s * 2;
+    if (budget_mb_ > 0 && out.peak_mb > budget_mb_) out.fail = FailKind::kOverBudget;
+  }
+
   /// Note [lever switch]: the search measures every lever combination (Note
   /// [lever search]) on one trainer and one model. Recompute is a flag of the
   /// model's forward (Model::setRecompute); another sharding needs only another
