@@ -727,6 +727,31 @@ TEST(SearchInterleaved, RelativeThroughputPairsRoundsOnlyWhenBothHaveThem) {
   EXPECT_NEAR(relativeThroughput(a, b), 0.9, 1e-12);
 }
 
+TEST(SearchInterleaved, OnceRoundsRanOnlyTheCandidatesMeasuredInThemAreChosen) {
+  // A lever search's five candidates within reach, of which the 4 fastest first
+  // measurements are re-measured: the fifth's single first measurement (133, taken
+  // at another time) is not paired with the rounds' medians and does not win.
+  Candidate a = ok(8, 124);
+  Candidate b = ok(16, 129);
+  Candidate late = ok(8, 133);
+  late.peak_mb = 50;  // the smallest peak of its size: the rule's pick if it counted
+  a.round_sps = {126, 124, 120};
+  b.round_sps = {120, 129, 140};
+  const std::vector<Candidate> cs{a, b, late};
+  EXPECT_TRUE(comparedInRounds(cs, a));
+  EXPECT_FALSE(comparedInRounds(cs, late));
+  EXPECT_EQ(bestCompared(cs)->global_sps, 129);
+  std::string why;
+  const auto& pick = chooseCandidate(cs, Objective::kThroughput, 0.05, &why);
+  EXPECT_NE(&pick, &cs[2]) << why;
+  EXPECT_EQ(pick.per_gpu, 16) << why;  // 8's lowest round ratio, 120 / 140, is out of 5 %
+  // Without rounds every candidate that ran is compared: the 133 is the best.
+  auto unpaired = cs;
+  for (auto& c : unpaired) c.round_sps.clear();
+  EXPECT_EQ(bestCompared(unpaired), &unpaired[2]);
+  EXPECT_EQ(&chooseCandidate(unpaired, Objective::kThroughput, 0.05), &unpaired[2]);
+}
+
 // Note [oom back-off]: a back-off in training marks the cache entry; the next
 // run does not take the same batch blindly but chooses again among the cached
 // candidates below it, and searches again when none is left.

@@ -148,14 +148,27 @@ std::string leversClause(const std::vector<Candidate>& candidates, const Candida
 
 }  // namespace
 
+bool comparedInRounds(const std::vector<Candidate>& candidates, const Candidate& c) {
+  if (c.failed) return false;
+  const auto paired = [](const Candidate& k) { return !k.failed && !k.round_sps.empty(); };
+  return paired(c) || std::none_of(candidates.begin(), candidates.end(), paired);
+}
+
+const Candidate* bestCompared(const std::vector<Candidate>& candidates) {
+  const Candidate* best = nullptr;
+  for (const auto& c : candidates) {
+    if (comparedInRounds(candidates, c) && (!best || c.global_sps > best->global_sps)) best = &c;
+  }
+  return best;
+}
+
 const Candidate& chooseCandidate(const std::vector<Candidate>& candidates,
                                  Objective objective, double tolerance,
                                  std::string* why, int64_t tokens_per_sample) {
-  const Candidate* best = nullptr;
+  const Candidate* best = bestCompared(candidates);
   const Candidate* largest = nullptr;
   for (const auto& c : candidates) {
     if (c.failed) continue;
-    if (!best || c.global_sps > best->global_sps) best = &c;
     if (!largest || c.per_gpu > largest->per_gpu ||
         (c.per_gpu == largest->per_gpu && c.peak_mb < largest->peak_mb)) {
       largest = &c;
@@ -182,7 +195,8 @@ const Candidate& chooseCandidate(const std::vector<Candidate>& candidates,
   }
   const Candidate* pick = best;
   for (const auto& c : candidates) {
-    if (!c.failed && relativeThroughput(c, *best, /*conservative=*/true) >= 1.0 - tolerance &&
+    if (comparedInRounds(candidates, c) &&
+        relativeThroughput(c, *best, /*conservative=*/true) >= 1.0 - tolerance &&
         smallerThan(c, *pick)) {
       pick = &c;
     }
@@ -497,9 +511,21 @@ void BatchSearch::interleavePhase(SearchResult& r, Console* console) {
       contenders.push_back(i);
     }
   }
+  // Past kMaxContenders: the fastest (the reference), then those within the
+  // tolerance of it in the order the rule would take them (the smaller per-GPU
+  // batch, of one size the smaller peak), then the others, the faster first.
   std::sort(contenders.begin(), contenders.end(), [&](std::size_t a, std::size_t b) {
     return r.candidates[a].global_sps > r.candidates[b].global_sps;
   });
+  const auto within = std::stable_partition(
+      contenders.begin() + (contenders.empty() ? 0 : 1), contenders.end(), [&](std::size_t i) {
+        return r.candidates[i].global_sps >= (1 - s.tolerance) * best->global_sps;
+      });
+  std::stable_sort(contenders.begin() + (contenders.empty() ? 0 : 1), within,
+                   [&](std::size_t a, std::size_t b) {
+                     return smallerThan(r.candidates[a], r.candidates[b]);
+                   });
+  const std::size_t left_out = contenders.size() - std::min(contenders.size(), kMaxContenders);
   contenders.resize(std::min<std::size_t>(contenders.size(), kMaxContenders));
   if (contenders.size() < 2) return;
   std::sort(contenders.begin(), contenders.end(), [&](std::size_t a, std::size_t b) {
@@ -508,8 +534,10 @@ void BatchSearch::interleavePhase(SearchResult& r, Console* console) {
   if (console) {
     std::string list;
     for (auto i : contenders) list += strCat(list.empty() ? "" : ", ", r.candidates[i].per_gpu);
-    console->line(strCat("  interleaved re-measuring of per-GPU ", list, ": ", s.rounds,
-                         " rounds"));
+    console->line(strCat("  interleaved re-measuring of per-GPU ", list, ": ", s.rounds, " rounds",
+                         left_out > 0 ? strCat(" (", left_out, " more within reach left out: at most ",
+                                               kMaxContenders, ", the fastest and then the likeliest picks)")
+                                      : std::string()));
   }
   std::vector<std::size_t> alive = contenders;
   for (int64_t round = 0; round < s.rounds && alive.size() >= 2; ++round) {
@@ -813,10 +841,7 @@ SearchResult BatchSearch::run(Console* console) {
   const auto& pick =
       chooseCandidate(r.candidates, s.objective, s.tolerance, &r.why, r.tokens_per_sample);
   r.rule = ruleText(s.objective, s.tolerance, r.rounds);
-  const Candidate* top = nullptr;
-  for (const auto& c : r.candidates) {
-    if (!c.failed && (!top || c.global_sps > top->global_sps)) top = &c;
-  }
+  const Candidate* top = bestCompared(r.candidates);
   for (auto& c : r.candidates) {
     if (!c.failed && top) c.relative = relativeThroughput(c, *top);
   }

@@ -54,7 +54,13 @@
 // The rule takes a contender only if it is within the tolerance in every round
 // (its lowest per-round ratio): "not worse by more than the tolerance, given the
 // measured spread"; on a flat plateau a borderline smaller batch loses to a
-// larger one that is certainly as fast. Contenders under several levers (Note
+// larger one that is certainly as fast. At most 4 contenders: the fastest (the
+// reference), then those within the tolerance of it in the order the rule would
+// take them (smaller per-GPU batch, smaller peak), then the faster others. Once rounds ran, only the contenders are compared and chosen
+// (comparedInRounds): a first measurement taken at another time is paired with
+// nothing (one within reach but left out won a lever search on a burst of speed:
+// 133 samples/s once, against the contenders' medians of 124-129). Contenders
+// under several levers (Note
 // [lever search]) are grouped by levers in a round and the order reversed every
 // other round (A B C, C B A) instead of rotated, so a round switches levers once
 // per lever combination, not once per contender (a switch costs a warm-up step:
@@ -231,6 +237,12 @@ bool isChosen(const SearchResult& r, const Candidate& c);
 /// both were measured in the same interleaved rounds (`conservative`: the lowest
 /// of them), else the ratio of their estimates (Note [interleaved comparison]).
 double relativeThroughput(const Candidate& c, const Candidate& best, bool conservative = false);
+
+/// Note [interleaved comparison]: whether `c` takes part in the comparison: it did
+/// not fail and, once any candidate was measured in rounds, it was too.
+bool comparedInRounds(const std::vector<Candidate>& candidates, const Candidate& c);
+/// The fastest candidate compared (null when every one failed).
+const Candidate* bestCompared(const std::vector<Candidate>& candidates);
 
 /// The selection rule. throughput: the smallest candidate whose global samples/s
 /// is within `tolerance` of the best measured (conservative relativeThroughput >=
