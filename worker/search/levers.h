@@ -35,8 +35,8 @@
 //     the twin's batch in less memory: it is timed at that size if the twin's
 //     samples/s there contends (within the interleaved rounds' reach of the best
 //     so far), else pruned (a GPT's search on 2 CPU ranks: recompute fit the
-//     largest size, 48, at ~63 % of the best, and its two shardings' confirmations
-//     at 48 cost ~10 s of 64). LeverOutcome keeps the figures and the words.
+//     largest size, 48, at 66-69 % of the best; with the rule the search took
+//     52 s where the run before it took 64). LeverOutcome keeps the figures and the words.
 //  4. The interleaved comparison (Note [interleaved comparison]) then takes the
 //     contenders of every combination, and the rule picks the smallest per-GPU
 //     batch within the tolerance of the best, and at that size the smallest peak.

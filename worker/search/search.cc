@@ -496,10 +496,7 @@ std::vector<std::size_t> roundOrder(const std::vector<Candidate>& candidates,
 void BatchSearch::interleavePhase(SearchResult& r, Console* console) {
   const auto& s = cfg_.search;
   if (s.rounds <= 0) return;
-  const Candidate* best = nullptr;
-  for (const auto& c : r.candidates) {
-    if (!c.failed && (!best || c.global_sps > best->global_sps)) best = &c;
-  }
+  const Candidate* best = bestCompared(r.candidates);  // no rounds yet: every one that ran
   if (!best) return;
   // Contenders: within reach of the best even if the best's one measurement was
   // lucky by a large margin (a burst of speed, a slow peer at the wrong time).
@@ -661,12 +658,10 @@ LeverOutcome BatchSearch::weighLevers(SearchResult& r, const Space& sp, const Le
 
 LeverOutcome BatchSearch::besideTwin(SearchResult& r, const Space& sp, LeverOutcome o,
                                      const Levers& twin, int64_t twin_fit, Console* console) {
-  const Candidate* best = nullptr;
+  const Candidate* best = bestCompared(r.candidates);  // before the rounds: every one that ran
   const Candidate* there = nullptr;
   for (const auto& c : r.candidates) {
-    if (c.failed) continue;
-    if (!best || c.global_sps > best->global_sps) best = &c;
-    if (c.levers == twin && c.per_gpu == twin_fit) there = &c;
+    if (!c.failed && c.levers == twin && c.per_gpu == twin_fit) there = &c;
   }
   const double share = best && there ? there->global_sps / best->global_sps : 0.0;
   const std::string why = strCat(predictedText(o, r.memory_budget_mb), ": no larger than ",

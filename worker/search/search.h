@@ -27,10 +27,11 @@
 // the first measurement, after 2 untimed steps in a fresh process, is the 8), and
 // the median discounts one slow step anyway. The one step takes the CUDA
 // allocator's growth at a new size (its cache is emptied between measurements).
-// At ~0.8 s a step, the second step cost ~20 s of a search of 22 measurements.
+// At ~0.8 s a step the second step cost, by that count (not timed apart), ~18 s of a
+// search of 22 measurements.
 // After the untimed steps the ranks agree (one allreduce) whether any failed or
 // went past its memory budget: then none times the candidate (its peak is known:
-// a failing per-GPU 48 of that GPT cost 3 steps of ~1.3 s, now 1); a budget crossed
+// a failing size cost its untimed steps and 2 timed ones, now the untimed only); a budget crossed
 // while timed stops the timing at the next check (Note [adaptive timing]).
 //
 // Note [adaptive timing]: a candidate is timed step by step until its estimate is
@@ -56,9 +57,9 @@
 // measured spread"; on a flat plateau a borderline smaller batch loses to a
 // larger one that is certainly as fast. At most 4 contenders: the fastest (the
 // reference), then those within the tolerance of it in the order the rule would
-// take them (smaller per-GPU batch, smaller peak), then the faster others. Once rounds ran, only the contenders are compared and chosen
-// (comparedInRounds): a first measurement taken at another time is paired with
-// nothing (one within reach but left out won a lever search on a burst of speed:
+// take them (smaller per-GPU batch, smaller peak), then the faster others. Once
+// rounds ran, only the contenders are compared and chosen (comparedInRounds): a
+// first measurement taken at another time is paired with nothing (one within reach but left out won a lever search on a burst of speed:
 // 133 samples/s once, against the contenders' medians of 124-129). Contenders
 // under several levers (Note
 // [lever search]) are grouped by levers in a round and the order reversed every

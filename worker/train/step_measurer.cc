@@ -86,6 +86,7 @@ class TrainStepMeasurer : public Measurer {
       out.data_wait_fraction = timed > 0 ? std::min(1.0, t.data_wait / timed) : 0.0;
     }
     if (out.fail == FailKind::kNone) rates(per_gpu * accum, cfg.data.decoded(), out);
+    markOverBudget(out);
     trainer_->clearGradients();
     trainer_->takeTime();
     if (device_.is_cuda()) compat::cudaEmptyCache();
@@ -132,7 +133,6 @@ class TrainStepMeasurer : public Measurer {
     out.sps_high = std::isfinite(e.half_width) && e.median > e.half_width
                        ? samples / ((e.median - e.half_width) * k)
                        : out.samples_per_s * 2;
-    if (budget_mb_ > 0 && out.peak_mb > budget_mb_) out.fail = FailKind::kOverBudget;
   }
 
   /// Note [lever switch]: the search measures every lever combination (Note
@@ -210,9 +210,9 @@ class TrainStepMeasurer : public Measurer {
     if (out.fail == FailKind::kNone) trainer_->applyUpdate(trainer_->plan().lr);
   }
 
-  /// Past the budget already: a failure, not timed on (Note [search warm-up]).
+  /// Past the budget (the peak so far): a failure (Note [search warm-up]: not timed on).
   void markOverBudget(Measurement& out) const {
-    if (out.fail == FailKind::kNone && budget_mb_ > 0 && peakMb() > budget_mb_) {
+    if (out.fail == FailKind::kNone && budget_mb_ > 0 && std::max(out.peak_mb, peakMb()) > budget_mb_) {
       out.fail = FailKind::kOverBudget;
     }
   }
