@@ -18,6 +18,7 @@
 #include "collective/process_group.h"
 #include "collective/torch_compat.h"
 #include "launcher/cli.h"
+#include "launcher/job.h"
 #include "launcher/mpi_scope.h"
 #include "launcher/slurm_script.h"
 #include "worker/common/faults.h"
@@ -32,53 +33,6 @@
 
 namespace batchdist::launcher {
 namespace {
-
-// SIGTERM (Slurm's time limit, scancel, preemption), SIGUSR1 (sbatch
-// --signal=USR1@T) and SIGINT ask for a clean stop: every rank finishes the same
-// step, rank 0 writes the model and the report, and the job exits 128 + signal.
-// A second signal of the same kind acts as usual (SA_RESETHAND).
-std::atomic<int> g_stop_signal{0};
-
-extern "C" void onStopSignal(int sig) { g_stop_signal.store(sig); }
-
-void installStopHandlers() {
-  struct sigaction sa {};
-  sa.sa_handler = onStopSignal;
-  sa.sa_flags = SA_RESETHAND | SA_RESTART;
-  sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGTERM, SIGUSR1, SIGINT}) sigaction(sig, &sa, nullptr);
-}
-
-/// Ends the whole job after this rank's error (its message already printed). A
-/// rank that has already received SIGTERM (mpirun ending the job sends it, after
-/// SIGCONT to stopped ranks) just exits: an MPI_Abort while mpirun tears the job
-/// down only adds Open MPI's notices to the log.
-[[noreturn]] void abortJob(MpiScope& mpi, int code) {
-  if (g_stop_signal.load() != 0 && mpi.size() > 1) {
-    std::cout.flush();
-    std::cerr.flush();
-    std::_Exit(code);
-  }
-  mpi.abort(code);
-}
-
-/// Seconds since this process started (the kernel's start time, in clock ticks
-/// since boot, against CLOCK_BOOTTIME); -1 if /proc cannot tell.
-double secondsSinceProcessStart() {
-  std::ifstream stat("/proc/self/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return -1;
-  const auto paren = line.rfind(')');  // the command name may hold spaces
-  if (paren == std::string::npos) return -1;
-  std::istringstream in(line.substr(paren + 1));
-  std::string field;
-  for (int i = 3; i <= 21; ++i) in >> field;  // state .. itrealvalue
-  unsigned long long start_ticks = 0;
-  if (!(in >> start_ticks)) return -1;
-  timespec now{};
-  clock_gettime(CLOCK_BOOTTIME, &now);
-  return now.tv_sec + now.tv_nsec * 1e-9 - start_ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
 
 /// `batchdist slurm`: checks the config for the job's world size, writes the
 /// sbatch script and, with --submit, submits it.
@@ -188,7 +142,7 @@ worker::RunRequest requestFrom(const CliOptions& cli) {
   req.research = cli.research;
   req.resume = cli.resume;
   req.search_only = cli.verb == Verb::kSearch;
-  req.stop_signal = [] { return g_stop_signal.load(); };
+  req.stop_signal = stopSignal;
   return req;
 }
 
@@ -208,59 +162,14 @@ int runPlan(const CliOptions& cli) {
   }
 }
 
-worker::RankPlace placeOf(MpiScope& mpi) {
-  worker::RankPlace place;
-  place.rank = mpi.rank();
-  place.size = mpi.size();
-  place.local_rank = mpi.localRank();
-  place.local_size = mpi.localSize();
-  place.host_count = mpi.hostCount();
-  place.host = mpi.host();
-  place.from_rank0 = [&mpi](const std::function<std::string()>& fn) { return mpi.fromRank0(fn); };
-  return place;
-}
-
-/// The set-up, agreed over MPI in two steps (every rank exits with the same code,
-/// the lowest failing rank says why): config, device and outputs, then the data,
-/// which every rank reaches together so that rank 0's listing can be broadcast.
-int prepare(const worker::RunRequest& req, const worker::RankPlace& place, MpiScope& mpi,
-            worker::RunSetup& setup) {
-  const int code = mpi.agree([&] { setup = worker::prepareRun(req, place); });
-  if (code != 0) return code;
-  return mpi.agree([&] { worker::prepareData(req, place, setup); });
-}
-
-/// `train` and `search`: the local set-up agreed over MPI (every rank exits
-/// with the same code, the lowest failing rank says why), then the run; a
-/// failure during it ends the whole job with one message from the failing rank.
+/// `train` and `search` (launcher/job.h: the library's run too).
 int runTrain(const CliOptions& cli, MpiScope& mpi, const worker::FaultPlan& faults,
              double loaded_s, double mpi_ready_s) {
-  // From the start, so that a signal during set-up or the batch search is not
-  // fatal: the search stops after the current candidate, training after the
-  // current step (rank 0 still writes the report and the model).
-  installStopHandlers();
   auto req = requestFrom(cli);
   req.faults = faults;
   req.load_s = loaded_s;
   req.mpi_init_s = mpi_ready_s - loaded_s;
-  const worker::RankPlace place = placeOf(mpi);
-  worker::RunSetup setup;
-  const double setup_started = secondsSinceProcessStart();
-  if (const int code = prepare(req, place, mpi, setup); code != 0) return code;
-  req.setup_s = secondsSinceProcessStart() - setup_started;
-  try {
-    return worker::executeRun(req, place, setup);
-  } catch (const Error& e) {
-    // One write per message: the ranks' lines do not interleave under mpirun.
-    std::cerr << strCat(mpi.tag(), " error: ", e.what(), "\n") << std::flush;
-    abortJob(mpi, e.exitCode());
-  } catch (const std::exception& e) {
-    std::string what = e.what();
-    std::cerr << strCat(mpi.tag(), " error: ", what.substr(0, what.find("\nException raised from")),
-                        "\n")
-              << std::flush;
-    abortJob(mpi, 1);
-  }
+  return runTrainJob(std::move(req), mpi);
 }
 
 /// `data`: the input pipeline alone on every rank, no model, no rendezvous; rank 0

@@ -18,6 +18,7 @@
 #include "tests/image_fixtures.h"
 #include "tests/scratch_dir.h"
 #include "worker/data/sources/npy.h"
+#include "worker/model/program_model.h"
 #include "worker/task/task.h"
 #include "worker/train/trainer.h"
 
@@ -134,4 +135,74 @@ TEST(ModuleLossInvariance, MeanLossRefusedOnEveryRankWhenThePlanPads) {
                      "F.mse_loss(out, target, reduction='none').mean(1)), or use "
                      "batch.last_batch: drop");
   });
+}
+
+// Note [program parts]: a program's C++ module and loss function on its own data
+// set (an ExampleSource read by index, Note [program data]) train like a
+// TorchScript module's own loss: the same global batch over (W=1, a=P) ... (W=P,
+// a=1) real ranks, a padded last batch, gives the same weights; the metric the
+// loss function names reaches the task. Every split starts from the module's
+// state as handed over, though the same module object trained the split before.
+namespace {
+
+/// The arrays of writeArrays(), read an example at a time as a program's data set would.
+class ArraysSource final : public ExampleSource {
+ public:
+  ArraysSource(at::Tensor x, at::Tensor y) : x_(std::move(x)), y_(std::move(y)) {}
+  int64_t size() const override { return x_.size(0); }
+  std::pair<at::Tensor, at::Tensor> get(const std::vector<int64_t>& indices) const override {
+    std::vector<at::Tensor> xs, ys;
+    for (const int64_t i : indices) {
+      xs.push_back(x_[i]);
+      ys.push_back(y_[i]);
+    }
+    return {at::stack(xs), at::stack(ys)};
+  }
+
+ private:
+  at::Tensor x_, y_;
+};
+
+}  // namespace
+
+TEST(ProgramInvariance, AProgramsModuleLossAndDataTrainAlikeOnEverySplit) {
+  const int P = mpitest::worldSize();
+  const int64_t G = 16 * P;
+  auto gen = at::detail::createCPUGenerator(17);
+  const auto x = at::rand({kSamples, 24}, gen, torch::kFloat);
+  const auto y = (x.matmul(at::randn({24, 3}, gen, torch::kFloat)) +
+                  0.01 * at::randn({kSamples, 3}, gen, torch::kFloat)).contiguous();
+  torch::manual_seed(5);
+  auto net = torch::nn::Sequential(torch::nn::Linear(24, 16), torch::nn::Tanh(), torch::nn::Linear(16, 3));
+  const auto initial = net->parameters()[0].clone();
+  auto program = std::make_shared<ProgramModule>(
+      net.ptr(), [](torch::nn::Module& m, const at::Tensor& bx, const at::Tensor& by) {
+        const auto out = dynamic_cast<torch::nn::SequentialImpl&>(m).forward(bx);
+        const auto err = out - by;
+        return ProgramLoss{err.square().mean(1), {{"mae", err.abs().mean()}}};
+      });
+  auto data = std::make_shared<ProgramData>();
+  data->train.source = std::make_shared<ArraysSource>(x, y);
+  auto cfg = parseConfig("model: {name: program}\ndata: {name: program, val_fraction: 0.1}\n"
+                         "batch: {global: " + std::to_string(G) + ", per_gpu: 16, last_batch: pad}\n"
+                         "optim: {name: sgd, lr: 0.1, base_batch: " + std::to_string(G) +
+                             ", momentum: 0.9, warmup_steps: 2}\n"
+                         "train: {epochs: 3, seed: 3}\n",
+                         "program.yaml");
+  cfg.model.program = program;
+  cfg.data.program = data;
+  const auto load = [](const Config& c) {
+    DataContext ctx;
+    ctx.module_targets = trainsModuleLoss(c);
+    return loadData(c.data, c.train.seed, "", ctx);
+  };
+  const auto split = load(cfg);
+  ASSERT_NE(split.train.size() % G, 0) << split.train.size() << " training samples, G " << G;
+  const auto weights = testsupport::weightsForEverySplit(cfg, 30, "gloo", load, [&](Trainer& trainer) {
+    EXPECT_EQ(trainer.task().kind(), TaskKind::kModuleLoss);
+    EXPECT_EQ(trainer.task().metrics({0.0, 0.0}, 1.0).at(1).name, "mae");
+  });
+  // The module trained: its weights moved from those handed over.
+  EXPECT_GT((net->parameters()[0] - initial).abs().max().item<double>(), 1e-3);
+  if (mpitest::worldRank() == 0) expectSameForEverySplit(weights, "program module sgd/pad");
 }

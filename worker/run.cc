@@ -492,9 +492,33 @@ std::optional<CheckpointCheck> prepareResume(const RunRequest& req, RunSetup& s,
 
 }  // namespace
 
+namespace {
+
+/// Note [program parts]: the program's module and data into the config; a config
+/// naming model.name or data.name: program without them is refused.
+void attachProgram(const RunRequest& req, Config& cfg) {
+  if (cfg.model.name == ModelName::kProgram) {
+    if (!req.program_module) throw ConfigError(programOnlyMessage("model.name"));
+    cfg.model.program = req.program_module;
+  }
+  if (cfg.data.name == DataName::kProgram) {
+    if (!req.program_data) throw ConfigError(programOnlyMessage("data.name"));
+    cfg.data.program = req.program_data;
+  }
+}
+
+}  // namespace
+
+Config loadRunConfig(const RunRequest& req) {
+  auto cfg = req.config_path.empty() ? parseConfig("{}", "the program's settings", req.sets)
+                                     : loadConfig(req.config_path, req.sets);
+  attachProgram(req, cfg);
+  return cfg;
+}
+
 RunSetup prepareRun(const RunRequest& req, const RankPlace& place) {
   RunSetup s;
-  s.cfg = loadConfig(req.config_path, req.sets);
+  s.cfg = loadRunConfig(req);
   if (place.rank == 0) {
     // Before anything long: a run whose results cannot be saved is not started.
     checkWritableDirectory(req.output, "the results (--output)");
@@ -831,7 +855,7 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
 }
 
 std::string planOutput(const RunRequest& req, int world, bool json) {
-  const auto cfg = loadConfig(req.config_path, req.sets);
+  const auto cfg = loadRunConfig(req);
   DataContext ctx;
   ctx.module_targets = trainsModuleLoss(cfg);  // Note [module loss]
   const auto info = describeData(cfg.data, cfg.train.seed, cfg.base_dir, ctx);

@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -36,7 +37,7 @@ struct RankPlace {
 
 /// What the user asked for.
 struct RunRequest {
-  std::string config_path;
+  std::string config_path;        ///< "": the config is `sets` alone (a program's settings)
   std::vector<std::string> sets;  ///< --set key.path=value
   std::string output = "batchdist-out";
   std::string report;             ///< --report PATH (a copy of report.json), or empty
@@ -55,6 +56,10 @@ struct RunRequest {
   /// The faults the tests inject (Note [fault plan]): parsed once by the
   /// launcher, empty in production.
   FaultPlan faults;
+  /// Note [program parts] (worker/model/program_model.h): a program's module and
+  /// loss function (model.name: program) and its data set (data.name: program).
+  std::shared_ptr<ProgramModule> program_module;
+  std::shared_ptr<const ProgramData> program_data;
 };
 
 /// The local, deterministic part of the set-up: every rank does it alone and
@@ -73,6 +78,10 @@ struct RunSetup {
   std::string checkpoint_dir;  ///< checkpoint.dir, or OUTPUT/checkpoints
   HostBlas blas;               ///< CPU ranks: Note [host blas]
 };
+
+/// The request's config: its file (or, without one, its sets alone) with the
+/// program's parts attached (Note [program parts]). Throws ConfigError.
+Config loadRunConfig(const RunRequest& req);
 
 /// Loads the config, picks the device, and checks that rank 0 can write every
 /// output before anything long starts. Throws Error (ConfigError: bad input, exit 2).

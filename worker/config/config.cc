@@ -34,7 +34,9 @@ const std::vector<std::string>& Config::perRankKeys() {
 std::optional<KeyProblem> languageModelMismatch(const Config& cfg) {
   const bool tokens = cfg.data.name == DataName::kTokens;
   const bool gpt = cfg.model.name == ModelName::kGpt;
-  const bool script = cfg.model.name == ModelName::kTorchscript;
+  // A module with its own loss: a TorchScript file's, or a program's (Note [program parts]).
+  const bool script = cfg.model.name == ModelName::kTorchscript ||
+                      cfg.model.name == ModelName::kProgram;
   const TaskKind task = cfg.task.name;
   const char* const token_data = "data.name: tokens (a .bin or .npy of token ids: docs/data.md)";
   if (task == TaskKind::kLanguageModel && !tokens) {
@@ -1024,8 +1026,15 @@ void checkUnknownKeys(const Context& ctx, const YAML::Node& root) {
 
 }  // namespace
 
+std::string programOnlyMessage(const char* key) {
+  return strCat(key, ": program names the ", std::string(key) == "data.name" ? "data set" : "module",
+                " that a program hands to batchdist's library (batchdist::Job::train: "
+                "docs/library.md); the batchdist command cannot take one");
+}
+
 std::string recomputeUnsupported(const ModelConfig& c) {
   if (c.name == ModelName::kTorchscript) return "a TorchScript module has no blocks batchdist can wrap";
+  if (c.name == ModelName::kProgram) return "batchdist does not know the blocks of a program's module";
   if (c.name == ModelName::kCnn) return "its convolutions are not grouped into blocks to recompute";
   return "";
 }

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -14,6 +15,9 @@
 
 namespace batchdist::worker {
 
+class ProgramModule;  // worker/model/program_model.h
+struct ProgramData;   // worker/data/data.h
+
 // Closed sets: parsed once at load (Section::choice), compared as enums
 // everywhere else, and named by toString() in messages and reports.
 enum class LastBatch { kDrop, kPad, kKeep };
@@ -22,11 +26,11 @@ enum class AdaptGain { kAdascale, kLinear };
 enum class LrScaling { kLinear, kSqrt, kNone };
 enum class Schedule { kConstant, kStep, kCosine };
 enum class TaskKind { kAuto, kClassification, kRegression, kLanguageModel, kModuleLoss };
-enum class ModelName { kMlp, kCnn, kResnet18, kResnet50, kTorchscript, kGpt };
+enum class ModelName { kMlp, kCnn, kResnet18, kResnet50, kTorchscript, kGpt, kProgram };
 enum class ResnetStem { kCifar, kImagenet };
 enum class Recompute { kOff, kOn, kAuto };  ///< Note [activation recompute] (worker/model/recompute.h); auto: Note [lever search]
 enum class DataName { kDigits, kCsv, kSynthetic, kSyntheticImages, kCifar10, kCifar100, kMnist,
-                      kImageFolder, kWebdataset, kNpy, kTokens };
+                      kImageFolder, kWebdataset, kNpy, kTokens, kProgram };
 enum class OnError { kSkip, kFail };
 enum class DataCache { kNone, kRam };
 enum class OptimName { kSgd, kAdamw, kLars };
@@ -62,7 +66,8 @@ BATCHDIST_ENUM_NAMES(TaskKind, {TaskKind::kAuto, "auto"},
                      {TaskKind::kModuleLoss, "module_loss"});
 BATCHDIST_ENUM_NAMES(ModelName, {ModelName::kMlp, "mlp"}, {ModelName::kCnn, "cnn"},
                      {ModelName::kResnet18, "resnet18"}, {ModelName::kResnet50, "resnet50"},
-                     {ModelName::kTorchscript, "torchscript"}, {ModelName::kGpt, "gpt"});
+                     {ModelName::kTorchscript, "torchscript"}, {ModelName::kGpt, "gpt"},
+                     {ModelName::kProgram, "program"});
 BATCHDIST_ENUM_NAMES(ResnetStem, {ResnetStem::kCifar, "cifar"}, {ResnetStem::kImagenet, "imagenet"});
 BATCHDIST_ENUM_NAMES(Recompute, {Recompute::kOff, "off"}, {Recompute::kOn, "on"},
                      {Recompute::kAuto, "auto"});
@@ -72,7 +77,7 @@ BATCHDIST_ENUM_NAMES(DataName, {DataName::kDigits, "digits"}, {DataName::kCsv, "
                      {DataName::kCifar10, "cifar10"}, {DataName::kCifar100, "cifar100"},
                      {DataName::kMnist, "mnist"}, {DataName::kImageFolder, "image_folder"},
                      {DataName::kWebdataset, "webdataset"}, {DataName::kNpy, "npy"},
-                     {DataName::kTokens, "tokens"});
+                     {DataName::kTokens, "tokens"}, {DataName::kProgram, "program"});
 BATCHDIST_ENUM_NAMES(OnError, {OnError::kSkip, "skip"}, {OnError::kFail, "fail"});
 BATCHDIST_ENUM_NAMES(DataCache, {DataCache::kNone, "none"}, {DataCache::kRam, "ram"});
 BATCHDIST_ENUM_NAMES(OptimName, {OptimName::kSgd, "sgd"}, {OptimName::kAdamw, "adamw"},
@@ -137,6 +142,9 @@ struct ModelConfig {
   int64_t embed = 64;                        ///< embedding width
   int64_t vocab = 256;                       ///< token ids 0 .. vocab-1 (256: bytes)
   int64_t seq_len = 64;                      ///< the longest sequence (learned positions)
+  /// model.name: program: the module and loss function a program handed over
+  /// (Note [program parts] in worker/model/program_model.h).
+  std::shared_ptr<ProgramModule> program;
 };
 
 struct DataConfig {
@@ -173,6 +181,9 @@ struct DataConfig {
   // and model.vocab, copied here by parseConfig (a window is seq_len + 1 tokens).
   int64_t seq_len = 64;
   int64_t vocab = 256;
+  /// data.name: program: the data set a program handed over (Note [program
+  /// parts] in worker/model/program_model.h).
+  std::shared_ptr<const ProgramData> program;
   /// True for sources decoded per sample by the loader (image_folder, webdataset).
   bool decoded() const { return name == DataName::kImageFolder || name == DataName::kWebdataset; }
 };
@@ -319,6 +330,9 @@ struct Levers {
   bool operator==(const Levers& o) const { return shard == o.shard && recompute == o.recompute; }
   bool operator!=(const Levers& o) const { return !(*this == o); }
 };
+/// The message for `key` (model.name or data.name): program without a program
+/// behind it (Note [program parts] in worker/model/program_model.h).
+std::string programOnlyMessage(const char* key);
 /// Why model.recompute cannot be on for `c` (cnn, TorchScript), or "" (Note [activation recompute]).
 std::string recomputeUnsupported(const ModelConfig& c);
 /// "plain", "shard optimizer", "recompute", "shard optimizer + recompute".

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <numeric>
 #include <sstream>
+#include <tuple>
 
 #include "common/error.h"
 #include "worker/data/labels.h"
@@ -179,6 +180,13 @@ Dataset parseCsv(const std::string& text, const std::string& source, int64_t cla
 Dataset subset(const Dataset& d, const std::vector<int64_t>& rows) {
   auto idx = at::tensor(rows, at::kLong);
   Dataset out;
+  out.as_given = d.as_given;
+  if (d.examples) {  // Note [program data]: read through rows
+    out.examples = d.examples;
+    out.rows = d.rows.defined() ? d.rows.index_select(0, idx) : idx;
+    out.sample_shape = d.sample_shape;
+    return out;
+  }
   // Token windows (Note [tokens]): the target is a view of the file too.
   out.target = d.tokens ? d.target : d.target.index_select(0, idx).contiguous();
   out.tokens = d.tokens;
@@ -213,12 +221,21 @@ at::Tensor tokenIds(const at::Tensor& raw) {
 
 }  // namespace
 
+namespace {
+std::vector<int64_t> indexList(const at::Tensor& idx) {
+  const auto t = idx.to(at::kCPU, at::kLong).contiguous();
+  return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+}
+}  // namespace
+
 at::Tensor Dataset::gather(const at::Tensor& idx) const {
   return x.index_select(0, rowsOf(*this, idx));
 }
 
 at::Tensor Dataset::inputs(const at::Tensor& idx) const {
   if (tokens) return tokens->ids(x, rowsOf(*this, idx));
+  if (examples) return batch(indexList(idx)).first;
+  if (as_given) return gather(idx);
   auto b = gather(idx).to(at::kFloat);
   if (x_scale != 1.0) b.mul_(x_scale);
   return b;
@@ -226,7 +243,45 @@ at::Tensor Dataset::inputs(const at::Tensor& idx) const {
 
 at::Tensor Dataset::targets(const at::Tensor& idx) const {
   if (tokens) return tokens->ids(target, rowsOf(*this, idx));
+  if (examples) return batch(indexList(idx)).second;
   return target.index_select(0, idx);
+}
+
+std::pair<at::Tensor, at::Tensor> Dataset::batch(const std::vector<int64_t>& idx) const {
+  if (!examples) {
+    const auto t = at::tensor(idx, at::kLong);
+    return {inputs(t), targets(t)};
+  }
+  at::Tensor bx, bt;
+  std::vector<int64_t> rows_of = idx;
+  if (rows.defined()) {
+    const auto* r = rows.data_ptr<int64_t>();
+    for (auto& i : rows_of) i = r[i];
+  }
+  try {
+    std::tie(bx, bt) = examples->get(rows_of);
+  } catch (const c10::OutOfMemoryError&) {
+    throw;
+  } catch (const std::bad_alloc&) {
+    throw;
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    const auto* c = dynamic_cast<const c10::Error*>(&e);
+    throw TrainingError(strCat("data.name: program: the data set's get() failed on ", idx.size(),
+                               " indices from ", rows_of.empty() ? 0 : rows_of.front(), ": ",
+                               c ? c->what_without_backtrace() : e.what()));
+  }
+  const auto n = static_cast<int64_t>(idx.size());
+  if (!bx.defined() || !bt.defined() || bx.dim() == 0 || bt.dim() == 0 || bx.size(0) != n ||
+      bt.size(0) != n) {
+    throw TrainingError(strCat(
+        "data.name: program: the data set's get() of ", n, " indices returned x of shape ",
+        bx.defined() ? shapeText(bx.sizes().vec()) : std::string("(undefined)"), " and target of shape ",
+        bt.defined() ? shapeText(bt.sizes().vec()) : std::string("(undefined)"),
+        "; return both stacked, [", n, ", ...]"));
+  }
+  return {bx, bt};
 }
 
 at::Tensor TokenSource::ids(const at::Tensor& view, const at::Tensor& rows) const {
@@ -944,6 +999,53 @@ DataSplit loadNpy(const DataConfig& cfg, int64_t seed, const std::string& base_d
 }
 }  // namespace
 
+namespace {
+
+/// Note [program data]: one part of the program's data set as a Dataset.
+Dataset programPart(const ProgramData::Part& part, const char* which) {
+  Dataset d;
+  d.as_given = true;
+  if (part.source) {
+    d.examples = part.source;
+    if (d.size() > 0) d.sample_shape = d.batch({0}).first.sizes().slice(1).vec();
+  } else {
+    if (!part.target.defined() || part.x.dim() == 0 || part.target.dim() == 0 ||
+        part.x.size(0) != part.target.size(0)) {
+      throw ConfigError(strCat(
+          "data.name: program: the ", which, " tensors hold x of shape ", shapeText(part.x.sizes().vec()),
+          " and target of shape ",
+          part.target.defined() ? shapeText(part.target.sizes().vec()) : std::string("(undefined)"),
+          "; both need the samples first, as many of each"));
+    }
+    d.x = part.x.contiguous();
+    d.target = part.target.contiguous();
+    d.sample_shape = d.x.sizes().slice(1).vec();
+  }
+  return d;
+}
+
+/// data.name: program: the given training and validation sets, or (no
+/// validation set) the training set in `all`, to be split like any source's.
+DataSplit loadProgramData(const DataConfig& cfg, Dataset* all) {
+  if (!cfg.program || !cfg.program->train.given()) throw ConfigError(programOnlyMessage("data.name"));
+  DataSplit split;
+  split.origin = "the program's data set";
+  Dataset train = programPart(cfg.program->train, "training");
+  if (!cfg.program->val.given()) {  // held out by data.val_fraction, as for every source
+    *all = std::move(train);
+    return split;
+  }
+  split.train = std::move(train);
+  split.val = programPart(cfg.program->val, "validation");
+  if (split.train.size() < 2) {
+    throw ConfigError(strCat("data.name: program: the training set holds ", split.train.size(),
+                             " samples; training needs at least 2"));
+  }
+  return split;
+}
+
+}  // namespace
+
 DataSplit loadData(const DataConfig& cfg, int64_t seed, const std::string& base_dir,
                    const DataContext& ctx) {
   DataSplit split;
@@ -987,9 +1089,12 @@ DataSplit loadData(const DataConfig& cfg, int64_t seed, const std::string& base_
                             cfg.classes, " classes");
       all = synthetic(cfg, seed);
       break;
+    case DataName::kProgram:
+      split = loadProgramData(cfg, &all);
+      break;
   }
   split.name = toString(cfg.name);
-  if (all.target.defined()) splitSeeded(all, cfg.val_fraction, seed, &split);
+  if (all.target.defined() || all.examples) splitSeeded(all, cfg.val_fraction, seed, &split);
   return split;
 }
 

@@ -29,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "worker/config/config.h"
@@ -48,6 +49,32 @@ struct TokenSource {
   at::Tensor ids(const at::Tensor& view, const at::Tensor& rows) const;
 };
 
+/// Note [program data]: a data set a program hands over (Note [program parts] in
+/// worker/model/program_model.h; batchdist::Dataset): its examples are read by
+/// index, a micro-batch at once (get), by the loader's threads when data.workers
+/// > 0 (then from several threads at once), else on the training thread. x and
+/// target pass to the loss function as get() returns them (any dtype and shape
+/// [n, ...]; no transform unless configured). A data set of whole tensors
+/// (batchdist::TensorDataset) is held as one: gathered like any in-memory set.
+class ExampleSource {
+ public:
+  virtual ~ExampleSource() = default;
+  virtual int64_t size() const = 0;
+  /// The examples `indices`, stacked: x [n, ...] and target [n, ...]. Throws.
+  virtual std::pair<at::Tensor, at::Tensor> get(const std::vector<int64_t>& indices) const = 0;
+};
+
+/// data.name: program: the program's training and (optional) validation sets,
+/// each either an ExampleSource or whole tensors (x, target).
+struct ProgramData {
+  struct Part {
+    std::shared_ptr<const ExampleSource> source;
+    at::Tensor x, target;  ///< whole tensors instead of a source
+    bool given() const { return source != nullptr || x.defined(); }
+  };
+  Part train, val;
+};
+
 struct Dataset {
   at::Tensor x;                       ///< [N', sample_shape...], float32/16 or uint8; undefined for a Source
   at::Tensor target;                  ///< [N] int64 class labels (classification), [N] or [N, k] float (regression); tokens: [N, T] windows; a module's own loss: npy's [N, ...] as they are
@@ -61,9 +88,17 @@ struct Dataset {
   std::shared_ptr<const Source> source = nullptr;
   /// Note [tokens]: x and target are windows of this file (both selected through `rows`).
   std::shared_ptr<const TokenSource> tokens = nullptr;
+  /// Note [program data]: a program's examples, read by index (x and target undefined).
+  std::shared_ptr<const ExampleSource> examples = nullptr;
+  /// Note [program data]: x passes as it is (no float conversion, no scaling).
+  bool as_given = false;
   int64_t size() const {
-    return rows.defined() ? rows.size(0) : target.defined() ? target.size(0) : 0;
+    return rows.defined() ? rows.size(0) : target.defined() ? target.size(0)
+                                         : examples ? examples->size() : 0;
   }
+  /// x and targets of the samples `idx` at once: a program's examples read once
+  /// (Note [program data]), else inputs(idx) and targets(idx). Not for a Source.
+  std::pair<at::Tensor, at::Tensor> batch(const std::vector<int64_t>& idx) const;
   /// x of the samples `idx` (int64), gathered through `rows`; not for a Source.
   at::Tensor gather(const at::Tensor& idx) const;
   /// The samples `idx` (int64) as the model takes them: gathered, float, times

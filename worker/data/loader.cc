@@ -4,6 +4,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <chrono>
+#include <tuple>
 
 #include "common/error.h"
 #include "worker/common/util.h"
@@ -159,7 +160,9 @@ int64_t Loader::partsOf(const MicroBatch& job) const {
 Batch Loader::allocate(const MicroBatch& job) const {
   Batch b;
   const auto idx = at::tensor(job.indices, at::kLong);
-  b.target = data_.targets(idx);  // token windows: int64 ids, checked (Note [tokens])
+  // Token windows: int64 ids, checked (Note [tokens]). A program's examples are
+  // read in fill(), off the lock (Note [program data]).
+  if (!data_.examples) b.target = data_.targets(idx);
   b.w = at::tensor(job.weights, at::kFloat);
   if (data_.source) {
     const int64_t n = static_cast<int64_t>(job.indices.size());
@@ -185,6 +188,10 @@ bool Loader::floatImages() const {
 }
 
 void Loader::fill(const MicroBatch& job, int64_t part, int64_t index, int64_t epoch, Batch* b) {
+  if (data_.examples) {
+    std::tie(b->x, b->target) = data_.batch(job.indices);
+    return;
+  }
   if (!data_.source) {
     b->x = data_.inputs(at::tensor(job.indices, at::kLong));  // float, or token ids
     return;

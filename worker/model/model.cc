@@ -15,6 +15,7 @@
 #include "worker/config/config.h"
 #include "worker/model/gpt.h"
 #include "worker/model/nn_module_model.h"
+#include "worker/model/program_model.h"
 #include "worker/model/recompute.h"
 
 namespace batchdist::worker {
@@ -602,6 +603,7 @@ std::unique_ptr<Model> buildModel(const ModelConfig& cfg, const std::vector<int6
                           : std::shared_ptr<SyncBatchNorm>();
   SyncBatchNorm* sync = shared.get();
   checkRecomputeSupported(cfg);
+  if (cfg.name == ModelName::kProgram) return buildProgramModel(cfg.program);
   if (cfg.name == ModelName::kTorchscript) {
     const auto path = resolvePath(cfg.path, base_dir);
     auto model = std::make_unique<ScriptModel>(loadScript(path), path);
@@ -696,11 +698,16 @@ ScriptFacts scriptFacts(const std::string& path) {
 }  // namespace
 
 bool modelTakesTarget(const ModelConfig& cfg, const std::string& base_dir) {
+  if (cfg.name == ModelName::kProgram) return true;  // Note [program parts]
   return cfg.name == ModelName::kTorchscript &&
          scriptFacts(resolvePath(cfg.path, base_dir)).takes_target;
 }
 
 bool modelHasBatchNorm(const ModelConfig& cfg, const std::string& base_dir) {
+  if (cfg.name == ModelName::kProgram) {
+    if (!cfg.program) throw ConfigError(programOnlyMessage("model.name"));
+    return programHasBatchNorm(*cfg.program);
+  }
   if (cfg.name == ModelName::kTorchscript) {
     return scriptFacts(resolvePath(cfg.path, base_dir)).has_batchnorm;
   }

@@ -10,6 +10,7 @@
 #include "collective/torch_compat.h"
 #include "worker/common/console.h"
 #include "worker/common/files.h"
+#include "worker/model/program_model.h"
 #include "worker/search/levers.h"
 #include "worker/search/output.h"
 
@@ -94,6 +95,8 @@ std::string searchCacheKey(const Config& cfg, const SearchCacheInputs& in) {
   key["torch"] = compat::torchVersion();
   // dist.shard changes what fits (Note [sharded optimizer]); unsharded keys as before.
   if (cfg.dist.shard != Shard::kNone) key["shard"] = toString(cfg.dist.shard);
+  // Note [program parts]: a program's module is known by its type and shapes.
+  if (cfg.model.program) key["module"] = cfg.model.program->signature();
   // The walk's rules: 2 caps the per-GPU batch under batch.global: auto at
   // batch.adapt_min_steps steps an epoch (a cache from before may hold a larger pick).
   key["rules"] = 2;

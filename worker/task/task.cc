@@ -267,7 +267,9 @@ class ModuleLoss final : public Task {
   ModuleOutput unpack(const c10::IValue& v, int64_t n) const;
   at::Tensor checkedLoss(const c10::IValue& loss, int64_t n) const;
   ConfigError refused(const std::string& what) const {
-    return ConfigError(strCat("model.path: ", module_, ": forward(x, target) ", what));
+    // Note [program parts]: a program's module has no file; its loss function speaks.
+    return ConfigError(module_.empty() ? strCat("the loss function ", what)
+                                       : strCat("model.path: ", module_, ": forward(x, target) ", what));
   }
   ConfigError meanRefused() const {
     return refused("returned the batch's mean loss (a 0-d tensor), which cannot leave out the "
@@ -276,7 +278,7 @@ class ModuleLoss final : public Task {
                    "reduction='none').mean(1)), or use batch.last_batch: drop");
   }
 
-  std::string module_;              ///< the TorchScript file
+  std::string module_;              ///< the TorchScript file ("": a program's module)
   std::vector<std::string> names_;  ///< its metrics, learned by probe()
 };
 
@@ -363,11 +365,21 @@ void ModuleLoss::probe(Model& model, const Dataset& train, const std::vector<int
   std::vector<int64_t> in{n};
   in.insert(in.end(), input_shape.begin(), input_shape.end());
   // Inputs of zeros (token ids 0 for token windows), as buildModel tries a model;
-  // the targets are real: their dtype and shape are the data's.
-  const auto x = at::zeros(in, at::TensorOptions()
-                                   .dtype(train.tokens ? at::kLong : at::kFloat)
-                                   .device(autocast.device));
-  const auto target = train.targets(at::arange(n, at::kLong)).to(autocast.device);
+  // the targets are real: their dtype and shape are the data's. A program's data
+  // (Note [program data]) is tried as it is: its inputs are of any dtype.
+  at::Tensor x, target;
+  if (train.as_given) {
+    std::vector<int64_t> first(static_cast<std::size_t>(n));
+    for (int64_t i = 0; i < n; ++i) first[static_cast<std::size_t>(i)] = i;
+    auto [bx, bt] = train.batch(first);
+    x = bx.to(autocast.device);
+    target = bt.to(autocast.device);
+  } else {
+    x = at::zeros(in, at::TensorOptions()
+                          .dtype(train.tokens ? at::kLong : at::kFloat)
+                          .device(autocast.device));
+    target = train.targets(at::arange(n, at::kLong)).to(autocast.device);
+  }
   ModuleOutput out;
   try {
     torch::NoGradGuard no_grad;
@@ -375,8 +387,9 @@ void ModuleLoss::probe(Model& model, const Dataset& train, const std::vector<int
     out = run(model, x, target, autocast);
     model.train(true);
   } catch (const TrainingError& e) {
-    throw ConfigError(strCat(e.what(), " (a sample batch: inputs of zeros, the first training "
-                             "targets)"));
+    throw ConfigError(strCat(e.what(), train.as_given ? " (the first training samples)"
+                                                     : " (a sample batch: inputs of zeros, the "
+                                                       "first training targets)"));
   }
   names_.clear();
   for (const auto& [name, value] : out.metrics) names_.push_back(name);
@@ -419,12 +432,32 @@ TaskChoice languageModelChoice(const Config& cfg) {
   return c;
 }
 
+/// Note [program parts]: a program's module trains with its loss function:
+/// module_loss, whatever the data.
+TaskChoice programLossChoice(const Config& cfg) {
+  if (cfg.task.name != TaskKind::kAuto && cfg.task.name != TaskKind::kModuleLoss) {
+    throw keyError(cfg.source, "task.name",
+                   strCat(toString(cfg.task.name), ", but the program's module trains with the loss "
+                          "function it was handed over with; leave task.name out (or module_loss)"));
+  }
+  if (cfg.model.outputs > 0) {
+    throw keyError(cfg.source, "model.outputs",
+                   strCat(cfg.model.outputs, ", but the program's module returns its own loss: "
+                          "there is no head to size; leave model.outputs out"));
+  }
+  TaskChoice c;
+  c.kind = TaskKind::kModuleLoss;
+  c.why = "the program's module and loss function";
+  return c;
+}
+
 /// Note [task choice] for a TorchScript model (or task.name: module_loss):
 /// module_loss when its forward takes the target; none (the other rules decide)
 /// when it takes one input.
 std::optional<TaskChoice> moduleLossChoice(const Config& cfg) {
   const bool script = cfg.model.name == ModelName::kTorchscript;
   const TaskKind task = cfg.task.name;
+  if (cfg.model.name == ModelName::kProgram) return programLossChoice(cfg);
   const auto& path = cfg.model.path;
   if (!script || !modelTakesTarget(cfg.model, cfg.base_dir)) {
     if (task == TaskKind::kModuleLoss) {
@@ -465,6 +498,7 @@ std::optional<TaskChoice> moduleLossChoice(const Config& cfg) {
 }  // namespace
 
 bool trainsModuleLoss(const Config& cfg) {
+  if (cfg.model.name == ModelName::kProgram) return true;  // Note [program parts]
   return cfg.model.name == ModelName::kTorchscript &&
          (cfg.task.name == TaskKind::kAuto || cfg.task.name == TaskKind::kModuleLoss) &&
          modelTakesTarget(cfg.model, cfg.base_dir);
@@ -484,7 +518,8 @@ bool trainsModuleLoss(const Config& cfg) {
 // model.vocab; a module with its own loss has none (model.outputs refused).
 TaskChoice chooseTask(const Config& cfg, const DataSplit& data) {
   if (const auto p = languageModelMismatch(cfg)) throw keyError(cfg.source, p->key, p->what);
-  if (cfg.model.name == ModelName::kTorchscript || cfg.task.name == TaskKind::kModuleLoss) {
+  if (cfg.model.name == ModelName::kTorchscript || cfg.model.name == ModelName::kProgram ||
+      cfg.task.name == TaskKind::kModuleLoss) {
     if (auto c = moduleLossChoice(cfg)) return *c;
   }
   if (cfg.data.name == DataName::kTokens) return languageModelChoice(cfg);

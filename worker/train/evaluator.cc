@@ -50,14 +50,20 @@ EvalResult Evaluator::evaluate(int64_t per_gpu) {
     if (loader_) loader_->start(chunks, 0);
     for (int64_t b = begin; b < end; b += chunk) {
       const int64_t e = std::min(end, b + chunk);
-      torch::Tensor x;
+      torch::Tensor x, target;
       if (loader_) {
         x = loader_->next().x;  // decoded, normalised, on the device
+        target = val_.targets(torch::arange(b, e, torch::kLong));
       } else {
-        x = transform_.apply(val_.inputs(torch::arange(b, e, torch::kLong)).to(device_), 0);
+        // Token windows: int64 ids of the file's views (Note [tokens]); a
+        // program's examples read once (Note [program data]).
+        std::vector<int64_t> idx(static_cast<std::size_t>(e - b));
+        for (int64_t i = b; i < e; ++i) idx[static_cast<std::size_t>(i - b)] = i;
+        auto [bx, bt] = val_.batch(idx);
+        x = transform_.apply(bx.to(device_), 0);
+        target = bt;
       }
-      // Token windows: int64 ids of the file's views (Note [tokens]).
-      const auto target = val_.targets(torch::arange(b, e, torch::kLong)).to(device_);
+      target = target.to(device_);
       task_.forwardEvalSums(model_, x, target, {device_, precision_}, sums);  // Note [task]
       sums.back() += static_cast<double>(e - b);
     }

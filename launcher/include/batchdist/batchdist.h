@@ -1,0 +1,208 @@
+#pragma once
+// batchdist as a C++ library: the launcher's whole run (rendezvous, the
+// coordinated batch search, equal shards, lr scaling, overlapped gradient sync,
+// out-of-memory back-off, checkpoints and resume on any world size, reports) for a
+// program's own torch::nn::Module, loss function and data. docs/library.md.
+//
+//   int main(int argc, char** argv) {
+//     batchdist::Job job(argc, argv);  // MPI: one process per GPU (mpirun, srun) or alone
+//     auto net = std::make_shared<Net>();
+//     auto data = std::make_shared<batchdist::TensorDataset>(x, y);
+//     return job.train(net, [](Net& m, const torch::Tensor& x, const torch::Tensor& y) {
+//       return batchdist::Loss(torch::nn::functional::cross_entropy(m.forward(x), y,
+//           torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone)));
+//     }, data, nullptr, batchdist::Settings().set("batch.global", 256));
+//   }
+//
+// Stability: none before 1.0. These declarations may change in any 0.x release
+// (the changelog in docs/library.md says how); the settings' keys follow
+// docs/config.md. Everything outside this directory is private.
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+/// What libbatchdist.so exports: these declarations only (Note [library] in
+/// launcher/CMakeLists.txt).
+#define BATCHDIST_API __attribute__((visibility("default")))
+
+namespace batchdist {
+
+/// The keys of a batchdist config (docs/config.md), given in code: each set()
+/// is the command line's --set key=value, and its messages name it so. Without
+/// a file the config is these keys over the defaults.
+class BATCHDIST_API Settings {
+ public:
+  Settings() = default;
+  /// A YAML config file to start from (relative paths in it resolve against its
+  /// directory); set() overrides its keys.
+  static Settings fromFile(std::string path);
+  /// `key` ("batch.global", "optim.lr", "data.name") set to `value`, read as YAML
+  /// ("256", "auto", "[3, 32, 32]", "adamw").
+  Settings& set(const std::string& key, const std::string& value);
+  Settings& set(const std::string& key, const char* value) { return set(key, std::string(value)); }
+  template <typename T, typename = std::enable_if_t<std::is_arithmetic_v<T>>>
+  Settings& set(const std::string& key, T value) {
+    if constexpr (std::is_same_v<T, bool>) {
+      return set(key, std::string(value ? "true" : "false"));
+    } else if constexpr (std::is_integral_v<T>) {
+      return set(key, std::to_string(value));
+    } else {
+      return set(key, number(static_cast<double>(value)));
+    }
+  }
+  const std::string& file() const { return file_; }
+  /// "key=value", in the order set.
+  const std::vector<std::string>& entries() const { return entries_; }
+
+ private:
+  static std::string number(double v);
+  std::string file_;
+  std::vector<std::string> entries_;
+};
+
+/// How a run starts and where it writes: the command line's options.
+struct RunOptions {
+  std::string output = "batchdist-out";  ///< --output: report.json/html, model.pt, checkpoints/
+  std::string resume;       ///< --resume: "auto" (the newest checkpoint, if any), a path, or ""
+  bool quiet = false;       ///< -q: no progress lines on rank 0
+  bool research = false;    ///< --research: ignore the search cache
+  bool search_only = false; ///< the `search` verb: search, print the plan, stop
+  std::string report;       ///< --report PATH: a copy of report.json
+};
+
+/// One example, or a batch of them stacked (x [n, ...], target [n, ...]).
+struct Example {
+  torch::Tensor x;
+  torch::Tensor target;
+};
+
+/// A program's own data set. get() is called with a micro-batch's indices, on
+/// the training thread, or on data.workers threads at once when data.workers > 0
+/// (then it must be safe to call concurrently). x and target reach the loss
+/// function as get() returns them, moved to the rank's device.
+class BATCHDIST_API Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  virtual Example get(int64_t index) const = 0;
+  /// The examples `indices`, stacked. By default get() of each, then torch::stack.
+  virtual Example get(const std::vector<int64_t>& indices) const;
+};
+
+/// Whole tensors in memory: example i is {x[i], target[i]}. Gathered a
+/// micro-batch at once, like batchdist's own in-memory sets.
+class BATCHDIST_API TensorDataset final : public Dataset {
+ public:
+  TensorDataset(torch::Tensor x, torch::Tensor target);
+  int64_t size() const override { return x_.size(0); }
+  Example get(int64_t index) const override { return {x_[index], target_[index]}; }
+  Example get(const std::vector<int64_t>& indices) const override;
+  const torch::Tensor& x() const { return x_; }
+  const torch::Tensor& target() const { return target_; }
+
+ private:
+  torch::Tensor x_, target_;
+};
+
+/// What a loss function returns for a batch of n examples: the loss, either one
+/// per example ([n], float; required where the last batch is padded, whose
+/// padding weighs 0: batch.last_batch: pad) or the batch's mean (0-d), and named
+/// metrics (each the batch's mean, 0-d), the same names every time. batchdist
+/// weighs, sums and normalises the loss over the global batch itself.
+struct Loss {
+  Loss(torch::Tensor value) : value(std::move(value)) {}  // NOLINT: a bare tensor is a Loss
+  Loss(torch::Tensor value, std::vector<std::pair<std::string, torch::Tensor>> metrics)
+      : value(std::move(value)), metrics(std::move(metrics)) {}
+  torch::Tensor value;
+  std::vector<std::pair<std::string, torch::Tensor>> metrics;
+};
+
+/// The loss of module on a batch (x, target), its forward run here.
+using LossFunction =
+    std::function<Loss(torch::nn::Module& module, const torch::Tensor& x, const torch::Tensor& target)>;
+
+/// This process's place in a data-parallel job: one process per GPU, started by
+/// mpirun or srun (or alone: a job of one). One Job per process; its calls are
+/// collective: every rank makes the same ones, in the same order.
+class BATCHDIST_API Job {
+ public:
+  /// Initialises MPI (MPI_THREAD_FUNNELED: batchdist's calls come from this
+  /// thread) and finalises it at destruction.
+  Job(int& argc, char**& argv);
+  ~Job();
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+
+  int rank() const;
+  int size() const;
+  /// The rank among those on this host (the GPU it trains on).
+  int localRank() const;
+
+  /// Trains the model and data `settings` describe: what `batchdist train` does.
+  int train(const Settings& settings, const RunOptions& options = {});
+
+  /// Trains the program's `module` with `loss` (called as loss(M&, x, target))
+  /// on `train_set`; `val_set` (may be null: then data.val_fraction of
+  /// train_set is held out, seeded) is evaluated each epoch. The module's state
+  /// as handed over is every rank's start (rank 0's is broadcast); the search's
+  /// trial steps do not reach it. After the run the module holds the trained
+  /// weights; rank 0 also writes them to OUTPUT/model.pt (torch::save) and
+  /// checkpoints, which resume into a module of the same type.
+  /// Returns the exit code the batchdist command would: 0 (done), 2 (bad
+  /// settings or data, said by the lowest failing rank), 128 + signal (a stop
+  /// asked by SIGTERM, SIGUSR1 or SIGINT, checkpointed: run again with
+  /// options.resume = "auto"). A failure during the run (a rank's error, a lost
+  /// rank) ends the whole job, as the command does, after the failing rank's
+  /// message.
+  template <typename M, typename F>
+  int train(std::shared_ptr<M> module, F loss, std::shared_ptr<const Dataset> train_set,
+            std::shared_ptr<const Dataset> val_set, const Settings& settings,
+            const RunOptions& options = {}) {
+    return run(std::move(module), wrap<M>(std::move(loss)), std::move(train_set),
+               std::move(val_set), settings, options);
+  }
+  template <typename M, typename F>
+  int train(const torch::nn::ModuleHolder<M>& module, F loss,
+            std::shared_ptr<const Dataset> train_set, std::shared_ptr<const Dataset> val_set,
+            const Settings& settings, const RunOptions& options = {}) {
+    return train(module.ptr(), std::move(loss), std::move(train_set), std::move(val_set),
+                 settings, options);
+  }
+  /// The program's module and loss on one of batchdist's data sets (data.name
+  /// in `settings`: npy, tokens, image_folder, ...; docs/data.md).
+  template <typename M, typename F>
+  int train(std::shared_ptr<M> module, F loss, const Settings& settings,
+            const RunOptions& options = {}) {
+    return run(std::move(module), wrap<M>(std::move(loss)), nullptr, nullptr, settings, options);
+  }
+  template <typename M, typename F>
+  int train(const torch::nn::ModuleHolder<M>& module, F loss, const Settings& settings,
+            const RunOptions& options = {}) {
+    return train(module.ptr(), std::move(loss), settings, options);
+  }
+
+ private:
+  template <typename M, typename F>
+  static LossFunction wrap(F loss) {
+    return [loss = std::move(loss)](torch::nn::Module& m, const torch::Tensor& x,
+                                    const torch::Tensor& target) -> Loss {
+      // dynamic: torch::nn::Module is a virtual base of Cloneable<...> modules.
+      return loss(dynamic_cast<M&>(m), x, target);
+    };
+  }
+  int run(std::shared_ptr<torch::nn::Module> module, LossFunction loss,
+          std::shared_ptr<const Dataset> train_set, std::shared_ptr<const Dataset> val_set,
+          const Settings& settings, const RunOptions& options);
+
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace batchdist
