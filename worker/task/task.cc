@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <numeric>
 #include <optional>
 #include <utility>
 
@@ -370,7 +371,7 @@ void ModuleLoss::probe(Model& model, const Dataset& train, const std::vector<int
   at::Tensor x, target;
   if (train.as_given) {
     std::vector<int64_t> first(static_cast<std::size_t>(n));
-    for (int64_t i = 0; i < n; ++i) first[static_cast<std::size_t>(i)] = i;
+    std::iota(first.begin(), first.end(), int64_t{0});
     auto [bx, bt] = train.batch(first);
     x = bx.to(autocast.device);
     target = bt.to(autocast.device);

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <numeric>
 #include <utility>
 #include <vector>
 
@@ -58,7 +59,7 @@ EvalResult Evaluator::evaluate(int64_t per_gpu) {
         // Token windows: int64 ids of the file's views (Note [tokens]); a
         // program's examples read once (Note [program data]).
         std::vector<int64_t> idx(static_cast<std::size_t>(e - b));
-        for (int64_t i = b; i < e; ++i) idx[static_cast<std::size_t>(i - b)] = i;
+        std::iota(idx.begin(), idx.end(), b);
         auto [bx, bt] = val_.batch(idx);
         x = transform_.apply(bx.to(device_), 0);
         target = bt;
