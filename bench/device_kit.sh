@@ -312,6 +312,18 @@ cmd_build() {
   log "build: $(( $(date +%s) - t )) s (-j$jobs${target:+, target $target})"
   local bin=$build/launcher/batchdist
   if ldd "$bin" | grep 'not found' >&2; then die "$bin: libraries not found (above)"; fi
+  # Note [libstdc++ first]: the link should list libstdc++.so.6 first; on the first
+  # GPU node it did not, for a reason not yet known: say so, with the link command
+  # and the toolchain (the binary's guard still runs it with libstdc++ preloaded).
+  local first
+  first=$(readelf -d "$bin" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | head -n 1)
+  log "$bin: first needed library $first"
+  if [ "$first" != libstdc++.so.6 ]; then
+    log "the link did not keep libstdc++.so.6 first (Note [libstdc++ first]); its command and toolchain:"
+    { (cd "$build" && ninja -t commands launcher/batchdist 2>/dev/null | tail -n 1) ||
+        cat "$build/launcher/CMakeFiles/batchdist.dir/link.txt"; } >&2 || true
+    { ld --version | head -n 1; c++ -v 2>&1 | tail -n 1; c++ -dumpspecs | grep -A1 '^\*link:'; } >&2 || true
+  fi
   "$bin" --version >&2 || die "$bin --version failed"
   mpirun -np 2 "$bin" --version >/dev/null || die "mpirun -np 2 $bin --version failed (the kit's Open MPI)"
   log "built in $(( $(date +%s) - t0 )) s: $bin; run it (and mpirun) after: . $dir/env.sh"

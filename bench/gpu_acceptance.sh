@@ -457,18 +457,21 @@ data_seconds=10      # how long `batchdist data` is timed
 unit_tests_cap=150   # seconds the unit-tests step may take at most
 # Under --budget-s a step runs only when its estimate fits in what is left, and is
 # stopped (exit 124) at the deadline; the summary is rewritten after every step.
-# Guesses for one node, not yet checked against a GPU run (steps.tsv has the times).
+# About 1.5-2x what one H200 took on 2026-11-30 (docs/gpu.md, "The first GPU run":
+# quickstart 4 s, resnet50-bf16 48 s at 40 steps and 30000 images, ddp 34, oom 25,
+# photos 11, pipeline 21, data-verb 12, gloo2 3); resume and adaptive not yet
+# measured (steps.tsv has each run's times).
 estimate() {
   case $1 in
-    quickstart) echo 30 ;;
-    resnet50-*) echo $(( 60 + steps + samples / 1000 )) ;;  # searches dominate
-    ddp-*) echo $(( 30 + steps / 2 )) ;;
-    oom) echo 50 ;;            # a failed step at 2x the batch, then 10 steps at half of it
+    quickstart) echo 15 ;;
+    resnet50-*) echo $(( 30 + steps / 2 + samples / 2000 )) ;;  # searches dominate
+    ddp-*) echo $(( 20 + steps / 2 )) ;;
+    oom) echo 40 ;;            # a failed step at 2x the batch, then 10 steps at half of it
     resume) echo 40 ;;         # three quickstart runs of 200 steps, one killed
     photos) echo $(( 10 + photos / 100 )) ;;
-    pipeline) echo $(( 30 + steps / 4 )) ;;
+    pipeline) echo $(( 20 + steps / 4 )) ;;
     data-verb) echo $(( 10 + data_seconds )) ;;
-    gloo2) echo 25 ;;
+    gloo2) echo 15 ;;
     unit-tests) echo 120 ;;    # ctest -j (cores), stopped after $unit_tests_cap s
     adaptive) echo 90 ;;
     *) echo 60 ;;

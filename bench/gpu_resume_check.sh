@@ -31,8 +31,9 @@ mkdir -p "$out"
 rm -rf "$out/full" "$out/cut"
 
 echo "full: $steps steps, a checkpoint every $every"
-"${mpi[@]}" "$bin" "$cfg" --output "$out/full" "${common[@]}" >"$out/full.log" 2>&1 ||
-  { tail -n 5 "$out/full.log"; fail "uninterrupted run: exit $?"; }
+code=0
+"${mpi[@]}" "$bin" "$cfg" --output "$out/full" "${common[@]}" >"$out/full.log" 2>&1 || code=$?
+[ "$code" = 0 ] || { tail -n 5 "$out/full.log"; fail "uninterrupted run: exit $code"; }
 echo "cut: killed after the checkpoint at step $k"
 code=0
 "${mpi[@]}" -x BATCHDIST_FAULT_CHECKPOINT=after_rename -x BATCHDIST_FAULT_CHECKPOINT_STEP="$k" \
@@ -43,8 +44,9 @@ grep -q 'BATCHDIST_FAULT_CHECKPOINT=after_rename: killing' "$out/cut.log" ||
 [ -d "$out/cut/checkpoints/step-$(printf %08d "$k")" ] || fail "no checkpoint at step $k"
 [ ! -f "$out/cut/report.json" ] || fail "the cut run wrote a report: it was not killed"
 echo "resumed: --resume auto"
-"${mpi[@]}" "$bin" "$cfg" --output "$out/cut" "${common[@]}" --resume auto >"$out/resumed.log" 2>&1 ||
-  { tail -n 5 "$out/resumed.log"; fail "resumed run: exit $?"; }
+code=0
+"${mpi[@]}" "$bin" "$cfg" --output "$out/cut" "${common[@]}" --resume auto >"$out/resumed.log" 2>&1 || code=$?
+[ "$code" = 0 ] || { tail -n 5 "$out/resumed.log"; fail "resumed run: exit $code"; }
 grep -aoE 'resume: .*' "$out/resumed.log" | head -n 2
 code=0
 "$diff" "$out/full/model.pt" "$out/cut/model.pt" 0 >"$out/diff.txt" 2>&1 || code=$?

@@ -65,9 +65,9 @@ check plan-world-1 0 "world 1: quickstart (nccl); resnet50-bf16 ddp-bf16; oom; r
   "${fake[@]}" "$script" --dry-run
 check plan-world-4 0 "world 4: quickstart (nccl); resnet50-bf16 ddp-bf16; resnet50-fp32 ddp-fp32; resnet50-fp16 ddp-fp16; adaptive" -- \
   "${fake[@]}" "$script" --dry-run
-check plan-estimates 0 "estimates (s): quickstart 30, resnet50-bf16 170, ddp-bf16 60, oom 50, resume 40, photos 20, pipeline 45, data-verb 20, gloo2 25, unit-tests 120, resnet50-fp32 170, ddp-fp32 60, resnet50-fp16 170, ddp-fp16 60, adaptive 90; in all 1130" -- \
+check plan-estimates 0 "estimates (s): quickstart 15, resnet50-bf16 85, ddp-bf16 50, oom 40, resume 40, photos 20, pipeline 35, data-verb 20, gloo2 15, unit-tests 120, resnet50-fp32 85, ddp-fp32 50, resnet50-fp16 85, ddp-fp16 50, adaptive 90; in all 800" -- \
   "${fake[@]}" "$script" --dry-run
-check plan-estimates-args 0 "estimates (s): quickstart 30, resnet50-bf16 110, ddp-bf16 40, oom 50, resume 40, photos 30, pipeline 35" -- \
+check plan-estimates-args 0 "estimates (s): quickstart 15, resnet50-bf16 55, ddp-bf16 30, oom 40, resume 40, photos 30, pipeline 25" -- \
   "${fake[@]}" "$script" --dry-run --steps 20 --samples 30000 --photos 2000
 check plan-without-bf16 0 "world 1: quickstart (nccl); resnet50-fp32 ddp-fp32; oom; resume; photos pipeline data-verb; gloo2; unit-tests; resnet50-fp16 ddp-fp16; adaptive" -- \
   "${fake[@]}" "$script" --dry-run --gpus 1 --precisions " fp32  fp16 "
