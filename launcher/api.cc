@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "common/error.h"
+#include "common/stdlib_guard.h"
 #include "launcher/job.h"
 #include "launcher/mpi_scope.h"
 #include "worker/common/faults.h"
@@ -117,7 +118,9 @@ struct Job::Impl {
   int faults_code = 0;       ///< 2: the environment's faults are malformed
 };
 
-Job::Job(int& argc, char**& argv) : impl_(std::make_unique<Impl>(&argc, &argv)) {
+// Note [libstdc++ first]: the guard runs before MPI starts (it may restart the program).
+Job::Job(int& argc, char**& argv)
+    : impl_((ensureSystemStdlib(), std::make_unique<Impl>(&argc, &argv))) {
   try {
     impl_->faults = worker::faultPlanFromEnvironment([](const char* n) { return std::getenv(n); });
   } catch (const Error& e) {

@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "common/error.h"
+#include "common/stdlib_guard.h"
 #include "collective/process_group.h"
 #include "collective/torch_compat.h"
 #include "launcher/cli.h"
@@ -234,6 +235,7 @@ int runMpiVerb(const CliOptions& cli, MpiScope& mpi, const EnvLookup& env, doubl
 
 int main(int argc, char** argv) {
   using namespace batchdist;
+  ensureSystemStdlib();  // Note [libstdc++ first]: before anything else runs
   // Note [phases]: loading the binary and its libraries (LibTorch) before main().
   const double loaded_s = launcher::secondsSinceProcessStart();
   launcher::CliOptions cli;

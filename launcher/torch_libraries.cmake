@@ -18,3 +18,22 @@ function(batchdist_torch_libraries out)
   endforeach()
   set(${out} "${libs}" PARENT_SCOPE)
 endfunction()
+
+# Note [libstdc++ first]: a pip LibTorch's libtorch_cpu.so carries its own copy of
+# std::filesystem (and more of libstdc++: the wheels are built with a devtoolset GCC
+# on an old base, which links what the base's libstdc++ lacks statically) and
+# exports it. The dynamic linker binds a program's calls to the first definition in
+# load order, and the linker lists libstdc++.so.6 after every library of the link
+# line: a batchdist binary's std::filesystem::remove_all ran torch's copy against
+# the compiler's headers. With torch 2.14.1 and GCC 12 that happened to work; on an
+# H200 node with torch 2.11.0 and GCC 13 every remove_all crashed (checkpoint
+# rotation, 55 unit tests). libstdc++.so.6 as the first needed library makes every
+# such call bind to the system's libstdc++, whose ABI the headers promise (torch's
+# own calls too, as in any process that loaded libstdc++ before torch). Harmless
+# where torch exports nothing of the kind (Debian's libtorch-dev).
+# batchdist_stdlib_first(TARGET SCOPE): the link option, on TARGET with SCOPE.
+function(batchdist_stdlib_first target scope)
+  if(CMAKE_SYSTEM_NAME STREQUAL "Linux")
+    target_link_options(${target} ${scope} "LINKER:--push-state,--no-as-needed,-lstdc++,--pop-state")
+  endif()
+endfunction()

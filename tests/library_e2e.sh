@@ -44,6 +44,11 @@ cmake -S "$src/examples/own_model" -B "$tmp/own_model" -DCMAKE_BUILD_TYPE=Releas
   >"$tmp/configure.log" 2>&1 || { tail -30 "$tmp/configure.log"; fail "configuring own_model"; }
 cmake --build "$tmp/own_model" >"$tmp/build.log" 2>&1 ||
   { tail -30 "$tmp/build.log"; fail "building own_model"; }
+# Note [libstdc++ first]: the package's link option, for the program and libbatchdist.so.
+for f in "$tmp/own_model/own_model" "$lib"; do
+  first=$(readelf -d "$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | head -n 1)
+  [ "$first" = libstdc++.so.6 ] || fail "the first needed library of $f is $first, not libstdc++.so.6"
+done
 
 # 3. Two ranks.
 # shellcheck disable=SC2086

@@ -11,6 +11,8 @@
 #include <map>
 #include <string>
 
+#include "common/stdlib_guard.h"
+
 namespace {
 
 std::map<std::string, at::Tensor> stateOf(const std::string& path) {
@@ -29,6 +31,7 @@ std::map<std::string, at::Tensor> stateOf(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  batchdist::ensureSystemStdlib();  // Note [libstdc++ first]
   if (argc != 4) {
     std::cerr << "usage: model_diff A.pt B.pt TOLERANCE\n";
     return 2;

@@ -5,8 +5,10 @@
 #include <mpi.h>
 
 #include "collective/mpi_comm.h"
+#include "common/stdlib_guard.h"
 
 int main(int argc, char** argv) {
+  batchdist::ensureSystemStdlib();  // Note [libstdc++ first]
   batchdist::collective::preferRingAllreduce();  // as batchdist does (Note [mpi backend])
   MPI_Init(&argc, &argv);
   ::testing::InitGoogleTest(&argc, argv);

@@ -134,7 +134,10 @@ using LossFunction =
 class BATCHDIST_API Job {
  public:
   /// Initialises MPI (MPI_THREAD_FUNNELED: batchdist's calls come from this
-  /// thread) and finalises it at destruction.
+  /// thread) and finalises it at destruction. Make it first in main(): when this
+  /// process's std::filesystem calls bind to a pip LibTorch's private copy rather
+  /// than libstdc++.so.6 (docs/library.md, "One libstdc++"), it starts the program
+  /// again, once, with libstdc++.so.6 preloaded (BATCHDIST_STDLIB_GUARD=off: never).
   Job(int& argc, char**& argv);
   ~Job();
   Job(const Job&) = delete;
