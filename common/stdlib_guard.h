@@ -58,6 +58,34 @@ inline bool isLibstdcxx(const std::string& file) {
   return file.compare(slash == std::string::npos ? 0 : slash + 1, 10, "libstdc++.") == 0;
 }
 
+/// Whether `file` is this program's own executable (one linked with a static
+/// libstdc++ provides std::filesystem itself: nothing to fix).
+inline bool isThisProgram(const std::string& file) {
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return false;
+  self[n] = '\0';
+  char* real = realpath(file.c_str(), nullptr);
+  const bool same = real != nullptr && std::strcmp(real, self) == 0;
+  std::free(real);
+  return same;
+}
+
+/// This process's arguments as the kernel holds them (argv[0] first), whatever
+/// main() was handed.
+inline std::vector<std::string> processArguments() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  const std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> args;
+  for (size_t at = 0; at < cmdline.size();) {
+    const size_t end = cmdline.find('\0', at);
+    args.push_back(cmdline.substr(at, end == std::string::npos ? std::string::npos : end - at));
+    if (end == std::string::npos) break;
+    at = end + 1;
+  }
+  return args;
+}
+
 /// The guard: returns when std::filesystem binds to libstdc++.so.6 (or nothing
 /// provides it), else re-executes the process with libstdc++.so.6 first in
 /// LD_PRELOAD. A second start that still binds elsewhere, or a failed exec, warns on
@@ -66,7 +94,7 @@ inline void ensureSystemStdlib() {
   const char* mode = std::getenv("BATCHDIST_STDLIB_GUARD");
   if (mode != nullptr && std::strcmp(mode, "off") == 0) return;
   const std::string provider = stdFilesystemProvider();
-  if (provider.empty() || isLibstdcxx(provider)) return;
+  if (provider.empty() || isLibstdcxx(provider) || isThisProgram(provider)) return;
   const std::string stdlib = loadedLibstdcxx();
   const bool again = mode != nullptr && std::strcmp(mode, "restarted") == 0;
   if (stdlib.empty() || again) {
@@ -77,15 +105,7 @@ inline void ensureSystemStdlib() {
                  stdlib.empty() ? "<libstdc++.so.6>" : stdlib.c_str());
     return;
   }
-  std::ifstream in("/proc/self/cmdline", std::ios::binary);
-  const std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<std::string> args;
-  for (size_t at = 0; at < cmdline.size();) {
-    const size_t end = cmdline.find('\0', at);
-    args.push_back(cmdline.substr(at, end == std::string::npos ? std::string::npos : end - at));
-    if (end == std::string::npos) break;
-    at = end + 1;
-  }
+  std::vector<std::string> args = processArguments();
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

@@ -136,6 +136,31 @@ TEST(ReportHtml, MetricsJsonlOneObjectPerLine) {
   EXPECT_EQ(epochs, 3);
 }
 
+// Free memory is advice for a fixed batch, and the search's reason for a searched one
+// (the H200 run said "try batch.per_gpu: auto" to a run that had searched).
+TEST(Diagnose, FreeMemoryAdvisesTheSearchOnlyWhereItDidNotRun) {
+  Config cfg;
+  auto r = sampleResult();
+  r.memory_total_mb = 143155;
+  r.peak_memory_mb = 44107;
+  auto line = [&] {
+    for (const auto& s : diagnose(cfg, r, true, "NVIDIA H200")) {
+      if (s.rfind("memory:", 0) == 0) return s;
+    }
+    return std::string();
+  };
+  EXPECT_NE(line().find("peak 43.1 GiB of 139.8 GiB (31 %); a larger batch fits: try batch.per_gpu: auto"),
+            std::string::npos)
+      << line();
+  cfg.batch.per_gpu_auto = true;
+  EXPECT_NE(line().find("(31 %); the batch search chose it, the smallest within 5 % of the best samples/s"),
+            std::string::npos)
+      << line();
+  EXPECT_EQ(line().find("try batch.per_gpu: auto"), std::string::npos) << line();
+  r.peak_memory_mb = 100000;  // over half: nothing to say
+  EXPECT_EQ(line(), "");
+}
+
 TEST(Diagnose, GlobalBatchFarAboveTheNoiseScaleIsReportedWithItsNumbers) {
   Config cfg;
   auto r = sampleResult();  // G = 512, last epoch B_simple = 100

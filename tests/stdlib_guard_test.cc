@@ -25,4 +25,10 @@ TEST(StdlibGuard, OnlyLibstdcxxItselfCounts) {
   EXPECT_FALSE(batchdist::isLibstdcxx(""));
 }
 
+TEST(StdlibGuard, TheProgramItselfIsNoFault) {
+  EXPECT_TRUE(batchdist::isThisProgram("/proc/self/exe"));
+  EXPECT_FALSE(batchdist::isThisProgram(batchdist::loadedLibstdcxx()));
+  EXPECT_FALSE(batchdist::isThisProgram("/no/such/file"));
+}
+
 }  // namespace
