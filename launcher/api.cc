@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/stdlib_guard.h"
+#include "launcher/api_job.h"
 #include "launcher/job.h"
 #include "launcher/mpi_scope.h"
 #include "worker/common/faults.h"
@@ -110,13 +111,6 @@ worker::RunRequest requestOf(const Settings& settings, const RunOptions& options
 }
 
 }  // namespace
-
-struct Job::Impl {
-  Impl(int* argc, char*** argv) : mpi(argc, argv) {}
-  launcher::MpiScope mpi;
-  worker::FaultPlan faults;  ///< Note [fault plan]: the tests' faults, as the command reads them
-  int faults_code = 0;       ///< 2: the environment's faults are malformed
-};
 
 // Note [libstdc++ first]: the guard runs before MPI starts (it may restart the program).
 Job::Job(int& argc, char**& argv)

@@ -13,7 +13,11 @@
 #     accuracy above 0.9 (chance: 0.25, loss 1.39), the program's metric in
 #     report.json; model.pt written;
 #  4. killed (rank 0's SIGKILL just after the checkpoint of step 16, the job ends)
-#     and run again: it resumes, and its model.pt is bitwise an uninterrupted run's.
+#     and run again: it resumes, and its model.pt is bitwise an uninterrupted run's;
+#  5. examples/own_loop (the program's own loop on batchdist::DataParallel), built
+#     the same way, 2 ranks from different initial weights: both learn (loss below
+#     0.3, accuracy above 0.9), and their parameters after training are bitwise
+#     equal (rank 0's start, the same averaged gradients, the same steps).
 set -u
 mpirun=$1 flags=$2 build=$3 src=$4 cxx=$5 model_diff=$6
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/batchdist_library.XXXXXX")
@@ -92,4 +96,26 @@ own cut
 grep -q '"resumed_from"' "$tmp/cut/report.json" || { tail -20 "$tmp/cut.log"; fail "the second run did not resume"; }
 "$model_diff" "$tmp/full/model.pt" "$tmp/cut/model.pt" 0 || fail "resumed model.pt differs from the uninterrupted run's"
 echo "kill at step 16 + resume: model.pt bitwise the uninterrupted run's"
+
+# 5. The program's own loop.
+cmake -S "$src/examples/own_loop" -B "$tmp/own_loop" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_PREFIX_PATH="$tmp/prefix" \
+  >"$tmp/loop-configure.log" 2>&1 || { tail -30 "$tmp/loop-configure.log"; fail "configuring own_loop"; }
+cmake --build "$tmp/own_loop" >"$tmp/loop-build.log" 2>&1 ||
+  { tail -30 "$tmp/loop-build.log"; fail "building own_loop"; }
+# shellcheck disable=SC2086
+timeout 600 "$mpirun" $flags -np 2 "$tmp/own_loop/own_loop" "$tmp/loop" 200 >"$tmp/loop.log" 2>&1 ||
+  { tail -30 "$tmp/loop.log"; fail "own_loop exited $?"; }
+python3 - "$tmp/loop.log" <<'PY' || { tail -30 "$tmp/loop.log"; exit 1; }
+import re, sys
+finals = re.findall(r"rank (\d): final loss ([0-9.]+), accuracy ([0-9.]+), backend (\w+)", open(sys.argv[1]).read())
+if sorted(r for r, *_ in finals) != ["0", "1"]: sys.exit(f"FAIL: own_loop's final lines: {finals}")
+for rank, loss, acc, backend in finals:
+    if not (float(loss) < 0.3 and float(acc) > 0.9):
+        sys.exit(f"FAIL: own_loop rank {rank}: loss {loss}, accuracy {acc}: not learned")
+print("own_loop: " + "; ".join(f"rank {r}: loss {l}, accuracy {a} ({b})" for r, l, a, b in finals))
+PY
+"$model_diff" "$tmp/loop/params-rank0.pt" "$tmp/loop/params-rank1.pt" 0 ||
+  fail "own_loop's ranks ended with different parameters"
+echo "own_loop: both ranks' parameters bitwise equal after 200 steps"
 echo "PASS"

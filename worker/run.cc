@@ -15,12 +15,12 @@
 
 #include "common/error.h"
 #include "collective/process_group.h"
-#include "collective/rendezvous.h"
 #include "collective/torch_compat.h"
 #include "worker/common/console.h"
 #include "worker/common/files.h"
 #include "worker/common/util.h"
 #include "worker/device.h"
+#include "worker/join.h"
 #include "worker/model/model.h"
 #include "worker/model/precision.h"
 #include "worker/report/diagnose.h"
@@ -107,22 +107,10 @@ Connection connect(const RunSetup& s, const RankPlace& place) {
   c.threads = s.cfg.train.threads > 0 ? static_cast<int>(s.cfg.train.threads)
                                       : std::max(1, usableCpus() / place.local_size);
   torch::set_num_threads(c.threads);
-  if (s.device.is_cuda()) compat::setCudaDevice(s.device.index());
-  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(s.cfg.dist.timeout_s * 1000));
-  collective::RendezvousOptions ro;
-  ro.interface = s.cfg.dist.interface;
-  ro.timeout = timeout;
-  ro.all_ranks_local = place.host_count == 1;
-  const auto rv = collective::rendezvousOverMpi(MPI_COMM_WORLD, ro);
-  collective::BackendOptions bo;
-  bo.backend = toString(s.cfg.dist.backend);
-  bo.device = s.device;
-  bo.timeout = timeout;
-  bo.interface = rv.interface;
-  bo.address = rv.address;
-  bo.one_host = place.host_count == 1 && place.size > 1;
-  c.comm = collective::createCommunicator(rv.store, place.rank, place.size, bo);
-  c.store_address = rv.store_address;
+  auto joined = joinProcessGroup(place, s.device, toString(s.cfg.dist.backend), s.cfg.dist.timeout_s,
+                                 s.cfg.dist.interface);
+  c.comm = std::move(joined.comm);
+  c.store_address = std::move(joined.store_address);
   return c;
 }
 

@@ -204,6 +204,72 @@ class BATCHDIST_API Job {
           std::shared_ptr<const Dataset> train_set, std::shared_ptr<const Dataset> val_set,
           const Settings& settings, const RunOptions& options);
 
+  friend class DataParallel;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// DataParallel's settings: the dist.* keys of a run (docs/config.md).
+struct DataParallelOptions {
+  std::string backend = "auto";  ///< dist.backend: auto (nccl on CUDA, else gloo or mpi), gloo, nccl, mpi
+  double bucket_mb = 25;         ///< dist.bucket_mb: gradients sent per allreduce
+  double timeout_s = 300;        ///< dist.timeout_s: a collective that takes longer fails
+  std::string interface;         ///< dist.interface: the network interface ("" = the host's)
+};
+
+/// What a step asks of every rank. Any rank's wish is every rank's, at the same
+/// step, and travels inside the gradient allreduce (no extra collective).
+struct StepWishes {
+  bool stop = false;        ///< end after this step; also set by SIGTERM, SIGUSR1 or SIGINT
+  bool checkpoint = false;  ///< save a checkpoint after this step
+};
+
+/// Data parallelism for a program's own training loop: the launcher's gradient
+/// sync (Note [overlapped reducer]) on the program's module. The constructor
+/// joins the process group (NCCL on CUDA, else Gloo or MPI; on the device of the
+/// module's parameters), overwrites every rank's parameters and buffers with rank
+/// 0's, and makes each parameter's gradient a view into the buckets the
+/// allreduce sends, started by autograd hooks while backward still runs. A step:
+///
+///   dp.zeroGrad();                       // not the optimizer's zero_grad()
+///   auto loss = ...;                     // this rank's share of the batch
+///   dp.beforeBackward();                 // (false for all but the last micro-batch)
+///   loss.backward();
+///   auto wishes = dp.sync();             // gradients: the mean over the ranks
+///   optimizer.step();
+///   if (wishes.stop) break;
+///
+/// Collective: every rank makes the same calls, in the same order, for the same
+/// parameters (shape, dtype, order). The module must not change its parameters
+/// while the DataParallel lives. Also installs batchdist's stop handlers
+/// (SIGTERM, SIGUSR1, SIGINT ask for a stop that sync() agrees on).
+class BATCHDIST_API DataParallel {
+ public:
+  DataParallel(Job& job, torch::nn::Module& module, const DataParallelOptions& options = {});
+  template <typename M>
+  DataParallel(Job& job, const torch::nn::ModuleHolder<M>& module,
+               const DataParallelOptions& options = {})
+      : DataParallel(job, *module.ptr(), options) {}
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  /// Zeroes every gradient, keeping it a view of its bucket (an optimizer's
+  /// zero_grad() that drops them is caught by beforeBackward(), which re-attaches).
+  void zeroGrad();
+  /// Before each micro-batch's backward: `last` for the final one of the step
+  /// (only its gradients are sent; the others accumulate locally).
+  void beforeBackward(bool last = true);
+  /// After the last micro-batch's backward: waits for the allreduce, divides the
+  /// sums by the number of ranks, and returns the step's agreed wishes (`mine`:
+  /// this rank's). Every rank calls it every step.
+  StepWishes sync(const StepWishes& mine = {});
+  /// The stop signal this rank received (SIGTERM, SIGUSR1, SIGINT), or 0.
+  int stopSignal() const;
+  /// The backend the process group runs on: "nccl", "gloo" or "mpi".
+  std::string backend() const;
+
+ private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
