@@ -16,7 +16,7 @@
 #include "launcher/job.h"
 #include "worker/common/util.h"
 #include "worker/join.h"
-#include "worker/run.h"
+#include "worker/train/trainer.h"
 
 namespace batchdist {
 
@@ -96,13 +96,14 @@ void DataParallel::beforeBackward(bool last) {
 StepWishes DataParallel::sync(const StepWishes& mine) {
   const bool stop = mine.stop || launcher::stopSignal() != 0;
   try {
-    const auto all = impl_->reducer->sumGradients({stop ? 1.0 : 0.0, mine.checkpoint ? 1.0 : 0.0, 0.0});
+    const auto all = worker::unpackWishes(
+        impl_->reducer->sumGradients(worker::packWishes({stop, mine.checkpoint, false})));
     const double ranks = impl_->comm->size();
     if (ranks > 1) {
       torch::NoGradGuard no_grad;
       for (const auto& p : impl_->params) p.grad().div_(ranks);
     }
-    return {all[0] > 0.5, all[1] > 0.5};
+    return {all.stop, all.checkpoint};
   } catch (const Error& e) {
     throw std::runtime_error(strCat("batchdist::DataParallel: ", e.what()));
   }
