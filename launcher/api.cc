@@ -98,19 +98,19 @@ worker::ProgramData::Part partOf(const std::shared_ptr<const Dataset>& d) {
 }
 
 worker::RunRequest requestOf(const Settings& settings, const RunOptions& options) {
-  worker::RunRequest req;
-  req.config_path = settings.file();
-  req.sets = settings.entries();
-  req.output = options.output;
-  req.report = options.report;
-  req.quiet = options.quiet;
-  req.research = options.research;
-  req.resume = options.resume;
-  req.search_only = options.search_only;
-  return req;
+  return launcher::runRequest(settings.file(), settings.entries(), options);
 }
 
 }  // namespace
+
+worker::Config configOf(const Settings& settings, const std::string& source) {
+  try {
+    return settings.file().empty() ? worker::parseConfig("{}", source, settings.entries())
+                                   : worker::loadConfig(settings.file(), settings.entries());
+  } catch (const Error& e) {
+    throw std::invalid_argument(e.what());
+  }
+}
 
 // Note [libstdc++ first]: the guard runs before MPI starts (it may restart the program).
 Job::Job(int& argc, char**& argv)

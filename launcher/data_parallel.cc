@@ -16,15 +16,10 @@
 #include "launcher/job.h"
 #include "worker/common/util.h"
 #include "worker/join.h"
+#include "worker/model/program_model.h"
 #include "worker/train/trainer.h"
 
 namespace batchdist {
-
-struct DataParallel::Impl {
-  std::unique_ptr<collective::Communicator> comm;
-  std::vector<torch::Tensor> params;  // those that require grad, in the module's order
-  std::unique_ptr<collective::Reducer> reducer;
-};
 
 namespace {
 
@@ -54,6 +49,9 @@ DataParallel::DataParallel(Job& job, torch::nn::Module& module, const DataParall
     : impl_(std::make_unique<Impl>()) {
   const at::Device device = deviceOf(module);
   checkOptions(options, device);
+  impl_->module = &module;
+  impl_->device = device;
+  impl_->has_batchnorm = worker::moduleHasBatchNorm(module);
   for (const auto& p : module.parameters()) {
     if (p.requires_grad()) impl_->params.push_back(p);
   }
@@ -93,21 +91,24 @@ void DataParallel::beforeBackward(bool last) {
   impl_->reducer->beforeBackward(last);
 }
 
-StepWishes DataParallel::sync(const StepWishes& mine) {
+StepWishes DataParallel::Impl::sync(const StepWishes& mine) {
+  ++syncs;
   const bool stop = mine.stop || launcher::stopSignal() != 0;
   try {
     const auto all = worker::unpackWishes(
-        impl_->reducer->sumGradients(worker::packWishes({stop, mine.checkpoint, false})));
-    const double ranks = impl_->comm->size();
+        reducer->sumGradients(worker::packWishes({stop, mine.checkpoint, false})));
+    const double ranks = comm->size();
     if (ranks > 1) {
       torch::NoGradGuard no_grad;
-      for (const auto& p : impl_->params) p.grad().div_(ranks);
+      for (const auto& p : params) p.grad().div_(ranks);
     }
     return {all.stop, all.checkpoint};
   } catch (const Error& e) {
     throw std::runtime_error(strCat("batchdist::DataParallel: ", e.what()));
   }
 }
+
+StepWishes DataParallel::sync(const StepWishes& mine) { return impl_->sync(mine); }
 
 int DataParallel::stopSignal() const { return launcher::stopSignal(); }
 

@@ -102,4 +102,18 @@ int runTrainJob(worker::RunRequest req, MpiScope& mpi) {
   }
 }
 
+worker::RunRequest runRequest(const std::string& config, const std::vector<std::string>& sets,
+                              const RunOptions& options) {
+  worker::RunRequest req;
+  req.config_path = config;
+  req.sets = sets;
+  req.output = options.output;
+  req.report = options.report;
+  req.quiet = options.quiet;
+  req.research = options.research;
+  req.resume = options.resume;
+  req.search_only = options.search_only;
+  return req;
+}
+
 }  // namespace batchdist::launcher

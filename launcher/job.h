@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "batchdist/batchdist.h"
 #include "launcher/mpi_scope.h"
 #include "worker/run.h"
 
@@ -40,6 +41,12 @@ int prepare(const worker::RunRequest& req, const worker::RankPlace& place, MpiSc
 /// (worker::runExitCode; 2 for a bad config, from every rank). `req.stop_signal`
 /// is set here.
 int runTrainJob(worker::RunRequest req, MpiScope& mpi);
+
+/// The request of a run of `config` (a file, or "" for the defaults) with the
+/// keys `sets` ("key=value") and the command line's `options`: what the
+/// batchdist command and the library's Job::train hand to runTrainJob.
+worker::RunRequest runRequest(const std::string& config, const std::vector<std::string>& sets,
+                              const RunOptions& options);
 
 /// Seconds since this process started (the kernel's start time, in clock ticks
 /// since boot, against CLOCK_BOOTTIME); -1 if /proc cannot tell.

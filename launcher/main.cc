@@ -129,15 +129,14 @@ int srunProblem(const std::string& problem) {
 }
 
 worker::RunRequest requestFrom(const CliOptions& cli) {
-  worker::RunRequest req;
-  req.config_path = cli.config;
-  req.sets = cli.sets;
-  req.output = cli.output;
-  req.report = cli.report;
-  req.quiet = cli.quiet;
-  req.research = cli.research;
-  req.resume = cli.resume;
-  req.search_only = cli.verb == Verb::kSearch;
+  RunOptions options;
+  options.output = cli.output;
+  options.resume = cli.resume;
+  options.quiet = cli.quiet;
+  options.research = cli.research;
+  options.search_only = cli.verb == Verb::kSearch;
+  options.report = cli.report;
+  auto req = runRequest(cli.config, cli.sets, options);
   req.stop_signal = stopSignal;
   return req;
 }

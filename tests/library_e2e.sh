@@ -14,10 +14,12 @@
 #     report.json; model.pt written;
 #  4. killed (rank 0's SIGKILL just after the checkpoint of step 16, the job ends)
 #     and run again: it resumes, and its model.pt is bitwise an uninterrupted run's;
-#  5. examples/own_loop (the program's own loop on batchdist::DataParallel), built
-#     the same way, 2 ranks from different initial weights: both learn (loss below
-#     0.3, accuracy above 0.9), and their parameters after training are bitwise
-#     equal (rank 0's start, the same averaged gradients, the same steps).
+#  5. examples/own_loop (the program's own loop on batchdist::DataParallel, with
+#     batchdist::searchBatch on its step and batchdist::EqualShards), built the
+#     same way, 2 ranks from different initial weights: the search's table is
+#     printed and its choice trained, both ranks learn (loss below 0.3, accuracy
+#     above 0.9), and their parameters after training are bitwise equal (rank 0's
+#     start, the same averaged gradients, the same steps).
 set -u
 mpirun=$1 flags=$2 build=$3 src=$4 cxx=$5 model_diff=$6
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/batchdist_library.XXXXXX")
@@ -108,12 +110,18 @@ timeout 600 "$mpirun" $flags -np 2 "$tmp/own_loop/own_loop" "$tmp/loop" 200 >"$t
   { tail -30 "$tmp/loop.log"; fail "own_loop exited $?"; }
 python3 - "$tmp/loop.log" <<'PY' || { tail -30 "$tmp/loop.log"; exit 1; }
 import re, sys
-finals = re.findall(r"rank (\d): final loss ([0-9.]+), accuracy ([0-9.]+), backend (\w+)", open(sys.argv[1]).read())
+log = open(sys.argv[1]).read()
+chosen = re.search(r"^ +(\d+) +(\d+) +64 .*<- chosen$", log, re.M)
+if not chosen or "batch search: 2 rank(s)" not in log: sys.exit("FAIL: own_loop printed no search table with a choice")
+finals = re.findall(r"rank (\d): final loss ([0-9.]+), accuracy ([0-9.]+), backend (\w+), per-GPU (\d+) x (\d+)", log)
 if sorted(r for r, *_ in finals) != ["0", "1"]: sys.exit(f"FAIL: own_loop's final lines: {finals}")
-for rank, loss, acc, backend in finals:
+for rank, loss, acc, backend, m, a in finals:
+    if (m, a) != chosen.groups():
+        sys.exit(f"FAIL: own_loop rank {rank} trained per-GPU {m} x {a}, the search chose {chosen.groups()}")
     if not (float(loss) < 0.3 and float(acc) > 0.9):
         sys.exit(f"FAIL: own_loop rank {rank}: loss {loss}, accuracy {acc}: not learned")
-print("own_loop: " + "; ".join(f"rank {r}: loss {l}, accuracy {a} ({b})" for r, l, a, b in finals))
+print(f"own_loop: the search chose per-GPU {chosen[1]} x {chosen[2]}; " +
+      "; ".join(f"rank {r}: loss {l}, accuracy {a} ({b})" for r, l, a, b, *_ in finals))
 PY
 "$model_diff" "$tmp/loop/params-rank0.pt" "$tmp/loop/params-rank1.pt" 0 ||
   fail "own_loop's ranks ended with different parameters"

@@ -130,12 +130,17 @@ std::unique_ptr<Model> buildProgramModel(const std::shared_ptr<ProgramModule>& p
   return std::make_unique<ProgramModel>(program);
 }
 
-bool programHasBatchNorm(const ProgramModule& program) {
-  for (const auto& m : program.module()->modules(/*include_self=*/true)) {
-    if (m->as<torch::nn::BatchNorm1d>() || m->as<torch::nn::BatchNorm2d>() ||
-        m->as<torch::nn::BatchNorm3d>()) {
-      return true;
-    }
+bool programHasBatchNorm(const ProgramModule& program) { return moduleHasBatchNorm(*program.module()); }
+
+bool moduleHasBatchNorm(torch::nn::Module& module) {
+  const auto is_batchnorm = [](torch::nn::Module& m) {
+    return m.as<torch::nn::BatchNorm1d>() || m.as<torch::nn::BatchNorm2d>() ||
+           m.as<torch::nn::BatchNorm3d>();
+  };
+  // Not modules(include_self = true): it needs the module owned by a shared_ptr.
+  if (is_batchnorm(module)) return true;
+  for (const auto& m : module.modules(/*include_self=*/false)) {
+    if (is_batchnorm(*m)) return true;
   }
   return false;
 }

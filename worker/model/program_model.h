@@ -68,5 +68,7 @@ std::unique_ptr<Model> buildProgramModel(const std::shared_ptr<ProgramModule>& p
 
 /// Whether the module has BatchNorm layers (1d, 2d, 3d).
 bool programHasBatchNorm(const ProgramModule& program);
+/// Whether `module` or one of its submodules is a BatchNorm1d, 2d or 3d.
+bool moduleHasBatchNorm(torch::nn::Module& module);
 
 }  // namespace batchdist::worker

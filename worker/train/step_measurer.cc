@@ -12,6 +12,7 @@
 #include "worker/plan/plan.h"
 #include "worker/search/stats.h"
 #include "worker/train/memory.h"
+#include "worker/train/step_timing.h"
 #include "worker/train/trainer.h"
 
 namespace batchdist::worker {
@@ -21,31 +22,24 @@ class TrainStepMeasurer : public Measurer {
  public:
   TrainStepMeasurer(const Config& cfg, collective::Communicator& comm, const DataSplit& data,
                     at::Device device, const FaultPlan* faults)
-      : cfg_(cfg), comm_(comm), data_(data), device_(device), faults_(faults) {
+      : cfg_(cfg), comm_(comm), data_(data), device_(device), faults_(faults),
+        probe_(device, cfg.search) {
     has_bn_ = modelHasBatchNorm(cfg_.model, cfg_.base_dir);
     // Note [lever search]: auto levers start concrete (none, off); measure() rebuilds.
     Levers start = configLevers(cfg_);
     if (start.shard == Shard::kAuto) start.shard = Shard::kNone;
     if (start.recompute == Recompute::kAuto) start.recompute = Recompute::kOff;
     build(start);
-    if (device_.is_cuda()) {
-      total_mb_ = compat::cudaTotalBytes(device_.index()) / (1 << 20);
-      budget_mb_ = cfg_.search.memory_fraction * total_mb_;
-      name_ = compat::cudaDeviceName(device_.index());
-    } else {
-      budget_mb_ = static_cast<double>(cfg_.search.memory_limit_mb);
-      name_ = "cpu";
-    }
   }
 
-  double memoryBudgetMb() const override { return budget_mb_; }
+  double memoryBudgetMb() const override { return probe_.budgetMb(); }
   double loaderSamplesPerSecond() const override {
     const auto s = trainer_->loader().stageSeconds();
     const double busy = s.read + s.decode + s.transform;
     return busy > 0 ? s.samples * std::max<int64_t>(1, trainer_->loader().workers()) / busy : 0.0;
   }
   int64_t loaderWorkers() const override { return trainer_->loader().workers(); }
-  std::string deviceName() const override { return name_; }
+  std::string deviceName() const override { return probe_.name(); }
   std::string recomputeUnsupported() const override {
     return worker::recomputeUnsupported(cfg_.model);
   }
@@ -72,11 +66,13 @@ class TrainStepMeasurer : public Measurer {
     // Note [sync batchnorm]: measured without it, so that a rank running out of
     // memory mid-forward cannot strand the others in a BatchNorm allreduce.
     const LocalBatchNorm local_bn(trainer_->model());
-    resetPeak();
-    for (int64_t i = 0; i < warm; ++i) step(sharder, i, out);
-    trainer_->takeTime();  // the warm-up's
-    if (warm == 0 || !failedInWarmup(out)) timeSteps(sharder, warm, rule, out);
-    out.peak_mb = peakMb();
+    CandidateRun run;
+    run.warm = warm;
+    run.samples_per_step = per_gpu * accum;
+    run.decoded = cfg.data.decoded();
+    run.step = [&](int64_t i, Measurement& m) { step(sharder, i, m); };
+    run.after_warmup = [&] { trainer_->takeTime(); };  // the warm-up's
+    timeCandidate(comm_, probe_, rule, run, out);
     const auto parts = trainer_->update().memory();  // Note [memory by part]
     out.parts = {parts.parameters_mb, parts.gradients_mb, parts.optimizer_state_mb};
     {
@@ -85,56 +81,13 @@ class TrainStepMeasurer : public Measurer {
       for (const double x : out.step_seconds) timed += x;
       out.data_wait_fraction = timed > 0 ? std::min(1.0, t.data_wait / timed) : 0.0;
     }
-    if (out.fail == FailKind::kNone) rates(per_gpu * accum, cfg.data.decoded(), out);
-    markOverBudget(out);
     trainer_->clearGradients();
     trainer_->takeTime();
-    if (device_.is_cuda()) compat::cudaEmptyCache();
+    probe_.emptyCache();
     return out;
   }
 
  private:
-  /// Note [adaptive timing]: each timed step is timed alone and the median taken
-  /// (a step delayed by the scheduler, or a peer's, does not move it); the ranks
-  /// agree at the check points whether to go on. Steps from `first` of `sharder`.
-  void timeSteps(const Sharder& sharder, int64_t first, const TimingRule& rule, Measurement& out) {
-    const double started = monotonicSeconds();
-    for (int64_t n = 0, check = rule.nextCheck(0);;) {
-      synchronize();
-      const double t = monotonicSeconds();
-      step(sharder, first + n, out);
-      synchronize();
-      out.step_seconds.push_back(monotonicSeconds() - t);
-      if (++n < check) continue;
-      markOverBudget(out);
-      const bool failed = out.fail != FailKind::kNone;
-      const bool more =
-          !failed && rule.wantsMore(n, monotonicSeconds() - started, medianEstimate(out.step_seconds));
-      const auto v = comm_.allreduce({more ? 1.0 : 0.0, failed ? 1.0 : 0.0}, collective::ReduceOp::kMax);
-      if (v[0] == 0 || v[1] > 0 || n >= rule.max_steps) return;
-      check = rule.nextCheck(n);
-    }
-  }
-
-  /// samples/s and its interval from the timed steps of `samples` per step.
-  void rates(int64_t samples_per_step, bool decoded, Measurement& out) const {
-    const auto e = medianEstimate(out.step_seconds);
-    const double samples = static_cast<double>(samples_per_step);
-    out.timed_steps = e.n;
-    // Note [data-bound search]: a loader that cannot keep up delivers in bursts
-    // (some steps find a batch ready, the next waits for several), so the median
-    // step overstates the rate; with a decoded source the mean step counts too.
-    double mean = 0;
-    for (const double x : out.step_seconds) mean += x;
-    mean /= std::max<std::size_t>(1, out.step_seconds.size());
-    const double k = decoded && e.median > 0 ? std::max(1.0, mean / e.median) : 1.0;
-    out.samples_per_s = samples / std::max(e.median * k, 1e-9);
-    out.sps_low = std::isfinite(e.half_width) ? samples / ((e.median + e.half_width) * k) : 0.0;
-    out.sps_high = std::isfinite(e.half_width) && e.median > e.half_width
-                       ? samples / ((e.median - e.half_width) * k)
-                       : out.samples_per_s * 2;
-  }
-
   /// Note [lever switch]: the search measures every lever combination (Note
   /// [lever search]) on one trainer and one model. Recompute is a flag of the
   /// model's forward (Model::setRecompute); another sharding needs only another
@@ -169,7 +122,7 @@ class TrainStepMeasurer : public Measurer {
   /// memory does not count in the new one's peak.
   void build(const Levers& levers) {
     trainer_.reset();
-    if (device_.is_cuda()) compat::cudaEmptyCache();
+    probe_.emptyCache();
     run_cfg_ = std::make_unique<Config>(cfg_);  // the Trainer keeps a reference
     applyLevers(*run_cfg_, levers);
     levers_ = levers;
@@ -203,39 +156,11 @@ class TrainStepMeasurer : public Measurer {
           out.detail = what.substr(0, what.find('\n'));
         }
         trainer_->clearGradients();
-        if (device_.is_cuda()) compat::cudaEmptyCache();
+        probe_.emptyCache();
       }
     }
     trainer_->syncGradients();
     if (out.fail == FailKind::kNone) trainer_->applyUpdate(trainer_->plan().lr);
-  }
-
-  /// Past the budget (the peak so far): a failure (Note [search warm-up]: not timed on).
-  void markOverBudget(Measurement& out) const {
-    if (out.fail == FailKind::kNone && budget_mb_ > 0 && std::max(out.peak_mb, peakMb()) > budget_mb_) {
-      out.fail = FailKind::kOverBudget;
-    }
-  }
-  /// Note [search warm-up]: whether any rank failed (out of memory, or past its
-  /// budget) in the untimed steps; then no rank times the candidate. Collective.
-  bool failedInWarmup(Measurement& out) {
-    markOverBudget(out);
-    return comm_.allreduce(out.fail != FailKind::kNone ? 1.0 : 0.0, collective::ReduceOp::kMax) > 0;
-  }
-
-  void resetPeak() {
-    if (device_.is_cuda()) {
-      compat::cudaResetPeak(device_.index());
-    } else {
-      resetPeakRss();
-    }
-  }
-  double peakMb() const {
-    return device_.is_cuda() ? compat::cudaPeakAllocatedBytes(device_.index()) / (1 << 20)
-                             : peakRssMb();
-  }
-  void synchronize() const {
-    if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
   }
 
   const Config& cfg_;
@@ -243,13 +168,11 @@ class TrainStepMeasurer : public Measurer {
   const DataSplit& data_;
   at::Device device_;
   const FaultPlan* faults_;
+  DeviceProbe probe_;
   Levers levers_;
   std::unique_ptr<Config> run_cfg_;  ///< cfg_ under levers_, which trainer_ refers to
   std::unique_ptr<Trainer> trainer_;
   bool has_bn_ = false;
-  double total_mb_ = 0;
-  double budget_mb_ = 0;
-  std::string name_;
 };
 
 }  // namespace

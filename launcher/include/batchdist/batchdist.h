@@ -270,8 +270,107 @@ class BATCHDIST_API DataParallel {
   std::string backend() const;
 
  private:
+  friend struct DataParallelAccess;  // searchBatch(), EqualShards
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+/// A micro-batch of a rank: the data set's indices and each sample's weight in
+/// the loss (1, or 0 for padding).
+struct MicroBatch {
+  std::vector<int64_t> indices;
+  std::vector<float> weights;
+};
+
+/// The launcher's equal shards (Note [equal shards], docs/data.md) for a program's
+/// own loop: every epoch one seeded permutation of the data set, the same on every
+/// rank, cut into global batches G = per-GPU batch m x accumulation a x ranks W;
+/// every rank gets exactly a micro-batches of exactly m samples per step. The
+/// short tail of an epoch is dropped (batch.last_batch: drop) or the last global
+/// batch is filled with samples of weight 0 (pad); with BatchNorm in the module
+/// no micro-batch has fewer than batch.min_per_gpu (2) samples, and `keep` is
+/// refused. Keys read from `settings`: batch.global, batch.per_gpu (or
+/// batch.accum), batch.last_batch, batch.min_per_gpu, train.seed (docs/config.md);
+/// a bad value throws std::invalid_argument with the launcher's message, on
+/// every rank alike. No communication.
+///
+///   batchdist::EqualShards shards(dp, data.size(), settings);
+///   for (int64_t s = 0; s < shards.stepsPerEpoch(); ++s) {
+///     dp.zeroGrad();
+///     for (int64_t k = 0; k < shards.accumulation(); ++k) {
+///       auto mb = shards.micro(s, k);  // this rank's
+///       auto loss = (per_sample_loss(mb.indices) * weights(mb)).sum() * shards.lossScale(s);
+///       dp.beforeBackward(k + 1 == shards.accumulation());
+///       loss.backward();
+///     }
+///     dp.sync();
+///     optimizer.step();
+///   }
+class BATCHDIST_API EqualShards {
+ public:
+  EqualShards(const DataParallel& dp, int64_t dataset_size, const Settings& settings);
+  ~EqualShards();
+  EqualShards(EqualShards&&) noexcept;
+  EqualShards& operator=(EqualShards&&) noexcept;
+
+  int64_t globalBatch() const;
+  int64_t perGpu() const;
+  int64_t accumulation() const;
+  int64_t stepsPerEpoch() const;
+  /// Samples an epoch leaves out (drop) or adds with weight 0 (pad).
+  int64_t droppedPerEpoch() const;
+  int64_t paddedPerEpoch() const;
+  /// The permutation of `epoch` (0 at construction).
+  void setEpoch(int64_t epoch);
+  /// This rank's micro-batch `k` (0 <= k < accumulation()) of step `step`
+  /// (0 <= step < stepsPerEpoch()) of the current epoch.
+  MicroBatch micro(int64_t step, int64_t k = 0) const;
+  /// Samples of weight 1 in step `step` over all ranks: the loss's denominator.
+  int64_t realSamples(int64_t step) const;
+  /// What a micro-batch's summed, weighted per-sample loss is multiplied by so
+  /// that DataParallel::sync()'s mean over the ranks is the mean over the step's
+  /// real samples: ranks / realSamples(step).
+  double lossScale(int64_t step) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// One optimizer step of a program's loop at per-GPU micro-batch `per_gpu` and
+/// `accumulation` micro-batches: dp.zeroGrad(); per micro-batch forward,
+/// dp.beforeBackward(last), backward; dp.sync() once; the optimizer's step.
+using StepFunction = std::function<void(int64_t per_gpu, int64_t accumulation)>;
+
+/// What searchBatch() chose, agreed by every rank.
+struct BatchChoice {
+  int64_t per_gpu = 0;        ///< 0 when stopped
+  int64_t accumulation = 1;
+  int64_t global = 0;         ///< per_gpu x accumulation x ranks
+  double samples_per_s = 0;   ///< the job's: ranks x the slowest rank's
+  std::string why;            ///< the rule's sentence, as the launcher prints it
+  /// A stop was asked during the search (SIGTERM, SIGUSR1 or SIGINT on any rank,
+  /// dp.stopSignal() on the one that received it): every rank ends it after the
+  /// same candidate and nothing is chosen.
+  bool stopped = false;
+};
+
+/// The launcher's coordinated batch search (docs/search.md) on the program's own
+/// step: every rank times candidate per-GPU batches with `step`, an out-of-memory
+/// on any rank fails the candidate on all (the failing rank's gradients are sent
+/// as zeros, so no rank waits), and the ranks pick by samples/s (the slowest
+/// rank's x ranks) within search.tolerance. Keys read from `settings`: batch.global
+/// (fixed: the search splits it into per-GPU x accumulation; unset: accumulation
+/// 1, the global batch follows), batch.min_per_gpu and search.* (min, max,
+/// multiple_of, memory_fraction, memory_limit_mb, timing, rounds, objective,
+/// tolerance). Rank 0 prints the launcher's search lines and table
+/// (train.progress: off: none). The step must make no collective but
+/// dp.sync(), once per call. The module's parameters and buffers are put back
+/// as they were afterwards; an optimizer's state is not: make it after the
+/// search, or accept the trial steps in it. Collective. Throws
+/// std::invalid_argument for bad settings and std::runtime_error when no
+/// candidate fits, on every rank alike.
+BATCHDIST_API BatchChoice searchBatch(DataParallel& dp, int64_t dataset_size,
+                                      const StepFunction& step, const Settings& settings = {});
 
 }  // namespace batchdist
