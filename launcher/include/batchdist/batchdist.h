@@ -16,7 +16,7 @@
 //
 // Stability: none before 1.0. These declarations may change in any 0.x release
 // (the changelog in docs/library.md says how); the settings' keys follow
-// docs/config.md. Everything outside this directory is private.
+// README.md, Configuration. Everything outside this directory is private.
 
 #include <torch/torch.h>
 
@@ -34,7 +34,7 @@
 
 namespace batchdist {
 
-/// The keys of a batchdist config (docs/config.md), given in code: each set()
+/// The keys of a batchdist config (README.md, Configuration), given in code: each set()
 /// is the command line's --set key=value, and its messages name it so. Without
 /// a file the config is these keys over the defaults.
 class BATCHDIST_API Settings {
@@ -209,7 +209,7 @@ class BATCHDIST_API Job {
   std::unique_ptr<Impl> impl_;
 };
 
-/// DataParallel's settings: the dist.* keys of a run (docs/config.md).
+/// DataParallel's settings: the dist.* keys of a run (README.md, Configuration).
 struct DataParallelOptions {
   std::string backend = "auto";  ///< dist.backend: auto (nccl on CUDA, else gloo or mpi), gloo, nccl, mpi
   double bucket_mb = 25;         ///< dist.bucket_mb: gradients sent per allreduce
@@ -290,7 +290,7 @@ struct MicroBatch {
 /// batch is filled with samples of weight 0 (pad); with BatchNorm in the module
 /// no micro-batch has fewer than batch.min_per_gpu (2) samples, and `keep` is
 /// refused. Keys read from `settings`: batch.global, batch.per_gpu (or
-/// batch.accum), batch.last_batch, batch.min_per_gpu, train.seed (docs/config.md);
+/// batch.accum), batch.last_batch, batch.min_per_gpu, train.seed (README.md, Configuration);
 /// a bad value throws std::invalid_argument with the launcher's message, on
 /// every rank alike. No communication.
 ///
@@ -355,7 +355,7 @@ struct BatchChoice {
   bool stopped = false;
 };
 
-/// The launcher's coordinated batch search (docs/search.md) on the program's own
+/// The launcher's coordinated batch search (docs/batch-search.md) on the program's own
 /// step: every rank times candidate per-GPU batches with `step`, an out-of-memory
 /// on any rank fails the candidate on all (the failing rank's gradients are sent
 /// as zeros, so no rank waits), and the ranks pick by samples/s (the slowest
