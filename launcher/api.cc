@@ -112,6 +112,19 @@ worker::Config configOf(const Settings& settings, const std::string& source) {
   }
 }
 
+void invalidArgument(const char* call, const std::string& what) {
+  throw std::invalid_argument(strCat(call, ": ", what));
+}
+
+worker::Config ownLoopConfig(const char* call, int64_t dataset_size, const Settings& settings) {
+  if (dataset_size <= 0) invalidArgument(call, strCat("the data set has ", dataset_size, " samples"));
+  auto cfg = configOf(settings, call);
+  if (cfg.batch.adapt != worker::BatchAdapt::kOff) {
+    invalidArgument(call, "batch.adapt is the launcher's run's alone");
+  }
+  return cfg;
+}
+
 // Note [libstdc++ first]: the guard runs before MPI starts (it may restart the program).
 Job::Job(int& argc, char**& argv)
     : impl_((ensureSystemStdlib(), std::make_unique<Impl>(&argc, &argv))) {

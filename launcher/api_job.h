@@ -39,6 +39,14 @@ struct DataParallel::Impl {
 /// messages. Throws std::invalid_argument with the launcher's message.
 worker::Config configOf(const Settings& settings, const std::string& source);
 
+/// Throws std::invalid_argument "CALL: WHAT" (call: "batchdist::EqualShards").
+[[noreturn]] void invalidArgument(const char* call, const std::string& what);
+
+/// configOf() for an own-loop call (EqualShards, searchBatch) on a data set of
+/// `dataset_size` samples: an empty one and batch.adapt (the launcher's run's
+/// alone) are refused.
+worker::Config ownLoopConfig(const char* call, int64_t dataset_size, const Settings& settings);
+
 /// The own-loop calls' way into a DataParallel (searchBatch(), EqualShards).
 struct DataParallelAccess {
   using Impl = DataParallel::Impl;

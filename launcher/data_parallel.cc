@@ -31,9 +31,7 @@ at::Device deviceOf(torch::nn::Module& module) {
 }
 
 void checkOptions(const DataParallelOptions& o, const at::Device& device) {
-  const auto bad = [](const std::string& what) {
-    throw std::invalid_argument("batchdist::DataParallel: " + what);
-  };
+  const auto bad = [](const std::string& what) { invalidArgument("batchdist::DataParallel", what); };
   if (!(o.bucket_mb > 0)) bad(strCat("bucket_mb must be > 0, got ", o.bucket_mb));
   if (!(o.timeout_s > 0)) bad(strCat("timeout_s must be > 0, got ", o.timeout_s));
   try {
@@ -63,9 +61,8 @@ DataParallel::DataParallel(Job& job, torch::nn::Module& module, const DataParall
     impl_->comm = worker::joinProcessGroup(place, device, options.backend, options.timeout_s,
                                            options.interface)
                       .comm;
-    std::vector<at::Tensor> state;
-    for (const auto& p : module.parameters()) state.push_back(p.detach());
-    for (const auto& b : module.buffers()) state.push_back(b.detach());
+    auto state = worker::moduleState(module);
+    for (auto& t : state) t = t.detach();  // written in place by the broadcast
     collective::broadcastCoalesced(*impl_->comm, state, 0);
     const auto bucket_bytes = static_cast<std::size_t>(options.bucket_mb * 1024 * 1024);
     impl_->reducer = std::make_unique<collective::Reducer>(*impl_->comm, impl_->params, bucket_bytes);

@@ -15,9 +15,9 @@
 #include "launcher/job.h"
 #include "worker/common/console.h"
 #include "worker/common/util.h"
+#include "worker/model/program_model.h"
 #include "worker/search/output.h"
 #include "worker/search/search.h"
-#include "worker/train/memory.h"
 #include "worker/train/step_timing.h"
 
 namespace batchdist {
@@ -60,12 +60,7 @@ class ProgramStepMeasurer final : public worker::Measurer {
                             " times; a step calls it once");
         if (dp_.syncs > before) return;
       } catch (const std::exception& e) {
-        out.fail = worker::isOutOfMemory(e) ? worker::FailKind::kOutOfMemory : worker::FailKind::kError;
-        if (out.fail == worker::FailKind::kError) {
-          const std::string what = e.what();
-          out.detail = what.substr(0, what.find('\n'));
-        }
-        dp_.reducer->zeroGrad();
+        worker::recordFailure(e, out);
         probe_.emptyCache();
         if (dp_.syncs > before) return;  // it failed after the step's sync: the others are past it
       }
@@ -82,42 +77,15 @@ class ProgramStepMeasurer final : public worker::Measurer {
 
 /// The settings' search keys, checked as a run checks them.
 worker::Config searchConfig(int64_t n, const Settings& settings) {
-  const auto bad = [](const std::string& what) {
-    throw std::invalid_argument(strCat(kSearch, ": ", what));
-  };
-  if (n <= 0) bad(strCat("the data set has ", n, " samples"));
-  auto cfg = configOf(settings, kSearch);
-  if (cfg.batch.global_auto) bad("batch.global: auto is the launcher's run's alone; give a number or leave it unset");
-  if (cfg.batch.adapt != worker::BatchAdapt::kOff) bad("batch.adapt is the launcher's run's alone");
+  auto cfg = ownLoopConfig(kSearch, n, settings);
+  if (cfg.batch.global_auto) {
+    invalidArgument(kSearch, "batch.global: auto is the launcher's run's alone; give a number or leave it unset");
+  }
   if (worker::configLevers(cfg) != worker::Levers{}) {
-    bad("dist.shard and model.recompute are the launcher's levers; the program's step has none");
+    invalidArgument(kSearch, "dist.shard and model.recompute are the launcher's levers; the program's step has none");
   }
   return cfg;
 }
-
-/// The module's parameters and buffers, copied; put back at destruction.
-class StateSnapshot {
- public:
-  explicit StateSnapshot(torch::nn::Module& module) : module_(module) {
-    for (const auto& t : tensors()) saved_.push_back(t.detach().clone());
-  }
-  ~StateSnapshot() {
-    torch::NoGradGuard no_grad;
-    const auto now = tensors();
-    for (std::size_t i = 0; i < now.size() && i < saved_.size(); ++i) now[i].copy_(saved_[i]);
-  }
-  StateSnapshot(const StateSnapshot&) = delete;
-  StateSnapshot& operator=(const StateSnapshot&) = delete;
-
- private:
-  std::vector<torch::Tensor> tensors() const {
-    auto all = module_.parameters();
-    for (auto& b : module_.buffers()) all.push_back(b);
-    return all;
-  }
-  torch::nn::Module& module_;
-  std::vector<torch::Tensor> saved_;
-};
 
 BatchChoice choiceOf(const worker::SearchResult& r) {
   BatchChoice c;
@@ -131,17 +99,11 @@ BatchChoice choiceOf(const worker::SearchResult& r) {
   return c;
 }
 
-}  // namespace
-
-BatchChoice searchBatch(DataParallel& dp, int64_t dataset_size, const StepFunction& step,
-                        const Settings& settings) {
-  auto& d = DataParallelAccess::of(dp);
-  if (!step) throw std::invalid_argument(strCat(kSearch, ": the step function is empty"));
-  const auto cfg = searchConfig(dataset_size, settings);
+/// The search itself; batchdist's errors as the public API's exceptions.
+BatchChoice runSearch(DataParallelAccess::Impl& d, worker::Measurer& measurer,
+                      const worker::Config& cfg, int64_t dataset_size) {
   const bool show = d.comm->rank() == 0 && cfg.train.progress != worker::ProgressMode::kOff;
   worker::Console console(show, worker::ProgressStyle::kLines);
-  ProgramStepMeasurer measurer(d, step, cfg);
-  const StateSnapshot state(*d.module);  // the trial steps do not reach the module
   try {
     worker::BatchSearch search(cfg, *d.comm, measurer, dataset_size, d.has_batchnorm,
                                [] { return launcher::stopSignal() != 0; });
@@ -157,6 +119,27 @@ BatchChoice searchBatch(DataParallel& dp, int64_t dataset_size, const StepFuncti
   } catch (const Error& e) {
     throw std::runtime_error(strCat(kSearch, ": ", e.what()));
   }
+}
+
+}  // namespace
+
+BatchChoice searchBatch(DataParallel& dp, int64_t dataset_size, const StepFunction& step,
+                        const Settings& settings) {
+  auto& d = DataParallelAccess::of(dp);
+  if (!step) invalidArgument(kSearch, "the step function is empty");
+  const auto cfg = searchConfig(dataset_size, settings);
+  ProgramStepMeasurer measurer(d, step, cfg);
+  // The trial steps do not reach the module: its state is put back, also after an error.
+  const worker::ModuleSnapshot state(*d.module);
+  BatchChoice choice;
+  try {
+    choice = runSearch(d, measurer, cfg, dataset_size);
+  } catch (...) {
+    state.restore(*d.module);
+    throw;
+  }
+  state.restore(*d.module);
+  return choice;
 }
 
 }  // namespace batchdist

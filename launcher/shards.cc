@@ -22,20 +22,16 @@ namespace {
 
 constexpr const char* kShards = "batchdist::EqualShards";
 
-[[noreturn]] void bad(const std::string& what) {
-  throw std::invalid_argument(strCat(kShards, ": ", what));
-}
-
 /// The settings' batch keys, checked as a run checks them.
 worker::Config shardConfig(int64_t n, const Settings& settings) {
-  if (n <= 0) bad(strCat("the data set has ", n, " samples"));
-  auto cfg = configOf(settings, kShards);
+  auto cfg = ownLoopConfig(kShards, n, settings);
   if (cfg.batch.global_auto || cfg.batch.per_gpu_auto) {
-    bad("batch.global and batch.per_gpu are numbers here: searchBatch() finds the per-GPU "
-        "batch (set batch.per_gpu to its choice)");
+    invalidArgument(kShards, "batch.global and batch.per_gpu are numbers here: searchBatch() finds "
+                             "the per-GPU batch (set batch.per_gpu to its choice)");
   }
-  if (cfg.batch.global == 0 && cfg.batch.per_gpu == 0) bad("set batch.global (or batch.per_gpu)");
-  if (cfg.batch.adapt != worker::BatchAdapt::kOff) bad("batch.adapt is the launcher's run's alone");
+  if (cfg.batch.global == 0 && cfg.batch.per_gpu == 0) {
+    invalidArgument(kShards, "set batch.global (or batch.per_gpu)");
+  }
   return cfg;
 }
 
@@ -76,7 +72,7 @@ int64_t EqualShards::droppedPerEpoch() const { return impl_->plan.samples_droppe
 int64_t EqualShards::paddedPerEpoch() const { return impl_->plan.samples_padded; }
 
 void EqualShards::setEpoch(int64_t epoch) {
-  if (epoch < 0) bad(strCat("epoch ", epoch, " is negative"));
+  if (epoch < 0) invalidArgument(kShards, strCat("epoch ", epoch, " is negative"));
   impl_->sharder.setEpoch(epoch);
 }
 

@@ -10,11 +10,9 @@ namespace batchdist::worker {
 
 namespace {
 
-std::vector<at::Tensor> stateOf(torch::nn::Module& m) {
-  std::vector<at::Tensor> out;
-  for (const auto& p : m.parameters()) out.push_back(p);
-  for (const auto& b : m.buffers()) out.push_back(b);
-  return out;
+torch::nn::Module& handedOver(const std::shared_ptr<torch::nn::Module>& module) {
+  if (!module) throw ConfigError("batchdist: the module handed over is null");
+  return *module;
 }
 
 int64_t parameterCount(torch::nn::Module& m) {
@@ -91,23 +89,38 @@ class ProgramModel final : public NnModuleModel {
 
 }  // namespace
 
-ProgramModule::ProgramModule(std::shared_ptr<torch::nn::Module> module, LossFunction loss)
-    : module_(std::move(module)), loss_(std::move(loss)) {
-  if (!module_) throw ConfigError("batchdist: the module handed over is null");
-  if (!loss_) throw ConfigError("batchdist: the loss function handed over is empty");
+std::vector<at::Tensor> moduleState(torch::nn::Module& m) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : m.parameters()) out.push_back(p);
+  for (const auto& b : m.buffers()) out.push_back(b);
+  return out;
+}
+
+ModuleSnapshot::ModuleSnapshot(torch::nn::Module& m) {
   torch::NoGradGuard no_grad;
-  for (const auto& t : stateOf(*module_)) initial_.push_back(t.detach().to(at::kCPU).clone());
+  for (const auto& t : moduleState(m)) saved_.push_back(t.detach().to(at::kCPU).clone());
+}
+
+void ModuleSnapshot::restore(torch::nn::Module& m) const {
+  torch::NoGradGuard no_grad;
+  const auto now = moduleState(m);
+  if (now.size() != saved_.size()) {
+    throw Error(strCat("the program's module has ", now.size(), " parameters and buffers now, but ",
+                       saved_.size(), " when it was handed over; do not add or remove any "
+                       "while batchdist trains it"));
+  }
+  for (std::size_t i = 0; i < now.size(); ++i) now[i].copy_(saved_[i]);
+}
+
+ProgramModule::ProgramModule(std::shared_ptr<torch::nn::Module> module, LossFunction loss)
+    : module_(std::move(module)), loss_(std::move(loss)),
+      initial_(handedOver(module_)) {
+  if (!loss_) throw ConfigError("batchdist: the loss function handed over is empty");
 }
 
 void ProgramModule::restore() const {
+  initial_.restore(*module_);
   torch::NoGradGuard no_grad;
-  const auto now = stateOf(*module_);
-  if (now.size() != initial_.size()) {
-    throw Error(strCat("the program's module has ", now.size(), " parameters and buffers now, but ",
-                       initial_.size(), " when it was handed over; do not add or remove any "
-                       "while batchdist trains it"));
-  }
-  for (std::size_t i = 0; i < now.size(); ++i) now[i].copy_(initial_[i]);
   // No gradient of an earlier build (the search's trial steps) reaches this one.
   for (auto& p : module_->parameters()) p.mutable_grad() = at::Tensor();
 }

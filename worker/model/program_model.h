@@ -40,6 +40,22 @@ struct ProgramLoss {
   std::vector<std::pair<std::string, at::Tensor>> metrics;
 };
 
+/// A module's parameters, then its buffers.
+std::vector<at::Tensor> moduleState(torch::nn::Module& m);
+
+/// Copies of a module's parameters and buffers, on the CPU (no device memory
+/// while the module trains), put back on demand.
+class ModuleSnapshot {
+ public:
+  explicit ModuleSnapshot(torch::nn::Module& m);
+  /// The module's state set back to the copies (on the device it is on now).
+  /// Throws Error when it no longer has as many parameters and buffers.
+  void restore(torch::nn::Module& m) const;
+
+ private:
+  std::vector<at::Tensor> saved_;
+};
+
 class ProgramModule {
  public:
   using LossFunction =
@@ -58,7 +74,7 @@ class ProgramModule {
  private:
   std::shared_ptr<torch::nn::Module> module_;
   LossFunction loss_;
-  std::vector<at::Tensor> initial_;  ///< parameters, then buffers, on the CPU
+  ModuleSnapshot initial_;
 };
 
 /// The model of model.name: program: `program`'s module, restored to its

@@ -8,6 +8,8 @@
 #include <new>
 #include <string>
 
+#include "common/device_compat.h"
+
 namespace batchdist::worker {
 
 bool isOutOfMemory(const std::exception& e) {
@@ -41,6 +43,18 @@ double peakRssMb() {
     if (line.rfind("VmHWM:", 0) == 0) return std::atof(line.c_str() + 6) / 1024.0;
   }
   return 0;
+}
+
+double peakMemoryMb(const at::Device& device) {
+  return device.is_cuda() ? compat::cudaPeakAllocatedBytes(device.index()) / (1 << 20) : peakRssMb();
+}
+
+void resetPeakMemory(const at::Device& device) {
+  if (device.is_cuda()) {
+    compat::cudaResetPeak(device.index());
+  } else {
+    resetPeakRss();
+  }
 }
 
 }  // namespace batchdist::worker

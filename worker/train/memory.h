@@ -2,6 +2,8 @@
 // Memory probes shared by the batch search and training: is an exception an
 // out-of-memory, and how much memory did this process use at its peak.
 
+#include <c10/core/Device.h>
+
 #include <exception>
 
 namespace batchdist::worker {
@@ -23,5 +25,11 @@ void configureHostAllocator();
 /// This process's peak resident memory (MB) since the last resetPeakRss().
 double peakRssMb();
 void resetPeakRss();
+
+/// The peak memory (MB) of `device` since the last resetPeakMemory(device): the
+/// CUDA allocator's peak allocated bytes, or on the CPU the process's resident
+/// memory (peakRssMb).
+double peakMemoryMb(const at::Device& device);
+void resetPeakMemory(const at::Device& device);
 
 }  // namespace batchdist::worker

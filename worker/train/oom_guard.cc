@@ -92,17 +92,10 @@ void OomGuard::resetStepPeak() {
   // The step's peak is kept first, so the run's peak in report.json is not just
   // its last step's.
   run_peak_mb_ = std::max(run_peak_mb_, stepPeakMb());
-  if (device_.is_cuda()) {
-    compat::cudaResetPeak(device_.index());
-  } else {
-    resetPeakRss();
-  }
+  resetPeakMemory(device_);
 }
 
-double OomGuard::stepPeakMb() const {
-  return device_.is_cuda() ? compat::cudaPeakAllocatedBytes(device_.index()) / (1 << 20)
-                           : peakRssMb();
-}
+double OomGuard::stepPeakMb() const { return peakMemoryMb(device_); }
 
 double OomGuard::capacityMb() const {
   return device_.is_cuda() ? compat::cudaTotalBytes(device_.index()) / (1 << 20) : limit_mb_;

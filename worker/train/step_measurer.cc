@@ -150,11 +150,7 @@ class TrainStepMeasurer : public Measurer {
       try {
         trainer_->computeGradients(sharder.realSamples(s));
       } catch (const std::exception& e) {
-        out.fail = isOutOfMemory(e) ? FailKind::kOutOfMemory : FailKind::kError;
-        if (out.fail == FailKind::kError) {
-          const std::string what = e.what();
-          out.detail = what.substr(0, what.find('\n'));
-        }
+        recordFailure(e, out);
         trainer_->clearGradients();
         probe_.emptyCache();
       }

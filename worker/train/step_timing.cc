@@ -22,18 +22,9 @@ DeviceProbe::DeviceProbe(at::Device device, const SearchConfig& search) : device
   }
 }
 
-void DeviceProbe::resetPeak() const {
-  if (device_.is_cuda()) {
-    compat::cudaResetPeak(device_.index());
-  } else {
-    resetPeakRss();
-  }
-}
+void DeviceProbe::resetPeak() const { resetPeakMemory(device_); }
 
-double DeviceProbe::peakMb() const {
-  return device_.is_cuda() ? compat::cudaPeakAllocatedBytes(device_.index()) / (1 << 20)
-                           : peakRssMb();
-}
+double DeviceProbe::peakMb() const { return peakMemoryMb(device_); }
 
 void DeviceProbe::synchronize() const {
   if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
@@ -41,6 +32,14 @@ void DeviceProbe::synchronize() const {
 
 void DeviceProbe::emptyCache() const {
   if (device_.is_cuda()) compat::cudaEmptyCache();
+}
+
+void recordFailure(const std::exception& e, Measurement& out) {
+  out.fail = isOutOfMemory(e) ? FailKind::kOutOfMemory : FailKind::kError;
+  if (out.fail == FailKind::kError) {
+    const std::string what = e.what();
+    out.detail = what.substr(0, what.find('\n'));
+  }
 }
 
 namespace {

@@ -8,6 +8,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <string>
 
@@ -38,6 +39,10 @@ class DeviceProbe {
   double budget_mb_ = 0;
   std::string name_;
 };
+
+/// `e`, thrown by a candidate's step on this rank, as out's failure: out of
+/// memory, or an error with the first line of its message.
+void recordFailure(const std::exception& e, Measurement& out);
 
 /// One candidate as a measurer runs it.
 struct CandidateRun {
