@@ -62,6 +62,25 @@ po::options_description describeSlurmOptions() {
   return opts;
 }
 
+po::options_description describeElasticOptions() {
+  po::options_description opts("Elastic (batchdist elastic CONFIG.yaml --hosts FILE ...; the "
+                               "elastic: section of the config tunes the watching)");
+  opts.add_options()
+      ("hosts", po::value<std::string>(),
+       "the hosts: one 'HOST [slots=N]' per line (Open MPI's hostfile); read again while the "
+       "job runs, so a host added to it joins")
+      ("hosts-command", po::value<std::string>(),
+       "a command that prints the hosts in that form, run at each look (instead of --hosts)")
+      ("min-ranks", po::value<int>(), "never run on fewer ranks: wait for hosts, then give up [1]")
+      ("max-ranks", po::value<int>(), "never run on more ranks [all slots]")
+      ("slots-per-host", po::value<int>(), "ranks on a host whose line has no slots= [1]")
+      ("max-restarts", po::value<int>(), "relaunches after failures before giving up [10]")
+      ("mpirun", po::value<std::string>(), "the mpirun to run [mpirun]")
+      ("mpirun-args", po::value<std::string>(),
+       "options for every mpirun, e.g. \"--mca btl_tcp_if_include ib0\"");
+  return opts;
+}
+
 }  // namespace
 
 std::string usage() {
@@ -75,7 +94,9 @@ std::string usage() {
         "  mpirun -np N batchdist data CONFIG.yaml [--seconds S] [--json] [--float]\n"
         "                                                         run the input pipeline alone\n"
         "  batchdist slurm CONFIG.yaml --nodes N --gpus-per-node G [--partition P] [--time T]\n"
-        "                  [--submit]                             write (and submit) an sbatch script\n\n"
+        "                  [--submit]                             write (and submit) an sbatch script\n"
+        "  batchdist elastic CONFIG.yaml --hosts FILE [--min-ranks N] [--max-restarts R]\n"
+        "                                                         run it, surviving lost hosts\n\n"
         "Verbs:\n"
         "  train   (default) rendezvous over c10d (NCCL on GPUs, Gloo on CPUs) and train\n"
         "  plan    global/per-GPU batch, accumulation, shards, drop/pad and scaled lr\n"
@@ -84,9 +105,14 @@ std::string usage() {
         "          in total, the time split (read, decode, transform, wait), bytes/s, threads;\n"
         "          uint8 NHWC batches (--float: the float NCHW ones CPU training gets)\n"
         "  slurm   an sbatch script for this config: nodes, one rank per GPU, time limit,\n"
-        "          SIGUSR1 before it for a clean stop, srun --mpi=pmix or mpirun\n\n"
+        "          SIGUSR1 before it for a clean stop, srun --mpi=pmix or mpirun\n"
+        "  elastic runs mpirun on the hosts that answer; a lost host (a rank killed, silent\n"
+        "          or hung) ends the attempt, and the job resumes from its newest checkpoint\n"
+        "          on the largest world with an equal split of the same global batch; it\n"
+        "          grows back when hosts return (docs/elastic.md)\n\n"
      << describeOptions() << "\n"
-     << describeSlurmOptions()
+     << describeSlurmOptions() << "\n"
+     << describeElasticOptions()
      << "\nExit codes: 0 success, 1 runtime failure, 2 bad input (config, data, options).\n"
         "Example: mpirun -np 2 batchdist configs/quickstart.yaml --set train.epochs=5\n"
         "         batchdist slurm train.yaml --nodes 2 --gpus-per-node 8 --time 4:00:00 --submit\n";
@@ -100,6 +126,7 @@ const char* toString(Verb v) {
     case Verb::kSearch: return "search";
     case Verb::kSlurm: return "slurm";
     case Verb::kData: return "data";
+    case Verb::kElastic: return "elastic";
   }
   return "?";
 }
@@ -118,7 +145,7 @@ void readVerbAndConfig(const po::variables_map& vm, CliOptions& o) {
   std::vector<std::string> args;
   if (vm.count("args")) args = vm["args"].as<std::vector<std::string>>();
   if (!args.empty()) {
-    for (Verb v : {Verb::kTrain, Verb::kPlan, Verb::kSearch, Verb::kSlurm, Verb::kData}) {
+    for (Verb v : {Verb::kTrain, Verb::kPlan, Verb::kSearch, Verb::kSlurm, Verb::kData, Verb::kElastic}) {
       if (args[0] == toString(v)) {
         o.verb = v;
         args.erase(args.begin());
@@ -165,13 +192,47 @@ void readSlurmOptions(const po::variables_map& vm, CliOptions& o) {
   j.requeue = vm.count("no-requeue") == 0;
 }
 
+/// The options of `batchdist elastic`; refused for the other verbs.
+void readElasticOptions(const po::variables_map& vm, CliOptions& o) {
+  const auto elastic_opts = describeElasticOptions();  // options() refers into it
+  for (const auto& opt : elastic_opts.options()) {
+    const std::string name = opt->long_name();
+    if (vm.count(name) && o.verb != Verb::kElastic) {
+      throw ConfigError(strCat("command line: --", name, " is for 'batchdist elastic'; see batchdist --help"));
+    }
+  }
+  if (o.verb != Verb::kElastic) return;
+  auto& e = o.elastic;
+  if (vm.count("hosts")) e.hosts_file = vm["hosts"].as<std::string>();
+  if (vm.count("hosts-command")) e.hosts_command = vm["hosts-command"].as<std::string>();
+  if (e.hosts_file.empty() == e.hosts_command.empty()) {
+    throw ConfigError("command line: batchdist elastic needs the hosts: --hosts FILE or "
+                      "--hosts-command CMD (one of them)");
+  }
+  if (vm.count("min-ranks")) e.min_ranks = atLeastOne(vm, "min-ranks");
+  if (vm.count("max-ranks")) e.max_ranks = atLeastOne(vm, "max-ranks");
+  if (vm.count("slots-per-host")) e.slots_per_host = atLeastOne(vm, "slots-per-host");
+  if (vm.count("max-restarts")) {
+    e.max_restarts = vm["max-restarts"].as<int>();
+    if (e.max_restarts < 0) {
+      throw ConfigError(strCat("command line: --max-restarts must be >= 0, got ", e.max_restarts));
+    }
+  }
+  if (e.max_ranks > 0 && e.max_ranks < e.min_ranks) {
+    throw ConfigError(strCat("command line: --max-ranks ", e.max_ranks, " is below --min-ranks ",
+                             e.min_ranks));
+  }
+  if (vm.count("mpirun")) e.mpirun = vm["mpirun"].as<std::string>();
+  if (vm.count("mpirun-args")) e.mpirun_args = vm["mpirun-args"].as<std::string>();
+}
+
 }  // namespace
 
 CliOptions parseCli(int argc, char** argv) {
   po::options_description hidden;
   hidden.add_options()("args", po::value<std::vector<std::string>>(), "");
   po::options_description all;
-  all.add(describeOptions()).add(describeSlurmOptions()).add(hidden);
+  all.add(describeOptions()).add(describeSlurmOptions()).add(describeElasticOptions()).add(hidden);
   po::positional_options_description pos;
   pos.add("args", -1);
 
@@ -201,7 +262,7 @@ CliOptions parseCli(int argc, char** argv) {
   o.output = vm["output"].as<std::string>();
   if (vm.count("world")) o.world = atLeastOne(vm, "world");
   readVerbAndConfig(vm, o);
-  if (!o.resume.empty() && o.verb != Verb::kTrain) {
+  if (!o.resume.empty() && o.verb != Verb::kTrain && o.verb != Verb::kElastic) {
     throw ConfigError(strCat("command line: --resume is for 'batchdist train' (not ",
                              toString(o.verb), ")"));
   }
@@ -225,6 +286,7 @@ CliOptions parseCli(int argc, char** argv) {
   }
   if (o.json && o.verb == Verb::kData) o.quiet = true;  // stdout is the JSON alone
   readSlurmOptions(vm, o);
+  readElasticOptions(vm, o);
   return o;
 }
 

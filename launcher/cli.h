@@ -1,16 +1,17 @@
 #pragma once
-// Command line: batchdist [train|plan|search|slurm] CONFIG.yaml [options].
+// Command line: batchdist [train|plan|search|data|slurm|elastic] CONFIG.yaml [options].
 
 #include <string>
 #include <vector>
 
+#include "launcher/elastic/options.h"
 #include "launcher/slurm_script.h"
 
 namespace batchdist::launcher {
 
-enum class Verb { kTrain, kPlan, kSearch, kSlurm, kData };
+enum class Verb { kTrain, kPlan, kSearch, kSlurm, kData, kElastic };
 
-/// "train", "plan", "search", "slurm", "data".
+/// "train", "plan", "search", "slurm", "data", "elastic".
 const char* toString(Verb v);
 
 struct CliOptions {
@@ -31,6 +32,8 @@ struct CliOptions {
   /// slurm: the job options (--nodes, --gpus-per-node, ...); paths are filled in
   /// by the verb itself.
   SlurmJobSpec slurm;
+  /// elastic: the supervisor's options (--hosts, --min-ranks, ...).
+  ElasticOptions elastic;
 };
 
 /// Parses argv. Throws ConfigError (exit code 2) for unknown options, missing or

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "worker/common/heartbeat.h"
 #include "worker/common/util.h"
 
 namespace batchdist::launcher {
@@ -83,12 +84,21 @@ int runTrainJob(worker::RunRequest req, MpiScope& mpi) {
   installStopHandlers();
   req.stop_signal = [] { return g_stop_signal.load(); };
   const worker::RankPlace place = placeOf(mpi);
+  try {
+    worker::heartbeat::startFromEnvironment(place.rank);  // Note [heartbeat]: elastic runs only
+  } catch (const Error& e) {  // the same environment on every rank: every rank says it
+    std::cerr << strCat(mpi.tag(), " error: ", e.what(), "\n") << std::flush;
+    return e.exitCode();
+  }
   worker::RunSetup setup;
   const double setup_started = secondsSinceProcessStart();
   if (const int code = prepare(req, place, mpi, setup); code != 0) return code;
   req.setup_s = secondsSinceProcessStart() - setup_started;
   try {
-    return worker::executeRun(req, place, setup);
+    const int code = worker::executeRun(req, place, setup);
+    worker::heartbeat::setPhase("done");
+    worker::heartbeat::stop();
+    return code;
   } catch (const Error& e) {
     // One write per message: the ranks' lines do not interleave under mpirun.
     std::cerr << strCat(mpi.tag(), " error: ", e.what(), "\n") << std::flush;

@@ -14,6 +14,7 @@
 #include "collective/process_group.h"
 #include "collective/torch_compat.h"
 #include "launcher/cli.h"
+#include "launcher/elastic/supervisor.h"
 #include "launcher/job.h"
 #include "launcher/mpi_scope.h"
 #include "launcher/slurm_script.h"
@@ -257,6 +258,7 @@ int main(int argc, char** argv) {
   }
   if (cli.verb == launcher::Verb::kPlan) return launcher::runPlan(cli);
   if (cli.verb == launcher::Verb::kSlurm) return launcher::runSlurm(cli);
+  if (cli.verb == launcher::Verb::kElastic) return launcher::runElastic(cli);
   // srun without a process manager would start N singletons: say so before
   // MPI_Init (Open MPI aborts in it) and, for other MPIs, after it.
   const launcher::EnvLookup env = [](const char* name) { return std::getenv(name); };

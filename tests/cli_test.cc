@@ -640,3 +640,46 @@ TEST(Cli, DataVerbOptionsAndBadSources) {
   expectCleanError(run(kQuickstart + " -q --set data.on_error=ignore"),
                    "data.on_error: 'ignore' is not one of skip | fail");
 }
+
+// batchdist elastic (Note [elastic supervisor]): its command line and host list
+// refused with the reason, and a job on this host alone run to the end with the
+// attempt in the report (the lost hosts: tests/cluster/elastic_netns.sh).
+TEST(Elastic, BadCommandLinesAndHostLists) {
+  expectCleanError(run("elastic " + kQuickstart), "batchdist elastic needs the hosts: --hosts FILE or --hosts-command CMD");
+  expectCleanError(run(kQuickstart + " --hosts h.txt"), "--hosts is for 'batchdist elastic'");
+  expectCleanError(run("elastic " + kQuickstart + " --hosts h --min-ranks 4 --max-ranks 2"),
+                   "--max-ranks 2 is below --min-ranks 4");
+  const auto dir = scratchDir("elastic_cli");
+  const auto bad = (dir / "bad_hosts").string();
+  std::ofstream(bad) << "localhost slots=2\nnode2 slots=two\n";
+  expectCleanError(run("elastic " + kQuickstart + " --hosts " + bad),
+                   "--hosts " + bad + ":2: slots=two: expected a whole number >= 1");
+  expectCleanError(run("elastic " + kQuickstart + " --hosts " + (dir / "missing").string()),
+                   "cannot read the file");
+  const auto ok = (dir / "hosts").string();
+  std::ofstream(ok) << "localhost slots=2\n";
+  expectCleanError(run("elastic " + kQuickstart + " --hosts " + ok +
+                       " --set elastic.heartbeat_s=2 --set elastic.heartbeat_timeout_s=3"),
+                   "elastic.heartbeat_timeout_s: 3 is less than two heartbeats");
+}
+
+TEST(Elastic, AJobOnOneHostRunsToTheEndWithItsAttemptInTheReport) {
+  const auto dir = scratchDir("elastic_local");
+  std::ofstream(dir / "hosts") << "localhost slots=2\n";
+  const auto r = run("elastic " + kQuickstart + " --hosts " + (dir / "hosts").string() +
+                     " --mpirun " BATCHDIST_MPIRUN " --mpirun-args '" BATCHDIST_MPI_FLAGS "' --output " +
+                     (dir / "out").string() + " --set train.epochs=2 --set train.threads=1 -q");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("elastic: attempt 1: 2 rank(s) on 1 host(s)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("elastic: finished after 1 attempt(s)"), std::string::npos) << r.out;
+  std::ifstream in(dir / "out" / "report.json");
+  const auto report = nlohmann::json::parse(in);
+  ASSERT_TRUE(report.contains("elastic")) << report.dump();
+  const auto& a = report["elastic"]["attempts"];
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0]["world"], 2);
+  EXPECT_EQ(a[0]["cause"], "finished");
+  EXPECT_EQ(a[0]["last_step"], report["steps"]);
+  EXPECT_EQ(a[0]["start_step"], 0);
+  EXPECT_EQ(report["elastic"]["exit_code"], 0);
+}

@@ -16,6 +16,7 @@
 #include "common/error.h"
 #include "collective/process_group.h"
 #include "collective/torch_compat.h"
+#include "worker/common/heartbeat.h"
 #include "worker/common/console.h"
 #include "worker/common/files.h"
 #include "worker/common/util.h"
@@ -668,6 +669,7 @@ void connectPhase(RunState& r) {
 std::optional<int> searchPhase(RunState& r) {
   auto& s = r.s;
   const double search_t0 = monotonicSeconds();
+  heartbeat::setPhase("search");  // Note [heartbeat]
   try {
     r.searched = searchBatch(r.req, s, r.comm(), *r.console, &r.cache);
     r.clock.lap("search");
@@ -837,7 +839,13 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
     trainer.resumeAt(positionOf(r.resumed->manifest));
     r.clock.lap("resume_read");
   }
+  // Note [heartbeat]: the supervisor's figures of this attempt.
+  heartbeat::setBatch(s.plan.per_gpu, s.plan.accum, s.plan.global);
+  heartbeat::setStep(r.resumed ? positionOf(r.resumed->manifest).global_step : 0);
+  heartbeat::setCheckpoint(r.resumed ? positionOf(r.resumed->manifest).global_step : -1);
+  heartbeat::setPhase("train");
   const auto result = trainer.train(*r.console, [&req] { return req.stop_signal() != 0; });
+  heartbeat::setPhase("finish");  // the report and the model: no steps, not a hang
   r.clock.lap("train");
   return finishPhase(r, trainer, result);
 }

@@ -451,7 +451,8 @@ class Section {
 };
 
 const std::vector<std::string> kSections = {"task", "model",  "data",       "batch", "optim",
-                                            "train", "dist", "search", "checkpoint", "report"};
+                                            "train", "dist", "search", "checkpoint", "report",
+                                            "elastic"};
 
 std::string suggestion(const std::string& path, const std::vector<std::string>& candidates) {
   std::string best;
@@ -1002,6 +1003,23 @@ void readCheckpoint(Context& ctx, const YAML::Node& root, CheckpointConfig& c) {
   c.resume = s.choice("resume", ResumeMode::kOff);
 }
 
+void readElastic(Context& ctx, const YAML::Node& root, ElasticConfig& c) {
+  Section s(ctx, root, "elastic");
+  c.heartbeat_s = s.real("heartbeat_s", 1, 0.05, 60);
+  c.heartbeat_timeout_s = s.real("heartbeat_timeout_s", 10, 0.2, 86400);
+  c.stall_s = s.real("stall_s", 300, 1, 86400 * 7);
+  c.readmit_s = s.real("readmit_s", 60, 0, 86400 * 7);
+  c.wait_s = s.real("wait_s", 300, 0, 86400 * 7);
+  c.probe_timeout_s = s.real("probe_timeout_s", 10, 0.5, 3600);
+  if (c.heartbeat_timeout_s < 2 * c.heartbeat_s) {
+    throw keyError(ctx.from_set.count("elastic.heartbeat_timeout_s") ? "--set elastic.heartbeat_timeout_s"
+                                                                     : ctx.source,
+                   "elastic.heartbeat_timeout_s",
+                   strCat(c.heartbeat_timeout_s, " is less than two heartbeats (elastic.heartbeat_s: ",
+                          c.heartbeat_s, "): one late datagram would count as a lost host"));
+  }
+}
+
 void readReport(Context& ctx, const YAML::Node& root, ReportConfig& c) {
   Section s(ctx, root, "report");
   c.tensorboard = s.boolean("tensorboard", true);
@@ -1013,7 +1031,7 @@ void checkUnknownKeys(const Context& ctx, const YAML::Node& root) {
     for (const auto& [key, mark] : mapKeys(ctx, root, "")) {
       if (std::find(kSections.begin(), kSections.end(), key) == kSections.end()) {
         throw ConfigError(strCat(ctx.where(key, mark), ": unknown section '", key,
-                                 "' (sections: task, model, data, batch, optim, train, dist, search, checkpoint, report)",
+                                 "' (sections: task, model, data, batch, optim, train, dist, search, checkpoint, report, elastic)",
                                  suggestion(key, kSections)));
       }
     }
@@ -1090,6 +1108,7 @@ Config parseConfig(const std::string& yaml_text, const std::string& source,
   readSearch(ctx, root, cfg.search);
   readCheckpoint(ctx, root, cfg.checkpoint);
   readReport(ctx, root, cfg.report);
+  readElastic(ctx, root, cfg.elastic);
 
   checkUnknownKeys(ctx, root);
   cfg.data.seq_len = cfg.model.seq_len;  // Note [tokens]: a window is seq_len + 1 tokens

@@ -298,6 +298,17 @@ struct CheckpointConfig {
   ResumeMode resume = ResumeMode::kOff;      ///< auto: newest valid checkpoint in dir, if any
 };
 
+/// `batchdist elastic` (launcher/elastic.h): how its supervisor watches the job
+/// and when a lost host may come back. The ranks themselves ignore the section.
+struct ElasticConfig {
+  double heartbeat_s = 1;                    ///< each rank sends a heartbeat this often
+  double heartbeat_timeout_s = 10;           ///< a rank silent this long is lost (its host with it)
+  double stall_s = 300;                      ///< no step completed on any rank this long: a hang
+  double readmit_s = 60;                     ///< a lost host answers this long before it rejoins
+  double wait_s = 300;                       ///< below --min-ranks: wait this long for hosts
+  double probe_timeout_s = 10;               ///< a host that cannot start a process this fast is gone
+};
+
 struct Config {
   std::string source;                        ///< file the config came from (for messages)
   std::string base_dir = ".";                ///< its directory: relative paths resolve here
@@ -311,6 +322,7 @@ struct Config {
   SearchConfig search;
   CheckpointConfig checkpoint;
   ReportConfig report;
+  ElasticConfig elastic;
   /// Every key with the value in force (defaults included), by section, in schema
   /// order: {"model": {"name": "mlp", ...}, ...}. The report, the search cache key
   /// and the cross-rank check read it.

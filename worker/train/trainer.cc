@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "worker/common/util.h"
 #include "collective/torch_compat.h"
+#include "worker/common/heartbeat.h"
 #include "worker/common/console.h"
 #include "worker/train/adapt_record.h"
 #include "worker/train/adaptive_batch.h"
@@ -437,6 +438,7 @@ void Trainer::runSteps(EpochRun& e, Sharder& sharder, int64_t* global_step,
     e.loss_sum += loss;
     e.samples += sharder.realSamples(s);
     ++*global_step;
+    heartbeat::setStep(*global_step);  // Note [heartbeat]
     e.next = s + 1;
     const auto step_time = takeTime();
     e.time.add(step_time);
@@ -596,6 +598,7 @@ void Trainer::checkpoint(const EpochRun& e, int64_t global_step, bool mid_epoch,
                           : adaptRecord(e.epoch + 1, 0, 0, 0);
   }
   auto rec = checkpointer_->save(state(), pos, e.stop, console);
+  if (rec.error.empty()) heartbeat::setCheckpoint(global_step);  // Note [heartbeat]
   result.checkpoint_s += rec.seconds;
   result.checkpoints.push_back(std::move(rec));
 }

@@ -1,0 +1,91 @@
+#include "launcher/elastic/hosts.h"
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "common/error.h"
+
+namespace batchdist::launcher::elastic {
+namespace {
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(strCat("--hosts ", path, ": cannot read the file"));
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+/// Runs `command` under sh; its stdout. Throws Error when it fails.
+std::string commandOutput(const std::string& command) {
+  const std::string cmd = command + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) throw Error(strCat("--hosts-command: cannot run '", command, "'"));
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (const size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  const int status = pclose(p);
+  if (status != 0) {
+    throw Error(strCat("--hosts-command '", command, "' failed (",
+                       WIFEXITED(status) ? strCat("exit status ", WEXITSTATUS(status)) : "killed",
+                       "): ", out.substr(0, 400)));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<Host> parseHosts(const std::string& text, const std::string& source, int default_slots) {
+  std::vector<Host> hosts;
+  std::istringstream in(text);
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    line = line.substr(0, line.find('#'));
+    std::istringstream words(line);
+    Host h;
+    if (!(words >> h.name)) continue;
+    h.slots = default_slots;
+    for (std::string w; words >> w;) {
+      const auto eq = w.find('=');
+      const std::string key = w.substr(0, eq);
+      if (eq == std::string::npos || (key != "slots" && key != "max_slots")) {
+        throw ConfigError(strCat(source, ":", n, ": '", w, "': expected HOST [slots=N]"));
+      }
+      if (key == "max_slots") continue;  // Open MPI's; the slots are what we use
+      const std::string v = w.substr(eq + 1);
+      char* end = nullptr;
+      const long s = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || s < 1 || s > 4096) {
+        throw ConfigError(strCat(source, ":", n, ": slots=", v, ": expected a whole number >= 1"));
+      }
+      h.slots = static_cast<int>(s);
+    }
+    bool seen = false;
+    for (const auto& o : hosts) seen = seen || o.name == h.name;
+    if (!seen) hosts.push_back(h);
+  }
+  return hosts;
+}
+
+std::vector<Host> currentHosts(const std::string& file, const std::string& command, int default_slots) {
+  if (!file.empty()) return parseHosts(readFile(file), "--hosts " + file, default_slots);
+  return parseHosts(commandOutput(command), "--hosts-command output", default_slots);
+}
+
+std::string hostfileText(const std::vector<Host>& hosts) {
+  std::string s;
+  for (const auto& h : hosts) s += strCat(h.name, " slots=", h.slots, "\n");
+  return s;
+}
+
+int slotCount(const std::vector<Host>& hosts) {
+  int n = 0;
+  for (const auto& h : hosts) n += h.slots;
+  return n;
+}
+
+}  // namespace batchdist::launcher::elastic

@@ -1,0 +1,95 @@
+#include "launcher/elastic/probe.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <mutex>
+
+#include "common/error.h"
+
+namespace batchdist::launcher::elastic {
+
+Probe::Probe(const std::string& host, const std::vector<std::string>& mpirun, double timeout_s,
+             double now)
+    : host_(host), deadline_(now + timeout_s) {
+  auto argv = mpirun;
+  for (const char* a : {"-np", "1", "--host"}) argv.emplace_back(a);
+  argv.push_back(host + ":1");
+  argv.emplace_back("true");
+  auto last = last_line_;
+  auto mu = std::make_shared<std::mutex>();
+  child_ = std::make_unique<Child>(argv, std::vector<std::string>{}, [last, mu](const std::string& l) {
+    std::lock_guard lock(*mu);
+    if (!l.empty() && l.find_first_not_of("- ") != std::string::npos) *last = l;
+  });
+}
+
+std::optional<bool> Probe::result(double now) {
+  if (!child_) return why_.empty();
+  if (const auto st = child_->poll()) {
+    const bool ok = WIFEXITED(*st) && WEXITSTATUS(*st) == 0;
+    if (!ok) why_ = strCat("could not start a process there (mpirun ", describeStatus(*st), ": ", *last_line_, ")");
+    child_.reset();
+    return ok;
+  }
+  if (now < deadline_) return std::nullopt;
+  child_->end(1.0);
+  child_.reset();
+  why_ = "did not answer within elastic.probe_timeout_s";
+  return false;
+}
+
+namespace {
+
+std::string interfaceAddress(const std::string& name) {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) throw Error("cannot list the network interfaces");
+  std::string found;
+  for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET || name != a->ifa_name) continue;
+    char buf[INET_ADDRSTRLEN] = {};
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, buf, sizeof buf);
+    found = buf;
+    break;
+  }
+  freeifaddrs(list);
+  if (found.empty()) throw ConfigError(strCat("dist.interface: no IPv4 address on '", name, "' here"));
+  return found;
+}
+
+std::string routedAddress(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), "9", &hints, &res) != 0 || res == nullptr) {
+    throw Error(strCat("cannot resolve host '", host, "' (IPv4)"));
+  }
+  const int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_in local{};
+  socklen_t len = sizeof local;
+  const bool ok = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0;
+  freeaddrinfo(res);
+  if (fd >= 0) close(fd);
+  if (!ok) throw Error(strCat("no route to host '", host, "': ", std::strerror(errno)));
+  char buf[INET_ADDRSTRLEN] = {};
+  inet_ntop(AF_INET, &local.sin_addr, buf, sizeof buf);
+  return buf;
+}
+
+}  // namespace
+
+std::string heartbeatAddress(const std::string& interface, const std::vector<std::string>& hosts) {
+  if (!interface.empty()) return interfaceAddress(interface);
+  if (hosts.empty()) return "127.0.0.1";
+  return routedAddress(hosts.front());
+}
+
+}  // namespace batchdist::launcher::elastic
