@@ -28,6 +28,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
+/// These tests read the files right after save(): written in the foreground
+/// (Note [background checkpoint]; the background's own test is in checkpoint_test.cc).
+batchdist::worker::CheckpointConfig foreground(batchdist::worker::CheckpointConfig c) {
+  c.background = false;
+  return c;
+}
+
 using testsupport::runRanks;
 
 /// A checkpoint directory not made yet, in a scratch directory of this test
@@ -90,7 +97,7 @@ TEST_P(CheckpointRoundTrip, ContinuesBitwiseAndDamageIsRefused) {
     id.plan.world_size = 2;
     id.plan.steps_per_epoch = 10;
     id.config = cfg.resolved;
-    Checkpointer ck(cfg.checkpoint, dir.string(), id, comm);
+    Checkpointer ck(foreground(cfg.checkpoint), dir.string(), id, comm);
     TrainState st{a.get(), opt_a.get(), nullptr, at::kCPU};
     TrainPosition pos;
     pos.global_step = 3;
@@ -168,7 +175,7 @@ TEST(Checkpoint, Format1RngArchiveIsStillRead) {
     CheckpointIdentity id;
     id.plan.world_size = 2;
     id.config = cfg.resolved;
-    Checkpointer ck(cfg.checkpoint, dir.string(), id, comm);
+    Checkpointer ck(foreground(cfg.checkpoint), dir.string(), id, comm);
     Console quiet(false, ProgressStyle::kOff);
     TrainPosition pos;
     pos.global_step = 1;
@@ -310,4 +317,56 @@ TEST(Checkpoint, ResumeRefusesAnotherModelNamingTheKey) {
                ConfigError);
   EXPECT_THROW(checkResumable(m, parseConfig("model: {hidden: [16]}\noptim: {name: adamw}\nbatch: {global: 64}", "t.yaml"), "ck"),
                ConfigError);
+}
+
+// Note [background checkpoint]: a periodic checkpoint's files are written on a
+// thread while training goes on; the next save waits for the write in flight,
+// settle() lands the last one and fills in its record; the checkpoint verifies,
+// holds the weights of its step (not of a later one), and retention runs.
+TEST(Checkpoint, BackgroundWritesLandWithTheWeightsOfTheirStep) {
+  const auto dir = freshDir("background");
+  Config cfg = parseConfig("model: {hidden: [8], batchnorm: false}", "t.yaml");
+  cfg.checkpoint.keep = 2;
+  ASSERT_TRUE(cfg.checkpoint.background) << "the default";
+  runRanks(2, [&](collective::Communicator& comm) {
+    torch::manual_seed(5);
+    auto model = buildModel(cfg.model, {4}, 3);
+    auto opt = makeOptimizer(cfg.optim, model->trainableParameters());
+    CheckpointIdentity id;
+    id.plan.world_size = 2;
+    id.plan.steps_per_epoch = 10;
+    id.config = cfg.resolved;
+    Checkpointer ck(cfg.checkpoint, dir.string(), id, comm);
+    Console quiet(false, ProgressStyle::kOff);
+    TrainState st{model.get(), opt.get(), nullptr, at::kCPU};
+    std::vector<CheckpointRecord> records;
+    torch::Tensor at_step_3;
+    for (int64_t s : {1, 2, 3}) {
+      TrainPosition pos;
+      pos.global_step = s;
+      records.push_back(ck.save(st, pos, false, quiet));
+      EXPECT_TRUE(records.back().background);
+      EXPECT_TRUE(records.back().error.empty()) << records.back().error;
+      // Training goes on: the weights change while the write may still run.
+      auto p = model->namedParameters().begin()->second;
+      if (s == 3) at_step_3 = p.detach().clone();
+      torch::NoGradGuard no_grad;
+      p.add_(1.0);
+    }
+    ck.settle(quiet, &records);
+    if (comm.rank() != 0) return;
+    for (const auto& r : records) {
+      EXPECT_TRUE(r.error.empty()) << r.error;
+      EXPECT_GT(r.bytes, 0) << "step " << r.step;
+      EXPECT_GT(r.write_seconds, 0) << "step " << r.step;
+    }
+    EXPECT_FALSE(fs::exists(dir / "step-00000001")) << "keep: 2";
+    const auto check = verifyCheckpoint((dir / "step-00000003").string());
+    ASSERT_TRUE(check.problem.empty()) << check.problem;
+    auto restored = buildModel(cfg.model, {4}, 3);
+    auto opt_b = makeOptimizer(cfg.optim, restored->trainableParameters());
+    TrainState into{restored.get(), opt_b.get(), nullptr, at::kCPU};
+    restoreState(check, into, 0, 1);
+    EXPECT_TRUE(torch::equal(restored->namedParameters().begin()->second, at_step_3));
+  });
 }

@@ -109,9 +109,8 @@ int64_t Monitor::lastStep() const {
 }
 
 int64_t Monitor::checkpoint() const {
-  int64_t c = -1;
-  for (const auto& r : ranks_) c = std::max(c, r.heard ? r.last.checkpoint : int64_t{-1});
-  return c;
+  const auto& r0 = ranks_.front();  // rank 0 writes them (Note [background checkpoint])
+  return r0.heard ? r0.last.checkpoint : -1;
 }
 
 bool Monitor::training() const {

@@ -26,7 +26,9 @@ Probe::Probe(const std::string& host, const std::vector<std::string>& mpirun, do
   auto mu = std::make_shared<std::mutex>();
   child_ = std::make_unique<Child>(argv, std::vector<std::string>{}, [last, mu](const std::string& l) {
     std::lock_guard lock(*mu);
-    if (!l.empty() && l.find_first_not_of("- ") != std::string::npos) *last = l;
+    // The first line that says something: the launch agent's (ssh's) own error
+    // comes before Open MPI's help text.
+    if (last->empty() && l.find_first_not_of("- ") != std::string::npos) *last = l;
   });
 }
 

@@ -19,7 +19,7 @@ class Probe {
   const std::string& host() const { return host_; }
   /// nullopt while undecided; true once it answered, false once it failed or timed out.
   std::optional<bool> result(double now);
-  /// Why it failed (its output's last line, or the timeout).
+  /// Why it failed (its output's first line, or the timeout).
   const std::string& why() const { return why_; }
 
  private:

@@ -285,9 +285,15 @@ void Supervisor::serviceProbes(bool everyone) {
   }
 }
 
+/// Probes every listed host and waits for the answers of those a launch would
+/// use (and, the first time, of every host); a lost host's probe goes on in the
+/// background and is read by later looks.
 void Supervisor::probeAll() {
   serviceProbes(true);
-  while (std::any_of(hosts_.begin(), hosts_.end(), [](const HostState& h) { return h.probe != nullptr; })) {
+  const auto pending = [](const HostState& h) {
+    return h.probe != nullptr && (h.available || !h.probed);
+  };
+  while (std::any_of(hosts_.begin(), hosts_.end(), pending)) {
     receiveBeats(nullptr, 0.05);
     serviceProbes(false);
   }
@@ -376,6 +382,11 @@ std::vector<std::string> Supervisor::attemptArgv(const Launch& l, int number) {
                            "--output", cli_.output});
   if (cli_.quiet) argv.emplace_back("--quiet");
   for (const auto& s : cli_.sets) argv.insert(argv.end(), {"--set", s});
+  // Lost work is bounded by the checkpoint interval: unless the config sets one in
+  // steps, as often as costs at most 1 % of the time (Note [checkpoint interval]).
+  if (cfg_.checkpoint.every_steps == 0 && !cfg_.checkpoint.every_steps_auto) {
+    argv.insert(argv.end(), {"--set", "checkpoint.every_steps=auto"});
+  }
   if (l.split.world > 0) {
     argv.insert(argv.end(), {"--set", strCat("batch.global=", known_global_), "--set",
                              strCat("batch.per_gpu=", l.split.per_gpu), "--set",
@@ -583,7 +594,10 @@ Ending Supervisor::onExit(AttemptState& a, int status) {
     rec.cause = "the job exited 2 (bad input)";
     return Ending::kBadInput;
   }
-  rec.cause = blamed.empty() ? strCat("mpirun ", elastic::describeStatus(status)) : died_text;
+  rec.cause = blamed.empty()
+                  ? strCat("mpirun ", elastic::describeStatus(status),
+                           " without naming a rank (a daemon or its host lost?); the hosts are probed")
+                  : died_text;
   say(strCat("attempt ", rec.number, " failed after ", seconds(rec.ended_s - rec.launched_s),
              " s at step ", rec.last_step, ": ", rec.cause));
   loseHosts(blamed, a.rank_hosts, rec.cause, rec);
@@ -599,7 +613,7 @@ Ending Supervisor::onVerdict(AttemptState& a, const Verdict& v, Child& child) {
   rec.detected_after_s = silent ? cfg_.elastic.heartbeat_timeout_s : cfg_.elastic.stall_s;
   say(strCat("attempt ", rec.number, ": ", silent ? "lost rank(s)" : "hang", ": ", v.why,
              " on host(s) ", hostsOf(v.ranks, a.rank_hosts), "; ending the attempt"));
-  child.end(5.0);
+  child.end(3.0);
   rec.ended_s = now();
   loseHosts(v.ranks, a.rank_hosts, v.why, rec);
   drainAttempt(rec.number, a.rank_hosts);

@@ -995,11 +995,12 @@ YAML::Node loadYaml(const std::string& text, const std::string& source) {
 
 void readCheckpoint(Context& ctx, const YAML::Node& root, CheckpointConfig& c) {
   Section s(ctx, root, "checkpoint");
-  c.every_steps = s.integer("every_steps", 0, 0, kMaxInt);
+  c.every_steps = s.integerOrAuto("every_steps", 0, 0, &c.every_steps_auto);
   c.every_minutes = s.real("every_minutes", 30, 0, 1e7);
   c.keep = s.integer("keep", 2, 1, 1 << 20);
   c.dir = s.text("dir", "");
   c.on_signal = s.boolean("on_signal", true);
+  c.background = s.boolean("background", true);
   c.resume = s.choice("resume", ResumeMode::kOff);
 }
 

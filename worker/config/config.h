@@ -291,10 +291,12 @@ struct SearchConfig {
 /// every_steps or every_minutes is set (0: off); one when a stop signal ends the run.
 struct CheckpointConfig {
   int64_t every_steps = 0;                   ///< 0: off
+  bool every_steps_auto = false;             ///< Note [checkpoint interval]: from what they cost
   double every_minutes = 30;                 ///< 0: off (agreed over the ranks each step)
   int64_t keep = 2;                          ///< the newest K good checkpoints are kept
   std::string dir;                           ///< "" -> <output>/checkpoints
   bool on_signal = true;                     ///< SIGTERM/SIGUSR1/SIGINT stop: checkpoint first
+  bool background = true;                    ///< periodic ones: files written while training goes on
   ResumeMode resume = ResumeMode::kOff;      ///< auto: newest valid checkpoint in dir, if any
 };
 

@@ -227,7 +227,9 @@ nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const Trai
   }
   auto checkpoints = nlohmann::ordered_json::array();
   for (const auto& c : r.checkpoints) {
+    // Note [background checkpoint]: seconds is what the step waited.
     nlohmann::ordered_json j{{"step", c.step}, {"path", c.path}, {"seconds", c.seconds},
+                             {"write_seconds", c.write_seconds}, {"background", c.background},
                              {"bytes", c.bytes}, {"on_signal", c.on_signal}};
     if (!c.error.empty()) j["error"] = c.error;
     checkpoints.push_back(j);

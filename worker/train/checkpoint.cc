@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
@@ -24,6 +25,7 @@
 #include "collective/torch_compat.h"
 #include "worker/common/console.h"
 #include "worker/common/files.h"
+#include "worker/common/heartbeat.h"
 #include "worker/common/util.h"
 #include "worker/model/model.h"
 #include "worker/model/optimizer.h"
@@ -294,8 +296,31 @@ Checkpointer::Checkpointer(const CheckpointConfig& cfg, std::string dir, Checkpo
       fault_(faults ? faults->checkpoint : CheckpointFault{}),
       last_write_(monotonicSeconds()) {}
 
+Checkpointer::~Checkpointer() {
+  if (writer_.joinable()) writer_.join();
+}
+
 bool Checkpointer::dueBySteps(int64_t global_step) const {
   return cfg_.every_steps > 0 && global_step % cfg_.every_steps == 0;
+}
+
+bool Checkpointer::dueByAuto(int64_t steps_done) const {
+  return comm_.rank() == 0 && cfg_.every_steps_auto && steps_done + 1 - std::max<int64_t>(last_step_, 0) >= auto_every_;
+}
+
+void Checkpointer::noteStep(double seconds) {
+  step_s_ = step_s_ > 0 ? 0.9 * step_s_ + 0.1 * seconds : seconds;
+}
+
+void Checkpointer::updateAutoInterval(double waited_s, Console& console) {
+  if (!cfg_.every_steps_auto || step_s_ <= 0) return;
+  const double k = std::ceil(waited_s / (kAutoShare * step_s_));
+  const int64_t every = std::clamp<int64_t>(static_cast<int64_t>(k), 1, 1000000);
+  if (every == auto_every_) return;
+  auto_every_ = every;
+  console.line(strCat("checkpoint: every_steps auto: the step waited ", formatFixed(waited_s, 3),
+                      " s for a checkpoint, a step takes ", formatFixed(step_s_, 3), " s: every ",
+                      every, " step(s) (at most ", kAutoShare * 100, " % of the time)"));
 }
 
 bool Checkpointer::dueByTime() const {
@@ -311,6 +336,8 @@ CheckpointRecord Checkpointer::save(const TrainState& state, const TrainPosition
   rec.on_signal = on_signal;
   rec.path = (fs::path(dir_) / checkpointName(pos.global_step)).string();
   const bool root = comm_.rank() == 0;
+  last_step_ = pos.global_step;
+  if (root) settle(console);  // Note [background checkpoint]: one write in flight at most
   std::string error, tmp;
   StreamedFile rng_file;
   if (root) {
@@ -347,6 +374,7 @@ CheckpointRecord Checkpointer::save(const TrainState& state, const TrainPosition
     }
     opt_state = gatherShardedState(*sharded, comm_, state_chunk_bytes_, into(state_file));
   }
+  Prepared prepared;
   if (root && error.empty()) {
     try {
       rng_file.finish();
@@ -356,10 +384,52 @@ CheckpointRecord Checkpointer::save(const TrainState& state, const TrainPosition
         written.push_back(fileEntry(kStateFile, state_file));
         opt_state["file"] = kStateFile;
       }
-      rec.bytes = writeInto(tmp, state, pos, rng.json(), written, opt_state, rec.path);
+      prepared = prepare(tmp, state, pos, rng.json(), written, opt_state, rec.path);
     } catch (const std::exception& e) {
       error = e.what();
     }
+  }
+  last_write_ = monotonicSeconds();
+  // Note [background checkpoint]: every rank takes the same branch (the stop
+  // wish was agreed; the config is the same).
+  if (cfg_.background && !on_signal) {
+    rec.background = true;
+    rec.seconds = monotonicSeconds() - t0;  // what the step waited
+    if (!root) return rec;
+    updateAutoInterval(rec.seconds, console);
+    if (!error.empty()) {
+      rec.error = error;
+      std::error_code ec;
+      if (!tmp.empty()) fs::remove_all(tmp, ec);
+      report(rec, console);
+      finished_[rec.step] = rec;
+      return rec;
+    }
+    in_flight_ = rec;
+    writer_done_ = false;
+    writer_ = std::thread([this, p = std::move(prepared)] {
+      const double w0 = monotonicSeconds();
+      try {
+        in_flight_.bytes = commit(p);
+        heartbeat::setCheckpoint(p.step);  // Note [heartbeat]: durable now
+      } catch (const std::exception& e) {
+        in_flight_.error = e.what();
+        std::error_code ec;
+        fs::remove_all(p.tmp, ec);
+      }
+      in_flight_.write_seconds = monotonicSeconds() - w0;
+      writer_done_ = true;
+    });
+    return rec;
+  }
+  if (root && error.empty()) {
+    const double w0 = monotonicSeconds();
+    try {
+      rec.bytes = commit(prepared);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    rec.write_seconds = monotonicSeconds() - w0;
   }
   if (root && !error.empty() && !tmp.empty()) {
     std::error_code ec;
@@ -369,25 +439,55 @@ CheckpointRecord Checkpointer::save(const TrainState& state, const TrainPosition
   rec.seconds = monotonicSeconds() - t0;
   last_write_ = monotonicSeconds();
   if (!root) return rec;
+  if (rec.error.empty()) heartbeat::setCheckpoint(rec.step);  // Note [heartbeat]
+  if (!on_signal) updateAutoInterval(rec.seconds, console);
+  report(rec, console);
+  return rec;
+}
+
+void Checkpointer::report(const CheckpointRecord& rec, Console& console) const {
   if (rec.error.empty()) {
-    console.line(strCat("checkpoint: step ", rec.step, on_signal ? " (stop signal)" : "", " -> ",
-                        rec.path, " (", byteSize(rec.bytes), ", ", formatFixed(rec.seconds, 2),
-                        " s)"));
+    console.line(strCat("checkpoint: step ", rec.step, rec.on_signal ? " (stop signal)" : "", " -> ",
+                        rec.path, " (", byteSize(rec.bytes), ", ",
+                        rec.background ? strCat("the step waited ", formatFixed(rec.seconds, 2),
+                                                " s, written in ", formatFixed(rec.write_seconds, 2),
+                                                " s while training went on")
+                                       : strCat(formatFixed(rec.seconds, 2), " s"),
+                        ")"));
     try {
       prune(rec.step, console);
     } catch (const std::exception& e) {
       std::cerr << strCat("batchdist: warning: checkpoint retention in ", dir_, ": ", e.what(),
                           "\n");
     }
-  } else {
-    std::cerr << strCat("batchdist: error: checkpoint at step ", rec.step, " was not written: ",
-                        rec.error,
-                        on_signal ? "; the run stops without it"
-                                  : "; training goes on and tries again at the next interval",
-                        ". Earlier checkpoints in ", dir_, " are untouched\n")
-              << std::flush;
+    return;
   }
-  return rec;
+  std::cerr << strCat("batchdist: error: checkpoint at step ", rec.step, " was not written: ",
+                      rec.error,
+                      rec.on_signal ? "; the run stops without it"
+                                    : "; training goes on and tries again at the next interval",
+                      ". Earlier checkpoints in ", dir_, " are untouched\n")
+            << std::flush;
+}
+
+void Checkpointer::poll(Console& console) {
+  if (writer_.joinable() && writer_done_.load()) settle(console);
+}
+
+void Checkpointer::settle(Console& console, std::vector<CheckpointRecord>* records) {
+  if (writer_.joinable()) {
+    writer_.join();
+    report(in_flight_, console);
+    finished_[in_flight_.step] = in_flight_;
+  }
+  if (records == nullptr) return;
+  for (auto& r : *records) {
+    const auto it = finished_.find(r.step);
+    if (!r.background || it == finished_.end()) continue;
+    r.error = it->second.error;
+    r.bytes = it->second.bytes;
+    r.write_seconds = it->second.write_seconds;
+  }
 }
 
 std::string Checkpointer::makeTemporary(int64_t step) const {
@@ -399,13 +499,19 @@ std::string Checkpointer::makeTemporary(int64_t step) const {
   return tmp;
 }
 
-int64_t Checkpointer::writeInto(const std::string& tmp, const TrainState& state,
-                                const TrainPosition& pos, const nlohmann::ordered_json& rng,
-                                const nlohmann::ordered_json& written,
-                                const nlohmann::ordered_json& opt_state,
-                                const std::string& final_path) {
-  const std::string name = checkpointName(pos.global_step);
-  std::vector<std::pair<std::string, std::string>> files = {{"model.pt", modelBytes(*state.model)}};
+Checkpointer::Prepared Checkpointer::prepare(const std::string& tmp, const TrainState& state,
+                                             const TrainPosition& pos,
+                                             const nlohmann::ordered_json& rng,
+                                             const nlohmann::ordered_json& written,
+                                             const nlohmann::ordered_json& opt_state,
+                                             const std::string& final_path) const {
+  Prepared out;
+  out.step = pos.global_step;
+  out.tmp = tmp;
+  out.final_path = final_path;
+  out.written = written;
+  auto& files = out.files;
+  files.emplace_back("model.pt", modelBytes(*state.model));
   // Note [sharded checkpoint]: a sharded state is in optimizer_state.bin already.
   if (opt_state.is_null()) files.emplace_back("optimizer.pt", state.optimizer->saveState());
   const Plan& p = id_.plan;
@@ -445,15 +551,24 @@ int64_t Checkpointer::writeInto(const std::string& tmp, const TrainState& state,
                         {"tracker", state.scaler->growthTracker()},
                         {"skipped", state.scaler->skippedSteps()}};
   }
+  out.manifest = std::move(m);
+  return out;
+}
+
+int64_t Checkpointer::commit(const Prepared& p) const {
+  const std::string& tmp = p.tmp;
+  const std::string& final_path = p.final_path;
+  const std::string name = checkpointName(p.step);
+  auto m = p.manifest;
   int64_t bytes = 0;
-  auto list = written;  // rng.pt (Note [rng records]), optimizer_state.bin
-  for (const auto& f : written) bytes += f["bytes"].get<int64_t>();
-  for (const auto& [file, data] : files) {
+  auto list = p.written;  // rng.pt (Note [rng records]), optimizer_state.bin
+  for (const auto& f : p.written) bytes += f["bytes"].get<int64_t>();
+  for (const auto& [file, data] : p.files) {
     writeSynced((fs::path(tmp) / file).string(), data);
     list.push_back({{"name", file}, {"bytes", data.size()}, {"fnv1a64", hashOf(data)}});
     bytes += static_cast<int64_t>(data.size());
   }
-  faultPoint(fault_, CheckpointKill::kAfterFiles, pos.global_step);
+  faultPoint(fault_, CheckpointKill::kAfterFiles, p.step);
   m["files"] = list;
   m["checksum"] = manifestChecksum(m);
   const std::string manifest = m.dump(1) + "\n";
@@ -465,7 +580,7 @@ int64_t Checkpointer::writeInto(const std::string& tmp, const TrainState& state,
   if (fs::exists(final_path)) fs::rename(final_path, aside);
   if (::rename(tmp.c_str(), final_path.c_str()) != 0) ioError(final_path, "rename into place", errno);
   fsyncDir(dir_);
-  faultPoint(fault_, CheckpointKill::kAfterRename, pos.global_step);
+  faultPoint(fault_, CheckpointKill::kAfterRename, p.step);
   fs::remove_all(aside);
   writeFileAtomic((fs::path(dir_) / "latest").string(), name + "\n");
   return bytes + static_cast<int64_t>(manifest.size());

@@ -72,9 +72,12 @@
 #include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -113,12 +116,47 @@ struct CheckpointIdentity {
   Levers levers;                     ///< in force (Note [lever search]: the search's under auto)
 };
 
+// Note [background checkpoint]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// An elastic job loses the steps since its last checkpoint, so checkpoints must
+// be cheap enough to take every few steps. What needs the ranks (the agreed
+// step, rng.pt and a sharded state gathered to rank 0) and what reads the live
+// tensors (model.pt and optimizer.pt serialised into memory, the manifest) is
+// done at the step boundary as before; the rest, rank 0's writing, fsyncs, the
+// rename and `latest`, runs on a thread while training goes on
+// (checkpoint.background: true, the default). One write is in flight at most: a
+// checkpoint due while the previous one is still being written waits for it.
+// The outcome (the console line, or the error: training goes on, earlier
+// checkpoints untouched) comes at the next step after it finished, and
+// retention runs then. A checkpoint taken because a stop signal ends the run is
+// written in the foreground and its outcome agreed by every rank (a stop whose
+// checkpoint failed exits 1), and so is every write with background: false. A
+// record's `seconds` is what the step waited; `write_seconds` the writing.
+
+// Note [checkpoint interval]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// checkpoint.every_steps: auto (what `batchdist elastic` sets when the config sets
+// no step interval: an elastic job loses the steps since its last checkpoint)
+// checkpoints as often as it can for at most kAutoShare (1 %) of the training
+// time: after each checkpoint the interval becomes k = ceil(w / (0.01 t)), w what
+// the step waited for it (Note [background checkpoint]: the state's copy, plus any
+// wait for the previous write) and t the recent step time. So a cheap checkpoint
+// is taken every few steps and an expensive one rarely, and a write that cannot
+// keep up lengthens the interval by itself. The first comes after the first step
+// (it measures w). Rank 0 decides; the wish rides in the gradient allreduce like
+// every_minutes'.
+constexpr double kAutoShare = 0.01;
+
 /// Writes this run's checkpoints (rank 0 writes; every call is collective).
 class Checkpointer {
  public:
   /// `faults`: the tests' checkpoint kill (Note [fault plan]), copied; null: none.
   Checkpointer(const CheckpointConfig& cfg, std::string dir, CheckpointIdentity id,
                collective::Communicator& comm, const FaultPlan* faults = nullptr);
+  /// Waits for a write in flight (Note [background checkpoint]).
+  ~Checkpointer();
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
 
   const std::string& dir() const { return dir_; }
   /// The split training uses from now on (Note [oom back-off]): later checkpoints
@@ -128,6 +166,13 @@ class Checkpointer {
   bool dueBySteps(int64_t global_step) const;
   /// Rank 0's wish by every_minutes (local; the trainer agrees it over the ranks).
   bool dueByTime() const;
+  /// Rank 0's wish by every_steps: auto after `steps_done` steps (Note
+  /// [checkpoint interval]; local, agreed like dueByTime).
+  bool dueByAuto(int64_t steps_done) const;
+  /// Rank 0: a training step took `seconds` (for every_steps: auto).
+  void noteStep(double seconds);
+  /// every_steps: auto's interval now (1 before the first checkpoint measured it).
+  int64_t autoInterval() const { return auto_every_; }
   bool onSignal() const { return cfg_.on_signal; }
 
   /// Writes a checkpoint of `state` after `pos.global_step` steps. Collective.
@@ -135,6 +180,13 @@ class Checkpointer {
   /// it), rank 0 prints it, and earlier checkpoints are untouched.
   CheckpointRecord save(const TrainState& state, const TrainPosition& pos, bool on_signal,
                         Console& console);
+  /// Rank 0: a background write that has finished is reported (its line or its
+  /// error) and retention runs; cheap when none has. Local.
+  void poll(Console& console);
+  /// Rank 0: waits for the write in flight and reports it; then fills in the
+  /// outcome (error, bytes, write_seconds) of `records` written in the
+  /// background. Local.
+  void settle(Console& console, std::vector<CheckpointRecord>* records = nullptr);
 
   /// rng.pt is gathered to rank 0 in pieces of at most this many bytes (Note
   /// [rng records]); 1 MiB unless a test asks for less.
@@ -149,9 +201,24 @@ class Checkpointer {
   /// there already: `written` are their manifest entries, `rng` and `opt_state`
   /// what they hold, `opt_state` null when the optimizer is whole), fsynced; the
   /// rename; `latest`. Returns the bytes written.
-  int64_t writeInto(const std::string& tmp, const TrainState& state, const TrainPosition& pos,
-                    const nlohmann::ordered_json& rng, const nlohmann::ordered_json& written,
-                    const nlohmann::ordered_json& opt_state, const std::string& final_path);
+  /// What a write needs once the tensors are serialised: no torch state, no ranks.
+  struct Prepared {
+    int64_t step = 0;
+    std::string tmp, final_path;
+    std::vector<std::pair<std::string, std::string>> files;  ///< name, bytes
+    nlohmann::ordered_json manifest;  ///< without "files" and "checksum"
+    nlohmann::ordered_json written;   ///< the entries of the files already in tmp
+  };
+  /// The files' bytes and the manifest of a checkpoint of `state` (the live
+  /// tensors are read here).
+  Prepared prepare(const std::string& tmp, const TrainState& state, const TrainPosition& pos,
+                   const nlohmann::ordered_json& rng, const nlohmann::ordered_json& written,
+                   const nlohmann::ordered_json& opt_state, const std::string& final_path) const;
+  /// Every file into `p.tmp`, fsynced; the rename; `latest`. Returns the bytes
+  /// written. Touches nothing but the file system: runs on the writer thread.
+  int64_t commit(const Prepared& p) const;
+  /// Rank 0: the line (or the error) for a finished write, and retention.
+  void report(const CheckpointRecord& rec, Console& console) const;
   void prune(int64_t written_step, Console& console) const;
 
   CheckpointConfig cfg_;
@@ -162,6 +229,16 @@ class Checkpointer {
   double last_write_ = 0;  ///< monotonic seconds of the last write (or the start)
   std::size_t rng_chunk_bytes_ = std::size_t{1} << 20;
   std::size_t state_chunk_bytes_ = std::size_t{16} << 20;
+  // Note [checkpoint interval]
+  double step_s_ = 0;           ///< rank 0: recent step time (moving average)
+  int64_t last_step_ = -1;      ///< the step of the last checkpoint taken
+  int64_t auto_every_ = 1;
+  void updateAutoInterval(double waited_s, Console& console);
+  // Note [background checkpoint]: the write in flight and the finished ones' outcomes.
+  std::thread writer_;
+  std::atomic<bool> writer_done_{false};
+  CheckpointRecord in_flight_;  ///< written by the writer thread until writer_done_
+  std::map<int64_t, CheckpointRecord> finished_;  ///< background writes by step
 };
 
 /// A checkpoint directory checked against its manifest.

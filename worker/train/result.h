@@ -91,10 +91,12 @@ struct NoiseScaleResult {
 struct CheckpointRecord {
   int64_t step = 0;
   std::string path;
-  double seconds = 0;
+  double seconds = 0;        ///< what the step waited for (Note [background checkpoint])
   int64_t bytes = 0;
   bool on_signal = false;  ///< written because a stop signal ended the run
   std::string error;       ///< empty when it was written
+  double write_seconds = 0;  ///< the files' writing, in the background or not
+  bool background = false;   ///< written while training went on
 };
 
 /// Where training stands after a global step: what a checkpoint records and a

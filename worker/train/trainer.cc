@@ -425,7 +425,8 @@ void Trainer::runSteps(EpochRun& e, Sharder& sharder, int64_t* global_step,
     // stop wish is read: a wish is only acted on once the step agrees it.
     if (s >= e.steps) break;
     e.stop = stop_requested && stop_requested();
-    bool due = checkpointer_ && checkpointer_->dueByTime();  // rank 0's clock decides
+    // Rank 0's clock (and its every_steps: auto) decides.
+    bool due = checkpointer_ && (checkpointer_->dueByTime() || checkpointer_->dueByAuto(*global_step));
     maybeRecover(e, sharder, s, *global_step, result);
     double loss = 0;
     const double step_started = monotonicSeconds();
@@ -435,6 +436,7 @@ void Trainer::runSteps(EpochRun& e, Sharder& sharder, int64_t* global_step,
       return;
     }
     if (step_seconds_.size() < 100000) step_seconds_.push_back(monotonicSeconds() - step_started);
+    if (checkpointer_) checkpointer_->noteStep(monotonicSeconds() - step_started);
     e.loss_sum += loss;
     e.samples += sharder.realSamples(s);
     ++*global_step;
@@ -452,6 +454,7 @@ void Trainer::runSteps(EpochRun& e, Sharder& sharder, int64_t* global_step,
     gpu.sample(*global_step);
     logStep(console, e, s, *global_step, run_started, result);
     if (!checkpointer_) continue;
+    checkpointer_->poll(console);  // Note [background checkpoint]: a finished write's line
     // Every rank reaches the same verdict: the wishes were agreed in the allreduce.
     due = due || checkpointer_->dueBySteps(*global_step) || (e.stop && checkpointer_->onSignal());
     if (due && s + 1 < e.steps) {
@@ -598,7 +601,6 @@ void Trainer::checkpoint(const EpochRun& e, int64_t global_step, bool mid_epoch,
                           : adaptRecord(e.epoch + 1, 0, 0, 0);
   }
   auto rec = checkpointer_->save(state(), pos, e.stop, console);
-  if (rec.error.empty()) heartbeat::setCheckpoint(global_step);  // Note [heartbeat]
   result.checkpoint_s += rec.seconds;
   result.checkpoints.push_back(std::move(rec));
 }
@@ -823,6 +825,8 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
       break;
     }
   }
+  // Note [background checkpoint]: the last write lands before the report counts it.
+  if (checkpointer_) checkpointer_->settle(console, &result.checkpoints);
   console_ = nullptr;
   summarise(result, global_step, monotonicSeconds() - t0, train_time, gpu);
   return result;
