@@ -56,6 +56,9 @@ po::options_description describeSlurmOptions() {
        "network interface the nodes share, for the rendezvous and Open MPI (e.g. ib0)")
       ("script", po::value<std::string>(), "where to write the script [DIR/<job name>.sbatch]")
       ("submit", "submit the script with sbatch and print the job id")
+      ("elastic",
+       "run the job under batchdist elastic: a node lost ends the attempt and the job goes on "
+       "on the others from its newest checkpoint, the same global batch (mpirun)")
       ("no-requeue",
        "do not requeue a job stopped by the signal before the time limit (by default it "
        "checkpoints, requeues itself and resumes with --resume auto)");
@@ -190,6 +193,7 @@ void readSlurmOptions(const po::variables_map& vm, CliOptions& o) {
   if (vm.count("script")) j.script = vm["script"].as<std::string>();
   j.submit = vm.count("submit") > 0;
   j.requeue = vm.count("no-requeue") == 0;
+  j.elastic = vm.count("elastic") > 0;
 }
 
 /// The options of `batchdist elastic`; refused for the other verbs.

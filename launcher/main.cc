@@ -91,7 +91,10 @@ int runSlurm(const CliOptions& cli) {
     std::cout << "batchdist slurm: wrote " << job.script << "\n  " << job.nodes << " node(s) x "
               << job.tasks_per_node << (job.gpus_per_node > 0 ? " GPU" : " CPU")
               << " rank(s) = world size " << world << "; ranks started by "
-              << (job.launcher == "srun" ? "srun --mpi=pmix" : "mpirun") << " ("
+              << (job.launcher == "srun" ? "srun --mpi=pmix"
+                  : job.elastic          ? "batchdist elastic, which runs mpirun"
+                                         : "mpirun")
+              << " ("
               << job.launcher_reason << ")\n";
     if (job.requeue) {
       std::cout << "  before the time limit (SIGUSR1 " << job.signal_before_s

@@ -199,6 +199,15 @@ void completeSlurmJob(SlurmJobSpec& job) {
 
 void resolveLauncher(SlurmJobSpec& job, const std::string& srun_mpi_list) {
   const bool has_pmix = std::regex_search(srun_mpi_list, std::regex("(^|\\s)pmix(\\s|$)"));
+  if (job.elastic) {
+    // The supervisor relaunches mpirun on the nodes that answer (Note [elastic supervisor]).
+    if (job.launcher == "srun") {
+      throw ConfigError("command line: --elastic runs mpirun under batchdist elastic; drop --launcher srun");
+    }
+    job.launcher = "mpirun";
+    job.launcher_reason = "--elastic: batchdist elastic runs mpirun on the nodes that answer";
+    return;
+  }
   if (job.launcher == "srun") {
     job.launcher_reason = has_pmix ? "--launcher srun; `srun --mpi=list` lists pmix"
                                    : "--launcher srun, although `srun --mpi=list` did not list "
@@ -250,6 +259,40 @@ std::string shellQuote(const std::string& word) {
   }
   return out + "'";
 }
+
+namespace {
+
+/// What every start of the run gets: --resume auto (requeue), the --set keys, and
+/// train.threads from --cpus-per-task.
+std::string runArguments(const SlurmJobSpec& job) {
+  std::ostringstream cmd;
+  if (job.requeue) cmd << " --resume auto";
+  for (const auto& set : job.sets) cmd << " \\\n    --set " << shellQuote(set);
+  const bool threads_set = std::any_of(job.sets.begin(), job.sets.end(), [](const std::string& x) {
+    return x.rfind("train.threads=", 0) == 0;
+  });
+  if (job.cpus_per_task > 0 && !threads_set) {
+    cmd << " \\\n    --set train.threads=" << job.cpus_per_task;
+  }
+  return cmd.str();
+}
+
+/// --elastic: the supervisor in place of mpirun, on the allocation's nodes.
+std::string elasticLauncher(const SlurmJobSpec& job) {
+  std::ostringstream s;
+  s << "# batchdist elastic runs mpirun on the allocation's nodes that answer (asked of\n"
+    << "# scontrol at each look) and watches the ranks' heartbeats: a lost node ends the\n"
+    << "# attempt, and the job goes on from its newest checkpoint on the others, with the\n"
+    << "# same global batch (docs/elastic.md). SIGUSR1 (the time limit) and SIGTERM reach\n"
+    << "# it through the traps below: it stops the job at a step boundary with a checkpoint.\n"
+    << shellQuote(job.binary) << " elastic " << shellQuote(job.config) << " --output \"$OUT\""
+    << " \\\n  --hosts-command 'scontrol show hostnames \"$SLURM_JOB_NODELIST\"' --slots-per-host "
+    << job.tasks_per_node << " \\\n  --mpirun-args '--bind-to none --mca odls_base_sigkill_timeout "
+    << kMpirunStopGraceS << "'" << runArguments(job) << " &\n";
+  return s.str();
+}
+
+}  // namespace
 
 std::string slurmScript(const SlurmJobSpec& job) {
   const int world = job.nodes * job.tasks_per_node;
@@ -342,15 +385,8 @@ std::string slurmScript(const SlurmJobSpec& job) {
     << "output in $OUT\"\n\n";
 
   std::ostringstream cmd;
-  cmd << shellQuote(job.binary) << " train " << shellQuote(job.config) << " --output \"$OUT\"";
-  if (job.requeue) cmd << " --resume auto";
-  for (const auto& set : job.sets) cmd << " \\\n    --set " << shellQuote(set);
-  const bool threads_set = std::any_of(job.sets.begin(), job.sets.end(), [](const std::string& x) {
-    return x.rfind("train.threads=", 0) == 0;
-  });
-  if (job.cpus_per_task > 0 && !threads_set) {
-    cmd << " \\\n    --set train.threads=" << job.cpus_per_task;
-  }
+  cmd << shellQuote(job.binary) << " train " << shellQuote(job.config) << " --output \"$OUT\""
+      << runArguments(job);
 
   if (srun) {
     s << "# Launcher: srun (" << job.launcher_reason << ").\n"
@@ -373,6 +409,9 @@ std::string slurmScript(const SlurmJobSpec& job) {
         << "# SLURM_GPUS_PER_TASK would give a step of one task per node.\n"
         << "unset SLURM_GPUS_PER_TASK SLURM_GPU_BIND\n";
     }
+    if (job.elastic) {
+      s << elasticLauncher(job);
+    } else {
     s << "# Told to terminate (scancel, the time limit, a plain kill of this script), mpirun\n"
       << "# cannot forward SIGTERM: it sends the ranks SIGCONT, then SIGTERM\n"
       << "# odls_base_sigkill_timeout seconds later, then SIGKILL as long after that. Open\n"
@@ -380,8 +419,9 @@ std::string slurmScript(const SlurmJobSpec& job) {
       << "# Slurm's usual KillWait (30 s) to stop after the same step, as SIGUSR1 does.\n"
       << "mpirun -np \"$SLURM_NTASKS\" --map-by ppr:" << job.tasks_per_node
       << ":node --bind-to none \\\n  --mca odls_base_sigkill_timeout " << kMpirunStopGraceS
-      << " \\\n  " << cmd.str() << " &\n"
-      << "launcher=$!\n"
+      << " \\\n  " << cmd.str() << " &\n";
+    }
+    s << "launcher=$!\n"
       << "# Pass the stop signal (and scancel's SIGTERM) on to mpirun, then wait for the ranks;\n"
       << "# a trapped signal interrupts `wait`, so wait again until mpirun has exited.\n"
       << "trap 'kill -USR1 \"$launcher\" 2>/dev/null' USR1\n"

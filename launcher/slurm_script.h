@@ -33,6 +33,10 @@ struct SlurmJobSpec {
   /// On the stop signal before the time limit: checkpoint, requeue the job if
   /// training is not finished (batchdist exits 138), resume with --resume auto.
   bool requeue = true;
+  /// --elastic: the script runs `batchdist elastic` on the allocation's nodes
+  /// (Note [elastic supervisor]) instead of mpirun: a lost node ends the attempt
+  /// and the job goes on on the others, the same global batch. mpirun only.
+  bool elastic = false;
 };
 
 /// Seconds in a Slurm time limit: "M", "M:S", "H:M:S", "D-H", "D-H:M", "D-H:M:S".

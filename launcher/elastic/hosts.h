@@ -1,8 +1,8 @@
 #pragma once
 // The hosts an elastic job may run on: a host file (one "HOST [slots=N]" per
 // line, # comments; Open MPI's hostfile syntax, so the same file serves both)
-// or a command that prints one (inside a Slurm allocation, e.g. `scontrol show
-// hostnames`).
+// or a command that prints one (the sbatch script of `batchdist slurm --elastic`:
+// `scontrol show hostnames "$SLURM_JOB_NODELIST"`).
 
 #include <string>
 #include <vector>

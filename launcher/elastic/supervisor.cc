@@ -108,6 +108,7 @@ class Supervisor {
   int run();
 
  private:
+  int attempts();  ///< the attempt loop: relaunch until finished, stopped or given up
   void say(const std::string& line) const { std::cout << "elastic: " << line << std::endl; }
   double now() const { return monotonicSeconds() - t0_; }
   void setUp();
@@ -154,13 +155,24 @@ class Supervisor {
 int Supervisor::run() {
   try {
     setUp();
+    return attempts();
   } catch (const Error& e) {
     std::cerr << "batchdist elastic: error: " << e.what() << std::endl;
     return e.exitCode();
+  } catch (const std::exception& e) {  // the file system: no room, no permission; fork
+    std::cerr << "batchdist elastic: error: " << e.what() << std::endl;
+    return 1;
   }
+}
+
+int Supervisor::attempts() {
   int restarts = 0;
   for (int number = 1;; ++number) {
     const auto launch = waitForLaunch();
+    if (g_signal.load() != 0) {  // asked to stop between attempts: nothing runs
+      return finish(128 + g_signal.load(), strCat("stopped by SIG", sigabbrev_np(g_signal.load()),
+                                                  " between attempts"));
+    }
     if (!launch) {
       return finish(1, strCat("fewer than --min-ranks ", opt_.min_ranks, " rank(s) for ",
                               cfg_.elastic.wait_s, " s (elastic.wait_s)"));

@@ -159,7 +159,9 @@ case "$scenario" in
     echo "ok: a stopped rank lost in $secs s, host 10.78.0.4 named; finished on 3 ranks"
     ;;
   link_down)
-    start --set elastic.readmit_s=2
+    # Long enough at 3 ranks for host 4 to answer again (a probe gives up after
+    # probe_timeout_s) and rejoin (readmit_s) before the job ends.
+    start --set elastic.readmit_s=2 --set elastic.probe_timeout_s=2 --set train.epochs=30
     at_step
     t_fault=$(date +%s.%N)
     ip -n "$ns_s" link set p4 down

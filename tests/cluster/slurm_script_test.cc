@@ -240,6 +240,36 @@ TEST(SlurmScript, GpuJobWithMpirunForwardsTheSignal) {
   expectValidBash(s);
 }
 
+// --elastic: the supervisor in place of mpirun (Note [elastic supervisor]), on the
+// allocation's nodes, with the same stop and requeue as an mpirun job.
+TEST(SlurmScript, ElasticRunsTheSupervisorOnTheAllocationsNodes) {
+  auto j = gpuJob();
+  j.elastic = true;
+  const auto s = generate(j, kListWithPmix);  // pmix or not: mpirun under the supervisor
+  for (const char* line :
+       {"\n#SBATCH --signal=B:USR1@120\n", "\nunset SLURM_GPUS_PER_TASK SLURM_GPU_BIND\n",
+        "\n/opt/batchdist/bin/batchdist elastic /data/cfg/train.yaml --output \"$OUT\" \\\n"
+        "  --hosts-command 'scontrol show hostnames \"$SLURM_JOB_NODELIST\"' --slots-per-host 8 \\\n"
+        "  --mpirun-args '--bind-to none --mca odls_base_sigkill_timeout 30' --resume auto",
+        "--set train.threads=8 &\nlauncher=$!\n",
+        "\ntrap 'kill -USR1 \"$launcher\" 2>/dev/null' USR1\n",
+        "\ntrap 'kill -TERM \"$launcher\" 2>/dev/null' TERM\n",
+        "\n  scontrol requeue \"$SLURM_JOB_ID\"\n"}) {
+    EXPECT_TRUE(contains(s, line)) << "missing:\n" << line << "\nin:\n" << s;
+  }
+  EXPECT_FALSE(contains(s, "mpirun -np"));
+  EXPECT_FALSE(contains(s, "\nsrun "));
+  expectValidBash(s);
+  j.launcher = "srun";
+  try {
+    generate(j, kListWithPmix);
+    ADD_FAILURE() << "--elastic with --launcher srun was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--elastic runs mpirun under batchdist elastic; drop --launcher srun"),
+              std::string::npos);
+  }
+}
+
 TEST(SlurmScript, CpuJob) {
   auto j = gpuJob();
   j.gpus_per_node = 0;

@@ -15,6 +15,11 @@
 #                ranks time for the stop checkpoint and the report
 #   requeue      SIGUSR1 to the job's steps: checkpoint, exit 138, the script requeues the
 #                job, the next start resumes (--resume auto) and completes
+#   elastic      `batchdist slurm --elastic --submit`: batchdist elastic runs the job on
+#                the allocation's node (scontrol show hostnames) and it completes, its
+#                attempt in the report
+#   elastic_stop SIGUSR1 to the batch shell of an --elastic job: the supervisor asks the
+#                job to stop with a checkpoint and exits 138, no relaunch
 # Exit 77 (ctest SKIP_RETURN_CODE) with the reason when Slurm is not installed;
 # any failure to start the daemons or of a check is a failure.
 set -u
@@ -183,6 +188,37 @@ case "$scenario" in
     log="$dir/out/batchdist-quickstart-$id.out"
     grep -q 'received SIGUSR1: stopped cleanly' "$log" || fail "no clean-stop message in the job log"
     grep -q '"stopped_by": "SIGUSR1"' "$dir/out/$id/report.json" || fail "report does not name SIGUSR1"
+    check_report "$id" false
+    ;;
+  elastic)
+    out=$(generate --elastic --submit) || fail "batchdist slurm --elastic --submit failed: $out"
+    echo "$out"
+    grep -q 'ranks started by batchdist elastic, which runs mpirun' <<<"$out" || fail "the summary does not name the supervisor"
+    id=$(job_id_of "$out")
+    [ -n "$id" ] || fail "no job id in: $out"
+    grep -q -- "--hosts-command 'scontrol show hostnames" "$dir/out/batchdist-quickstart.sbatch" || fail "no supervisor line"
+    wait_job "$id"
+    [ "$(job_field "$id" ExitCode)" = "0:0" ] || fail "job $id exit code $(job_field "$id" ExitCode)"
+    check_report "$id" true
+    log="$dir/out/batchdist-quickstart-$id.out"
+    grep -q "elastic: attempt 1: 2 rank(s) on 1 host(s)" "$log" || fail "no supervisor attempt line in the job log"
+    grep -q "elastic: finished after 1 attempt(s)" "$log" || fail "the supervisor did not finish"
+    grep -q '"elastic": {' "$dir/out/$id/report.json" || fail "report: no elastic record"
+    ;;
+  elastic_stop)
+    out=$(generate --elastic --set train.epochs=100000 --no-requeue --submit) ||
+      fail "batchdist slurm --elastic --submit failed: $out"
+    id=$(job_id_of "$out")
+    [ -n "$id" ] || fail "no job id in: $out"
+    signal_when_training "$id" --batch
+    wait_job "$id"
+    code=$(job_field "$id" ExitCode)
+    echo "job $id after SIGUSR1: $(job_field "$id" JobState), ExitCode=$code"
+    [ "$code" = "138:0" ] || fail "exit code $code, expected 138:0 (128 + SIGUSR1)"
+    log="$dir/out/batchdist-quickstart-$id.out"
+    grep -q 'elastic: SIGUSR1: asking the job to stop with a checkpoint' "$log" || fail "the supervisor did not pass the stop on"
+    grep -q '"on_signal": true' "$dir/out/$id/report.json" || fail "report lists no stop-signal checkpoint"
+    grep -q '"exit_code": 138' "$dir/out/$id/report.json" || fail "report: the elastic record has no exit code 138"
     check_report "$id" false
     ;;
   term_mpirun)
