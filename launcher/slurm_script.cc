@@ -70,18 +70,6 @@ std::string stepDescription(const EnvLookup& env) {
                 "-task srun step (SLURM_MPI_TYPE=", type ? type : "unset", ")");
 }
 
-/// Output (stdout and stderr) and exit status of a shell command; status -1 when
-/// it could not be started.
-std::pair<std::string, int> runCommand(const std::string& command) {
-  FILE* p = popen((command + " 2>&1").c_str(), "r");
-  if (!p) return {"", -1};
-  std::string out;
-  std::array<char, 1024> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  const int status = pclose(p);
-  return {out, WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)};
-}
-
 const char* kSrunFix =
     "Start the ranks with `srun --mpi=pmix` (`srun --mpi=list` shows what this Slurm offers) "
     "or with mpirun inside the allocation; "
@@ -223,6 +211,16 @@ void resolveLauncher(SlurmJobSpec& job, const std::string& srun_mpi_list) {
                               ? "`srun --mpi=list` did not run here; --launcher srun overrides"
                               : "`srun --mpi=list` lists no pmix plugin";
   }
+}
+
+std::pair<std::string, int> runCommand(const std::string& command) {
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  if (!p) return {"", -1};
+  std::string out;
+  std::array<char, 1024> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  const int status = pclose(p);
+  return {out, WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)};
 }
 
 std::string probeSrunMpiList() {

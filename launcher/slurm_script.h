@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace batchdist::launcher {
@@ -58,6 +59,10 @@ void resolveLauncher(SlurmJobSpec& job, const std::string& srun_mpi_list);
 
 /// Runs `srun --mpi=list` (bounded by a timeout); its output, empty on failure.
 std::string probeSrunMpiList();
+
+/// Output (stdout and stderr) and exit status of a shell command (128 + signal
+/// when one killed it); status -1 when it could not be started.
+std::pair<std::string, int> runCommand(const std::string& command);
 
 /// The sbatch script for `job` (completed and resolved).
 std::string slurmScript(const SlurmJobSpec& job);

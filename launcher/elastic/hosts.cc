@@ -1,13 +1,10 @@
 #include "launcher/elastic/hosts.h"
 
-#include <sys/wait.h>
-
-#include <array>
-#include <cstdio>
 #include <fstream>
 #include <sstream>
 
 #include "common/error.h"
+#include "launcher/slurm_script.h"
 
 namespace batchdist::launcher::elastic {
 namespace {
@@ -18,23 +15,6 @@ std::string readFile(const std::string& path) {
   std::ostringstream os;
   os << in.rdbuf();
   return os.str();
-}
-
-/// Runs `command` under sh; its stdout. Throws Error when it fails.
-std::string commandOutput(const std::string& command) {
-  const std::string cmd = command + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) throw Error(strCat("--hosts-command: cannot run '", command, "'"));
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (const size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  const int status = pclose(p);
-  if (status != 0) {
-    throw Error(strCat("--hosts-command '", command, "' failed (",
-                       WIFEXITED(status) ? strCat("exit status ", WEXITSTATUS(status)) : "killed",
-                       "): ", out.substr(0, 400)));
-  }
-  return out;
 }
 
 }  // namespace
@@ -73,7 +53,13 @@ std::vector<Host> parseHosts(const std::string& text, const std::string& source,
 
 std::vector<Host> currentHosts(const std::string& file, const std::string& command, int default_slots) {
   if (!file.empty()) return parseHosts(readFile(file), "--hosts " + file, default_slots);
-  return parseHosts(commandOutput(command), "--hosts-command output", default_slots);
+  const auto [out, status] = runCommand(command);
+  if (status != 0) {
+    throw Error(strCat("--hosts-command '", command, "' failed (",
+                       status < 0 ? std::string("could not start it") : strCat("exit status ", status),
+                       "): ", out.substr(0, 400)));
+  }
+  return parseHosts(out, "--hosts-command output", default_slots);
 }
 
 std::string hostfileText(const std::vector<Host>& hosts) {

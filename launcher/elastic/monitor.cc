@@ -1,11 +1,11 @@
 #include "launcher/elastic/monitor.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <map>
 #include <sstream>
 
 #include "common/error.h"
+#include "worker/common/console.h"
 
 namespace batchdist::launcher::elastic {
 
@@ -68,8 +68,7 @@ Verdict Monitor::check(double now) const {
     const double limit = r.heard ? limits_.heartbeat_timeout_s : limits_.start_timeout_s;
     if (silent <= limit) continue;
     v.ranks.push_back(i);
-    char secs[32];
-    std::snprintf(secs, sizeof secs, "%.1f", silent);
+    const std::string secs = worker::formatFixed(silent, 1);
     why += strCat(why.empty() ? "" : "; ", "rank ", i,
                   r.heard ? strCat(" silent for ", secs, " s (last heard in ", r.last.phase,
                                    " at step ", r.last.step, ")")
@@ -89,8 +88,7 @@ Verdict Monitor::check(double now) const {
   for (int i = 0; i < world(); ++i) {
     if (ranks_[static_cast<size_t>(i)].last.step == low) v.ranks.push_back(i);
   }
-  char secs[32];
-  std::snprintf(secs, sizeof secs, "%.1f", now - progress_at_);
+  const std::string secs = worker::formatFixed(now - progress_at_, 1);
   v.kind = Verdict::Kind::kStall;
   v.why = strCat("no step finished for ", secs, " s (elastic.stall_s ", limits_.stall_s,
                  "): every rank beats, the last step done is ", best_step_,

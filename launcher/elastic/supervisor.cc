@@ -24,6 +24,7 @@
 #include "launcher/elastic/hosts.h"
 #include "launcher/elastic/monitor.h"
 #include "launcher/elastic/probe.h"
+#include "worker/common/console.h"
 #include "worker/common/files.h"
 #include "worker/common/util.h"
 #include "worker/config/config.h"
@@ -95,13 +96,6 @@ struct Launch {
 
 struct AttemptState;
 
-/// "2.4": seconds for the console.
-std::string seconds(double s) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f", s);
-  return buf;
-}
-
 class Supervisor {
  public:
   Supervisor(const CliOptions& cli, worker::Config cfg) : cli_(cli), opt_(cli.elastic), cfg_(std::move(cfg)) {}
@@ -118,7 +112,7 @@ class Supervisor {
   void probeAll();
   std::optional<Launch> nextLaunch(bool quiet);
   std::optional<Launch> waitForLaunch();
-  int64_t maxFit() const;
+  int64_t maxFit();
   Ending runAttempt(const Launch& l, AttemptRecord& rec);
   void beginAttempt(AttemptState& a);
   void noteProgress(AttemptState& a);
@@ -147,6 +141,7 @@ class Supervisor {
   bool has_bn_ = false;
   std::vector<AttemptRecord> attempts_;
   int64_t known_global_ = 0, known_fit_ = 0;
+  int64_t search_fit_ = -1;  ///< the largest fit in search.json; -1 until read
   double last_refresh_ = -1;
   double last_list_warning_ = -1000;
   double last_beat_ = -1;  ///< any beat of the current attempt
@@ -311,20 +306,25 @@ void Supervisor::probeAll() {
   }
 }
 
-int64_t Supervisor::maxFit() const {
-  int64_t fit = known_fit_;
-  // The search's candidates that fit: memory is per rank, so they fit at any world.
-  try {
-    std::ifstream in(fs::path(cli_.output) / "search.json");
-    if (in) {
-      const auto j = nlohmann::json::parse(in);
-      for (const auto& c : j.value("candidates", nlohmann::json::array())) {
-        if (!c.value("failed", true)) fit = std::max(fit, c.value("per_gpu_batch", int64_t{0}));
+int64_t Supervisor::maxFit() {
+  // The search's candidates that fit: memory is per rank, so they fit at any
+  // world. search.json is the first attempt's (later ones are given their batch):
+  // read once it is there, not at every look.
+  if (search_fit_ < 0) {
+    try {
+      std::ifstream in(fs::path(cli_.output) / "search.json");
+      if (in) {
+        const auto j = nlohmann::json::parse(in);
+        int64_t fit = 0;
+        for (const auto& c : j.value("candidates", nlohmann::json::array())) {
+          if (!c.value("failed", true)) fit = std::max(fit, c.value("per_gpu_batch", int64_t{0}));
+        }
+        search_fit_ = fit;
       }
+    } catch (const std::exception&) {  // unreadable (being written): the run's own batch is still known
     }
-  } catch (const std::exception&) {  // unreadable: the run's own batch is still known
   }
-  return fit;
+  return std::max(known_fit_, search_fit_);
 }
 
 std::optional<Launch> Supervisor::nextLaunch(bool quiet) {
@@ -573,7 +573,7 @@ void Supervisor::noteProgress(AttemptState& a) {
   AttemptRecord& previous = attempts_.back();
   previous.lost_steps = std::max<int64_t>(0, previous.last_step - rec.start_step);
   say(strCat("attempt ", rec.number, " trains from step ", rec.start_step, " on ", rec.world,
-             " rank(s), ", seconds(rec.first_step_s - previous.ended_s), " s after attempt ",
+             " rank(s), ", worker::formatFixed(rec.first_step_s - previous.ended_s, 1), " s after attempt ",
              previous.number, " ended; lost ", previous.lost_steps, " step(s)"));
 }
 
@@ -610,7 +610,7 @@ Ending Supervisor::onExit(AttemptState& a, int status) {
                   ? strCat("mpirun ", elastic::describeStatus(status),
                            " without naming a rank (a daemon or its host lost?); the hosts are probed")
                   : died_text;
-  say(strCat("attempt ", rec.number, " failed after ", seconds(rec.ended_s - rec.launched_s),
+  say(strCat("attempt ", rec.number, " failed after ", worker::formatFixed(rec.ended_s - rec.launched_s, 1),
              " s at step ", rec.last_step, ": ", rec.cause));
   loseHosts(blamed, a.rank_hosts, rec.cause, rec);
   probeAll();

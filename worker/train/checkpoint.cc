@@ -389,6 +389,10 @@ CheckpointRecord Checkpointer::save(const TrainState& state, const TrainPosition
       error = e.what();
     }
   }
+  if (root && !error.empty() && !tmp.empty()) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);  // a full disk gets its space back for the next try
+  }
   last_write_ = monotonicSeconds();
   // Note [background checkpoint]: every rank takes the same branch (the stop
   // wish was agreed; the config is the same).
@@ -399,8 +403,6 @@ CheckpointRecord Checkpointer::save(const TrainState& state, const TrainPosition
     updateAutoInterval(rec.seconds, console);
     if (!error.empty()) {
       rec.error = error;
-      std::error_code ec;
-      if (!tmp.empty()) fs::remove_all(tmp, ec);
       report(rec, console);
       finished_[rec.step] = rec;
       return rec;
@@ -414,8 +416,6 @@ CheckpointRecord Checkpointer::save(const TrainState& state, const TrainPosition
         heartbeat::setCheckpoint(p.step);  // Note [heartbeat]: durable now
       } catch (const std::exception& e) {
         in_flight_.error = e.what();
-        std::error_code ec;
-        fs::remove_all(p.tmp, ec);
       }
       in_flight_.write_seconds = monotonicSeconds() - w0;
       writer_done_ = true;
@@ -430,10 +430,6 @@ CheckpointRecord Checkpointer::save(const TrainState& state, const TrainPosition
       error = e.what();
     }
     rec.write_seconds = monotonicSeconds() - w0;
-  }
-  if (root && !error.empty() && !tmp.empty()) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);  // a full disk gets its space back for the next try
   }
   rec.error = comm_.broadcast(error, 0);  // every rank learns the outcome
   rec.seconds = monotonicSeconds() - t0;
@@ -556,6 +552,16 @@ Checkpointer::Prepared Checkpointer::prepare(const std::string& tmp, const Train
 }
 
 int64_t Checkpointer::commit(const Prepared& p) const {
+  try {
+    return commitFiles(p);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(p.tmp, ec);  // a full disk gets its space back for the next try
+    throw;
+  }
+}
+
+int64_t Checkpointer::commitFiles(const Prepared& p) const {
   const std::string& tmp = p.tmp;
   const std::string& final_path = p.final_path;
   const std::string name = checkpointName(p.step);

@@ -215,8 +215,10 @@ class Checkpointer {
                    const nlohmann::ordered_json& rng, const nlohmann::ordered_json& written,
                    const nlohmann::ordered_json& opt_state, const std::string& final_path) const;
   /// Every file into `p.tmp`, fsynced; the rename; `latest`. Returns the bytes
-  /// written. Touches nothing but the file system: runs on the writer thread.
+  /// written; on failure removes `p.tmp` and rethrows. Touches nothing but the
+  /// file system: runs on the writer thread.
   int64_t commit(const Prepared& p) const;
+  int64_t commitFiles(const Prepared& p) const;  ///< commit() without the clean-up
   /// Rank 0: the line (or the error) for a finished write, and retention.
   void report(const CheckpointRecord& rec, Console& console) const;
   void prune(int64_t written_step, Console& console) const;
