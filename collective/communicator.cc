@@ -2,11 +2,19 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <cstring>
 #include <string>
 #include <vector>
 
 namespace batchdist::collective {
+
+namespace {
+std::atomic<uint64_t> collectives_started{0};
+}  // namespace
+
+uint64_t collectivesStarted() { return collectives_started.load(std::memory_order_relaxed); }
+void countCollectiveStart() { collectives_started.fetch_add(1, std::memory_order_relaxed); }
 
 std::vector<double> Communicator::allreduce(const std::vector<double>& values, ReduceOp op) {
   if (values.empty()) return {};

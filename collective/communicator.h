@@ -23,6 +23,14 @@ enum class ReduceOp { kSum, kMin, kMax };
 /// for W < 2^24.
 using SideChannel = std::array<double, 3>;
 
+/// Collectives this process has started, over all its communicators (every
+/// backend counts each one as it launches it). Thread-safe, for the heartbeat
+/// (Note [heartbeat]): every rank starts the same collectives in the same order,
+/// so a rank that hangs outside a collective falls behind the others' count.
+uint64_t collectivesStarted();
+/// Counts one collective started (the backends call it).
+void countCollectiveStart();
+
 /// An asynchronous collective in flight. wait() blocks until it completes or the
 /// communicator's timeout expires (then it throws CollectiveError). On NCCL,
 /// completion means "enqueued on the current CUDA stream", as in c10d.

@@ -283,6 +283,7 @@ class MpiCommunicator : public Communicator {
                                        at::Tensor target, const char* what,
                                        at::Tensor send = at::Tensor()) {
     ++seq_;
+    countCollectiveStart();
     if (rc != MPI_SUCCESS) {
       throw CollectiveError(strCat("mpi ", what, " #", seq_, " could not start: ", mpiErrorText(rc)));
     }

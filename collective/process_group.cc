@@ -187,6 +187,7 @@ class ProcessGroupCommunicator : public Communicator {
   }
 
   std::unique_ptr<PendingWork> wrap(compat::WorkPtr w, const char* what) {
+    countCollectiveStart();
     return std::make_unique<C10dWork>(std::move(w), strCat(name_, " ", what), rank_, size_,
                                       timeout_, store_, ++seq_);
   }

@@ -71,7 +71,7 @@ TEST(ElasticHosts, BadLinesAreNamedByLine) {
 }
 
 TEST(ElasticMonitor, BeatsRoundTripAndStrayPacketsAreIgnored) {
-  const auto text = worker::heartbeat::message(3, 1, 4242, "train", 17, 15, 16, 2, 96);
+  const auto text = worker::heartbeat::message(3, 1, 4242, "train", 17, 15, 16, 2, 96, 811);
   const auto b = parseBeat(text);
   ASSERT_TRUE(b);
   EXPECT_EQ(b->attempt, 3);
@@ -81,6 +81,7 @@ TEST(ElasticMonitor, BeatsRoundTripAndStrayPacketsAreIgnored) {
   EXPECT_EQ(b->step, 17);
   EXPECT_EQ(b->checkpoint, 15);
   EXPECT_EQ(b->global, 96);
+  EXPECT_EQ(b->collectives, 811);
   EXPECT_FALSE(parseBeat("hello"));
   EXPECT_FALSE(parseBeat("batchdist-heartbeat 2 attempt=1"));
   EXPECT_FALSE(parseBeat("batchdist-heartbeat 1 attempt=x rank=0"));
@@ -132,6 +133,36 @@ TEST(ElasticMonitor, AHangNamesTheRankTheOthersWaitFor) {
   EXPECT_EQ(v.ranks, std::vector<int>{1});
   EXPECT_NE(v.why.find("no step finished for 20.5 s (elastic.stall_s 20)"), std::string::npos) << v.why;
   EXPECT_NE(v.why.find("behind at step 11"), std::string::npos) << v.why;
+}
+
+// In a real hang every rank has done the same steps (a step needs them all); the
+// ranks waiting inside a collective have started more of them than the one that
+// hangs outside it.
+TEST(ElasticMonitor, AHangWithEqualStepsNamesTheRankBehindInCollectives) {
+  Monitor m(1, 4, limits(), 0);
+  const auto at = [](int rank, int64_t collectives) {
+    Beat b = beat(rank, "train", 12);
+    b.collectives = collectives;
+    return b;
+  };
+  for (double t = 1; t <= 30; t += 1) {
+    for (int r = 0; r < 4; ++r) m.record(at(r, r == 3 ? 240 : 243), t);
+  }
+  const auto v = m.check(21.5);
+  EXPECT_EQ(v.kind, Verdict::Kind::kStall);
+  EXPECT_EQ(v.ranks, std::vector<int>{3});
+  EXPECT_NE(v.why.find("the last step done is 12; behind in collectives started (240, the others "
+                       "up to 243): 1 rank(s) the others wait for"),
+            std::string::npos)
+      << v.why;
+  // Beats that do not say it (or every rank equal): every rank is named.
+  Monitor old(1, 2, limits(), 0);
+  for (double t = 1; t <= 30; t += 1) {
+    for (int r = 0; r < 2; ++r) old.record(beat(r, "train", 12), t);
+  }
+  const auto all = old.check(21.5);
+  EXPECT_EQ(all.ranks, (std::vector<int>{0, 1}));
+  EXPECT_NE(all.why.find("; every rank"), std::string::npos) << all.why;
 }
 
 TEST(ElasticMonitor, FiguresOfTheAttempt) {

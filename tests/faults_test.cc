@@ -59,7 +59,7 @@ TEST(FaultPlan, EmptyValuesAreUnset) {
   EXPECT_TRUE(planOf({{"BATCHDIST_FAULT_OOM", ""}, {"BATCHDIST_FAULT_SLOW_UPDATE_US", ""},
                       {"BATCHDIST_FAULT_SLOW_READ_US", ""}, {"BATCHDIST_FAULT_ADAPT_FIGURES", ""},
                       {"BATCHDIST_FAULT_CHECKPOINT", ""}, {"BATCHDIST_FAULT_CHECKPOINT_STEP", ""},
-                      {"BATCHDIST_FAULT_VERSION", ""}})
+                      {"BATCHDIST_FAULT_VERSION", ""}, {"BATCHDIST_FAULT_HANG", ""}})
                   .empty());
   EXPECT_TRUE(planOf({{"BATCHDIST_FAULT_OOM", ",,"}}).empty());
 }
@@ -90,6 +90,21 @@ TEST(FaultPlan, EveryVariableIsRead) {
   EXPECT_EQ(plan.checkpoint.point, CheckpointKill::kAfterFiles);
   EXPECT_EQ(plan.checkpoint.step, 60);
   EXPECT_EQ(plan.version, "0.0.1-other");
+  EXPECT_EQ(plan.hang.rank, -1);
+}
+
+TEST(FaultPlan, HangNamesARankAndAStep) {
+  const auto plan = planOf({{"BATCHDIST_FAULT_HANG", "3:20"}});
+  EXPECT_FALSE(plan.empty());
+  EXPECT_EQ(plan.hang.rank, 3);
+  EXPECT_EQ(plan.hang.step, 20);
+  for (const std::string bad : {"3", "3:0", "-1:5", "x:5", "3:5:1", "3:"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_EQ(errorOf({{"BATCHDIST_FAULT_HANG", bad}}).rfind("BATCHDIST_FAULT_HANG: '", 0), 0u);
+  }
+  EXPECT_EQ(errorOf({{"BATCHDIST_FAULT_HANG", "3"}}),
+            "BATCHDIST_FAULT_HANG: '3' is not RANK:STEP (STEP 1-based; e.g. 3:20 makes rank 3 hang "
+            "before step 20)");
 }
 
 TEST(FaultPlan, CheckpointKillWithAndWithoutAStep) {

@@ -30,6 +30,7 @@ std::optional<Beat> parseBeat(const std::string& text) {
     b.per_gpu = std::stoll(kv.at("per_gpu"));
     b.accum = std::stoll(kv.at("accum"));
     b.global = std::stoll(kv.at("global"));
+    if (const auto c = kv.find("collectives"); c != kv.end()) b.collectives = std::stoll(c->second);
   } catch (const std::exception&) {
     return std::nullopt;
   }
@@ -81,21 +82,41 @@ Verdict Monitor::check(double now) const {
   }
   // A hang is training without steps: not evaluation's end, not the report's writing.
   if (!training() || progress_at_ < 0 || now - progress_at_ <= limits_.stall_s) return v;
-  // Every rank beats but none finishes a step: the ranks behind the others are
-  // the ones the rest wait for; if none is behind, all are named.
-  int64_t low = best_step_;
-  for (const auto& r : ranks_) low = std::min(low, r.last.step);
-  for (int i = 0; i < world(); ++i) {
-    if (ranks_[static_cast<size_t>(i)].last.step == low) v.ranks.push_back(i);
-  }
-  const std::string secs = worker::formatFixed(now - progress_at_, 1);
   v.kind = Verdict::Kind::kStall;
-  v.why = strCat("no step finished for ", secs, " s (elastic.stall_s ", limits_.stall_s,
-                 "): every rank beats, the last step done is ", best_step_,
-                 low < best_step_ ? strCat("; behind at step ", low, ": ") : "; ",
-                 v.ranks.size() == ranks_.size() ? "every rank"
-                                                 : strCat(v.ranks.size(), " rank(s)"));
+  v.why = strCat("no step finished for ", worker::formatFixed(now - progress_at_, 1),
+                 " s (elastic.stall_s ", limits_.stall_s, "): every rank beats, the last step done is ",
+                 best_step_, "; ", behind(&v.ranks));
   return v;
+}
+
+// Every rank beats but none finishes a step: the ones the rest wait for are
+// behind in steps or, since a step needs every rank and so all have done the
+// same, in the collectives started (Note [heartbeat]): the others wait inside one
+// the hung rank has not reached. If none is behind, all are named.
+std::string Monitor::behind(std::vector<int>* ranks) const {
+  const auto lowest = [&](auto field) {
+    int64_t low = field(ranks_.front().last), high = low;
+    for (const auto& r : ranks_) {
+      low = std::min(low, field(r.last));
+      high = std::max(high, field(r.last));
+    }
+    return std::pair{low, high};
+  };
+  const auto [low_step, high_step] = lowest([](const Beat& b) { return b.step; });
+  const auto [low_ops, high_ops] = lowest([](const Beat& b) { return b.collectives; });
+  const bool by_step = low_step < high_step;
+  const bool by_ops = !by_step && low_ops >= 0 && low_ops < high_ops;
+  for (int i = 0; i < world(); ++i) {
+    const Beat& b = ranks_[static_cast<size_t>(i)].last;
+    if (by_step ? b.step == low_step : !by_ops || b.collectives == low_ops) ranks->push_back(i);
+  }
+  const std::string who = strCat(ranks->size(), " rank(s)");
+  if (by_step) return strCat("behind at step ", low_step, ": ", who);
+  if (by_ops) {
+    return strCat("behind in collectives started (", low_ops, ", the others up to ", high_ops,
+                  "): ", who, " the others wait for");
+  }
+  return "every rank";
 }
 
 int64_t Monitor::lastStep() const {

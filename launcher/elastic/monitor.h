@@ -19,6 +19,7 @@ struct Beat {
   int64_t step = 0;
   int64_t checkpoint = -1;
   int64_t per_gpu = 0, accum = 0, global = 0;
+  int64_t collectives = -1;  ///< collectives started (-1: not said)
 };
 
 /// One datagram's beat, or nullopt for anything else (a stray packet).
@@ -62,6 +63,8 @@ class Monitor {
   Beat batch() const;
 
  private:
+  /// The ranks a hang waits for (all when none is behind), and the reason in words.
+  std::string behind(std::vector<int>* ranks) const;
   struct RankState {
     bool heard = false;
     double last_heard = 0;

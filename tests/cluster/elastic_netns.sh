@@ -11,6 +11,10 @@
 #              a run resumed by hand from the same checkpoint on 3 ranks
 #   sigstop    SIGSTOP of host 4's rank: lost within elastic.heartbeat_timeout_s + 5 s,
 #              host 4 named; finishes on 3 ranks
+#   hang       host 4's rank hangs before step 8 outside any collective, its heartbeat
+#              beating (BATCHDIST_FAULT_HANG): every rank has done 7 steps, the
+#              supervisor names rank 3 by the collectives started, within
+#              elastic.stall_s + 5 s; finishes on 3 ranks
 #   link_down  host 4's link down: a silent host, lost by heartbeat; when the link is up
 #              again it answers, rejoins after elastic.readmit_s and the job grows back
 #              to 4 ranks with no step lost
@@ -157,6 +161,23 @@ case "$scenario" in
     awk "BEGIN{exit !($secs <= 8)}" || fail "lost after $secs s (heartbeat timeout 3 s)"
     grep -q "rank 3 silent for" "$dir/log" || fail "the cause does not name the silent rank"
     echo "ok: a stopped rank lost in $secs s, host 10.78.0.4 named; finished on 3 ranks"
+    ;;
+  hang)
+    export BATCHDIST_FAULT_HANG=3:8
+    mpi_args+=" -x BATCHDIST_FAULT_HANG"
+    start --set elastic.stall_s=4
+    wait_for "rank 3: hanging before step 8" 60
+    t_fault=$(date +%s.%N)
+    wait_for "hang: no step finished for" 20
+    t_lost=$(date +%s.%N)
+    finish
+    check_completed_on 3
+    secs=$(elapsed)
+    awk "BEGIN{exit !($secs <= 9)}" || fail "the hang found after $secs s (elastic.stall_s 4)"
+    grep -q "the last step done is 7; behind in collectives started ([0-9]*, the others up to [0-9]*): 1 rank(s) the others wait for on host(s) 10.78.0.4" "$dir/log" ||
+      fail "the hang does not name host 4's rank alone"
+    echo "ok: a hang found in $secs s, rank 3 on 10.78.0.4 named; finished on 3 ranks;" \
+      "lost steps $(report "r['elastic']['attempts'][0]['lost_steps']")"
     ;;
   link_down)
     # Long enough at 3 ranks for host 4 to answer again (a probe gives up after

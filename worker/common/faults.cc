@@ -95,6 +95,18 @@ CheckpointFault parseCheckpointFault(const std::function<const char*(const char*
   return f;
 }
 
+/// BATCHDIST_FAULT_HANG="R:S".
+HangFault parseHangFault(const std::string& text) {
+  HangFault f;
+  if (text.empty()) return f;
+  const auto colon = text.find(':');
+  const std::string what = "RANK:STEP (STEP 1-based; e.g. 3:20 makes rank 3 hang before step 20)";
+  if (colon == std::string::npos) throw Error(strCat("BATCHDIST_FAULT_HANG: '", text, "' is not ", what));
+  f.rank = wholeNumber("BATCHDIST_FAULT_HANG", text.substr(0, colon), what, 0);
+  f.step = wholeNumber("BATCHDIST_FAULT_HANG", text.substr(colon + 1), what, 1);
+  return f;
+}
+
 /// A delay in microseconds; a negative one is no delay.
 int64_t parseMicros(const std::function<const char*(const char*)>& getenv_fn, const char* var,
                     const char* example) {
@@ -121,7 +133,8 @@ bool CheckpointFault::killsAt(CheckpointKill reached, int64_t global_step) const
 
 bool FaultPlan::empty() const {
   return oom.empty() && slow_update_us == 0 && slow_read_us == 0 && adapt_figures_rank < 0 &&
-         checkpoint.point == CheckpointKill::kNone && checkpoint.step == 0 && version.empty();
+         checkpoint.point == CheckpointKill::kNone && checkpoint.step == 0 && version.empty() &&
+         hang.rank < 0;
 }
 
 std::vector<std::pair<int64_t, bool>> FaultPlan::oomTries(int64_t rank) const {
@@ -146,6 +159,7 @@ FaultPlan faultPlanFromEnvironment(const std::function<const char*(const char*)>
   }
   plan.checkpoint = parseCheckpointFault(getenv_fn);
   plan.version = lookUp(getenv_fn, "BATCHDIST_FAULT_VERSION");
+  plan.hang = parseHangFault(lookUp(getenv_fn, "BATCHDIST_FAULT_HANG"));
   return plan;
 }
 

@@ -20,6 +20,9 @@
 //   BATCHDIST_FAULT_CHECKPOINT_STEP=S ... at the checkpoint after step S only
 //   BATCHDIST_FAULT_VERSION=V         this rank says it is batchdist V (Note [same
 //       command] in launcher/main.cc)
+//   BATCHDIST_FAULT_HANG="R:S"        rank R hangs before global step S (1-based),
+//       outside any collective, until it is killed (its heartbeat goes on: a hang,
+//       not a silent host; Note [heartbeat])
 // They are read from the environment once, by the launcher (launcher/main.cc)
 // before the verb runs, parsed and checked all at once (a bad value is an Error
 // naming the variable, on the rank that has it, before anything starts), and the
@@ -62,6 +65,12 @@ struct CheckpointFault {
   bool killsAt(CheckpointKill reached, int64_t global_step) const;
 };
 
+/// BATCHDIST_FAULT_HANG.
+struct HangFault {
+  int64_t rank = -1;  ///< -1: no rank hangs
+  int64_t step = 0;   ///< before this global step (1-based)
+};
+
 /// Note [fault plan]: every fault a test asked for; default-constructed: none.
 struct FaultPlan {
   std::vector<OomFault> oom;       ///< BATCHDIST_FAULT_OOM, every rank's, in the order given
@@ -70,6 +79,7 @@ struct FaultPlan {
   int64_t adapt_figures_rank = -1; ///< BATCHDIST_FAULT_ADAPT_FIGURES; -1: no rank
   CheckpointFault checkpoint;      ///< BATCHDIST_FAULT_CHECKPOINT(_STEP)
   std::string version;             ///< BATCHDIST_FAULT_VERSION; empty: this build's
+  HangFault hang;                  ///< BATCHDIST_FAULT_HANG
 
   /// True when the plan injects nothing (the production case).
   bool empty() const;

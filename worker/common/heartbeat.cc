@@ -13,6 +13,7 @@
 #include <mutex>
 #include <thread>
 
+#include "collective/communicator.h"
 #include "common/error.h"
 
 namespace batchdist::worker::heartbeat {
@@ -44,7 +45,8 @@ State& state() {
 void beat(State& s) {
   const std::string text = message(s.attempt, s.rank, static_cast<int>(getpid()), s.phase.load(),
                                    s.step.load(), s.checkpoint.load(), s.per_gpu.load(),
-                                   s.accum.load(), s.global.load());
+                                   s.accum.load(), s.global.load(),
+                                   collective::collectivesStarted());
   // A datagram that cannot leave (no route while a link is down) is simply lost:
   // the supervisor's timeout is what notices.
   (void)sendto(s.fd, text.data(), text.size(), MSG_DONTWAIT, reinterpret_cast<sockaddr*>(&s.to),
@@ -76,10 +78,11 @@ double envSeconds(const char* name, double fallback) {
 }  // namespace
 
 std::string message(int attempt, int rank, int pid, const char* phase, int64_t step,
-                    int64_t checkpoint, int64_t per_gpu, int64_t accum, int64_t global) {
+                    int64_t checkpoint, int64_t per_gpu, int64_t accum, int64_t global,
+                    uint64_t collectives) {
   return strCat("batchdist-heartbeat 1 attempt=", attempt, " rank=", rank, " pid=", pid,
                 " phase=", phase, " step=", step, " checkpoint=", checkpoint, " per_gpu=", per_gpu,
-                " accum=", accum, " global=", global);
+                " accum=", accum, " global=", global, " collectives=", collectives);
 }
 
 void startFromEnvironment(int rank) {

@@ -10,14 +10,18 @@
 // BATCHDIST_HEARTBEAT ("ip:port", with BATCHDIST_ATTEMPT, the attempt's number):
 //
 //   batchdist-heartbeat 1 attempt=A rank=R pid=P phase=train step=S checkpoint=C
-//   per_gpu=m accum=a global=G
+//   per_gpu=m accum=a global=G collectives=N
 //
 // from a thread of its own, so a rank busy in a long step or blocked in a
 // collective still beats; one stopped (SIGSTOP), killed or cut off does not.
 // `step` is the optimizer steps done (a resumed run starts at its checkpoint's),
 // `checkpoint` the step of the newest checkpoint written (-1: none yet): the
 // supervisor's "lost steps" is the last step seen less the checkpoint it resumes
-// from. UDP, not the rendezvous store: the store lives on rank 0, which may be
+// from. `collectives` is how many collectives the rank has started
+// (collective::collectivesStarted()): in a hang every rank has done the same
+// steps (a step needs them all), but the ranks waiting in a collective have
+// started more than the one that hangs outside it, so the supervisor names that
+// one (launcher/elastic/monitor.cc). UDP, not the rendezvous store: the store lives on rank 0, which may be
 // the rank that is lost, and a datagram never blocks the sender. A rank without
 // BATCHDIST_HEARTBEAT (every run but an elastic one) sends nothing.
 
@@ -41,6 +45,7 @@ void setBatch(int64_t per_gpu, int64_t accum, int64_t global);
 
 /// One beat's text (the wire format above), for the sender and the tests.
 std::string message(int attempt, int rank, int pid, const char* phase, int64_t step,
-                    int64_t checkpoint, int64_t per_gpu, int64_t accum, int64_t global);
+                    int64_t checkpoint, int64_t per_gpu, int64_t accum, int64_t global,
+                    uint64_t collectives);
 
 }  // namespace batchdist::worker::heartbeat

@@ -100,6 +100,7 @@ Trainer::Trainer(const Config& cfg, collective::Communicator& comm, const DataSp
       cfg.batch.eval_per_gpu);
   slow_update_us_ = f.slow_update_us;
   adapt_figures_fault_ = f.adapt_figures_rank == comm_.rank();
+  if (f.hang.rank == comm_.rank()) hang_step_ = f.hang.step;
 }
 
 Trainer::~Trainer() = default;
@@ -473,6 +474,7 @@ bool Trainer::runStep(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_s
                       bool* due, TrainResult& result, double* loss) {
   const bool stop_wish = *stop;
   const bool due_wish = due && *due;
+  if (global_step + 1 == hang_step_) hangForever(global_step + 1);
   for (;;) {
     *stop = stop_wish;
     if (due) *due = due_wish;
@@ -484,6 +486,13 @@ bool Trainer::runStep(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_s
     }
     if (!backOff(e, sharder, s, global_step, result)) return false;
   }
+}
+
+void Trainer::hangForever(int64_t step) const {
+  std::cerr << strCat("rank ", comm_.rank(), ": hanging before step ", step,
+                      " (BATCHDIST_FAULT_HANG) until killed\n")
+            << std::flush;
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
 bool Trainer::tryStep(int64_t real, double lr, bool* stop, bool* checkpoint, double* loss) {

@@ -158,6 +158,8 @@ class Trainer {
   /// it fits. Returns false when nothing is left (result.failure says why).
   bool runStep(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_step, bool* stop,
                bool* due, TrainResult& result, double* loss);
+  /// Note [fault plan]'s hang: outside any collective, the heartbeat still beating.
+  [[noreturn]] void hangForever(int64_t step) const;
   /// One try of a step; false (nothing applied) if any rank ran out of memory.
   bool tryStep(int64_t real, double lr, bool* stop, bool* checkpoint, double* loss);
   /// One micro-batch's forward and weighted loss sum; with synchronised BatchNorm
@@ -242,6 +244,7 @@ class Trainer {
   /// optimizer update N us slower (a rank with its own timings).
   int64_t slow_update_us_ = 0;
   bool adapt_figures_fault_ = false;  ///< BATCHDIST_FAULT_ADAPT_FIGURES names this rank
+  int64_t hang_step_ = 0;  ///< BATCHDIST_FAULT_HANG: this rank hangs before this step (0: never)
   OomGuard oom_;  ///< Note [oom back-off]
   bool failed_here_ = false;  ///< the last try failed on this rank
   Console* console_ = nullptr;  ///< during train(): for the back-off lines
