@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -15,6 +16,16 @@ std::atomic<uint64_t> collectives_started{0};
 
 uint64_t collectivesStarted() { return collectives_started.load(std::memory_order_relaxed); }
 void countCollectiveStart() { collectives_started.fetch_add(1, std::memory_order_relaxed); }
+
+void PendingWork::trace(const std::string& name) {
+  if (trace::on()) range_ = std::make_shared<trace::AsyncRange>(name);
+}
+
+std::string bucketTraceName(const char* op, std::size_t index, const at::Tensor& t) {
+  char mb[32];
+  std::snprintf(mb, sizeof mb, "%.1f", static_cast<double>(t.nbytes()) / (1 << 20));
+  return std::string("batchdist/") + op + " bucket " + std::to_string(index) + " (" + mb + " MB)";
+}
 
 std::vector<double> Communicator::allreduce(const std::vector<double>& values, ReduceOp op) {
   if (values.empty()) return {};

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "common/trace.h"
+
 namespace batchdist::collective {
 
 enum class ReduceOp { kSum, kMin, kMax };
@@ -43,7 +45,24 @@ class PendingWork {
   /// collective only inside MPI calls made by this thread (Note [mpi backend]),
   /// so the reducer calls this from its autograd hooks.
   virtual void progress() {}
+  /// Note [trace ranges]: a range named `name` in a profiler trace, from now
+  /// until the collective completes: when the backend marks it done (Gloo's
+  /// thread, MPI's test) or at the latest when wait() returns (NCCL: enqueued on
+  /// the stream; the trace's kernel shows the device's time). Nothing when no
+  /// profiler is on.
+  virtual void trace(const std::string& name);
+
+ protected:
+  /// Ends the range of trace() (every wait() calls it once the work is done).
+  void endTrace() {
+    if (range_) range_->end();
+  }
+  std::shared_ptr<trace::AsyncRange> range_;
 };
+
+/// Note [trace ranges]: "batchdist/allreduce bucket 3 (6.2 MB)", the name of a
+/// gradient bucket's collective `op` over `t`.
+std::string bucketTraceName(const char* op, std::size_t index, const at::Tensor& t);
 
 /// Collectives among `size()` ranks. All ranks must call the same collectives in
 /// the same order with tensors of the same shape and dtype (as in MPI/c10d).

@@ -53,6 +53,7 @@ std::string firstProblem(const at::Tensor& whole, const at::Tensor& part, const 
 class FinishedWork : public PendingWork {
  public:
   void wait() override {}
+  void trace(const std::string&) override {}  // nothing was sent
 };
 
 /// Waits for an allreduce of `buffer`, then copies the rank's slice into `output`.
@@ -69,6 +70,9 @@ class SliceAfterWork : public PendingWork {
   }
   void progress() override {
     if (inner_) inner_->progress();
+  }
+  void trace(const std::string& name) override {
+    if (inner_) inner_->trace(name);
   }
 
  private:

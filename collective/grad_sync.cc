@@ -118,7 +118,10 @@ SideChannel GradientSynchronizer::sumGradients(const SideChannel& side) {
       local = local.defined() ? local + sq : sq;
     }
     if (measure_ && &b == &last && local.defined()) norm_slot.copy_(local.reshape({1}));
-    if (comm_.size() > 1) pending.push_back(comm_.allreduceAsync(b.flat, ReduceOp::kSum));
+    if (comm_.size() > 1) {
+      pending.push_back(comm_.allreduceAsync(b.flat, ReduceOp::kSum));
+      if (trace::on()) pending.back()->trace(bucketTraceName("allreduce", pending.size() - 1, b.flat));
+    }
   }
   for (std::size_t i = 0; i < buckets_.size(); ++i) {
     if (!pending.empty()) pending[i]->wait();

@@ -93,6 +93,7 @@ class MpiWork : public PendingWork {
     }
     int done = 0;
     failed_ = MPI_Test(&request_, &done, MPI_STATUS_IGNORE);
+    if (done) endTrace();
   }
 
   void wait() override {
@@ -123,6 +124,7 @@ class MpiWork : public PendingWork {
         std::this_thread::yield();
       }
     }
+    endTrace();
     if (target_.defined()) target_.copy_(buffer_);
   }
 

@@ -53,10 +53,14 @@ std::vector<uint8_t> bytes(const std::string& s) { return std::vector<uint8_t>(s
 
 class C10dWork : public PendingWork {
  public:
+  /// `done_on_completion`: the work's future completes when the collective has
+  /// (Gloo), not when it is enqueued (NCCL): the trace range ends there.
   C10dWork(compat::WorkPtr work, std::string what, int rank, int size,
-           std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Store> store, uint64_t seq)
+           std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Store> store, uint64_t seq,
+           bool done_on_completion)
       : work_(std::move(work)), what_(std::move(what)), rank_(rank), size_(size),
-        timeout_(timeout), store_(std::move(store)), seq_(seq) {}
+        timeout_(timeout), store_(std::move(store)), seq_(seq),
+        done_on_completion_(done_on_completion) {}
 
   void wait() override {
     try {
@@ -66,6 +70,17 @@ class C10dWork : public PendingWork {
                                    timeout_.count() / 1000.0, " s, dist.timeout_s): ",
                                    firstLine(e.what()), ".",
                                    stallReport(store_, rank_, size_, seq_, timeout_)));
+    }
+    endTrace();
+  }
+
+  void trace(const std::string& name) override {
+    PendingWork::trace(name);
+    if (!range_ || !done_on_completion_) return;
+    try {
+      work_->getFuture()->addCallback([range = range_](c10::ivalue::Future&) { range->end(); });
+    } catch (const std::exception&) {
+      // A work without a future: wait() ends the range.
     }
   }
 
@@ -77,6 +92,7 @@ class C10dWork : public PendingWork {
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10d::Store> store_;
   uint64_t seq_;
+  bool done_on_completion_;
 };
 
 class ProcessGroupCommunicator : public Communicator {
@@ -189,7 +205,7 @@ class ProcessGroupCommunicator : public Communicator {
   std::unique_ptr<PendingWork> wrap(compat::WorkPtr w, const char* what) {
     countCollectiveStart();
     return std::make_unique<C10dWork>(std::move(w), strCat(name_, " ", what), rank_, size_,
-                                      timeout_, store_, ++seq_);
+                                      timeout_, store_, ++seq_, name_ == "gloo");
   }
 
   compat::BackendPtr backend_;

@@ -213,7 +213,10 @@ void Reducer::startReadyBuckets(bool from_hook) {
     stampArrival(bucket);
     ++started_total_;
     if (from_hook) ++started_from_hooks_;
-    if (comm_.size() > 1) bucket.work = comm_.allreduceAsync(bucket.flat, ReduceOp::kSum);
+    if (comm_.size() > 1) {
+      bucket.work = comm_.allreduceAsync(bucket.flat, ReduceOp::kSum);
+      if (trace::on()) bucket.work->trace(bucketTraceName("allreduce", next_bucket_ - 1, bucket.flat));
+    }
   }
 }
 

@@ -831,6 +831,13 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
                             r.comm(),
                             &req.faults);
   trainer.setCheckpointer(&checkpointer);
+  std::unique_ptr<StepProfiler> profiler;  // Note [step profiler]
+  if (s.cfg.profile.on()) {
+    profiler = std::make_unique<StepProfiler>(s.cfg.profile, (fs::path(req.output) / "profile").string(),
+                                              r.comm().backendName(), place.rank, place.size,
+                                              s.device.is_cuda());
+    trainer.setProfiler(profiler.get());
+  }
   MetricSinks sinks;
   attachMetricSinks(r, trainer, sinks);
   r.clock.lap("model");

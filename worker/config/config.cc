@@ -452,7 +452,7 @@ class Section {
 
 const std::vector<std::string> kSections = {"task", "model",  "data",       "batch", "optim",
                                             "train", "dist", "search", "checkpoint", "report",
-                                            "elastic"};
+                                            "elastic", "profile"};
 
 std::string suggestion(const std::string& path, const std::vector<std::string>& candidates) {
   std::string best;
@@ -1021,6 +1021,16 @@ void readElastic(Context& ctx, const YAML::Node& root, ElasticConfig& c) {
   }
 }
 
+void readProfile(Context& ctx, const YAML::Node& root, ProfileConfig& c) {
+  Section s(ctx, root, "profile");
+  c.wait = s.integer("wait", 5, 0, int64_t{1} << 40);
+  c.warmup = s.integer("warmup", 2, 0, 1000);
+  c.active = s.integer("active", 0, 0, 1000);
+  c.shapes = s.boolean("shapes", false);
+  c.memory = s.boolean("memory", false);
+  c.stack = s.boolean("stack", false);
+}
+
 void readReport(Context& ctx, const YAML::Node& root, ReportConfig& c) {
   Section s(ctx, root, "report");
   c.tensorboard = s.boolean("tensorboard", true);
@@ -1110,6 +1120,7 @@ Config parseConfig(const std::string& yaml_text, const std::string& source,
   readCheckpoint(ctx, root, cfg.checkpoint);
   readReport(ctx, root, cfg.report);
   readElastic(ctx, root, cfg.elastic);
+  readProfile(ctx, root, cfg.profile);
 
   checkUnknownKeys(ctx, root);
   cfg.data.seq_len = cfg.model.seq_len;  // Note [tokens]: a window is seq_len + 1 tokens

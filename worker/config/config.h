@@ -260,6 +260,19 @@ struct ReportConfig {
   bool tensorboard = true;                   ///< OUTPUT/tensorboard/{train,search}/
 };
 
+/// Profiler traces (Note [step profiler] in worker/train/profiler.h): steps of
+/// this run, counted from its first, are skipped (`wait`), run with the profiler
+/// prepared (`warmup`) and traced (`active`); 0 active steps: off.
+struct ProfileConfig {
+  int64_t wait = 5;
+  int64_t warmup = 2;
+  int64_t active = 0;        ///< traced steps (0: no trace)
+  bool shapes = false;       ///< record the operators' input shapes
+  bool memory = false;       ///< record allocations and frees
+  bool stack = false;        ///< record source stacks (TorchScript and Python frames only)
+  bool on() const { return active > 0; }
+};
+
 struct DistConfig {
   DistBackend backend = DistBackend::kAuto;
   double timeout_s = 300;
@@ -325,6 +338,7 @@ struct Config {
   CheckpointConfig checkpoint;
   ReportConfig report;
   ElasticConfig elastic;
+  ProfileConfig profile;
   /// Every key with the value in force (defaults included), by section, in schema
   /// order: {"model": {"name": "mlp", ...}, ...}. The report, the search cache key
   /// and the cross-rank check read it.

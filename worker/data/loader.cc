@@ -4,9 +4,11 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <chrono>
+#include <optional>
 #include <tuple>
 
 #include "common/error.h"
+#include "common/trace.h"
 #include "worker/common/util.h"
 #include "collective/torch_compat.h"
 
@@ -332,6 +334,8 @@ Batch Loader::next() {
   Batch b;
   int64_t index = 0;
   int64_t epoch = 0;
+  std::optional<trace::Range> waiting;  // Note [trace ranges]
+  waiting.emplace("batchdist/data_wait");
   if (threads_.empty()) {
     MicroBatch job;
     {
@@ -369,11 +373,14 @@ Batch Loader::next() {
     }
   }
   wait_s_ += monotonicSeconds() - t0;
-  b = toDevice(std::move(b));
-  if (opts_.device.is_cuda()) {
-    if (data_.source) b.x = toFloatImages(b.x);  // on the GPU, after the uint8 copy
-    if (opts_.transform.any()) b.x = opts_.transform.apply(b.x, batchSeed(opts_.seed, epoch, index));
+  waiting.reset();
+  if (!opts_.device.is_cuda()) return b;
+  {
+    trace::Range copy("batchdist/host_to_device");
+    b = toDevice(std::move(b));
   }
+  if (data_.source) b.x = toFloatImages(b.x);  // on the GPU, after the uint8 copy
+  if (opts_.transform.any()) b.x = opts_.transform.apply(b.x, batchSeed(opts_.seed, epoch, index));
   return b;
 }
 

@@ -236,6 +236,8 @@ nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const Trai
   }
   o["checkpoints"] = checkpoints;
   o["checkpoint_seconds"] = r.checkpoint_s;
+  // Note [step profiler]: rank 0's trace; every rank wrote its own beside it.
+  if (cfg.profile.on()) o["profile"] = r.profile.json();
   o["config"] = cfg.resolved;
   return o;
 }

@@ -106,6 +106,7 @@ void GradientScatter::start(std::size_t k, bool from_hook) {
   if (!seg.buffer.defined()) seg.buffer = allocate(s.chunk * layout_.ranks, /*zeroed=*/true);
   seg.out = round_ == 0 ? shard_.narrow(0, s.owned, s.chunk) : allocate(s.chunk, /*zeroed=*/false);
   seg.work = comm_.reduceScatterAsync(seg.buffer, seg.out, collective::ReduceOp::kSum);
+  if (trace::on()) seg.work->trace(collective::bucketTraceName("reduce_scatter", k, seg.buffer));
   in_flight_.push_back(k);
   ++started_;
   if (from_hook) ++started_from_hooks_;

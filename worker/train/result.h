@@ -6,6 +6,7 @@
 
 #include "worker/data/pipeline.h"
 #include "worker/task/metrics.h"
+#include "worker/train/profiler.h"
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -198,6 +199,7 @@ struct TrainResult {
   PhaseSeconds phases;
   std::vector<BatchChange> batch_history;  ///< batch.adapt: every split used, in order
   double progress = -1;      ///< batch.adapt: G0-equivalent steps done (< 0: not adaptive)
+  ProfileOutcome profile;    ///< the profile section's trace (Note [step profiler])
 };
 
 }  // namespace batchdist::worker

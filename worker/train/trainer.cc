@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "common/trace.h"
 #include "worker/common/util.h"
 #include "collective/torch_compat.h"
 #include "worker/common/heartbeat.h"
@@ -182,8 +183,15 @@ double Trainer::computeGradients(int64_t real) {
       const auto params = model_->trainableParameters();
       if (!params.empty()) fault.emplace(params.front());
     }
-    torch::Tensor weighted = forwardLoss(batch, final_micro && oom_.injectInForward());
-    (weighted * (scale / denom)).backward();
+    torch::Tensor weighted;
+    {
+      trace::Range range("batchdist/forward");  // Note [trace ranges]
+      weighted = forwardLoss(batch, final_micro && oom_.injectInForward());
+    }
+    {
+      trace::Range range("batchdist/backward");
+      (weighted * (scale / denom)).backward();
+    }
     if (noise_now_ && microNoise()) trackMicroBatch(k);
     loss_sum += weighted.detach().to(torch::kDouble);
     time_.compute += monotonicSeconds() - t1;
@@ -223,6 +231,7 @@ void Trainer::syncGradients(bool* stop, bool* checkpoint, bool* oom) {
   // Timed with device synchronisation around it: what remains is the exposed
   // communication (with the reducer, what backward did not hide).
   synchronize();
+  trace::Range range("batchdist/gradient_sync");  // the exposed wait; the wishes agreed
   const double t0 = monotonicSeconds();
   // Note [oom back-off]: the oom slot counts the ranks whose step failed.
   // Note [step wishes]
@@ -320,6 +329,7 @@ NoiseScaleResult Trainer::noiseResult() const {
 }
 
 void Trainer::applyUpdate(double lr) {
+  trace::Range range("batchdist/optimizer");
   const double t0 = monotonicSeconds();
   if (!update_->step(lr)) {
     time_.compute += monotonicSeconds() - t0;
@@ -431,10 +441,14 @@ void Trainer::runSteps(EpochRun& e, Sharder& sharder, int64_t* global_step,
     maybeRecover(e, sharder, s, *global_step, result);
     double loss = 0;
     const double step_started = monotonicSeconds();
+    if (profiler_) profiler_->beginStep(*global_step + 1);
     if (!runStep(e, sharder, s, *global_step, &e.stop, checkpointer_ ? &due : nullptr, result,
                  &loss)) {
       e.failed = true;
       return;
+    }
+    if (profiler_ && profiler_->endStep(/*last=*/e.stop || *global_step + 1 >= plan_.total_steps)) {
+      profileWritten(console);  // the run's last step: evaluation stays out of the trace
     }
     if (step_seconds_.size() < 100000) step_seconds_.push_back(monotonicSeconds() - step_started);
     if (checkpointer_) checkpointer_->noteStep(monotonicSeconds() - step_started);
@@ -836,9 +850,25 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
   }
   // Note [background checkpoint]: the last write lands before the report counts it.
   if (checkpointer_) checkpointer_->settle(console, &result.checkpoints);
+  if (profiler_) {
+    if (profiler_->finish()) profileWritten(console);
+    result.profile = profiler_->outcomeWithCost(step_seconds_);
+  }
   console_ = nullptr;
   summarise(result, global_step, monotonicSeconds() - t0, train_time, gpu);
   return result;
+}
+
+void Trainer::profileWritten(Console& console) const {
+  const ProfileOutcome& p = profiler_->outcome();
+  if (!p.error.empty()) {  // this rank's own: every rank says it
+    std::cerr << strCat("rank ", comm_.rank(), ": profile: warning: ", p.error, "\n") << std::flush;
+    return;
+  }
+  const auto steps = p.steps.size() == 1 ? strCat("step ", p.steps.front())
+                                         : strCat("steps ", p.steps.front(), "-", p.steps.back());
+  console.line(strCat("profile: ", steps, " traced (", p.kineto ? "Kineto" : "CPU operators",
+                      "): ", p.file, comm_.size() > 1 ? " and one file per rank beside it" : ""));
 }
 
 void Trainer::stoppedLine(Console& console, int64_t global_step, int64_t epoch) const {

@@ -38,6 +38,7 @@ class AdaptiveBatch;
 struct AdaptRecordParts;
 class Console;
 class Checkpointer;
+class StepProfiler;
 struct TrainState;
 
 /// Note [step wishes]: what one rank asks of a step, carried in the gradient
@@ -127,6 +128,8 @@ class Trainer {
 
   /// Checkpoints during train() (Note [checkpoint]); null: none. Not owned.
   void setCheckpointer(Checkpointer* checkpointer) { checkpointer_ = checkpointer; }
+  /// Traces steps of train() (Note [step profiler]); null: none. Not owned.
+  void setProfiler(StepProfiler* profiler) { profiler_ = profiler; }
   /// Rank 0: called with each metrics point as it is made (metrics.jsonl, TensorBoard).
   void setMetricSink(std::function<void(const MetricPoint&)> sink) { log_.setSink(std::move(sink)); }
   /// Makes train() continue from `pos` (state restored with restoreState first).
@@ -182,6 +185,8 @@ class Trainer {
                 UtilizationSampler& gpu, TrainResult& result);
   void checkpoint(const EpochRun& e, int64_t global_step, bool mid_epoch, Console& console,
                   TrainResult& result);
+  /// Rank 0's line when this rank's trace was written (Note [step profiler]).
+  void profileWritten(Console& console) const;
   /// After step `step` of `e`: the progress line and rank 0's metrics point (TrainLog).
   void logStep(Console& console, EpochRun& e, int64_t step, int64_t global_step,
                double run_started, TrainResult& result);
@@ -236,6 +241,7 @@ class Trainer {
   std::unique_ptr<Evaluator> evaluator_;
   TimeBreakdown time_;
   Checkpointer* checkpointer_ = nullptr;
+  StepProfiler* profiler_ = nullptr;
   TrainPosition resume_;
   std::unique_ptr<AdaptiveBatch> adapt_;  ///< batch.adapt: goodput or warmup (null: off)
   double update_s_ = 0;  ///< optimizer update seconds (this rank), for the fixed cost

@@ -1,0 +1,90 @@
+"""Checks the profiler traces of a batchdist run (Note [step profiler]).
+
+usage: profile_check.py OUTPUT WORLD STEP... [--no-buckets]
+Each rank's OUTPUT/profile/<host>_rank<R>.pt.trace.json must be a Chrome trace
+with one "ProfilerStep#N" range per traced step N (exactly STEP...), each
+holding batchdist's phases, and no batchdist range outside them.
+"""
+import glob
+import json
+import os
+import sys
+
+PHASES = ["batchdist/data_wait", "batchdist/forward", "batchdist/backward",
+          "batchdist/gradient_sync", "batchdist/optimizer"]
+SLACK_US = 2  # Kineto rounds nanoseconds to microseconds
+
+
+def fail(msg):
+    print("FAIL: " + msg)
+    sys.exit(1)
+
+
+def check_rank(path, rank, world, steps, buckets):
+    try:
+        trace = json.load(open(path))
+    except ValueError as e:
+        fail(f"{path}: not JSON: {e}")
+    events = trace.get("traceEvents")
+    if not isinstance(events, list) or not events:
+        fail(f"{path}: no traceEvents list")
+    for e in events:
+        if e.get("ph") not in ("X", "i", "I", "M", "f", "s", "t", "C", "B", "E"):
+            fail(f"{path}: an event with phase {e.get('ph')!r}: {e}")
+        if e.get("ph") == "X" and not all(k in e for k in ("name", "pid", "tid", "ts", "dur")):
+            fail(f"{path}: a complete event without name/pid/tid/ts/dur: {e}")
+    info = trace.get("distributedInfo", {})
+    if info.get("rank") != rank or info.get("world_size") != world:
+        fail(f"{path}: distributedInfo {info}, expected rank {rank} of {world}")
+    ranges = [e for e in events if e.get("ph") == "X"]
+    step_ranges = [e for e in ranges if e["name"].startswith("ProfilerStep#")]
+    got = sorted(int(e["name"].split("#")[1]) for e in step_ranges)
+    if got != steps:
+        fail(f"{path}: ProfilerStep ranges for steps {got}, expected {steps}")
+    ops = [e for e in ranges if e.get("cat") == "cpu_op"]
+    if not ops:
+        fail(f"{path}: no operator (cpu_op) events")
+    windows = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in step_ranges]
+    ours = [e for e in ranges if e["name"].startswith("batchdist/")]
+    for e in ours:
+        a, b = float(e["ts"]), float(e["ts"]) + float(e["dur"])
+        if not any(lo - SLACK_US <= a and b <= hi + SLACK_US for lo, hi in windows):
+            fail(f"{path}: {e['name']} at {a}..{b} is outside every traced step {windows}")
+    # The trace ends with the last traced step: the run's evaluation after its
+    # last step (the "short" run) stays out.
+    end = max(hi for _, hi in windows)
+    late = [e["name"] for e in ops if float(e["ts"]) > end + 1000]
+    if late:
+        fail(f"{path}: {len(late)} operator(s) more than 1 ms after the last traced step, e.g. {late[:3]}")
+    for (lo, hi), s in zip(sorted(windows), steps):
+        inside = [e["name"] for e in ours if lo - SLACK_US <= float(e["ts"]) <= hi + SLACK_US]
+        for phase in PHASES:
+            if phase not in inside:
+                fail(f"{path}: step {s} has no {phase} range (has {sorted(set(inside))})")
+        if buckets and not any(n.startswith("batchdist/allreduce bucket ") for n in inside):
+            fail(f"{path}: step {s} has no gradient bucket's allreduce range")
+    return len(events), len(ops)
+
+
+def main():
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    buckets = "--no-buckets" not in sys.argv
+    out, world, steps = args[0], int(args[1]), sorted(int(s) for s in args[2:])
+    files = sorted(glob.glob(os.path.join(out, "profile", "*.pt.trace.json")))
+    if len(files) != world:
+        fail(f"{len(files)} trace file(s) in {out}/profile, expected {world}: {files}")
+    for rank in range(world):
+        mine = [f for f in files if f.endswith(f"_rank{rank}.pt.trace.json")]
+        if len(mine) != 1:
+            fail(f"no single trace of rank {rank} in {files}")
+        n, ops = check_rank(mine[0], rank, world, steps, buckets)
+        print(f"ok: rank {rank}: {os.path.basename(mine[0])}: {n} events, {ops} operators, "
+              f"steps {steps} with every phase")
+    report = json.load(open(os.path.join(out, "report.json")))
+    p = report.get("profile", {})
+    if p.get("steps") != steps or not p.get("file", "").endswith("_rank0.pt.trace.json"):
+        fail(f"report.json profile: {p}")
+    print(f"ok: report.json profile: {p}")
+
+
+main()

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Profiler traces (Note [step profiler]) of real runs, checked by profile_check.py.
+# usage: profile_trace.sh MPIRUN "MPI FLAGS" BATCHDIST CONFIG OUTDIR SCENARIO
+#   np2    2 ranks, profile wait 2 warmup 1 active 3 over 9 steps: steps 4-6 traced
+#          on each rank, every phase and the bucket's allreduce inside each step
+#   short  1 rank, active 5 from step 3 of a 4-step run: the run's end writes
+#          steps 3-4
+#   off    no profile section: no profile directory, no "profile" in report.json
+set -u
+mpirun=$1 flags=$2 bin=$3 cfg=$4 out=$5 scenario=$6
+. "$(dirname "$0")/mpi_job_lib.sh"
+own_scratch_out
+check="$(dirname "$0")/profile_check.py"
+common=(--set train.threads=1 --set batch.per_gpu=16 --set train.progress=off)
+case "$scenario" in
+  np2)
+    run_into run 2 "${common[@]}" --set train.max_steps=9 --set profile.wait=2 --set profile.warmup=1 \
+      --set profile.active=3
+    [ "$rc" = 0 ] || { cat "$out/run.log"; fail "exit $rc"; }
+    grep -q "profile: steps 4-6 traced (" "$out/run.log" || { cat "$out/run.log"; fail "no profile line"; }
+    python3 "$check" "$out/run" 2 4 5 6 || exit 1
+    ;;
+  short)
+    run_into run 1 "${common[@]}" --set train.max_steps=4 --set profile.wait=1 --set profile.warmup=1 \
+      --set profile.active=5
+    [ "$rc" = 0 ] || { cat "$out/run.log"; fail "exit $rc"; }
+    python3 "$check" "$out/run" 1 3 4 --no-buckets || exit 1
+    ;;
+  off)
+    run_into run 1 "${common[@]}" --set train.max_steps=3
+    [ "$rc" = 0 ] || { cat "$out/run.log"; fail "exit $rc"; }
+    [ ! -e "$out/run/profile" ] || fail "a profile directory without a profile section"
+    [ "$(json run profile 2>/dev/null)" = "" ] || fail "report.json has a profile without a profile section"
+    echo "ok: no profile section, no trace"
+    ;;
+  *) fail "unknown scenario $scenario" ;;
+esac

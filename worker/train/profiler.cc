@@ -1,0 +1,214 @@
+// Note [step profiler].
+#include "worker/train/profiler.h"
+
+#include <ATen/record_function.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "common/error.h"
+#include "common/profiler_compat.h"
+#include "worker/common/files.h"
+#include "worker/search/stats.h"
+
+namespace batchdist::worker {
+namespace fs = std::filesystem;
+namespace prof = torch::autograd::profiler;
+using torch::profiler::impl::ActivityType;
+
+namespace {
+
+std::string hostName() {
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') return "localhost";
+  return host;
+}
+
+torch::profiler::impl::ProfilerConfig profilerConfig(const ProfileConfig& c) {
+  return torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::KINETO,
+                                               c.shapes, c.memory, c.stack);
+}
+
+std::set<ActivityType> activities(bool cuda) {
+  std::set<ActivityType> a{ActivityType::CPU};
+  if (cuda) a.insert(ActivityType::CUDA);
+  return a;
+}
+
+/// The collected events as the writer takes them (the path without Kineto).
+std::vector<TraceEvent> traceEvents(const prof::ProfilerResult& result) {
+  std::vector<TraceEvent> out;
+  out.reserve(result.events().size());
+  for (const auto& e : result.events()) {
+    TraceEvent t;
+    t.name = e.name();
+    t.start_us = compat::eventStartUs(e);
+    t.duration_us = compat::eventDurationUs(e);
+    t.thread = e.startThreadId();
+    if (t.name == "[memory]") {
+      t.instant = true;
+      t.category = "cpu_instant_event";
+    } else {
+      t.category = e.scope() == static_cast<uint8_t>(at::RecordScope::USER_SCOPE) ? "user_annotation"
+                                                                                  : "cpu_op";
+    }
+    if (e.hasShapes() && !e.shapes().empty()) {
+      auto dims = nlohmann::ordered_json::array();
+      for (const auto& s : e.shapes()) dims.push_back(s);
+      t.args["Input Dims"] = dims;
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+/// Kineto's own trace of `result` (LibTorch 2.x), or null where save() writes
+/// nothing (built without Kineto).
+nlohmann::ordered_json kinetoTrace(prof::ProfilerResult& result, const std::string& tmp) {
+  try {
+    result.save(tmp);
+  } catch (const std::exception&) {
+    // "not built with Kineto" on some builds: the events are written instead.
+  }
+  std::error_code ec;
+  if (!fs::exists(tmp, ec) || fs::file_size(tmp, ec) == 0) {
+    fs::remove(tmp, ec);
+    return nullptr;
+  }
+  std::ifstream in(tmp);
+  auto j = nlohmann::ordered_json::parse(in, nullptr, /*allow_exceptions=*/false);
+  fs::remove(tmp, ec);
+  if (j.is_discarded() || !j.is_object()) {
+    throw Error(strCat("profile: Kineto's trace in ", tmp, " is not a JSON object"));
+  }
+  return j;
+}
+
+}  // namespace
+
+nlohmann::ordered_json ProfileOutcome::json() const {
+  nlohmann::ordered_json j;
+  j["file"] = file;
+  j["steps"] = steps;
+  j["kineto"] = kineto;
+  if (traced_step_s >= 0) j["traced_step_seconds"] = traced_step_s;
+  if (other_step_s >= 0) j["other_step_seconds"] = other_step_s;
+  if (!error.empty()) j["error"] = error;
+  return j;
+}
+
+nlohmann::ordered_json chromeTrace(const std::vector<TraceEvent>& events, int pid) {
+  auto list = nlohmann::ordered_json::array();
+  for (const auto& e : events) {
+    nlohmann::ordered_json j;
+    j["ph"] = e.instant ? "i" : "X";
+    j["cat"] = e.category;
+    j["name"] = e.name;
+    j["pid"] = pid;
+    j["tid"] = e.thread;
+    j["ts"] = e.start_us;
+    if (e.instant) {
+      j["s"] = "t";
+    } else {
+      j["dur"] = e.duration_us;
+    }
+    if (!e.args.empty()) j["args"] = e.args;
+    list.push_back(std::move(j));
+  }
+  nlohmann::ordered_json trace;
+  trace["schemaVersion"] = 1;
+  trace["displayTimeUnit"] = "ms";
+  trace["traceEvents"] = std::move(list);
+  return trace;
+}
+
+StepProfiler::StepProfiler(const ProfileConfig& cfg, std::string dir, std::string backend, int rank,
+                           int world, bool cuda)
+    : cfg_(cfg), dir_(std::move(dir)), backend_(std::move(backend)), rank_(rank), world_(world),
+      cuda_(cuda) {
+  // Kineto prints its stages and "USDT ... profiler_start" on stderr at every
+  // level below 6 (its errors included); batchdist says what it traced or why
+  // not. A user's own KINETO_LOG_LEVEL stands.
+  setenv("KINETO_LOG_LEVEL", "6", /*overwrite=*/0);
+}
+
+StepProfiler::~StepProfiler() {
+  if (!enabled_) return;
+  step_range_.reset();
+  try {
+    prof::disableProfiler();  // an exception ends the run: nothing is written
+  } catch (const std::exception&) {
+  }
+}
+
+void StepProfiler::beginStep(int64_t step) {
+  const int64_t i = index_++;
+  const int64_t active_from = cfg_.wait + cfg_.warmup;
+  if (i == cfg_.wait && cfg_.warmup > 0 && !prepared_) {
+    prof::prepareProfiler(profilerConfig(cfg_), activities(cuda_));
+    prepared_ = true;
+  }
+  if (i == active_from) {
+    if (!prepared_) prof::prepareProfiler(profilerConfig(cfg_), activities(cuda_));
+    prof::enableProfiler(profilerConfig(cfg_), activities(cuda_));
+    enabled_ = true;
+  }
+  if (!enabled_) return;
+  outcome_.steps.push_back(step);
+  step_range_ = std::make_unique<at::RecordFunction>(at::RecordScope::USER_SCOPE);
+  if (step_range_->isActive()) step_range_->before(strCat("ProfilerStep#", step));
+}
+
+bool StepProfiler::endStep(bool last) {
+  if (!enabled_) return false;
+  step_range_.reset();  // ends the step's range
+  if (!last && static_cast<int64_t>(outcome_.steps.size()) < cfg_.active) return false;
+  write();
+  return true;
+}
+
+bool StepProfiler::finish() {
+  if (!enabled_) return false;
+  step_range_.reset();
+  write();
+  return true;
+}
+
+ProfileOutcome StepProfiler::outcomeWithCost(const std::vector<double>& step_seconds) const {
+  ProfileOutcome o = outcome_;
+  const auto from = static_cast<std::size_t>(cfg_.wait + cfg_.warmup);
+  const std::size_t to = from + o.steps.size();
+  std::vector<double> traced, other;
+  for (std::size_t i = 1; i < step_seconds.size(); ++i) {  // the first: set-up, not the profiler
+    (i >= from && i < to ? traced : other).push_back(step_seconds[i]);
+  }
+  if (from == 0 && !step_seconds.empty() && to > 0) traced.push_back(step_seconds[0]);
+  if (!traced.empty()) o.traced_step_s = median(traced);
+  if (!other.empty()) o.other_step_s = median(other);
+  return o;
+}
+
+void StepProfiler::write() {
+  enabled_ = false;
+  auto result = prof::disableProfiler();
+  const fs::path path = fs::path(dir_) / strCat(hostName(), "_rank", rank_, ".pt.trace.json");
+  try {
+    fs::create_directories(dir_);
+    auto trace = kinetoTrace(*result, path.string() + ".kineto.tmp");
+    outcome_.kineto = !trace.is_null();
+    if (trace.is_null()) trace = chromeTrace(traceEvents(*result), static_cast<int>(getpid()));
+    trace["distributedInfo"] = {{"backend", backend_}, {"rank", rank_}, {"world_size", world_}};
+    trace["batchdist"] = {{"host", hostName()}, {"rank", rank_}, {"steps", outcome_.steps},
+                          {"kineto", outcome_.kineto}};
+    writeFileAtomic(path.string(), trace.dump());
+    outcome_.file = path.string();
+  } catch (const std::exception& e) {
+    // The trace is an extra: the run goes on, the report says why it is missing.
+    outcome_.error = strCat("could not write ", path.string(), ": ", e.what());
+  }
+}
+
+}  // namespace batchdist::worker
