@@ -78,7 +78,8 @@ def main():
         if len(mine) != 1:
             fail(f"no single trace of rank {rank} in {files}")
         n, ops = check_rank(mine[0], rank, world, steps, buckets)
-        print(f"ok: rank {rank}: {os.path.basename(mine[0])}: {n} events, {ops} operators, "
+        backend = json.load(open(mine[0]))["distributedInfo"]["backend"]
+        print(f"ok: rank {rank}: {os.path.basename(mine[0])} ({backend}): {n} events, {ops} operators, "
               f"steps {steps} with every phase")
     report = json.load(open(os.path.join(out, "report.json")))
     p = report.get("profile", {})
