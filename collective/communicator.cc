@@ -22,9 +22,14 @@ void PendingWork::trace(const std::string& name) {
 }
 
 std::string bucketTraceName(const char* op, std::size_t index, const at::Tensor& t) {
-  char mb[32];
-  std::snprintf(mb, sizeof mb, "%.1f", static_cast<double>(t.nbytes()) / (1 << 20));
-  return std::string("batchdist/") + op + " bucket " + std::to_string(index) + " (" + mb + " MB)";
+  const double bytes = static_cast<double>(t.nbytes());
+  char size[32];
+  if (bytes < (1 << 20)) {
+    std::snprintf(size, sizeof size, "%.0f KB", bytes / 1024);
+  } else {
+    std::snprintf(size, sizeof size, "%.1f MB", bytes / (1 << 20));
+  }
+  return std::string("batchdist/") + op + " bucket " + std::to_string(index) + " (" + size + ")";
 }
 
 std::vector<double> Communicator::allreduce(const std::vector<double>& values, ReduceOp op) {

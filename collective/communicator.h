@@ -60,8 +60,8 @@ class PendingWork {
   std::shared_ptr<trace::AsyncRange> range_;
 };
 
-/// Note [trace ranges]: "batchdist/allreduce bucket 3 (6.2 MB)", the name of a
-/// gradient bucket's collective `op` over `t`.
+/// Note [trace ranges]: "batchdist/allreduce bucket 3 (6.2 MB)" ("(20 KB)" below
+/// a MB), the name of a gradient bucket's collective `op` over `t`.
 std::string bucketTraceName(const char* op, std::size_t index, const at::Tensor& t);
 
 /// Collectives among `size()` ranks. All ranks must call the same collectives in

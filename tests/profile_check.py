@@ -1,6 +1,6 @@
 """Checks the profiler traces of a batchdist run (Note [step profiler]).
 
-usage: profile_check.py OUTPUT WORLD STEP... [--no-buckets]
+usage: profile_check.py OUTPUT WORLD STEP... [--no-buckets | --buckets=N]
 Each rank's OUTPUT/profile/<host>_rank<R>.pt.trace.json must be a Chrome trace
 with one "ProfilerStep#N" range per traced step N (exactly STEP...), each
 holding batchdist's phases, and no batchdist range outside them.
@@ -20,6 +20,24 @@ def fail(msg):
     sys.exit(1)
 
 
+def check_nesting(path, ranges):
+    """Ranges on one thread nest (what TensorBoard's plugin and Perfetto require)."""
+    by_thread = {}
+    for e in ranges:
+        by_thread.setdefault((e["pid"], e["tid"]), []).append(e)
+    for key, es in by_thread.items():
+        es.sort(key=lambda e: (float(e["ts"]), -float(e["dur"])))
+        open_ends = []
+        for e in es:
+            a, b = float(e["ts"]), float(e["ts"]) + float(e["dur"])
+            while open_ends and open_ends[-1][0] <= a:
+                open_ends.pop()
+            if open_ends and b > open_ends[-1][0] + 0.01:
+                fail(f"{path}: {e['name']} ({a}..{b}) overlaps {open_ends[-1][1]} "
+                     f"(ends {open_ends[-1][0]}) on thread {key} without nesting")
+            open_ends.append((b, e["name"]))
+
+
 def check_rank(path, rank, world, steps, buckets):
     try:
         trace = json.load(open(path))
@@ -29,7 +47,7 @@ def check_rank(path, rank, world, steps, buckets):
     if not isinstance(events, list) or not events:
         fail(f"{path}: no traceEvents list")
     for e in events:
-        if e.get("ph") not in ("X", "i", "I", "M", "f", "s", "t", "C", "B", "E"):
+        if e.get("ph") not in ("X", "i", "I", "M", "f", "s", "t", "C", "B", "E", "b", "e"):
             fail(f"{path}: an event with phase {e.get('ph')!r}: {e}")
         if e.get("ph") == "X" and not all(k in e for k in ("name", "pid", "tid", "ts", "dur")):
             fail(f"{path}: a complete event without name/pid/tid/ts/dur: {e}")
@@ -37,6 +55,17 @@ def check_rank(path, rank, world, steps, buckets):
     if info.get("rank") != rank or info.get("world_size") != world:
         fail(f"{path}: distributedInfo {info}, expected rank {rank} of {world}")
     ranges = [e for e in events if e.get("ph") == "X"]
+    check_nesting(path, ranges)
+    # Gradient buckets' collectives: async begin/end pairs (Note [trace ranges]).
+    begins = {e["id"]: e for e in events if e.get("ph") == "b"}
+    ends = {e["id"]: e for e in events if e.get("ph") == "e"}
+    if set(begins) != set(ends):
+        fail(f"{path}: async begins {sorted(begins)} and ends {sorted(ends)} do not pair")
+    for i, b in begins.items():
+        if float(ends[i]["ts"]) < float(b["ts"]):
+            fail(f"{path}: {b['name']} ends before it begins")
+        ranges.append({"name": b["name"], "ts": b["ts"], "dur": float(ends[i]["ts"]) - float(b["ts"]),
+                       "cat": "async"})
     step_ranges = [e for e in ranges if e["name"].startswith("ProfilerStep#")]
     got = sorted(int(e["name"].split("#")[1]) for e in step_ranges)
     if got != steps:
@@ -61,14 +90,18 @@ def check_rank(path, rank, world, steps, buckets):
         for phase in PHASES:
             if phase not in inside:
                 fail(f"{path}: step {s} has no {phase} range (has {sorted(set(inside))})")
-        if buckets and not any(n.startswith("batchdist/allreduce bucket ") for n in inside):
-            fail(f"{path}: step {s} has no gradient bucket's allreduce range")
+        n_buckets = len([n for n in inside if n.startswith("batchdist/allreduce bucket ")])
+        if buckets and n_buckets < buckets:
+            fail(f"{path}: step {s} has {n_buckets} gradient buckets' allreduce ranges, expected {buckets}+")
     return len(events), len(ops)
 
 
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    buckets = "--no-buckets" not in sys.argv
+    buckets = 0 if "--no-buckets" in sys.argv else 1
+    for a in sys.argv[1:]:
+        if a.startswith("--buckets="):
+            buckets = int(a.split("=")[1])
     out, world, steps = args[0], int(args[1]), sorted(int(s) for s in args[2:])
     files = sorted(glob.glob(os.path.join(out, "profile", "*.pt.trace.json")))
     if len(files) != world:

@@ -4,7 +4,8 @@
 #   np2    2 ranks, profile wait 2 warmup 1 active 3 over 9 steps: steps 4-6 traced
 #          on each rank, every phase and the bucket's allreduce inside each step
 #          (dist.backend auto: MPI on one host; the bucket's range ends at its test)
-#   gloo   the same over Gloo (the bucket's range ended from Gloo's thread)
+#   gloo   the same over Gloo in 0.02 MB buckets (4, launched during backward, in
+#          flight together; their ranges ended from Gloo's thread)
 #   short  1 rank, active 5 from step 3 of a 4-step run: the run's end writes
 #          steps 3-4
 #   off    no profile section: no profile directory, no "profile" in report.json
@@ -17,12 +18,13 @@ common=(--set train.threads=1 --set batch.per_gpu=16 --set train.progress=off)
 case "$scenario" in
   np2|gloo)
     backend=auto
-    [ "$scenario" = gloo ] && backend=gloo
+    buckets=25
+    [ "$scenario" = gloo ] && backend=gloo buckets=0.02
     run_into run 2 "${common[@]}" --set train.max_steps=9 --set profile.wait=2 --set profile.warmup=1 \
-      --set profile.active=3 --set dist.backend=$backend
+      --set profile.active=3 --set dist.backend=$backend --set dist.bucket_mb=$buckets
     [ "$rc" = 0 ] || { cat "$out/run.log"; fail "exit $rc"; }
     grep -q "profile: steps 4-6 traced (" "$out/run.log" || { cat "$out/run.log"; fail "no profile line"; }
-    python3 "$check" "$out/run" 2 4 5 6 || exit 1
+    python3 "$check" "$out/run" 2 4 5 6 "--buckets=$([ "$scenario" = gloo ] && echo 4 || echo 1)" || exit 1
     ;;
   short)
     run_into run 1 "${common[@]}" --set train.max_steps=4 --set profile.wait=1 --set profile.warmup=1 \

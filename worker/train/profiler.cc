@@ -4,6 +4,7 @@
 #include <ATen/record_function.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -85,6 +86,60 @@ nlohmann::ordered_json kinetoTrace(prof::ProfilerResult& result, const std::stri
     throw Error(strCat("profile: Kineto's trace in ", tmp, " is not a JSON object"));
   }
   return j;
+}
+
+/// A gradient bucket's collective (collective::bucketTraceName).
+bool isCollectiveName(const std::string& name) {
+  return name.rfind("batchdist/", 0) == 0 && name.find(" bucket ") != std::string::npos;
+}
+
+bool isCollective(const nlohmann::ordered_json& e) {
+  return e.is_object() && e.value("ph", "") == "X" && isCollectiveName(e.value("name", ""));
+}
+
+/// Note [trace ranges]: a collective's range may outlive the range it began in
+/// (launched in backward, done in the gradient sync) and overlap the next
+/// bucket's, so as slices of the launching thread they would not nest, which
+/// Perfetto and TensorBoard's profiler plugin reject. They become async events
+/// ("b" and "e", an id each), drawn on tracks of their own.
+void collectivesAsAsync(nlohmann::ordered_json& trace) {
+  auto& events = trace["traceEvents"];
+  auto out = nlohmann::ordered_json::array();
+  int64_t id = 0;
+  for (auto& e : events) {
+    if (!isCollective(e)) {
+      out.push_back(std::move(e));
+      continue;
+    }
+    nlohmann::ordered_json begin{{"ph", "b"}, {"cat", "batchdist_collective"}, {"name", e["name"]},
+                                 {"id", ++id}, {"pid", e["pid"]}, {"tid", e["tid"]}, {"ts", e["ts"]}};
+    nlohmann::ordered_json end = begin;
+    end["ph"] = "e";
+    end["ts"] = e["ts"].get<double>() + e["dur"].get<double>();
+    out.push_back(std::move(begin));
+    out.push_back(std::move(end));
+  }
+  events = std::move(out);
+}
+
+/// Whole microseconds (the 1.13 events') can end a range 1 us after the range
+/// holding it: each range is cut at its parent's end, so ranges on a thread nest.
+void nestPerThread(std::vector<TraceEvent>& events) {
+  std::stable_sort(events.begin(), events.end(), [](const TraceEvent& a, const TraceEvent& b) {
+    if (a.thread != b.thread) return a.thread < b.thread;
+    if (a.start_us != b.start_us) return a.start_us < b.start_us;
+    return a.duration_us > b.duration_us;
+  });
+  std::vector<uint64_t> ends;  // open ranges of the current thread
+  uint64_t thread = 0;
+  for (auto& e : events) {
+    if (e.instant || isCollectiveName(e.name)) continue;  // async: collectivesAsAsync
+    if (e.thread != thread) ends.clear();
+    thread = e.thread;
+    while (!ends.empty() && ends.back() <= e.start_us) ends.pop_back();
+    if (!ends.empty()) e.duration_us = std::min(e.duration_us, ends.back() - e.start_us);
+    ends.push_back(e.start_us + e.duration_us);
+  }
 }
 
 }  // namespace
@@ -199,7 +254,12 @@ void StepProfiler::write() {
     fs::create_directories(dir_);
     auto trace = kinetoTrace(*result, path.string() + ".kineto.tmp");
     outcome_.kineto = !trace.is_null();
-    if (trace.is_null()) trace = chromeTrace(traceEvents(*result), static_cast<int>(getpid()));
+    if (trace.is_null()) {
+      auto events = traceEvents(*result);
+      nestPerThread(events);
+      trace = chromeTrace(events, static_cast<int>(getpid()));
+    }
+    collectivesAsAsync(trace);
     trace["distributedInfo"] = {{"backend", backend_}, {"rank", rank_}, {"world_size", world_}};
     trace["batchdist"] = {{"host", hostName()}, {"rank", rank_}, {"steps", outcome_.steps},
                           {"kineto", outcome_.kineto}};
