@@ -239,6 +239,10 @@ int runMpiVerb(const CliOptions& cli, MpiScope& mpi, const EnvLookup& env, doubl
 int main(int argc, char** argv) {
   using namespace batchdist;
   ensureSystemStdlib();  // Note [libstdc++ first]: before anything else runs
+  // Kineto (Note [step profiler]) prints its stages and "USDT ... profiler_start"
+  // on stderr at every level below 6; batchdist says what it traced or why not.
+  // Set before any thread starts; a user's own KINETO_LOG_LEVEL stands.
+  setenv("KINETO_LOG_LEVEL", "6", /*overwrite=*/0);
   // Note [phases]: loading the binary and its libraries (LibTorch) before main().
   const double loaded_s = launcher::secondsSinceProcessStart();
   launcher::CliOptions cli;

@@ -9,6 +9,8 @@
 #   short  1 rank, active 5 from step 3 of a 4-step run: the run's end writes
 #          steps 3-4
 #   off    no profile section: no profile directory, no "profile" in report.json
+#   unwritable  OUTPUT/profile is a file: each rank says it could not write its
+#          trace, the run completes, report.json's profile has the error
 set -u
 mpirun=$1 flags=$2 bin=$3 cfg=$4 out=$5 scenario=$6
 . "$(dirname "$0")/mpi_job_lib.sh"
@@ -38,6 +40,19 @@ case "$scenario" in
     [ ! -e "$out/run/profile" ] || fail "a profile directory without a profile section"
     [ "$(json run profile 2>/dev/null)" = "" ] || fail "report.json has a profile without a profile section"
     echo "ok: no profile section, no trace"
+    ;;
+  unwritable)
+    mkdir -p "$out/run" && echo "not a directory" >"$out/run/profile"
+    run_into run 2 "${common[@]}" --set train.max_steps=6 --set profile.wait=1 --set profile.warmup=0 \
+      --set profile.active=2
+    [ "$rc" = 0 ] || { cat "$out/run.log"; fail "exit $rc: a trace that cannot be written ended the run"; }
+    for r in 0 1; do
+      grep -q "rank $r: profile: warning: could not write $out/run/profile/.*_rank$r.pt.trace.json" "$out/run.log" ||
+        { cat "$out/run.log"; fail "rank $r does not say its trace was not written"; }
+    done
+    [ "$(json run completed)" = True ] || fail "report: not completed"
+    json run profile error | grep -q "could not write" || fail "report.json's profile has no error: $(json run profile)"
+    echo "ok: an unwritable profile directory is said by each rank; the run completes"
     ;;
   *) fail "unknown scenario $scenario" ;;
 esac

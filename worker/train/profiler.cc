@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -21,6 +20,12 @@ namespace prof = torch::autograd::profiler;
 using torch::profiler::impl::ActivityType;
 
 namespace {
+
+/// A c10::Error's message without its backtrace.
+std::string firstLine(const char* what) {
+  const std::string s = what;
+  return s.substr(0, s.find('\n'));
+}
 
 std::string hostName() {
   char host[256] = {};
@@ -183,12 +188,7 @@ nlohmann::ordered_json chromeTrace(const std::vector<TraceEvent>& events, int pi
 StepProfiler::StepProfiler(const ProfileConfig& cfg, std::string dir, std::string backend, int rank,
                            int world, bool cuda)
     : cfg_(cfg), dir_(std::move(dir)), backend_(std::move(backend)), rank_(rank), world_(world),
-      cuda_(cuda) {
-  // Kineto prints its stages and "USDT ... profiler_start" on stderr at every
-  // level below 6 (its errors included); batchdist says what it traced or why
-  // not. A user's own KINETO_LOG_LEVEL stands.
-  setenv("KINETO_LOG_LEVEL", "6", /*overwrite=*/0);
-}
+      cuda_(cuda) {}
 
 StepProfiler::~StepProfiler() {
   if (!enabled_) return;
@@ -201,15 +201,13 @@ StepProfiler::~StepProfiler() {
 
 void StepProfiler::beginStep(int64_t step) {
   const int64_t i = index_++;
-  const int64_t active_from = cfg_.wait + cfg_.warmup;
-  if (i == cfg_.wait && cfg_.warmup > 0 && !prepared_) {
-    prof::prepareProfiler(profilerConfig(cfg_), activities(cuda_));
-    prepared_ = true;
-  }
-  if (i == active_from) {
-    if (!prepared_) prof::prepareProfiler(profilerConfig(cfg_), activities(cuda_));
-    prof::enableProfiler(profilerConfig(cfg_), activities(cuda_));
-    enabled_ = true;
+  if (!outcome_.error.empty()) return;  // it failed to start: the run goes on without
+  try {
+    schedule(i);
+  } catch (const std::exception& e) {
+    outcome_.error = strCat("the profiler did not start: ", firstLine(e.what()));
+    failed_now_ = true;
+    return;
   }
   if (!enabled_) return;
   outcome_.steps.push_back(step);
@@ -217,7 +215,23 @@ void StepProfiler::beginStep(int64_t step) {
   if (step_range_->isActive()) step_range_->before(strCat("ProfilerStep#", step));
 }
 
+void StepProfiler::schedule(int64_t i) {
+  if (i == cfg_.wait && cfg_.warmup > 0 && !prepared_) {
+    prof::prepareProfiler(profilerConfig(cfg_), activities(cuda_));
+    prepared_ = true;
+  }
+  if (i == cfg_.wait + cfg_.warmup) {
+    if (!prepared_) prof::prepareProfiler(profilerConfig(cfg_), activities(cuda_));
+    prof::enableProfiler(profilerConfig(cfg_), activities(cuda_));
+    enabled_ = true;
+  }
+}
+
 bool StepProfiler::endStep(bool last) {
+  if (failed_now_) {  // say it once, at the step it failed in
+    failed_now_ = false;
+    return true;
+  }
   if (!enabled_) return false;
   step_range_.reset();  // ends the step's range
   if (!last && static_cast<int64_t>(outcome_.steps.size()) < cfg_.active) return false;
@@ -248,9 +262,9 @@ ProfileOutcome StepProfiler::outcomeWithCost(const std::vector<double>& step_sec
 
 void StepProfiler::write() {
   enabled_ = false;
-  auto result = prof::disableProfiler();
   const fs::path path = fs::path(dir_) / strCat(hostName(), "_rank", rank_, ".pt.trace.json");
   try {
+    auto result = prof::disableProfiler();
     fs::create_directories(dir_);
     auto trace = kinetoTrace(*result, path.string() + ".kineto.tmp");
     outcome_.kineto = !trace.is_null();
@@ -267,7 +281,7 @@ void StepProfiler::write() {
     outcome_.file = path.string();
   } catch (const std::exception& e) {
     // The trace is an extra: the run goes on, the report says why it is missing.
-    outcome_.error = strCat("could not write ", path.string(), ": ", e.what());
+    outcome_.error = strCat("could not write ", path.string(), ": ", firstLine(e.what()));
   }
 }
 

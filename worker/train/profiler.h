@@ -76,7 +76,8 @@ class StepProfiler {
   /// Before global step `step` (1-based), the run's next: the schedule moves on.
   void beginStep(int64_t step);
   /// After it: its range ends; after the last active step, or when `last` (the
-  /// run's last step) the trace is written (true: written now).
+  /// run's last step) the trace is written (true: written now, or the profiler
+  /// failed to start in this step: outcome().error says why; the run goes on).
   bool endStep(bool last = false);
   /// The run ended: a trace begun and not written is written now (true).
   bool finish();
@@ -86,6 +87,8 @@ class StepProfiler {
   ProfileOutcome outcomeWithCost(const std::vector<double>& step_seconds) const;
 
  private:
+  /// The profiler prepared or enabled as run step `i` (0-based) begins.
+  void schedule(int64_t i);
   void write();
 
   ProfileConfig cfg_;
@@ -95,6 +98,7 @@ class StepProfiler {
   bool cuda_;
   int64_t index_ = 0;  ///< steps begun in this run
   bool prepared_ = false, enabled_ = false;
+  bool failed_now_ = false;  ///< it failed to start in the current step: endStep says so
   std::unique_ptr<at::RecordFunction> step_range_;
   ProfileOutcome outcome_;
 };
