@@ -12,6 +12,7 @@ set -uo pipefail
 MPIRUN=$1 MPI_FLAGS=$2 BIN=$3 SRC=$4 OUT=$5
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
+. "$SRC/tests/tensorboard_lib.sh"
 rm -rf "$OUT" && mkdir -p "$OUT" || fail "cannot create $OUT"
 venv=$(bash "$SRC/tests/tensorboard_venv.sh") || fail "no TensorBoard venv (see above)"
 
@@ -21,17 +22,7 @@ $MPIRUN $MPI_FLAGS -np 2 "$BIN" "$SRC/configs/quickstart.yaml" --output "$OUT/ru
   --set profile.wait=2 --set profile.warmup=1 --set profile.active=3 --set report.tensorboard=false \
   --quiet >"$OUT/run.log" 2>&1 || { cat "$OUT/run.log"; fail "the run failed"; }
 
-"$venv/bin/tensorboard" --logdir "$OUT/run" --host 127.0.0.1 --port 0 >"$OUT/tensorboard.log" 2>&1 &
-tb_pid=$!
-trap 'kill "$tb_pid" 2>/dev/null; wait "$tb_pid" 2>/dev/null' EXIT
-url=""
-for _ in $(seq 1 300); do  # bounded: 60 s
-  url=$(grep -ao 'http://127\.0\.0\.1:[0-9][0-9]*' "$OUT/tensorboard.log" | head -1)
-  [ -n "$url" ] && break
-  kill -0 "$tb_pid" 2>/dev/null || break
-  sleep 0.2
-done
-[ -n "$url" ] || { tail -n 20 "$OUT/tensorboard.log"; fail "TensorBoard printed no address within 60 s (above)"; }
+start_tensorboard "$venv" "$OUT/run" "$OUT/tensorboard.log"
 
 "$venv/bin/python" - "$url" <<'PY' || { tail -n 20 "$OUT/tensorboard.log"; fail "the profiler plugin's data API (above)"; }
 import json, sys, time, urllib.parse, urllib.request

@@ -12,6 +12,7 @@ set -uo pipefail
 MPIRUN=$1 MPI_FLAGS=$2 BIN=$3 SRC=$4 OUT=$5
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
+. "$SRC/tests/tensorboard_lib.sh"
 CHROMIUM=$(command -v chromium || command -v chromium-browser || true)
 [ -n "$CHROMIUM" ] || fail "chromium not found; install it (Debian: apt-get install chromium, as in the README's test command)"
 rm -rf "$OUT" && mkdir -p "$OUT" || fail "cannot create $OUT"
@@ -26,20 +27,7 @@ logdir=$OUT/run/tensorboard
 steps=$(grep -c '^{"kind":"step"' "$OUT/run/metrics.jsonl")
 [ "$steps" -ge 3 ] || fail "metrics.jsonl has $steps step lines"
 
-# --port 0: TensorBoard binds a port the kernel picks and prints its URL. (A port
-# probed free and bound later could be taken in between by a test running beside
-# this one.)
-"$venv/bin/tensorboard" --logdir "$logdir" --host 127.0.0.1 --port 0 > "$OUT/tensorboard.log" 2>&1 &
-tb_pid=$!
-trap 'kill "$tb_pid" 2>/dev/null; wait "$tb_pid" 2>/dev/null' EXIT
-url=""
-for _ in $(seq 1 300); do  # bounded: 60 s
-  url=$(grep -ao 'http://127\.0\.0\.1:[0-9][0-9]*' "$OUT/tensorboard.log" | head -1)
-  [ -n "$url" ] && break
-  kill -0 "$tb_pid" 2>/dev/null || break
-  sleep 0.2
-done
-[ -n "$url" ] || { tail -n 20 "$OUT/tensorboard.log"; fail "TensorBoard printed no address within 60 s (above)"; }
+start_tensorboard "$venv" "$logdir" "$OUT/tensorboard.log"
 
 # The data API: both runs and their tags, once TensorBoard has loaded them (bounded).
 "$py" - "$url" "$steps" <<'PY' || { tail -n 20 "$OUT/tensorboard.log"; fail "TensorBoard's data API (above)"; }

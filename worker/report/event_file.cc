@@ -12,6 +12,7 @@
 #include <iostream>
 
 #include "common/error.h"
+#include "common/host.h"
 #include "tensorboard_event.pb.h"
 
 namespace batchdist::worker {
@@ -42,12 +43,6 @@ void putLe(std::string& out, uint64_t v, int bytes) {
 double wallSeconds() {
   using namespace std::chrono;
   return duration<double>(system_clock::now().time_since_epoch()).count();
-}
-
-std::string hostName() {
-  char host[256] = {};
-  if (gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') return "localhost";
-  return host;
 }
 
 std::string serialise(const pb::Event& e) {

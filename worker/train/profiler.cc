@@ -10,6 +10,7 @@
 #include <set>
 
 #include "common/error.h"
+#include "common/host.h"
 #include "common/profiler_compat.h"
 #include "worker/common/files.h"
 #include "worker/search/stats.h"
@@ -25,12 +26,6 @@ namespace {
 std::string firstLine(const char* what) {
   const std::string s = what;
   return s.substr(0, s.find('\n'));
-}
-
-std::string hostName() {
-  char host[256] = {};
-  if (gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') return "localhost";
-  return host;
 }
 
 torch::profiler::impl::ProfilerConfig profilerConfig(const ProfileConfig& c) {
@@ -239,12 +234,7 @@ bool StepProfiler::endStep(bool last) {
   return true;
 }
 
-bool StepProfiler::finish() {
-  if (!enabled_) return false;
-  step_range_.reset();
-  write();
-  return true;
-}
+bool StepProfiler::finish() { return endStep(/*last=*/true); }
 
 ProfileOutcome StepProfiler::outcomeWithCost(const std::vector<double>& step_seconds) const {
   ProfileOutcome o = outcome_;
@@ -262,7 +252,8 @@ ProfileOutcome StepProfiler::outcomeWithCost(const std::vector<double>& step_sec
 
 void StepProfiler::write() {
   enabled_ = false;
-  const fs::path path = fs::path(dir_) / strCat(hostName(), "_rank", rank_, ".pt.trace.json");
+  const std::string host = hostName();
+  const fs::path path = fs::path(dir_) / strCat(host, "_rank", rank_, ".pt.trace.json");
   try {
     auto result = prof::disableProfiler();
     fs::create_directories(dir_);
@@ -275,7 +266,7 @@ void StepProfiler::write() {
     }
     collectivesAsAsync(trace);
     trace["distributedInfo"] = {{"backend", backend_}, {"rank", rank_}, {"world_size", world_}};
-    trace["batchdist"] = {{"host", hostName()}, {"rank", rank_}, {"steps", outcome_.steps},
+    trace["batchdist"] = {{"host", host}, {"rank", rank_}, {"steps", outcome_.steps},
                           {"kineto", outcome_.kineto}};
     writeFileAtomic(path.string(), trace.dump());
     outcome_.file = path.string();

@@ -79,7 +79,8 @@ class StepProfiler {
   /// run's last step) the trace is written (true: written now, or the profiler
   /// failed to start in this step: outcome().error says why; the run goes on).
   bool endStep(bool last = false);
-  /// The run ended: a trace begun and not written is written now (true).
+  /// The run ended: endStep() of its last step (a trace begun and not written is
+  /// written now; a start that failed in a step never ended is said).
   bool finish();
   const ProfileOutcome& outcome() const { return outcome_; }
   /// The outcome with the cost in it: `step_seconds`, the wall time of each of
