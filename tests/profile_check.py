@@ -1,9 +1,14 @@
 """Checks the profiler traces of a batchdist run (Note [step profiler]).
 
 usage: profile_check.py OUTPUT WORLD STEP... [--no-buckets | --buckets=N]
+                        [--dir=SUBDIR] [--one-step] [--no-report]
 Each rank's OUTPUT/profile/<host>_rank<R>.pt.trace.json must be a Chrome trace
 with one "ProfilerStep#N" range per traced step N (exactly STEP...), each
 holding batchdist's phases, and no batchdist range outside them.
+--dir: the traces are in OUTPUT/SUBDIR instead (a search candidate's:
+profile/search/per_gpu_16); --one-step: exactly one step, whichever it is (no
+STEP given); --no-report: report.json's profile is not checked (the search's
+traces are not the run's).
 """
 import glob
 import json
@@ -68,6 +73,8 @@ def check_rank(path, rank, world, steps, buckets):
                        "cat": "async"})
     step_ranges = [e for e in ranges if e["name"].startswith("ProfilerStep#")]
     got = sorted(int(e["name"].split("#")[1]) for e in step_ranges)
+    if steps is None and len(got) == 1:
+        steps = got  # --one-step
     if got != steps:
         fail(f"{path}: ProfilerStep ranges for steps {got}, expected {steps}")
     ops = [e for e in ranges if e.get("cat") == "cpu_op"]
@@ -103,17 +110,25 @@ def main():
         if a.startswith("--buckets="):
             buckets = int(a.split("=")[1])
     out, world, steps = args[0], int(args[1]), sorted(int(s) for s in args[2:])
-    files = sorted(glob.glob(os.path.join(out, "profile", "*.pt.trace.json")))
+    subdir = "profile"
+    for a in sys.argv[1:]:
+        if a.startswith("--dir="):
+            subdir = a.split("=", 1)[1]
+    if "--one-step" in sys.argv:
+        steps = None
+    files = sorted(glob.glob(os.path.join(out, subdir, "*.pt.trace.json")))
     if len(files) != world:
-        fail(f"{len(files)} trace file(s) in {out}/profile, expected {world}: {files}")
+        fail(f"{len(files)} trace file(s) in {out}/{subdir}, expected {world}: {files}")
     for rank in range(world):
         mine = [f for f in files if f.endswith(f"_rank{rank}.pt.trace.json")]
         if len(mine) != 1:
             fail(f"no single trace of rank {rank} in {files}")
         n, ops = check_rank(mine[0], rank, world, steps, buckets)
         backend = json.load(open(mine[0]))["distributedInfo"]["backend"]
-        print(f"ok: rank {rank}: {os.path.basename(mine[0])} ({backend}): {n} events, {ops} operators, "
-              f"steps {steps} with every phase")
+        print(f"ok: rank {rank}: {subdir}/{os.path.basename(mine[0])} ({backend}): {n} events, "
+              f"{ops} operators, {'one step' if steps is None else f'steps {steps}'} with every phase")
+    if "--no-report" in sys.argv:
+        return
     report = json.load(open(os.path.join(out, "report.json")))
     p = report.get("profile", {})
     if p.get("steps") != steps or not p.get("file", "").endswith("_rank0.pt.trace.json"):

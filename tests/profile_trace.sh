@@ -11,6 +11,10 @@
 #   off    no profile section: no profile directory, no "profile" in report.json
 #   unwritable  OUTPUT/profile is a file: each rank says it could not write its
 #          trace, the run completes, report.json's profile has the error
+#   search 2 ranks, search.profile: each candidate's directory under
+#          OUTPUT/profile/search holds one trace per rank of one step with every
+#          phase; search.json names rank 0's per candidate; a second run reads the
+#          search from the cache and says nothing was traced
 set -u
 mpirun=$1 flags=$2 bin=$3 cfg=$4 out=$5 scenario=$6
 . "$(dirname "$0")/mpi_job_lib.sh"
@@ -53,6 +57,34 @@ case "$scenario" in
     [ "$(json run completed)" = True ] || fail "report: not completed"
     json run profile error | grep -q "could not write" || fail "report.json's profile has no error: $(json run profile)"
     echo "ok: an unwritable profile directory is said by each rank; the run completes"
+    ;;
+  search)
+    search=(--set batch.per_gpu=auto --set search.min=8 --set search.max=32 --set search.rounds=0
+            --set search.min_time_s=0.01 --set search.max_time_s=0.05 --set search.profile=true)
+    run_into run 2 "${common[@]}" "${search[@]}" --set train.max_steps=3
+    [ "$rc" = 0 ] || { cat "$out/run.log"; fail "exit $rc"; }
+    grep -q "profile: one step of [0-9]* of [0-9]* search candidate(s) traced: $out/run/profile/search/<candidate>/ (one file per rank); search.json names them" \
+      "$out/run.log" || { cat "$out/run.log"; fail "no search profile line"; }
+    dirs=$(cd "$out/run/profile/search" && ls) || fail "no OUTPUT/profile/search"
+    [ "$(echo "$dirs" | wc -l)" -ge 2 ] || fail "traces of fewer than 2 candidates: $dirs"
+    for d in $dirs; do
+      python3 "$check" "$out/run" 2 --dir="profile/search/$d" --one-step --no-report || exit 1
+    done
+    python3 - "$out/run" <<'PY' || exit 1
+import json, os, sys
+s = json.load(open(sys.argv[1] + "/search.json"))
+fit = [c for c in s["candidates"] if not c.get("failed")]
+for c in fit:
+    t = c.get("trace", "")
+    accum = c.get("accum_steps", 1)
+    want = f"per_gpu_{c['per_gpu_batch']}" + (f"_accum_{accum}" if accum > 1 else "")
+    assert os.path.basename(os.path.dirname(t)) == want and t.endswith("_rank0.pt.trace.json") \
+        and os.path.isfile(t), (want, t)
+print(f"ok: search.json names rank 0's trace of each of {len(fit)} candidates")
+PY
+    [ ! -e "$out/run/profile/"*.pt.trace.json ] || fail "a training trace without a profile section"
+    run_into again 2 "${common[@]}" "${search[@]}" --set train.max_steps=3 --set search.cache="$out/run/search_cache.json"
+    expect_error again 0 "profile: the search was read from the cache, so no candidate was traced (--research measures it again)"
     ;;
   *) fail "unknown scenario $scenario" ;;
 esac

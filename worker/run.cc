@@ -146,6 +146,15 @@ std::optional<SearchResult> lookupCache(const RunRequest& req, collective::Commu
   return cached;
 }
 
+/// Note [search traces]: rank 0's line on what the search traced.
+void searchTracesLine(const SearchResult& r, const std::string& dir, int world, Console& console) {
+  int64_t traced = 0;
+  for (const auto& c : r.candidates) traced += c.trace.empty() ? 0 : 1;
+  console.line(strCat("profile: one step of ", traced, " of ", r.candidates.size(),
+                      " search candidate(s) traced: ", dir, "/<candidate>/",
+                      world > 1 ? " (one file per rank)" : "", "; search.json names them"));
+}
+
 /// Where the search result of this run is cached.
 struct CacheEntry {
   std::string path;
@@ -155,7 +164,9 @@ struct CacheEntry {
 /// Runs (or reads from the cache) the coordinated batch search. Collective.
 SearchResult searchBatch(const RunRequest& req, const RunSetup& s, collective::Communicator& comm,
                          Console& console, CacheEntry* entry) {
-  auto measurer = makeTrainStepMeasurer(s.cfg, comm, s.data, s.device, &req.faults);
+  SearchTraceOptions trace{(fs::path(req.output) / "profile" / "search").string(), comm.backendName()};
+  auto measurer = makeTrainStepMeasurer(s.cfg, comm, s.data, s.device, &req.faults,
+                                        s.cfg.search.profile ? &trace : nullptr);
   SearchCacheInputs in;
   in.train_size = s.data.train.size();
   in.sample_shape = s.data.train.sample_shape;
@@ -172,12 +183,17 @@ SearchResult searchBatch(const RunRequest& req, const RunSetup& s, collective::C
   if (auto cached = lookupCache(req, comm, cache_path, key, console)) {
     cached->tokens_per_sample = tokensPerSample(s.cfg);  // an entry from before it was kept
     explainChoice(*cached);  // its why as a fresh search words it: tokens/s on token data
+    if (s.cfg.search.profile) {
+      console.line("profile: the search was read from the cache, so no candidate was traced "
+                   "(--research measures it again)");
+    }
     return *cached;
   }
   BatchSearch search(s.cfg, comm, *measurer, s.data.train.size(), s.has_bn,
                      [&req] { return req.stop_signal() != 0; });
   auto result = search.run(&console);
   if (comm.rank() == 0) writeSearchCache(cache_path, key, result);
+  if (s.cfg.search.profile) searchTracesLine(result, trace.dir, comm.size(), console);
   return result;
 }
 
@@ -259,6 +275,13 @@ void summaryLines(const RunRequest& req, const RunSetup& s, const Trainer& train
                       formatFixed(100 * t.compute / tt, 1), " %, communication ",
                       formatFixed(100 * t.comm / tt, 1), " %, waiting for slower ranks ",
                       formatFixed(100 * t.skew / tt, 1), " % of step time (rank 0)"));
+  if (const auto text = systemText(acrossRanks(result.system)); !text.empty()) {
+    const auto n = result.system.size();
+    console.line(strCat("system", n > 1 ? strCat(" (the ", n, " ranks' mean; memory and temperature: "
+                                                 "the highest)")
+                                        : std::string(),
+                        ": ", text));
+  }
   for (const auto& f : info.diagnosis) console.line("diagnosis: " + f);
   if (result.noise.b_simple > 0) {
     // Note [tokens per sample]: on token windows B_simple and G in tokens too.

@@ -454,6 +454,12 @@ const std::vector<std::string> kSections = {"task", "model",  "data",       "bat
                                             "train", "dist", "search", "checkpoint", "report",
                                             "elastic", "profile"};
 
+std::string joinSections() {
+  std::string out;
+  for (const auto& name : kSections) out += (out.empty() ? "" : ", ") + name;
+  return out;
+}
+
 std::string suggestion(const std::string& path, const std::vector<std::string>& candidates) {
   std::string best;
   std::size_t best_d = std::max<std::size_t>(2, path.size() / 3) + 1;
@@ -586,6 +592,10 @@ void validate(const Config& cfg, const Context& ctx) {
     throw ConfigError(strCat(source, ": data.mean has ", cfg.data.mean.size(),
                              " values but data.std has ", cfg.data.std.size(),
                              "; give one per channel for both"));
+  }
+  if (cfg.report.sample_s > 0 && cfg.report.sample_s < 0.01) {
+    throw err("report.sample_s", strCat(cfg.report.sample_s,
+                                        " s is too short a sampling period: 0 (off) or at least 0.01"));
   }
   if (cfg.search.max_steps < cfg.search.timed_steps) {
     throw ConfigError(strCat(source, ": search.max_steps (", cfg.search.max_steps,
@@ -937,6 +947,7 @@ void readSearch(Context& ctx, const YAML::Node& root, SearchConfig& c) {
   c.objective = s.choice("objective", Objective::kThroughput);
   c.tolerance = s.real("tolerance", 0.05, 0.0, 1.0);
   c.cache = s.text("cache", "");
+  c.profile = s.boolean("profile", false);
 }
 
 // Note [YAML directives]: YAML defines two directives, %YAML and %TAG, and asks
@@ -1034,6 +1045,7 @@ void readProfile(Context& ctx, const YAML::Node& root, ProfileConfig& c) {
 void readReport(Context& ctx, const YAML::Node& root, ReportConfig& c) {
   Section s(ctx, root, "report");
   c.tensorboard = s.boolean("tensorboard", true);
+  c.sample_s = s.real("sample_s", 0.5, 0.0, 3600.0);
 }
 
 /// Unknown keys: sections first, then keys inside known sections.
@@ -1042,7 +1054,7 @@ void checkUnknownKeys(const Context& ctx, const YAML::Node& root) {
     for (const auto& [key, mark] : mapKeys(ctx, root, "")) {
       if (std::find(kSections.begin(), kSections.end(), key) == kSections.end()) {
         throw ConfigError(strCat(ctx.where(key, mark), ": unknown section '", key,
-                                 "' (sections: task, model, data, batch, optim, train, dist, search, checkpoint, report, elastic)",
+                                 "' (sections: ", joinSections(), ")",
                                  suggestion(key, kSections)));
       }
     }

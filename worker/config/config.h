@@ -258,6 +258,7 @@ struct TrainConfig {
 /// What rank 0 writes besides report.json and metrics.jsonl.
 struct ReportConfig {
   bool tensorboard = true;                   ///< OUTPUT/tensorboard/{train,search}/
+  double sample_s = 0.5;                     ///< Note [system metrics]: sampling period (0: off)
 };
 
 /// Profiler traces (Note [step profiler] in worker/train/profiler.h): steps of
@@ -298,6 +299,7 @@ struct SearchConfig {
   Objective objective = Objective::kThroughput;
   double tolerance = 0.05;
   std::string cache;                         ///< cache file ("" -> <output>/search_cache.json)
+  bool profile = false;                      ///< Note [search traces]: one step per candidate traced
 };
 
 /// Checkpoints (Note [checkpoint] in worker/train/checkpoint.h). Periodic ones when

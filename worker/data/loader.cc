@@ -300,6 +300,7 @@ void Loader::work() {
       bld = building_.at(i);
     }
     lock.unlock();
+    const double busy_from = monotonicSeconds();
     if (!err) {
       try {
         fill(job, part, first + i, epoch, &bld->b);
@@ -308,18 +309,21 @@ void Loader::work() {
       }
     }
     lock.lock();
+    busy_s_ += monotonicSeconds() - busy_from;
     if (generation != generation_) continue;  // start() moved on meanwhile
     if (err && !bld->err) bld->err = err;
     if (--bld->parts_left > 0) continue;
     building_.erase(i);
     if (!bld->err) {
       lock.unlock();
+      const double finish_from = monotonicSeconds();
       try {
         finish(&bld->b, first + i, epoch);
       } catch (...) {
         bld->err = std::current_exception();
       }
       lock.lock();
+      busy_s_ += monotonicSeconds() - finish_from;
       if (generation != generation_) continue;
     }
     if (bld->err) errors_[i] = bld->err;
@@ -382,6 +386,11 @@ Batch Loader::next() {
   if (data_.source) b.x = toFloatImages(b.x);  // on the GPU, after the uint8 copy
   if (opts_.transform.any()) b.x = opts_.transform.apply(b.x, batchSeed(opts_.seed, epoch, index));
   return b;
+}
+
+double Loader::busySeconds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return busy_s_;
 }
 
 StageSeconds Loader::stageSeconds() const {

@@ -106,6 +106,9 @@ class Loader {
   StageSeconds stageSeconds() const;
   const SampleDecoder* decoder() const { return opts_.decoder.get(); }
   int64_t workers() const { return static_cast<int64_t>(threads_.size()); }
+  /// Seconds the worker threads have spent making batches (all threads summed,
+  /// never reset): their busy share is its growth over workers x wall time.
+  double busySeconds() const;
 
  private:
   struct Building;
@@ -132,6 +135,7 @@ class Loader {
   int64_t next_part_ = 0;    // ... and its next part
   std::map<int64_t, std::shared_ptr<Building>> building_;  // jobs with parts in progress
   StageSeconds stages_;
+  double busy_s_ = 0;        // worker threads' time in fill() and finish()
   int64_t consumed_ = 0;     // next job the consumer returns
   std::map<int64_t, Batch> ready_;
   int64_t max_queued_ = 0;

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <algorithm>
 #include <optional>
 
 #include "common/error.h"
@@ -136,6 +137,157 @@ std::optional<std::string> noiseFinding(const Config& cfg, const TrainResult& r,
   return std::nullopt;
 }
 
+
+// Note [system diagnosis]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// The rules the batch-size guides state in words, with numbers, over every
+// rank's run summary (Note [system metrics]); each names the rank it rests on:
+//   input-bound       the step waits for batches > 10 % of its time (the `data:`
+//                     finding); the loader threads busy >= 90 % of theirs: they
+//                     are the limit (more threads, unless the host's CPUs are
+//                     >= 90 % busy: then fewer or cheaper transforms), < 50 %:
+//                     they are not (prefetch, or slow storage)
+//   GPU idle          mean GPU utilisation < 70 %: input-bound when data > 10 %,
+//                     communication-bound when the allreduce > 30 %, else
+//                     launch- or code-bound ("GPU low and CPU low: the code"),
+//                     where a training process at >= 90 % of a core is one thread
+//                     launching kernels as fast as it can
+//   memory headroom   NVML's memory used at most < 80 % of the GPU's (the guides
+//                     fill 80-90 %); without NVML, the allocator's peak < 50 %
+//   throttling        the clocks held down by a power reason, or a thermal one,
+//                     in > 5 % of a rank's samples
+constexpr double kInputBoundPct = 10, kCommBoundPct = 30, kGpuIdlePct = 70;
+constexpr double kLoaderSaturated = 0.9, kLoaderIdle = 0.5, kHostSaturatedPct = 90;
+constexpr double kLaunchBoundCorePct = 90, kMemoryTargetPct = 80, kThrottledShare = 0.05;
+
+/// The rank whose run value of `m` is the lowest (highest: `highest`); nullptr
+/// when no rank read it.
+const RankSystem* extreme(const TrainResult& r, SystemMetric m, bool highest) {
+  const RankSystem* best = nullptr;
+  for (const auto& x : r.system) {
+    if (!x.run.has(m)) continue;
+    if (!best || (highest ? x.run.get(m) > best->run.get(m) : x.run.get(m) < best->run.get(m))) {
+      best = &x;
+    }
+  }
+  return best;
+}
+
+std::string rankText(const RankSystem& x) { return strCat("rank ", x.rank, " on ", x.host); }
+
+/// The loader's clause of the `data:` finding (Note [system diagnosis]).
+std::string loaderClause(const Config& cfg, const TrainResult& r) {
+  const RankSystem* busy = extreme(r, SystemMetric::kLoaderBusy, /*highest=*/true);
+  if (!busy) return "";
+  const double b = 100 * busy->run.get(SystemMetric::kLoaderBusy);
+  const RankSystem* host = extreme(r, SystemMetric::kCpuHostPct, true);
+  if (b >= 100 * kLoaderSaturated) {
+    if (host && host->run.get(SystemMetric::kCpuHostPct) >= kHostSaturatedPct) {
+      return strCat("; the loader threads were busy ", formatFixed(b, 0), " % of the time (",
+                    rankText(*busy), ") and the host's CPUs ",
+                    formatFixed(host->run.get(SystemMetric::kCpuHostPct), 0),
+                    " %: the host has no CPU left for more threads; cheaper transforms, "
+                    "preprocessing offline, or more CPUs per GPU");
+    }
+    return strCat("; the loader threads were busy ", formatFixed(b, 0), " % of the time (",
+                  rankText(*busy), "): they are the limit; raise data.workers (now ",
+                  cfg.data.workers, ")");
+  }
+  if (b < 100 * kLoaderIdle) {
+    return strCat("; the loader threads were busy only ", formatFixed(b, 0), " % (",
+                  rankText(*busy), "): not their CPU; raise data.prefetch (now ",
+                  cfg.data.prefetch, "), or the storage is slow");
+  }
+  return "";
+}
+
+/// GPU utilisation below kGpuIdlePct, and which bound the other figures point to.
+std::optional<std::string> idleFinding(const TrainResult& r, double data, double comm) {
+  const RankSystem* low = extreme(r, SystemMetric::kGpuUtil, /*highest=*/false);
+  double u = r.gpu_utilization;
+  std::string who = "";
+  if (low) {
+    u = low->run.get(SystemMetric::kGpuUtil);
+    who = strCat(", ", rankText(*low));
+  }
+  if (u < 0 || u >= kGpuIdlePct) return std::nullopt;
+  const std::string head = strCat("utilization: the GPU was busy ", formatFixed(u, 0),
+                                  " % of the time (NVML", who, "); ");
+  if (data > kInputBoundPct) return head + "input-bound: see the data finding";
+  if (comm > kCommBoundPct) return head + "communication-bound: see the communication finding";
+  std::string cpu;
+  if (low && low->run.has(SystemMetric::kCpuProcessPct)) {
+    const double p = low->run.get(SystemMetric::kCpuProcessPct);
+    cpu = p >= kLaunchBoundCorePct
+              ? strCat(" the process used ", formatFixed(p, 0), " % of a core: a thread launching "
+                       "kernels as fast as it can; a larger per-GPU batch makes fewer, larger "
+                       "kernels;")
+              : strCat(" the process used ", formatFixed(p, 0), " % of a core;");
+  }
+  return strCat(head, "launch- or code-bound: the step waits neither for data (",
+                formatFixed(data, 0), " %) nor for communication (", formatFixed(comm, 0), " %);",
+                cpu, " trace a few steps (profile.active: 3) to see where it goes");
+}
+
+/// NVML's throttle flags over > kThrottledShare of a rank's samples: the three
+/// ranks throttled most, and how many more.
+std::optional<std::string> throttleFinding(const TrainResult& r) {
+  std::vector<std::pair<double, std::string>> found;  // (share throttled, the rank's text)
+  const auto value = [](const RankSystem& x, SystemMetric m) { return x.run.has(m) ? x.run.get(m) : 0; };
+  for (const auto& x : r.system) {
+    const double power = value(x, SystemMetric::kGpuPowerThrottled);
+    const double thermal = value(x, SystemMetric::kGpuThermalThrottled);
+    if (power <= kThrottledShare && thermal <= kThrottledShare) continue;
+    const auto figure = [&](SystemMetric m, const char* unit) {
+      return x.run.has(m) ? strCat(formatFixed(x.run.get(m), 0), unit) : std::string("?");
+    };
+    found.emplace_back(
+        std::max(power, thermal),
+        strCat(rankText(x), " power-capped in ", formatFixed(100 * power, 0), " % of samples (",
+               figure(SystemMetric::kGpuPowerW, " W"), " of ", figure(SystemMetric::kGpuPowerLimitW, " W"),
+               "), thermally in ", formatFixed(100 * thermal, 0), " % (up to ",
+               figure(SystemMetric::kGpuTemperatureC, " C"), "), SM clock ",
+               figure(SystemMetric::kGpuSmClockMhz, " MHz")));
+  }
+  if (found.empty()) return std::nullopt;
+  std::stable_sort(found.begin(), found.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  constexpr std::size_t kNamed = 3;
+  std::string out;
+  for (std::size_t i = 0; i < std::min(kNamed, found.size()); ++i) {
+    out += strCat(i ? "; " : "", found[i].second);
+  }
+  if (found.size() > kNamed) out += strCat("; and ", found.size() - kNamed, " more rank(s)");
+  return strCat("throttling: ", out, "; the GPU ran below its clocks: check its cooling and "
+                "power limit (nvidia-smi -q -d PERFORMANCE)");
+}
+
+/// The memory finding's figures: NVML's used at most (any rank), else the
+/// allocator's peak; `text` is the finding up to its advice.
+struct MemoryUse {
+  double used_mb = 0, total_mb = 0, threshold_pct = 50;
+  std::string text;
+};
+
+std::optional<MemoryUse> memoryUse(const TrainResult& r, bool cuda) {
+  const auto gib = [](double mb) { return formatFixed(mb / 1024, 1); };
+  if (const RankSystem* x = extreme(r, SystemMetric::kGpuMemoryUsedMb, /*highest=*/true);
+      x && x->run.has(SystemMetric::kGpuMemoryTotalMb)) {
+    const double used = x->run.get(SystemMetric::kGpuMemoryUsedMb);
+    const double total = x->run.get(SystemMetric::kGpuMemoryTotalMb);
+    return MemoryUse{used, total, kMemoryTargetPct,
+                     strCat("memory: at most ", gib(used), " GiB of ", gib(total), " GiB in use (",
+                            formatFixed(pct(used, total), 0), " %, NVML, ", rankText(*x),
+                            "; the guides fill 80-90 %)")};
+  }
+  if (cuda && r.memory_total_mb > 0) {
+    return MemoryUse{r.peak_memory_mb, r.memory_total_mb, 50,
+                     strCat("memory: peak ", gib(r.peak_memory_mb), " GiB of ",
+                            gib(r.memory_total_mb), " GiB (",
+                            formatFixed(pct(r.peak_memory_mb, r.memory_total_mb), 0), " %)")};
+  }
+  return std::nullopt;
+}
 }  // namespace
 
 std::string noiseScaleText(double b) {
@@ -153,13 +305,13 @@ std::vector<std::string> diagnose(const Config& cfg, const TrainResult& r, bool 
   if (total <= 0) return out;
   const double data = pct(r.time.data_wait, total);
   const double comm = pct(r.time.comm, total);
-  if (data > 10) {
+  if (data > kInputBoundPct) {
     out.push_back(strCat("data: ", formatFixed(data, 0), " % of step time waiting for batches (",
                          formatFixed(r.time.data_wait, 1), " s of ", formatFixed(total, 1),
                          " s); raise data.workers (now ", cfg.data.workers, ") or data.prefetch (now ",
-                         cfg.data.prefetch, "), or preprocess offline"));
+                         cfg.data.prefetch, "), or preprocess offline", loaderClause(cfg, r)));
   }
-  if (comm > 30) {
+  if (comm > kCommBoundPct) {
     out.push_back(strCat("communication: ", formatFixed(comm, 0),
                          " % of step time in the gradient allreduce (", formatFixed(r.time.comm, 1),
                          " s); a larger per-GPU batch or gradient accumulation (batch.accum) "
@@ -172,7 +324,7 @@ std::vector<std::string> diagnose(const Config& cfg, const TrainResult& r, bool 
                          " s); look for a rank with a slower device, a busier host, or a slower "
                          "data pipeline (data.workers)"));
   }
-  if (cuda && r.memory_total_mb > 0 && r.peak_memory_mb < 0.5 * r.memory_total_mb) {
+  if (const auto m = memoryUse(r, cuda); m && m->used_mb < m->threshold_pct / 100 * m->total_mb) {
     // A searched batch left memory free on purpose: larger ones were not faster
     // (the H200's ResNet-50 chose 1024 at 31 %, 2048 was 1.9 % faster).
     const std::string why =
@@ -181,9 +333,7 @@ std::vector<std::string> diagnose(const Config& cfg, const TrainResult& r, bool 
                      formatFixed(100 * cfg.search.tolerance, 0),
                      " % of the best samples/s (search.tolerance; the search table has the rest)")
             : std::string("a larger batch fits: try batch.per_gpu: auto");
-    out.push_back(strCat("memory: peak ", formatFixed(r.peak_memory_mb / 1024, 1), " GiB of ",
-                         formatFixed(r.memory_total_mb / 1024, 1), " GiB (",
-                         formatFixed(pct(r.peak_memory_mb, r.memory_total_mb), 0), " %); ", why));
+    out.push_back(strCat(m->text, "; ", why));
   }
   if (cuda && cfg.train.precision == Precision::kFp32) {
     out.push_back(strCat("precision: fp32 on ", device_name,
@@ -193,10 +343,8 @@ std::vector<std::string> diagnose(const Config& cfg, const TrainResult& r, bool 
   if (auto noise = noiseFinding(cfg, r, train_samples, TokenTexts{tokens_per_sample})) {
     out.push_back(*noise);
   }
-  if (r.gpu_utilization >= 0 && r.gpu_utilization < 70) {
-    out.push_back(strCat("utilization: the GPU was busy ", formatFixed(r.gpu_utilization, 0),
-                         " % of the time (NVML); see the data and communication shares above"));
-  }
+  if (auto idle = idleFinding(r, data, comm)) out.push_back(*idle);
+  if (auto throttled = throttleFinding(r)) out.push_back(*throttled);
   return out;
 }
 

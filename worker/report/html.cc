@@ -9,6 +9,7 @@
 #include "worker/common/console.h"
 #include "worker/plan/adapt.h"
 #include "worker/report/diagnose.h"
+#include "worker/report/html_system.h"
 #include "worker/search/output.h"
 
 namespace batchdist::worker {
@@ -721,6 +722,7 @@ std::string reportHtml(const nlohmann::ordered_json& report, const nlohmann::ord
   // Time.
   os << "<h2>Where the time goes (rank 0)</h2>\n";
   if (report.contains("time_breakdown")) os << svgTime(report["time_breakdown"]);
+  os << systemSection(report);  // Note [system metrics]: a row of charts per host
 
   // Noise scale.
   os << "<h2>Gradient noise scale</h2>\n";

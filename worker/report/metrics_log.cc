@@ -49,6 +49,7 @@ std::string metricsLine(const MetricPoint& m) {
     j["tokens_per_step"] = m.global_batch * m.tokens_per_sample;
   }
   if (m.progress >= 0) j["progress"] = m.progress;  // batch.adapt: G0-equivalent steps
+  addSystemMetrics(m.system, j);  // Note [system metrics]: the ones read
   if (m.epoch_end) {
     j["eval_loss"] = m.eval_loss;
     addEvalMetrics(m.eval_metrics, j);

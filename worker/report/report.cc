@@ -238,6 +238,11 @@ nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const Trai
   o["checkpoint_seconds"] = r.checkpoint_s;
   // Note [step profiler]: rank 0's trace; every rank wrote its own beside it.
   if (cfg.profile.on()) o["profile"] = r.profile.json();
+  if (!r.system.empty()) {  // Note [system metrics]
+    auto ranks = nlohmann::ordered_json::array();
+    for (const auto& x : r.system) ranks.push_back(rankSystemJson(x));
+    o["system"] = {{"sample_s", cfg.report.sample_s}, {"ranks", std::move(ranks)}};
+  }
   o["config"] = cfg.resolved;
   return o;
 }

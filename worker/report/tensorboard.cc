@@ -1,6 +1,8 @@
 #include "worker/report/tensorboard.h"
 
 #include <algorithm>
+#include <cmath>
+#include <string>
 
 namespace batchdist::worker {
 
@@ -37,6 +39,12 @@ std::vector<Scalar> metricScalars(const MetricPoint& m) {
                         {"time/skew", share(m.time.skew, total)},
                         {"memory/peak_mb", m.peak_memory_mb}};
   if (m.noise_scale > 0) v.emplace_back("noise/B_simple", m.noise_scale);
+  for (std::size_t i = 0; i < kSystemMetrics; ++i) {  // Note [system metrics]: the ones read
+    if (!std::isnan(m.system.value[i])) {
+      v.emplace_back(std::string("system/") + systemMetricInfo(static_cast<SystemMetric>(i)).key,
+                     m.system.value[i]);
+    }
+  }
   if (m.tokens_per_sample > 0) {  // Note [tokens per sample]
     const auto tokens = static_cast<double>(m.tokens_per_sample);
     v.emplace_back("train/tokens_per_s", m.samples_per_s * tokens);

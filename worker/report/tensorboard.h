@@ -35,6 +35,8 @@ namespace batchdist::worker {
 //   time/data_wait time/compute time/communication time/skew   shares of the
 //                                                   interval's time, 0..1
 //   memory/peak_mb  noise/B_simple (only once known, > 0)
+//   system/<key>    rank 0's system metrics over the interval, the ones read
+//                   (Note [system metrics]: system/gpu_util_pct, system/cpu_host_pct ...)
 //   train/tokens_per_s batch/global_tokens          samples that are tokens only
 //                                                   (Note [tokens per sample])
 // and at an epoch's end, at the same step, eval/loss and the task's eval/<metric> (eval/accuracy)

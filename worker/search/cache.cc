@@ -81,6 +81,9 @@ std::string searchCacheKey(const Config& cfg, const SearchCacheInputs& in) {
     auto s = cfg.resolved.value(section, nlohmann::ordered_json::object());
     s.erase("cache");
     s.erase("per_gpu");
+    // Note [search traces]: a traced search is measured again (its traces are
+    // its point); an untraced one keys as before the key existed.
+    if (!cfg.search.profile) s.erase("profile");
     key[section] = s;
   }
   key["task"] = in.task;

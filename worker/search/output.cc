@@ -74,6 +74,7 @@ nlohmann::ordered_json candidateJson(const Candidate& c, bool chosen, int64_t to
                           {"optimizer_state", c.parts.optimizer_state_mb},
                           {"rest", c.restMb()}};
   if (levers) j["levers"] = leversJson(c.levers);
+  if (!c.trace.empty()) j["trace"] = c.trace;  // Note [search traces]
   return j;
 }
 
@@ -125,6 +126,7 @@ Candidate candidateFromJson(const nlohmann::json& c) {
   k.step_seconds = c.value("step_seconds", std::vector<double>{});
   k.rank_peak_mb = c.value("rank_peak_memory_mb", std::vector<double>{});
   if (c.contains("levers")) k.levers = leversFromJson(c.at("levers"));
+  k.trace = c.value("trace", std::string());
   if (c.contains("memory_parts_mb")) {
     const auto& p = c.at("memory_parts_mb");
     k.parts = {p.value("parameters", 0.0), p.value("gradients", 0.0), p.value("optimizer_state", 0.0)};

@@ -348,6 +348,7 @@ Candidate BatchSearch::agree(int64_t per_gpu, int64_t accum, const Levers& lever
   c.accum = accum;
   c.levers = levers;
   c.parts = {v[8], v[9], v[10]};
+  if (comm_.rank() == 0) c.trace = m.trace;
   c.global = per_gpu * accum * W;
   const auto [kind, rank] = decodeFailure(v[0]);
   c.failed = kind != FailKind::kNone;

@@ -133,6 +133,7 @@ struct Measurement {
   std::vector<double> step_seconds;  ///< every timed step, in order
   double data_wait_fraction = 0;     ///< share of the timed steps spent waiting for the loader
   MemoryParts parts;                 ///< this rank's, under the candidate's levers
+  std::string trace;                 ///< Note [search traces]: this rank's trace of it ("": none)
 };
 
 struct LeverSpace;
@@ -169,6 +170,7 @@ struct Candidate {
   Levers levers;                 ///< sharding and recompute it ran under (Note [lever search])
   bool failed = false;
   std::string reason;            ///< empty unless failed
+  std::string trace;             ///< rank 0's trace of one of its steps (Note [search traces])
   double min_rank_sps = 0;       ///< slowest rank's samples/s
   double max_rank_sps = 0;       ///< fastest rank's samples/s
   double global_sps = 0;         ///< world x slowest rank: the job's throughput

@@ -10,10 +10,7 @@
 #include <nlohmann/json.hpp>
 
 namespace batchdist::worker {
-namespace {
 
-/// Every rank's `text`, indexed by rank: the lengths, then the bytes padded to the
-/// longest (one allgather each, on the communicator's device).
 std::vector<std::string> allgatherText(collective::Communicator& comm, const std::string& text) {
   const auto lengths = comm.allgather(static_cast<double>(text.size()));
   int64_t longest = 1;
@@ -28,6 +25,8 @@ std::vector<std::string> allgatherText(collective::Communicator& comm, const std
   }
   return out;
 }
+
+namespace {
 
 /// Note [bad files named]: every rank's first bad files, on every rank.
 std::vector<std::vector<DataErrorRecord>> allgatherErrors(collective::Communicator& comm,

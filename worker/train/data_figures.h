@@ -13,6 +13,10 @@
 
 namespace batchdist::worker {
 
+/// Every rank's `text`, indexed by rank: the lengths, then the bytes padded to the
+/// longest (one allgather each, on the communicator's device). Collective.
+std::vector<std::string> allgatherText(collective::Communicator& comm, const std::string& text);
+
 /// The figures of `train`, the training loader over `data.train` (its stage
 /// seconds are taken: the next call counts from here). A decoded source's bad
 /// files count once however many ranks met them, the walk's (`data.bad_files`)

@@ -7,6 +7,7 @@
 #include "worker/data/pipeline.h"
 #include "worker/task/metrics.h"
 #include "worker/train/profiler.h"
+#include "worker/train/system_metrics.h"
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -60,6 +61,7 @@ struct MetricPoint {
   int64_t tokens_per_sample = 0;
   double peak_memory_mb = 0;  ///< rank 0's peak so far (CUDA allocator, or CPU resident set)
   double progress = -1;     ///< batch.adapt: G0-equivalent steps done (< 0: not adaptive)
+  SystemSummary system;     ///< rank 0's over the interval (Note [system metrics]; steps only)
 };
 
 /// batch.adapt: goodput: the split and AdaScale gain in force from optimizer step
@@ -183,7 +185,7 @@ struct TrainResult {
   double peak_memory_mb = 0; ///< rank 0: CUDA allocator peak, or on CPU peak resident set
   double memory_total_mb = 0;
   UpdateMemory update_memory; ///< rank 0's (Note [memory by part])
-  double gpu_utilization = -1;  ///< mean NVML utilization in %, -1 if unknown
+  double gpu_utilization = -1;  ///< this rank's mean NVML utilization in %, -1 if unknown
   int64_t skipped_steps = 0; ///< fp16: steps skipped for inf/NaN gradients
   GradClipFigures grad_clip; ///< optim.clip_grad_norm > 0
   double loss_scale = 0;     ///< fp16: final loss scale
@@ -199,6 +201,8 @@ struct TrainResult {
   PhaseSeconds phases;
   std::vector<BatchChange> batch_history;  ///< batch.adapt: every split used, in order
   double progress = -1;      ///< batch.adapt: G0-equivalent steps done (< 0: not adaptive)
+  /// Note [system metrics]: rank 0: every rank's, by rank (empty: report.sample_s 0).
+  std::vector<RankSystem> system;
   ProfileOutcome profile;    ///< the profile section's trace (Note [step profiler])
 };
 

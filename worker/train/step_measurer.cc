@@ -4,6 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <iostream>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "collective/torch_compat.h"
@@ -11,19 +15,24 @@
 #include "worker/model/model.h"
 #include "worker/plan/plan.h"
 #include "worker/search/stats.h"
+#include "common/error.h"
 #include "worker/train/memory.h"
+#include "worker/train/profiler.h"
 #include "worker/train/step_timing.h"
 #include "worker/train/trainer.h"
 
 namespace batchdist::worker {
 namespace {
 
+namespace fs = std::filesystem;
+
 class TrainStepMeasurer : public Measurer {
  public:
   TrainStepMeasurer(const Config& cfg, collective::Communicator& comm, const DataSplit& data,
-                    at::Device device, const FaultPlan* faults)
+                    at::Device device, const FaultPlan* faults, const SearchTraceOptions* trace)
       : cfg_(cfg), comm_(comm), data_(data), device_(device), faults_(faults),
         probe_(device, cfg.search) {
+    if (trace) trace_ = *trace;
     has_bn_ = modelHasBatchNorm(cfg_.model, cfg_.base_dir);
     // Note [lever search]: auto levers start concrete (none, off); measure() rebuilds.
     Levers start = configLevers(cfg_);
@@ -58,8 +67,11 @@ class TrainStepMeasurer : public Measurer {
     Sharder sharder(plan, static_cast<uint64_t>(cfg.train.seed));
     // Decoded sources: the batches made ahead while the last candidate ran are
     // used up before timing, so the timed steps see the loader's steady rate.
-    const int64_t warm = cfg.search.warmup_steps + extra_warmup +
+    // Note [search traces]: one more warm-up step, the traced one.
+    const std::string trace = traceName(per_gpu, accum, levers);
+    const int64_t warm = cfg.search.warmup_steps + extra_warmup + (trace.empty() ? 0 : 1) +
                          (cfg.data.decoded() ? (cfg.data.prefetch + accum - 1) / accum : 0);
+    const auto profiler = trace.empty() ? nullptr : traceProfiler(trace, warm);
     // Every step the rule allows is queued (index lists only; the loader makes at
     // most `prefetch` batches ahead), so no check point drains the pipeline.
     queueSteps(sharder, warm + rule.max_steps);
@@ -70,7 +82,10 @@ class TrainStepMeasurer : public Measurer {
     run.warm = warm;
     run.samples_per_step = per_gpu * accum;
     run.decoded = cfg.data.decoded();
-    run.step = [&](int64_t i, Measurement& m) { step(sharder, i, m); };
+    run.step = [&](int64_t i, Measurement& m) {
+      if (profiler && i < warm) return tracedStep(*profiler, sharder, i, warm, m);
+      step(sharder, i, m);
+    };
     run.after_warmup = [&] { trainer_->takeTime(); };  // the warm-up's
     timeCandidate(comm_, probe_, rule, run, out);
     const auto parts = trainer_->update().memory();  // Note [memory by part]
@@ -132,6 +147,41 @@ class TrainStepMeasurer : public Measurer {
     trainer_ = std::make_unique<Trainer>(*run_cfg_, comm_, data_, device_, first, faults_);
   }
 
+  /// Note [search traces]: the candidate's trace directory the first time it is
+  /// measured; "" after that, and without search.profile.
+  std::string traceName(int64_t per_gpu, int64_t accum, const Levers& levers) {
+    if (trace_.dir.empty()) return "";
+    const std::string name = searchTraceName(per_gpu, accum, levers);
+    return traced_.insert(name).second ? name : "";
+  }
+
+  /// A profiler that traces the last of `warm` warm-up steps and prepares in
+  /// the one before it (shapes, memory and stacks as the profile section asks).
+  std::unique_ptr<StepProfiler> traceProfiler(const std::string& name, int64_t warm) const {
+    ProfileConfig p = cfg_.profile;
+    p.wait = std::max<int64_t>(0, warm - 2);
+    p.warmup = warm >= 2 ? 1 : 0;
+    p.active = 1;
+    return std::make_unique<StepProfiler>(p, (fs::path(trace_.dir) / name).string(), trace_.backend,
+                                          comm_.rank(), comm_.size(), device_.is_cuda());
+  }
+
+  /// Warm-up step `i` of `warm` under `profiler` (Note [search traces]).
+  void tracedStep(StepProfiler& profiler, const Sharder& sharder, int64_t i, int64_t warm,
+                  Measurement& out) {
+    profiler.beginStep(i + 1);
+    step(sharder, i, out);
+    if (profiler.endStep(/*last=*/i + 1 == warm)) {
+      const ProfileOutcome& o = profiler.outcome();
+      if (o.error.empty()) {
+        out.trace = o.file;
+      } else {  // this rank's own: every rank says it; the search goes on
+        std::cerr << strCat("rank ", comm_.rank(), ": search profile: warning: ", o.error, "\n")
+                  << std::flush;
+      }
+    }
+  }
+
   /// Queues the first `count` steps of the sharder's epoch (cycling) on the loader.
   void queueSteps(const Sharder& sharder, int64_t count) {
     std::vector<MicroBatch> jobs;
@@ -169,13 +219,24 @@ class TrainStepMeasurer : public Measurer {
   std::unique_ptr<Config> run_cfg_;  ///< cfg_ under levers_, which trainer_ refers to
   std::unique_ptr<Trainer> trainer_;
   bool has_bn_ = false;
+  SearchTraceOptions trace_;         ///< Note [search traces] (dir "": off)
+  std::set<std::string> traced_;     ///< the candidates traced so far
 };
 
 }  // namespace
 
+std::string searchTraceName(int64_t per_gpu, int64_t accum, const Levers& levers) {
+  std::string name = strCat("per_gpu_", per_gpu);
+  if (accum > 1) name += strCat("_accum_", accum);
+  if (levers.shard != Shard::kNone) name += strCat("_shard_", toString(levers.shard));
+  if (levers.recompute == Recompute::kOn) name += "_recompute_on";
+  return name;
+}
+
 std::unique_ptr<Measurer> makeTrainStepMeasurer(const Config& cfg, collective::Communicator& comm,
                                                 const DataSplit& data, at::Device device,
-                                                const FaultPlan* faults) {
-  return std::make_unique<TrainStepMeasurer>(cfg, comm, data, device, faults);
+                                                const FaultPlan* faults,
+                                                const SearchTraceOptions* trace) {
+  return std::make_unique<TrainStepMeasurer>(cfg, comm, data, device, faults, trace);
 }
 }  // namespace batchdist::worker

@@ -70,6 +70,7 @@ void TrainLog::point(const EpochSoFar& e, const StepFigures& f, double run_start
   m.time.comm -= since.time.comm;
   m.time.skew -= since.time.skew;
   m.noise_scale = f.noise_scale;
+  m.system = f.system;
   add(m, f, result);
   since.at = now;
   since.loss = e.loss_sum;

@@ -54,6 +54,7 @@ struct StepFigures {
   double steps_left = 0;      ///< for the ETA (adaptive: at the current gain)
   bool adaptive = false;      ///< batch.adapt (Note [adaptive training] in trainer.h)
   double progress = -1;       ///< adaptive: G0-equivalent steps done
+  SystemSummary system;       ///< the interval's system metrics (Note [system metrics])
 };
 
 /// What the step just done shows.

@@ -22,8 +22,8 @@
 #include "worker/train/adaptive_batch.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/data_figures.h"
-#include "worker/train/gpu_monitor.h"
 #include "worker/train/memory.h"
+#include "worker/train/system_figures.h"
 #include "worker/train/update_strategy.h"
 
 namespace batchdist::worker {
@@ -395,10 +395,19 @@ void Trainer::logStep(Console& console, EpochRun& e, int64_t step, int64_t globa
   const EpochSoFar so_far{e.epoch, e.steps, plan_.steps_per_epoch, e.started, e.loss_sum,
                           e.samples, e.time, e.stop};
   const StepOutput out = log_.atStep(console, so_far, step);
+  SystemSummary system;
+  if (out.due && system_) {  // every rank: its own series (Note [system metrics])
+    system = system_->take();
+    if (system.samples > 0) {  // an interval shorter than report.sample_s may have none
+      system_series_.push_back({global_step, monotonicSeconds() - run_started, system});
+    }
+  }
   if (!out.line && !out.point) return;  // the figures are read only when shown
-  log_.step(console, so_far, step, out, stepFigures(e.epoch, global_step, out.point),
-            run_started, e.logged, result);
+  StepFigures f = stepFigures(e.epoch, global_step, out.point);
+  f.system = system;
+  log_.step(console, so_far, step, out, f, run_started, e.logged, result);
 }
+
 
 void Trainer::logEpoch(const EpochRun& e, const EpochStats& h, int64_t global_step,
                        double run_started, TrainResult& result) {
@@ -429,7 +438,7 @@ StepFigures Trainer::stepFigures(int64_t epoch, int64_t global_step, bool peak) 
 
 void Trainer::runSteps(EpochRun& e, Sharder& sharder, int64_t* global_step,
                        const std::function<bool()>& stop_requested, Console& console,
-                       double run_started, UtilizationSampler& gpu, TrainResult& result) {
+                       double run_started, TrainResult& result) {
   for (int64_t s = e.first; s < e.steps && !e.stop; ++s) {
     maybeAdapt(e, sharder, s, *global_step);
     // A larger G left no full step in the rest of the epoch. Before this rank's
@@ -466,7 +475,6 @@ void Trainer::runSteps(EpochRun& e, Sharder& sharder, int64_t* global_step,
       e.steps = s + 1;
     }
     update_s_ = 0;
-    gpu.sample(*global_step);
     logStep(console, e, s, *global_step, run_started, result);
     if (!checkpointer_) continue;
     checkpointer_->poll(console);  // Note [background checkpoint]: a finished write's line
@@ -669,15 +677,6 @@ EpochStats Trainer::finishEpoch(const EpochRun& e, Console& console) {
   return st;
 }
 
-void Trainer::UtilizationSampler::sample(int64_t global_step) {
-  if (!monitor || !monitor->available() || global_step % 10 != 0) return;
-  const double u = monitor->utilization();
-  if (u >= 0) {
-    sum += u;
-    ++count;
-  }
-}
-
 PhaseSeconds Trainer::phaseSeconds(const TrainResult& result) const {
   PhaseSeconds p;
   if (!step_seconds_.empty()) p.first_step = step_seconds_.front();
@@ -802,11 +801,9 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
   TrainResult result;
   console_ = &console;
   Sharder sharder(plan_, static_cast<uint64_t>(cfg_.train.seed));
-  UtilizationSampler gpu;
-  if (device_.is_cuda()) {
-    gpu.monitor = std::make_unique<GpuMonitor>(device_.index());
-    compat::cudaResetPeak(device_.index());
-  }
+  if (device_.is_cuda()) compat::cudaResetPeak(device_.index());
+  system_series_.clear();
+  system_ = makeSystemSampler(cfg_.report, device_, comm_.rank(), *loader_);
   takeTime();
   update_->resetClipFigures();  // the search's steps are not the run's
   const double t0 = monotonicSeconds();
@@ -827,7 +824,7 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
   };
   for (; !finished(); ++epoch) {
     EpochRun e = beginEpoch(sharder, epoch, global_step);
-    runSteps(e, sharder, &global_step, stop_requested, console, t0, gpu, result);
+    runSteps(e, sharder, &global_step, stop_requested, console, t0, result);
     train_time += monotonicSeconds() - e.started - e.checkpoint_s;
     result.time.add(e.time);
     result.samples += e.samples;
@@ -855,7 +852,7 @@ TrainResult Trainer::train(Console& console, const std::function<bool()>& stop_r
     result.profile = profiler_->outcomeWithCost(step_seconds_);
   }
   console_ = nullptr;
-  summarise(result, global_step, monotonicSeconds() - t0, train_time, gpu);
+  summarise(result, global_step, monotonicSeconds() - t0, train_time);
   return result;
 }
 
@@ -880,8 +877,7 @@ void Trainer::stoppedLine(Console& console, int64_t global_step, int64_t epoch) 
                       " (epoch ", epoch + 1, ")"));
 }
 
-void Trainer::summarise(TrainResult& result, int64_t global_step, double wall_s, double train_time,
-                        const UtilizationSampler& gpu) {
+void Trainer::summarise(TrainResult& result, int64_t global_step, double wall_s, double train_time) {
   result.steps = global_step;
   if (adapt_) {
     result.progress = adapt_->progress();
@@ -907,7 +903,12 @@ void Trainer::summarise(TrainResult& result, int64_t global_step, double wall_s,
   // the process's, search included.
   result.peak_memory_mb = oom_.runPeakMb();
   if (device_.is_cuda()) result.memory_total_mb = compat::cudaTotalBytes(device_.index()) / (1 << 20);
-  if (gpu.count > 0) result.gpu_utilization = gpu.sum / gpu.count;
+  if (system_) {
+    result.system = gatherSystemFigures(comm_, std::move(system_), std::move(system_series_));
+    if (!result.system.empty() && result.system.front().run.has(SystemMetric::kGpuUtil)) {
+      result.gpu_utilization = result.system.front().run.get(SystemMetric::kGpuUtil);
+    }
+  }
   result.noise = noiseResult();
   result.data = gatherDataFigures(comm_, *loader_, data_, cfg_.data.cache, device_);
   result.grad_clip = update_->clipFigures();

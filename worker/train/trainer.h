@@ -21,11 +21,11 @@
 #include "worker/plan/adapt.h"
 #include "worker/plan/plan.h"
 #include "worker/train/evaluator.h"
-#include "worker/train/gpu_monitor.h"
 #include "worker/train/noise_scale.h"
 #include "worker/train/oom_guard.h"
 #include "worker/task/task.h"
 #include "worker/train/result.h"
+#include "worker/train/system_sampler.h"
 #include "worker/train/train_log.h"
 #include "worker/train/update_strategy.h"
 
@@ -150,13 +150,6 @@ class Trainer {
 
  private:
   struct EpochRun;
-  /// NVML utilization, sampled every 10 steps on CUDA.
-  struct UtilizationSampler {
-    std::unique_ptr<GpuMonitor> monitor;
-    double sum = 0;
-    int64_t count = 0;
-    void sample(int64_t global_step);
-  };
   /// One step with Note [oom back-off]: tries it, backs off and redoes it until
   /// it fits. Returns false when nothing is left (result.failure says why).
   bool runStep(EpochRun& e, Sharder& sharder, int64_t s, int64_t global_step, bool* stop,
@@ -182,7 +175,7 @@ class Trainer {
                     TrainResult& result);
   void runSteps(EpochRun& e, Sharder& sharder, int64_t* global_step,
                 const std::function<bool()>& stop_requested, Console& console, double run_started,
-                UtilizationSampler& gpu, TrainResult& result);
+                TrainResult& result);
   void checkpoint(const EpochRun& e, int64_t global_step, bool mid_epoch, Console& console,
                   TrainResult& result);
   /// Rank 0's line when this rank's trace was written (Note [step profiler]).
@@ -223,8 +216,7 @@ class Trainer {
   void stoppedLine(Console& console, int64_t global_step, int64_t epoch) const;
   /// After the last step: the run's figures in `result`. Collective (the data errors:
   /// gatherDataFigures).
-  void summarise(TrainResult& result, int64_t global_step, double wall_s, double train_time,
-                 const UtilizationSampler& gpu);
+  void summarise(TrainResult& result, int64_t global_step, double wall_s, double train_time);
   void synchronize() const;
 
   std::vector<double> step_seconds_;  ///< wall time of this run's steps (the first 100 000)
@@ -242,6 +234,8 @@ class Trainer {
   TimeBreakdown time_;
   Checkpointer* checkpointer_ = nullptr;
   StepProfiler* profiler_ = nullptr;
+  std::unique_ptr<SystemSampler> system_;   ///< Note [system metrics] (none: report.sample_s 0)
+  std::vector<SystemPoint> system_series_;  ///< this rank's, one per metrics interval
   TrainPosition resume_;
   std::unique_ptr<AdaptiveBatch> adapt_;  ///< batch.adapt: goodput or warmup (null: off)
   double update_s_ = 0;  ///< optimizer update seconds (this rank), for the fixed cost
