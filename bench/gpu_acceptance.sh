@@ -9,7 +9,10 @@
 #                  search table, the chosen batch, peak memory against the
 #                  search.memory_fraction budget (90 % of the GPU), the out-of-memory
 #                  boundary, images/s and the data-stall fraction
-#                  (report.json time_breakdown.data_wait_fraction)
+#                  (report.json time_breakdown.data_wait_fraction); its system
+#                  metrics (NVML, CPU) and diagnosis, and a profiler trace of steps
+#                  13-15 with each phase's share of them and the GPU's busy share
+#                  (bench/trace_phases.py: trace_phases.json)
 #   ddp-P0         PyTorch DDP (torchrun from the same venv, same model, per-GPU batch
 #                  and precision; bench/ddp_baseline.py), and the ratio batchdist
 #                  images/s / DDP images/s
@@ -169,6 +172,11 @@ def resnet50(entry, d, ok):
         "images_per_s": r.get("samples_per_s"),
         "data_wait_fraction": (r.get("time_breakdown") or {}).get("data_wait_fraction"),
         "train_loss": r.get("train_loss"),
+        # Note [system metrics], Note [step profiler]: what the GPU did meanwhile.
+        "system": [dict(rank=x.get("rank"), host=x.get("host"), unread=x.get("unread"), **(x.get("run") or {}))
+                   for x in (r.get("system") or {}).get("ranks", [])],
+        "trace_phases": (load(os.path.join(d, "trace_phases.json")) or {}).get("median"),
+        "diagnosis": r.get("diagnosis"),
     })
     if ok and not cands:
         entry.update(ok=False, problem="no search.json candidates")
@@ -613,9 +621,17 @@ run_step() {  # W NAME: the step's command
         --output "$out/w$w/quickstart" ;;
     resnet50-*)
       p=${s#resnet50-}
+      # The primary precision's run also traces 3 steps after 10 (Note [step
+      # profiler]): trace_phases.json, each phase's share (bench/trace_phases.py).
+      local trace=()
+      [ "$p" = "$primary" ] && trace=(--set profile.wait=10 --set profile.warmup=2 --set profile.active=3)
       step "$w" "$s" "${mpi[@]}" "$bin" "$src/configs/resnet50-synthetic.yaml" \
-        --set batch.per_gpu=auto --set train.precision="$p" "${gpu[@]}" \
-        --set data.samples="$samples" --set train.max_steps="$steps" --output "$out/w$w/$s" ;;
+        --set batch.per_gpu=auto --set train.precision="$p" "${gpu[@]}" "${trace[@]}" \
+        --set data.samples="$samples" --set train.max_steps="$steps" --output "$out/w$w/$s"
+      if [ -d "$out/w$w/$s/profile" ]; then
+        "$py" "$here/trace_phases.py" --json "$out/w$w/$s/profile" >"$out/w$w/$s/trace_phases.json" \
+          2>"$out/w$w/$s/trace_phases.log" || true
+      fi ;;
     ddp-*)
       p=${s#ddp-}
       if [ "$(status_of "$w" "resnet50-$p")" = skipped ]; then

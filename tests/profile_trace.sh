@@ -31,6 +31,21 @@ case "$scenario" in
     [ "$rc" = 0 ] || { cat "$out/run.log"; fail "exit $rc"; }
     grep -q "profile: steps 4-6 traced (" "$out/run.log" || { cat "$out/run.log"; fail "no profile line"; }
     python3 "$check" "$out/run" 2 4 5 6 "--buckets=$([ "$scenario" = gloo ] && echo 4 || echo 1)" || exit 1
+    # bench/trace_phases.py: each phase's share of the traced steps.
+    python3 "$(dirname "$0")/../bench/trace_phases.py" --json "$out/run/profile" >"$out/phases.json" ||
+      fail "trace_phases.py failed"
+    python3 - "$out/phases.json" <<'PY' || exit 1
+import json, sys
+r = json.load(open(sys.argv[1]))
+m = r["median"]
+assert r["steps"] == [4, 5, 6] and r["file"].endswith("_rank0.pt.trace.json"), r
+phases = ["data_wait", "host_to_device", "forward", "backward", "gradient_sync", "optimizer"]
+assert all(0 <= m[k] <= 1 for k in phases + ["other"]), m
+assert m["forward"] > 0 and m["backward"] > 0 and m["optimizer"] > 0 and m["gradient_sync"] > 0, m
+assert sum(m[k] for k in phases) + m["other"] >= 0.99, m  # each moment counted at least once
+assert "gpu_busy" not in m  # no device activity on the CPU
+print("ok: trace_phases.py: " + ", ".join(f"{k} {100 * m[k]:.0f} %" for k in phases + ["other"]))
+PY
     ;;
   short)
     run_into run 1 "${common[@]}" --set train.max_steps=4 --set profile.wait=1 --set profile.warmup=1 \

@@ -174,6 +174,29 @@ TEST(SystemAccumulator, MeansMaximaAndMetricsNeverRead) {
   EXPECT_EQ(back.unread, r.unread);
 }
 
+TEST(SystemSeries, ALongSeriesIsThinnedKeepingMeansAndMaxima) {
+  std::vector<SystemPoint> series;
+  for (int64_t k = 1; k <= 1000; ++k) {
+    SystemSummary s;
+    s.samples = 1 + k % 2;  // 2, 1, 2, 1, ...: the weights
+    s.value[static_cast<std::size_t>(SystemMetric::kGpuUtil)] = k % 2 ? 30 : 60;
+    s.value[static_cast<std::size_t>(SystemMetric::kGpuTemperatureC)] = k == 777 ? 90 : 50;
+    series.push_back({k * 10, k * 0.5, s});
+  }
+  const auto thin = thinnedSeries(series, 256);
+  ASSERT_EQ(thin.size(), 250u);  // 1000 -> 500 -> 250
+  EXPECT_EQ(thin.back().step, 10000);
+  EXPECT_EQ(thin.front().step, 40);
+  EXPECT_EQ(thin.front().summary.samples, 6);
+  // Weighted: (30 x 2 + 60 x 1) / 3 per pair.
+  EXPECT_DOUBLE_EQ(thin.front().summary.get(SystemMetric::kGpuUtil), 40);
+  double hottest = 0;
+  for (const auto& p : thin) hottest = std::max(hottest, p.summary.get(SystemMetric::kGpuTemperatureC));
+  EXPECT_EQ(hottest, 90);
+  EXPECT_FALSE(thin.front().summary.has(SystemMetric::kCpuHostPct));
+  EXPECT_EQ(thinnedSeries(series, 2000).size(), 1000u);  // short enough: as it was
+}
+
 /// Runs a sampler every 10 ms until it has `n` samples (or 10 s pass).
 SystemSummary sampleUntil(SystemSampler& s, int64_t n) {
   const double until = monotonicSeconds() + 10;

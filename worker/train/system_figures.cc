@@ -37,7 +37,7 @@ std::vector<RankSystem> gatherSystemFigures(collective::Communicator& comm,
   mine.rank = comm.rank();
   mine.host = hostName();
   mine.run = sampler->run();
-  mine.series = std::move(series);
+  mine.series = thinnedSeries(std::move(series), kSystemSeriesPoints);
   mine.unread = sampler->unread();
   sampler.reset();
   const auto text = rankSystemJson(mine).dump(-1, ' ', false,

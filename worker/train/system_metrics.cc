@@ -50,6 +50,40 @@ SystemSummary SystemAccumulator::summary() const {
   return s;
 }
 
+SystemSummary mergedSummary(const SystemSummary& a, const SystemSummary& b) {
+  SystemSummary out;
+  out.samples = a.samples + b.samples;
+  for (std::size_t i = 0; i < kSystemMetrics; ++i) {
+    const double x = a.value[i], y = b.value[i];
+    if (std::isnan(x) || std::isnan(y)) {
+      out.value[i] = std::isnan(x) ? y : x;
+    } else if (systemMetricInfo(static_cast<SystemMetric>(i)).max) {
+      out.value[i] = std::max(x, y);
+    } else {
+      const double wa = static_cast<double>(std::max<int64_t>(a.samples, 1));
+      const double wb = static_cast<double>(std::max<int64_t>(b.samples, 1));
+      out.value[i] = (x * wa + y * wb) / (wa + wb);
+    }
+  }
+  return out;
+}
+
+std::vector<SystemPoint> thinnedSeries(std::vector<SystemPoint> series, std::size_t max_points) {
+  while (series.size() > std::max<std::size_t>(max_points, 1)) {
+    std::vector<SystemPoint> half;
+    for (std::size_t i = 0; i < series.size(); i += 2) {
+      if (i + 1 == series.size()) {
+        half.push_back(series[i]);
+      } else {
+        half.push_back({series[i + 1].step, series[i + 1].seconds,
+                        mergedSummary(series[i].summary, series[i + 1].summary)});
+      }
+    }
+    series = std::move(half);
+  }
+  return series;
+}
+
 SystemSummary acrossRanks(const std::vector<RankSystem>& ranks) {
   SystemSummary out;
   for (std::size_t i = 0; i < kSystemMetrics; ++i) {

@@ -32,7 +32,9 @@ namespace batchdist::worker {
 // report.json, no TensorBoard point). The run's summary is the same over all
 // its samples. Every rank keeps its own series (one summary per metrics interval,
 // at the same steps on every rank); rank 0 gathers them at the end (report.json
-// "system", report.html).
+// "system", report.html), each thinned to at most kSystemSeriesPoints by merging
+// neighbours (a long run's ten points an epoch would make report.json and the
+// page grow with epochs x ranks).
 
 enum class SystemMetric {
   kGpuUtil,
@@ -97,6 +99,16 @@ struct RankSystem {
   std::vector<SystemPoint> series;
   std::vector<std::string> unread;  ///< what it could not read, and why
 };
+
+/// The most points of a rank's series in the report.
+constexpr std::size_t kSystemSeriesPoints = 256;
+
+/// `a` and `b` (adjacent, b later) as one summary: means weighted by samples,
+/// maxima kept.
+SystemSummary mergedSummary(const SystemSummary& a, const SystemSummary& b);
+/// `series` with neighbours merged pairwise (a pair's later step and seconds)
+/// until it has at most `max_points`.
+std::vector<SystemPoint> thinnedSeries(std::vector<SystemPoint> series, std::size_t max_points);
 
 /// Over ranks: each metric's mean over the ranks that read it (its maximum for
 /// the ones summarised so); samples: all ranks'.

@@ -408,7 +408,6 @@ void Trainer::logStep(Console& console, EpochRun& e, int64_t step, int64_t globa
   log_.step(console, so_far, step, out, f, run_started, e.logged, result);
 }
 
-
 void Trainer::logEpoch(const EpochRun& e, const EpochStats& h, int64_t global_step,
                        double run_started, TrainResult& result) {
   if (!log_.makesPoints()) return;
