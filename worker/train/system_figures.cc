@@ -45,7 +45,9 @@ std::vector<RankSystem> gatherSystemFigures(collective::Communicator& comm,
   const auto all = allgatherText(comm, text);
   std::vector<RankSystem> out;
   if (comm.rank() != 0) return out;
-  for (const auto& text : all) out.push_back(rankSystemFromJson(nlohmann::json::parse(text)));
+  for (const auto& rank_text : all) {
+    out.push_back(rankSystemFromJson(nlohmann::json::parse(rank_text)));
+  }
   return out;
 }
 

@@ -1,7 +1,8 @@
 #include "worker/train/system_metrics.h"
 
 #include <algorithm>
-#include <cstdio>
+
+#include "worker/common/console.h"
 
 namespace batchdist::worker {
 
@@ -102,44 +103,35 @@ SystemSummary acrossRanks(const std::vector<RankSystem>& ranks) {
   return out;
 }
 
-namespace {
-
-std::string fixed(double v, int digits) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.*f", digits, v);
-  return text;
-}
-
-}  // namespace
 
 std::string systemText(const SystemSummary& s) {
   using M = SystemMetric;
   std::vector<std::string> gpu, cpu;
   if (s.has(M::kGpuUtil)) {
-    gpu.push_back("busy " + fixed(s.get(M::kGpuUtil), 0) + " %" +
+    gpu.push_back("busy " + formatFixed(s.get(M::kGpuUtil), 0) + " %" +
                   (s.has(M::kGpuMemoryUtil)
-                       ? " (memory controller " + fixed(s.get(M::kGpuMemoryUtil), 0) + " %)"
+                       ? " (memory controller " + formatFixed(s.get(M::kGpuMemoryUtil), 0) + " %)"
                        : std::string()));
   }
   if (s.has(M::kGpuMemoryUsedMb)) {
-    gpu.push_back("memory " + fixed(s.get(M::kGpuMemoryUsedMb) / 1024, 1) +
-                  (s.has(M::kGpuMemoryTotalMb) ? " of " + fixed(s.get(M::kGpuMemoryTotalMb) / 1024, 1)
+    gpu.push_back("memory " + formatFixed(s.get(M::kGpuMemoryUsedMb) / 1024, 1) +
+                  (s.has(M::kGpuMemoryTotalMb) ? " of " + formatFixed(s.get(M::kGpuMemoryTotalMb) / 1024, 1)
                                                : std::string()) + " GiB");
   }
   if (s.has(M::kGpuPowerW)) {
-    gpu.push_back(fixed(s.get(M::kGpuPowerW), 0) +
-                  (s.has(M::kGpuPowerLimitW) ? " of " + fixed(s.get(M::kGpuPowerLimitW), 0) : std::string()) +
+    gpu.push_back(formatFixed(s.get(M::kGpuPowerW), 0) +
+                  (s.has(M::kGpuPowerLimitW) ? " of " + formatFixed(s.get(M::kGpuPowerLimitW), 0) : std::string()) +
                   " W");
   }
-  if (s.has(M::kGpuTemperatureC)) gpu.push_back("up to " + fixed(s.get(M::kGpuTemperatureC), 0) + " C");
-  if (s.has(M::kGpuSmClockMhz)) gpu.push_back("SM " + fixed(s.get(M::kGpuSmClockMhz), 0) + " MHz");
+  if (s.has(M::kGpuTemperatureC)) gpu.push_back("up to " + formatFixed(s.get(M::kGpuTemperatureC), 0) + " C");
+  if (s.has(M::kGpuSmClockMhz)) gpu.push_back("SM " + formatFixed(s.get(M::kGpuSmClockMhz), 0) + " MHz");
   if (s.has(M::kGpuPowerThrottled) || s.has(M::kGpuThermalThrottled)) {
-    gpu.push_back("throttled (power/thermal) " + fixed(100 * s.get(M::kGpuPowerThrottled), 0) + "/" +
-                  fixed(100 * s.get(M::kGpuThermalThrottled), 0) + " % of samples");
+    gpu.push_back("throttled (power/thermal) " + formatFixed(100 * s.get(M::kGpuPowerThrottled), 0) + "/" +
+                  formatFixed(100 * s.get(M::kGpuThermalThrottled), 0) + " % of samples");
   }
-  if (s.has(M::kCpuProcessPct)) cpu.push_back("process " + fixed(s.get(M::kCpuProcessPct), 0) + " % of a core");
-  if (s.has(M::kCpuHostPct)) cpu.push_back("host " + fixed(s.get(M::kCpuHostPct), 0) + " %");
-  if (s.has(M::kLoaderBusy)) cpu.push_back("loader threads " + fixed(100 * s.get(M::kLoaderBusy), 0) + " % busy");
+  if (s.has(M::kCpuProcessPct)) cpu.push_back("process " + formatFixed(s.get(M::kCpuProcessPct), 0) + " % of a core");
+  if (s.has(M::kCpuHostPct)) cpu.push_back("host " + formatFixed(s.get(M::kCpuHostPct), 0) + " %");
+  if (s.has(M::kLoaderBusy)) cpu.push_back("loader threads " + formatFixed(100 * s.get(M::kLoaderBusy), 0) + " % busy");
   const auto join = [](const std::vector<std::string>& v) {
     std::string out;
     for (const auto& x : v) out += (out.empty() ? "" : ", ") + x;
