@@ -49,6 +49,12 @@ EPOCH_TAGS = {  # tag -> key of an "epoch" line
     "train/epoch_tokens_per_s": "tokens_per_s",  # token data only
 }
 TOKEN_KEYS = {"tokens_per_s", "tokens_per_step"}  # absent from a line: not token data
+# Note [system metrics]: the ones a step line has (those read in its interval)
+# are system/<key> at its step; how many depends on how long the run sampled.
+SYSTEM_KEYS = ["gpu_util_pct", "gpu_memory_util_pct", "gpu_memory_used_mb", "gpu_memory_total_mb",
+               "gpu_power_w", "gpu_power_limit_w", "gpu_temperature_c", "gpu_sm_clock_mhz",
+               "gpu_power_throttled", "gpu_thermal_throttled", "cpu_process_pct", "cpu_host_pct",
+               "loader_busy"]
 
 
 def fail(msg):
@@ -100,6 +106,9 @@ def expected_training(metrics_path):
                 if v is None:
                     fail(f"{metrics_path}:{n}: {key} is null (a non-finite value?)")
                 expected.setdefault(tag, []).append((m["step"], float(v)))
+            for key in SYSTEM_KEYS if m["kind"] == "step" else []:
+                if key in m:
+                    expected.setdefault("system/" + key, []).append((m["step"], float(m[key])))
     return expected
 
 
