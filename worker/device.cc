@@ -8,16 +8,11 @@
 #include "common/device_compat.h"
 #include "common/error.h"
 #include "collective/process_group.h"
+#include "worker/common/console.h"
 #include "worker/config/config.h"
 
 namespace batchdist::worker {
 namespace {
-
-std::string joined(const std::vector<std::string>& v) {
-  std::string out;
-  for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
-  return out;
-}
 
 /// The way out that does not involve the config: another build or another node.
 std::string otherwise(const GpuInventory& gpus) {

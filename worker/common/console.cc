@@ -19,6 +19,12 @@ std::string formatFixed(double v, int digits) {
   return buf;
 }
 
+std::string joined(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& s : items) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
 std::string tokenRate(double samples_per_s, int64_t tokens_per_sample) {
   if (tokens_per_sample <= 0) return "";
   const double rate = samples_per_s * static_cast<double>(tokens_per_sample);

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace batchdist::worker {
 
@@ -56,6 +57,9 @@ class Console {
 
 /// Fixed-point text with `digits` decimals.
 std::string formatFixed(double v, int digits);
+
+/// `items` as "a, b, c" ("" when there are none).
+std::string joined(const std::vector<std::string>& items);
 
 /// "1:02:03" / "2:03".
 std::string formatDuration(double seconds);

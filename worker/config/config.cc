@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "worker/common/console.h"
 #include "worker/common/files.h"
 
 namespace batchdist::worker {
@@ -453,12 +454,6 @@ class Section {
 const std::vector<std::string> kSections = {"task", "model",  "data",       "batch", "optim",
                                             "train", "dist", "search", "checkpoint", "report",
                                             "elastic", "profile"};
-
-std::string joinSections() {
-  std::string out;
-  for (const auto& name : kSections) out += (out.empty() ? "" : ", ") + name;
-  return out;
-}
 
 std::string suggestion(const std::string& path, const std::vector<std::string>& candidates) {
   std::string best;
@@ -1054,7 +1049,7 @@ void checkUnknownKeys(const Context& ctx, const YAML::Node& root) {
     for (const auto& [key, mark] : mapKeys(ctx, root, "")) {
       if (std::find(kSections.begin(), kSections.end(), key) == kSections.end()) {
         throw ConfigError(strCat(ctx.where(key, mark), ": unknown section '", key,
-                                 "' (sections: ", joinSections(), ")",
+                                 "' (sections: ", joined(kSections), ")",
                                  suggestion(key, kSections)));
       }
     }

@@ -35,8 +35,7 @@ std::string joinMetrics(const Metrics& m, const char* first, const char* sep) {
 
 /// "a, b", or "none".
 std::string joinNames(const std::vector<std::string>& names) {
-  std::string out;
-  for (const auto& n : names) out += strCat(out.empty() ? "" : ", ", n);
+  const std::string out = joined(names);
   return out.empty() ? "none" : out;
 }
 

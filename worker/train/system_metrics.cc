@@ -132,14 +132,9 @@ std::string systemText(const SystemSummary& s) {
   if (s.has(M::kCpuProcessPct)) cpu.push_back("process " + formatFixed(s.get(M::kCpuProcessPct), 0) + " % of a core");
   if (s.has(M::kCpuHostPct)) cpu.push_back("host " + formatFixed(s.get(M::kCpuHostPct), 0) + " %");
   if (s.has(M::kLoaderBusy)) cpu.push_back("loader threads " + formatFixed(100 * s.get(M::kLoaderBusy), 0) + " % busy");
-  const auto join = [](const std::vector<std::string>& v) {
-    std::string out;
-    for (const auto& x : v) out += (out.empty() ? "" : ", ") + x;
-    return out;
-  };
   std::string out;
-  if (!gpu.empty()) out = "GPU " + join(gpu);
-  if (!cpu.empty()) out += (out.empty() ? "CPU: " : "; CPU: ") + join(cpu);
+  if (!gpu.empty()) out = "GPU " + joined(gpu);
+  if (!cpu.empty()) out += (out.empty() ? "CPU: " : "; CPU: ") + joined(cpu);
   return out;
 }
 

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "common/error.h"
+#include "worker/common/console.h"
 #include "worker/common/util.h"
 
 namespace batchdist::worker {
@@ -37,9 +38,7 @@ SystemSampler::SystemSampler(SystemSamplerOptions options) : opts_(std::move(opt
     if (!nvml_->available()) {
       warn(strCat("no GPU metrics: ", nvml_->error()));
     } else if (!nvml_->missing().empty()) {
-      std::string what;
-      for (const auto& m : nvml_->missing()) what += (what.empty() ? "" : ", ") + m;
-      warn(strCat("NVML cannot read ", what, "; the other GPU metrics are sampled"));
+      warn(strCat("NVML cannot read ", joined(nvml_->missing()), "; the other GPU metrics are sampled"));
     }
   }
   thread_ = std::thread([this] { loop(); });
