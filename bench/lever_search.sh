@@ -14,17 +14,23 @@
 #     candidate each (no limit: its peak and samples/s; search.max_time_s 4, so
 #     each point gets search.timed_steps' 5 steps however slow), in SWEEP_ROUNDS
 #     rotated rounds (median); a point fits when its peak is within the limit.
+#  4. head to head: the search's choice and the sweep's best fitting point, each a
+#     search of that one candidate timed for PAIR_STEPS steps, alternately (the
+#     first of a pair swaps every round), PAIR_ROUNDS pairs: the sweep's best of 30
+#     noisy points is biased upwards, and its rounds swing by more than 5 % here.
 # Printed per W: the largest fitting size per combination, predicted (the search)
 # against measured (the sweep); the search's choice against the sweep's best
-# fitting point (the choice's own sweep figure / the best's, same rounds: target
-# >= 0.95); the search's seconds against the sweep's.
+# fitting point, in the sweep's rounds and head to head (median of the pairs'
+# ratios: target >= 0.95); the search's seconds against the sweep's.
 #
-#   [RANKS="2 4"] [SWEEP_ROUNDS=2] bench/lever_search.sh [BATCHDIST_BIN] [OUT_DIR]
+#   [RANKS="2 4"] [SWEEP_ROUNDS=2] [PAIR_ROUNDS=5] [PAIR_STEPS=10] \
+#     bench/lever_search.sh [BATCHDIST_BIN] [OUT_DIR]
 #     defaults: build/launcher/batchdist, a fresh mktemp -d
 set -euo pipefail
 bin=${1:-build/launcher/batchdist}
 out=${2:-$(mktemp -d /tmp/lever_search.XXXXXX)}
 ranks=${RANKS:-2 4} sweep_rounds=${SWEEP_ROUNDS:-2}
+pair_rounds=${PAIR_ROUNDS:-5} pair_steps=${PAIR_STEPS:-10}
 # shellcheck source=bench/gpt_tokens_lib.sh
 source "$(dirname "$0")/gpt_tokens_lib.sh"
 echo "lever_search: $(uptime | sed 's/.*load/load/'); out $out"
@@ -64,7 +70,7 @@ PY
     done
   done
   sweep_s=$((SECONDS - sweep_t0))
-  python3 - "$out" "$w" "$limit" "$sweep_rounds" "$sweep_s" "${sizes[*]}" <<'PY'
+  python3 - "$out" "$w" "$limit" "$sweep_rounds" "$sweep_s" "${sizes[*]}" >"$out/w$w-summary.txt" <<'PY'
 import json, statistics, sys
 out, w, limit, rounds, sweep_s = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
 sizes = [int(x) for x in sys.argv[6].split()]
@@ -100,5 +106,33 @@ print(f"search chose per-GPU {ck[1]} under {label[ck[0]]} in {joint['seconds']:.
       f"{label[best[0]]}, {sps[best]:.0f} samples/s; the choice in the sweep: {sps[ck]:.0f} samples/s = "
       f"{statistics.median(ratios):.3f} of the best (per round: {', '.join(f'{x:.3f}' for x in ratios)}); "
       f"sweep {sweep_s:.0f} s")
+with open(f"{out}/w{w}-pair.txt", "w") as f:
+    for (shard, recompute), m in (ck, best):
+        f.write(f"{shard} {recompute} {m}\n")
+PY
+  cat "$out/w$w-summary.txt"
+  mapfile -t pair <"$out/w$w-pair.txt"
+  if [ "${pair[0]}" = "${pair[1]}" ]; then
+    echo "head to head: the search chose the sweep's best fitting point itself (1.000)"
+    continue
+  fi
+  for ((r = 0; r < pair_rounds; r++)); do
+    for k in $((r % 2)) $((1 - r % 2)); do
+      read -r shard recompute m <<<"${pair[$k]}"
+      search "$w" "w$w-pair$r-$k" --set dist.shard="$shard" --set model.recompute="$recompute" \
+        --set search.min="$m" --set search.max="$m" --set search.timed_steps="$pair_steps" \
+        --set search.max_time_s=60
+    done
+  done
+  python3 - "$out" "$w" "$pair_rounds" "${pair[@]}" <<'PY'
+import json, statistics, sys
+out, w, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def sps(r, k):
+    return json.load(open(f"{out}/w{w}-pair{r}-{k}/search.json"))["candidates"][0]["samples_per_s"]
+ratios = [sps(r, 0) / sps(r, 1) for r in range(rounds)]
+print(f"head to head ({rounds} pairs, the first of a pair alternating): the choice ({sys.argv[4]}) "
+      f"{statistics.median(sps(r, 0) for r in range(rounds)):.0f} samples/s, the sweep's best "
+      f"({sys.argv[5]}) {statistics.median(sps(r, 1) for r in range(rounds)):.0f}: "
+      f"median ratio {statistics.median(ratios):.3f} (per pair: {', '.join(f'{x:.3f}' for x in ratios)})")
 PY
 done
