@@ -54,6 +54,7 @@
 #                     [--no-fixed] [--no-warmup] [--leg NAME="--set KEY=VALUE ..."]...
 #                     [--set KEY=VALUE]...
 #                     [--workloads "quickstart cnn wide gpt"] [--out DIR] [BATCHDIST_BIN]
+#     (DIR: a fresh mktemp -d /tmp/batchdist-adaptive.XXXXXX unless given)
 #                     (or BATCHDIST=... bench/adaptive.sh)
 #   bench/adaptive.sh --summary DIR                    (the table again, from DIR/runs.jsonl)
 # --seeds N: N seeds for every workload. --seeds-for WORKLOAD=N (repeatable): N
@@ -76,7 +77,7 @@ seeds='' sizes_n=4 goodput=true warmup=true summary_only=false with_fixed=true
 declare -A seeds_for=() leg_args=()
 extra_legs=() every_run=()
 workloads="quickstart cnn wide"
-outdir=/tmp/batchdist-adaptive
+outdir=''
 bin=${BATCHDIST:-$here/../build/launcher/batchdist}
 while [ $# -gt 0 ]; do
   case $1 in
@@ -113,6 +114,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+[ -n "$outdir" ] || outdir=$(mktemp -d /tmp/batchdist-adaptive.XXXXXX)
 config() {
   case $1 in
     quickstart) echo "$here/../configs/quickstart.yaml" ;;

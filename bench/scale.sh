@@ -18,6 +18,7 @@
 # Oversubscription inflates everything that computes (W ranks share 2 cores):
 # read the growth between rows, not the absolute figures. Medians of REPEAT runs.
 #   bench/scale.sh [BATCHDIST_BIN] [REPEAT] [WORLDS] [BACKENDS] [OUTDIR]
+#     (OUTDIR: a fresh mktemp -d /tmp/batchdist-scale.XXXXXX unless given)
 #   bench/scale.sh --summary OUTDIR      (the table and plot again, from OUTDIR/runs.jsonl)
 # Prints a table per backend and writes OUTDIR/scale.svg (each phase against W,
 # log-log) and OUTDIR/scale.json.
@@ -28,7 +29,7 @@ bin=${1:-build/launcher/batchdist}
 repeat=${2:-3}
 worlds=${3:-2 4 8 16 32 64}
 backends=${4:-mpi gloo}
-outdir=${5:-/tmp/batchdist-scale}
+outdir=${5:-$(mktemp -d /tmp/batchdist-scale.XXXXXX)}
 here=$(cd "$(dirname "$0")" && pwd)
 cfg=$here/../configs/scale.yaml
 flags=(--oversubscribe --bind-to none -x OMP_NUM_THREADS=1)

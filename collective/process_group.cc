@@ -2,14 +2,13 @@
 
 #include <ATen/ATen.h>
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <future>
 #include <memory>
 #include <thread>
 
 #include "common/error.h"
+#include "common/host.h"
 #include "collective/flat_collectives.h"
 #include "collective/mpi_comm.h"
 #include "collective/torch_compat.h"
@@ -32,21 +31,6 @@ std::string joined(const std::vector<std::string>& v) {
   return out;
 }
 
-/// The first line of `s`, without a trailing period or exclamation mark (the
-/// caller ends the sentence).
-std::string firstLine(const std::string& s) {
-  std::string line = s.substr(0, s.find('\n'));
-  while (!line.empty() && (line.back() == '.' || line.back() == '!' || line.back() == ' ')) {
-    line.pop_back();
-  }
-  return line;
-}
-
-std::string thisHost() {
-  char host[256] = {};
-  gethostname(host, sizeof host - 1);
-  return host;
-}
 
 std::string text(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 std::vector<uint8_t> bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
@@ -460,7 +444,7 @@ std::unique_ptr<Communicator> createCommunicator(const c10::intrusive_ptr<c10d::
   if (name == "mpi") {
     auto comm = createMpiCommunicator(store, opts.device, opts.timeout);
     try {
-      store->set(strCat("batchdist/host/", rank), bytes(thisHost()));  // for the stall report
+      store->set(strCat("batchdist/host/", rank), bytes(hostName()));  // for the stall report
     } catch (const std::exception&) {
     }
     return comm;
@@ -477,14 +461,13 @@ std::unique_ptr<Communicator> createCommunicator(const c10::intrusive_ptr<c10d::
     if (name == "nccl") backend = compat::makeNccl(store, rank, size, opts.timeout);
 #endif
   } catch (const std::exception& e) {
-    std::string what = e.what();
     throw CollectiveError(strCat(
         "could not join the ", name, " process group of ", size, " ranks within ",
-        opts.timeout.count() / 1000.0, " s: ", what.substr(0, what.find('\n')),
+        opts.timeout.count() / 1000.0, " s: ", firstLine(e.what()),
         ". Check that every rank can reach the others (dist.interface / BATCHDIST_IFNAME)"));
   }
   try {
-    store->set(strCat("batchdist/host/", rank), bytes(thisHost()));  // for the stall report
+    store->set(strCat("batchdist/host/", rank), bytes(hostName()));  // for the stall report
   } catch (const std::exception&) {
   }
   return std::make_unique<ProcessGroupCommunicator>(std::move(backend), name, rank, size,

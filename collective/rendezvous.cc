@@ -94,7 +94,7 @@ Rendezvous rendezvousOverMpi(MPI_Comm comm, const RendezvousOptions& opts) {
   checkMpi(MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, comm), "MPI_Bcast of the rendezvous store address");
   if (rank == 0 && !error.empty()) {
     throw CollectiveError(strCat("rank 0 could not open the rendezvous store on ", r.address,
-                                 ": ", error.substr(0, error.find('\n'))));
+                                 ": ", firstLine(error)));
   }
   if (buf[0] == '\0') {
     throw CollectiveError(strCat("rank ", rank,
@@ -108,10 +108,9 @@ Rendezvous rendezvousOverMpi(MPI_Comm comm, const RendezvousOptions& opts) {
     try {
       r.store = compat::makeTcpStore(host, static_cast<uint16_t>(port), false, opts.timeout);
     } catch (const std::exception& e) {
-      std::string what = e.what();
       throw CollectiveError(strCat(
           "rank ", rank, " could not reach the rendezvous store of rank 0 at ", r.store_address,
-          " within ", opts.timeout.count() / 1000.0, " s (", what.substr(0, what.find('\n')),
+          " within ", opts.timeout.count() / 1000.0, " s (", firstLine(e.what()),
           "). Rank 0 publishes the address of dist.interface / BATCHDIST_IFNAME; pick an "
           "interface both hosts share. This host has: ",
           describe(listInterfaces())));

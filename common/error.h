@@ -44,6 +44,20 @@ void streamAll(std::ostringstream& os, const T& v, const Rest&... rest) {
 }
 }  // namespace detail
 
+/// Note [error text]: what a caught exception brings to a message batchdist
+/// writes is its first line: LibTorch appends a backtrace after it, Gloo and
+/// NCCL lines of context. The closing period (or "!") and spaces go too, since
+/// the caller's sentence goes on. A program's own exception keeps its whole
+/// message instead (messageOf in worker/common/torch_error.h): a TorchScript
+/// error's cause is on its last line.
+inline std::string firstLine(const std::string& what) {
+  std::string line = what.substr(0, what.find('\n'));
+  while (!line.empty() && (line.back() == '.' || line.back() == '!' || line.back() == ' ')) {
+    line.pop_back();
+  }
+  return line;
+}
+
 /// Concatenates the arguments with operator<< into one string.
 template <typename... Args>
 std::string strCat(const Args&... args) {

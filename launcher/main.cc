@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "common/error.h"
+#include "common/host.h"
 #include "common/stdlib_guard.h"
 #include "collective/process_group.h"
 #include "collective/torch_compat.h"
@@ -124,9 +125,8 @@ int runSlurm(const CliOptions& cli) {
 int srunProblem(const std::string& problem) {
   const char* procid = std::getenv("SLURM_PROCID");
   if (procid == nullptr || std::string(procid) == "0") {
-    char host[256] = {};
-    gethostname(host, sizeof host - 1);
-    std::cerr << strCat("[task ", procid ? procid : "?", " host ", host, "] error: ", problem, "\n")
+    std::cerr << strCat("[task ", procid ? procid : "?", " host ", hostName(), "] error: ", problem,
+                        "\n")
               << std::flush;
   }
   return 2;

@@ -1,13 +1,12 @@
 #include "launcher/mpi_scope.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 
 #include "collective/mpi_comm.h"
+#include "common/host.h"
 
 namespace batchdist::launcher {
 
@@ -26,9 +25,7 @@ MpiScope::MpiScope(int* argc, char*** argv) {
   int leader = local_rank_ == 0 ? 1 : 0;
   MPI_Allreduce(MPI_IN_PLACE, &leader, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   host_count_ = leader;
-  char name[256] = {};
-  gethostname(name, sizeof name - 1);
-  host_ = name;
+  host_ = hostName();
   // Note [mpi errors]: from here on an MPI call that fails on MPI_COMM_WORLD
   // returns its error (checkMpi turns it into a CollectiveError, which main()
   // reports with this rank's tag) instead of Open MPI's default: print and abort

@@ -21,6 +21,7 @@
 #include "worker/data/sources/tokens.h"
 #include "worker/plan/plan.h"
 #include "worker/common/files.h"
+#include "worker/common/torch_error.h"
 #include "worker/common/util.h"
 
 extern "C" const char batchdist_digits_begin[];
@@ -267,10 +268,9 @@ std::pair<at::Tensor, at::Tensor> Dataset::batch(const std::vector<int64_t>& idx
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    const auto* c = dynamic_cast<const c10::Error*>(&e);
     throw TrainingError(strCat("data.name: program: the data set's get() failed on ", idx.size(),
                                " indices from ", rows_of.empty() ? 0 : rows_of.front(), ": ",
-                               c ? c->what_without_backtrace() : e.what()));
+                               messageOf(e)));
   }
   const auto n = static_cast<int64_t>(idx.size());
   if (!bx.defined() || !bt.defined() || bx.dim() == 0 || bt.dim() == 0 || bx.size(0) != n ||

@@ -480,11 +480,10 @@ torch::jit::Module loadScript(const std::string& path) {
   try {
     return torch::jit::load(path, torch::kCPU);
   } catch (const std::exception& e) {
-    const std::string what = e.what();
     throw ConfigError(strCat("model.path: '", path,
                              "' is not a TorchScript module (save one with "
                              "torch.jit.script(model).save(path)): ",
-                             what.substr(0, what.find('\n'))));
+                             firstLine(e.what())));
   }
 }
 

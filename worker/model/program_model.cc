@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "common/error.h"
+#include "worker/common/torch_error.h"
 #include "worker/common/util.h"
 #include "worker/model/nn_module_model.h"
 
@@ -19,13 +20,6 @@ int64_t parameterCount(torch::nn::Module& m) {
   int64_t n = 0;
   for (const auto& p : m.parameters()) n += p.numel();
   return n;
-}
-
-/// The message of an exception thrown by the program's code, without c10's
-/// backtrace.
-std::string messageOf(const std::exception& e) {
-  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
-  return e.what();
 }
 
 /// Note [program parts]: the program's module; forward(x, target) is its loss

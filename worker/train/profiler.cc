@@ -22,12 +22,6 @@ using torch::profiler::impl::ActivityType;
 
 namespace {
 
-/// A c10::Error's message without its backtrace.
-std::string firstLine(const char* what) {
-  const std::string s = what;
-  return s.substr(0, s.find('\n'));
-}
-
 torch::profiler::impl::ProfilerConfig profilerConfig(const ProfileConfig& c) {
   return torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::KINETO,
                                                c.shapes, c.memory, c.stack);

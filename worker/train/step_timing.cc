@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "collective/torch_compat.h"
+#include "common/error.h"
 #include "worker/common/util.h"
 #include "worker/search/stats.h"
 #include "worker/train/memory.h"
@@ -36,10 +37,7 @@ void DeviceProbe::emptyCache() const {
 
 void recordFailure(const std::exception& e, Measurement& out) {
   out.fail = isOutOfMemory(e) ? FailKind::kOutOfMemory : FailKind::kError;
-  if (out.fail == FailKind::kError) {
-    const std::string what = e.what();
-    out.detail = what.substr(0, what.find('\n'));
-  }
+  if (out.fail == FailKind::kError) out.detail = firstLine(e.what());
 }
 
 namespace {
