@@ -98,15 +98,18 @@ worker::ProgramData::Part partOf(const std::shared_ptr<const Dataset>& d) {
 }
 
 worker::RunRequest requestOf(const Settings& settings, const RunOptions& options) {
-  return launcher::runRequest(settings.file(), settings.entries(), options);
+  auto req = launcher::runRequest(settings.file(), settings.entries(), options);
+  req.sets_from = worker::SetsFrom::kSettings;
+  return req;
 }
 
 }  // namespace
 
 worker::Config configOf(const Settings& settings, const std::string& source) {
   try {
-    return settings.file().empty() ? worker::parseConfig("{}", source, settings.entries())
-                                   : worker::loadConfig(settings.file(), settings.entries());
+    constexpr auto from = worker::SetsFrom::kSettings;
+    return settings.file().empty() ? worker::parseConfig("{}", source, settings.entries(), from)
+                                   : worker::loadConfig(settings.file(), settings.entries(), from);
   } catch (const Error& e) {
     throw std::invalid_argument(e.what());
   }

@@ -132,6 +132,28 @@ TEST(Config, BadSetIsNamedAsSet) {
   EXPECT_NE(errorOf("", {"global=1"}).find("keys have the form section.key"), std::string::npos);
 }
 
+// The C++ library's overrides are named as its user wrote them.
+TEST(Config, SettingsOverridesAreNamedAsSettingsSet) {
+  const auto errorFrom = [](const std::string& yaml, const std::vector<std::string>& sets) {
+    try {
+      parseConfig(yaml, "the program's settings", sets, SetsFrom::kSettings);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string gpt = "model: {name: gpt, heads: 3}\n";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {errorFrom("", {"batch.global=x"}), "Settings::set(\"batch.global\"): expected an integer"},
+      {errorFrom("", {"batch.globl=1"}), "Settings::set(\"batch.globl\"): unknown key"},
+      {errorFrom("", {"model.embed=[1"}), "Settings::set(\"model.embed\"): cannot parse value"},
+      {errorFrom(gpt, {"model.embed=64"}), "Settings::set(\"model.embed\"): 64 is not divisible"},
+      // A key of the file is still named by the file.
+      {errorFrom(gpt, {}), "the program's settings: model.embed: 64 is not divisible"},
+  };
+  for (const auto& [message, start] : cases) EXPECT_EQ(message.rfind(start, 0), 0u) << message;
+}
+
 TEST(Config, ResolvedConfigIsJsonWithEveryKey) {
   const auto cfg = parseConfig("batch: {global: 64}\n", "t.yaml");
   const auto node = YAML::Load(cfg.resolved.dump());

@@ -150,6 +150,9 @@ TEST(EqualShards, BadSettingsSayWhatTheLauncherSays) {
   EXPECT_NE(messageOf(make(batchdist::Settings().set("batch.per_gpu", "auto"))).find("searchBatch()"),
             std::string::npos);
   EXPECT_NE(messageOf(make(batchdist::Settings())).find("set batch.global"), std::string::npos);
+  const std::string negative = messageOf(make(batchdist::Settings().set("batch.global", -64)));
+  EXPECT_NE(negative.find("Settings::set(\"batch.global\"): must be >= 1, got -64"), std::string::npos)
+      << negative;
   EXPECT_NE(messageOf(make(batchdist::Settings().set("batch.global", 64 * world())))
                 .find("so batch.last_batch: drop leaves no step"),
             std::string::npos);

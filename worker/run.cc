@@ -522,8 +522,9 @@ void attachProgram(const RunRequest& req, Config& cfg) {
 }  // namespace
 
 Config loadRunConfig(const RunRequest& req) {
-  auto cfg = req.config_path.empty() ? parseConfig("{}", "the program's settings", req.sets)
-                                     : loadConfig(req.config_path, req.sets);
+  auto cfg = req.config_path.empty()
+                 ? parseConfig("{}", "the program's settings", req.sets, req.sets_from)
+                 : loadConfig(req.config_path, req.sets, req.sets_from);
   attachProgram(req, cfg);
   return cfg;
 }

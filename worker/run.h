@@ -39,6 +39,7 @@ struct RankPlace {
 struct RunRequest {
   std::string config_path;        ///< "": the config is `sets` alone (a program's settings)
   std::vector<std::string> sets;  ///< --set key.path=value
+  SetsFrom sets_from = SetsFrom::kCommandLine;  ///< how messages name them (Settings::set)
   std::string output = "batchdist-out";
   std::string report;             ///< --report PATH (a copy of report.json), or empty
   bool quiet = false;

@@ -18,8 +18,11 @@
 namespace batchdist::worker {
 
 ConfigError keyError(const std::string& source, const std::string& key, const std::string& what) {
-  if (source.rfind("--set", 0) == 0) return ConfigError(strCat(source, ": ", what));
   return ConfigError(strCat(source, ": ", key, ": ", what));
+}
+
+std::string setName(SetsFrom from, const std::string& path) {
+  return from == SetsFrom::kSettings ? strCat("Settings::set(\"", path, "\")") : "--set " + path;
 }
 
 const std::vector<std::string>& Config::perRankKeys() {
@@ -90,6 +93,7 @@ constexpr int64_t kMaxInt = std::numeric_limits<int64_t>::max();
 /// State shared by all sections while one config is read.
 struct Context {
   std::string source;
+  SetsFrom sets_from = SetsFrom::kCommandLine;
   std::set<std::string> from_set;  // paths given by --set ("batch.global")
   std::set<std::string> sections_from_set;  // sections only --set mentions
   std::vector<std::string> known;  // every key the schema asked for, full path
@@ -102,9 +106,15 @@ struct Context {
 
   /// "file.yaml:12: batch.global" or "--set batch.global".
   std::string where(const std::string& path, const YAML::Mark& mark) const {
-    if (from_set.count(path) || sections_from_set.count(path)) return "--set " + path;
+    if (from_set.count(path) || sections_from_set.count(path)) return setName(sets_from, path);
     if (mark.line >= 0) return strCat(source, ":", mark.line + 1, ": ", path);
     return strCat(source, ": ", path);
+  }
+
+  /// keyError's message, from the file or from the override that set `key`.
+  ConfigError error(const std::string& key, const std::string& what) const {
+    if (from_set.count(key)) return ConfigError(strCat(setName(sets_from, key), ": ", what));
+    return keyError(source, key, what);
   }
 };
 
@@ -475,7 +485,7 @@ void applyOverride(YAML::Node& root, const std::string& spec, Context& ctx) {
   const auto eq = spec.find('=');
   if (eq == std::string::npos || eq == 0) {
     throw ConfigError(strCat("--set expects key.path=value (e.g. --set batch.global=128), got '",
-                             spec, "'"));
+                             spec, "'"));  // Settings::set forms key=value itself
   }
   const std::string path = spec.substr(0, eq);
   const std::string text = spec.substr(eq + 1);
@@ -485,25 +495,28 @@ void applyOverride(YAML::Node& root, const std::string& spec, Context& ctx) {
       value = YAML::Node(std::string());
     } else {
       if (documentStarts(text).size() > 1) {
-        throw ConfigError(strCat("--set ", path, ": cannot parse value '", text,
+        throw ConfigError(strCat(setName(ctx.sets_from, path), ": cannot parse value '", text,
                                  "': it holds several YAML documents ('---'); give one value"));
       }
       value = YAML::Load(text);
     }
   } catch (const YAML::Exception& e) {
-    throw ConfigError(strCat("--set ", path, ": cannot parse value '", text, "': ", e.msg));
+    throw ConfigError(strCat(setName(ctx.sets_from, path), ": cannot parse value '", text, "': ",
+                             e.msg));
   }
   std::vector<std::string> parts;
   std::stringstream ss(path);
   for (std::string p; std::getline(ss, p, '.');) parts.push_back(p);
   if (parts.size() != 2 || parts[0].empty() || parts[1].empty()) {
-    throw ConfigError(strCat("--set ", path, ": keys have the form section.key (e.g. optim.lr)"));
+    throw ConfigError(strCat(setName(ctx.sets_from, path),
+                             ": keys have the form section.key (e.g. optim.lr)"));
   }
   if (!root.IsMap()) root = YAML::Node(YAML::NodeType::Map);
   if (!root[parts[0]]) ctx.sections_from_set.insert(parts[0]);
   YAML::Node section = root[parts[0]];
   if (section.IsDefined() && !section.IsNull() && !section.IsMap()) {
-    throw ConfigError(strCat("--set ", path, ": '", parts[0], "' is not a mapping in ", ctx.source));
+    throw ConfigError(strCat(setName(ctx.sets_from, path), ": '", parts[0], "' is not a mapping in ",
+                             ctx.source));
   }
   section[parts[1]] = value;
   ctx.from_set.insert(path);
@@ -541,7 +554,7 @@ void validateTokens(const Config& cfg, const Err& err) {
 /// the same way, so they share every check.
 void validateAdapt(const Config& cfg, const Context& ctx) {
   const auto err = [&](const std::string& key, const std::string& what) {
-    return keyError(ctx.from_set.count(key) ? "--set " + key : ctx.source, key, what);
+    return ctx.error(key, what);
   };
   const auto& b = cfg.batch;
   if (b.adapt == BatchAdapt::kOff) return;
@@ -576,7 +589,7 @@ void validateAdapt(const Config& cfg, const Context& ctx) {
 /// Rules that tie keys together (each key alone was checked as it was read).
 void validate(const Config& cfg, const Context& ctx) {
   const auto err = [&](const std::string& key, const std::string& what) {
-    return keyError(ctx.from_set.count(key) ? "--set " + key : ctx.source, key, what);
+    return ctx.error(key, what);
   };
   const std::string& source = ctx.source;
   if (cfg.optim.min_lr > cfg.optim.lr) {
@@ -723,10 +736,9 @@ void checkRecompute(Context& ctx, const ModelConfig& c) {
   if (c.recompute == Recompute::kAuto) return;
   const std::string why = recomputeUnsupported(c);
   if (why.empty()) return;
-  throw keyError(ctx.from_set.count("model.recompute") ? "--set model.recompute" : ctx.source,
-                 "model.recompute",
-                 strCat("on is not supported for model.name: ", toString(c.name), ": ", why,
-                        "; it is supported for gpt, mlp, resnet18 and resnet50"));
+  throw ctx.error("model.recompute",
+                  strCat("on is not supported for model.name: ", toString(c.name), ": ", why,
+                         "; it is supported for gpt, mlp, resnet18 and resnet50"));
 }
 
 void readModel(Context& ctx, const YAML::Node& root, ModelConfig& c) {
@@ -747,11 +759,10 @@ void readModel(Context& ctx, const YAML::Node& root, ModelConfig& c) {
   c.vocab = s.integer("vocab", 256, 2, 1 << 24);
   c.seq_len = s.integer("seq_len", 64, 1, 1 << 20);
   if (c.name == ModelName::kGpt && c.embed % c.heads != 0) {
-    throw keyError(ctx.from_set.count("model.embed") ? "--set model.embed" : ctx.source,
-                   "model.embed",
-                   strCat(c.embed, " is not divisible by model.heads (", c.heads,
-                          "): each head takes model.embed / model.heads channels; use e.g. "
-                          "model.embed: ", (c.embed / c.heads + 1) * c.heads));
+    throw ctx.error("model.embed",
+                    strCat(c.embed, " is not divisible by model.heads (", c.heads,
+                           "): each head takes model.embed / model.heads channels; use e.g. "
+                           "model.embed: ", (c.embed / c.heads + 1) * c.heads));
   }
   checkRecompute(ctx, c);
   // The gpt keys enter the resolved config of a gpt only: for the other models
@@ -789,8 +800,7 @@ void readData(Context& ctx, const YAML::Node& root, DataConfig& c) {
   const bool workers_given = s.has("workers");
   c.workers = s.integerOrAuto("workers", 0, 0, &c.workers_auto);
   if (c.workers > 256) {
-    throw keyError(ctx.from_set.count("data.workers") ? "--set data.workers" : ctx.source,
-                   "data.workers", strCat("must be <= 256, got ", c.workers));
+    throw ctx.error("data.workers", strCat("must be <= 256, got ", c.workers));
   }
   if (!workers_given) c.workers_auto = true;
   (*ctx.resolved)["data"]["workers"] =
@@ -848,20 +858,19 @@ void globalFromTokens(Config& cfg, Context& ctx) {
   auto& b = cfg.batch;
   if (b.global_tokens == 0) return;
   const std::string key = "batch.global_tokens";
-  const std::string where = ctx.from_set.count(key) ? "--set " + key : ctx.source;
   if (b.global > 0 || b.global_auto) {
-    throw keyError(where, key,
-                   strCat(b.global_tokens, " and batch.global (",
-                          b.global_auto ? std::string("auto") : std::to_string(b.global),
-                          ") both set the global batch; give one: batch.global in samples, or "
-                          "batch.global_tokens in tokens"));
+    throw ctx.error(key,
+                    strCat(b.global_tokens, " and batch.global (",
+                           b.global_auto ? std::string("auto") : std::to_string(b.global),
+                           ") both set the global batch; give one: batch.global in samples, or "
+                           "batch.global_tokens in tokens"));
   }
   if (cfg.data.name != DataName::kTokens) {
-    throw keyError(where, key,
-                   strCat("needs data.name: tokens (samples that are windows of model.seq_len "
-                          "tokens), but data.name is ", toString(cfg.data.name),
-                          ", whose samples are not tokens; give the global batch in samples "
-                          "with batch.global"));
+    throw ctx.error(key,
+                    strCat("needs data.name: tokens (samples that are windows of model.seq_len "
+                           "tokens), but data.name is ", toString(cfg.data.name),
+                           ", whose samples are not tokens; give the global batch in samples "
+                           "with batch.global"));
   }
   const int64_t len = cfg.model.seq_len;
   const int64_t rest = b.global_tokens % len;
@@ -1019,11 +1028,10 @@ void readElastic(Context& ctx, const YAML::Node& root, ElasticConfig& c) {
   c.wait_s = s.real("wait_s", 300, 0, 86400 * 7);
   c.probe_timeout_s = s.real("probe_timeout_s", 10, 0.5, 3600);
   if (c.heartbeat_timeout_s < 2 * c.heartbeat_s) {
-    throw keyError(ctx.from_set.count("elastic.heartbeat_timeout_s") ? "--set elastic.heartbeat_timeout_s"
-                                                                     : ctx.source,
-                   "elastic.heartbeat_timeout_s",
-                   strCat(c.heartbeat_timeout_s, " is less than two heartbeats (elastic.heartbeat_s: ",
-                          c.heartbeat_s, "): one late datagram would count as a lost host"));
+    throw ctx.error("elastic.heartbeat_timeout_s",
+                    strCat(c.heartbeat_timeout_s,
+                           " is less than two heartbeats (elastic.heartbeat_s: ", c.heartbeat_s,
+                           "): one late datagram would count as a lost host"));
   }
 }
 
@@ -1103,11 +1111,12 @@ void applyLevers(Config& cfg, const Levers& l) {
 }
 
 Config parseConfig(const std::string& yaml_text, const std::string& source,
-                   const std::vector<std::string>& overrides) {
+                   const std::vector<std::string>& overrides, SetsFrom sets_from) {
   Config cfg;
   cfg.source = source;
   Context ctx;
   ctx.source = source;
+  ctx.sets_from = sets_from;
   ctx.resolved = &cfg.resolved;
   cfg.resolved = nlohmann::ordered_json::object();
 
@@ -1137,8 +1146,10 @@ Config parseConfig(const std::string& yaml_text, const std::string& source,
   return cfg;
 }
 
-Config loadConfig(const std::string& path, const std::vector<std::string>& overrides) {
-  auto cfg = parseConfig(readFileBounded(path, kMaxConfigBytes, "config file"), path, overrides);
+Config loadConfig(const std::string& path, const std::vector<std::string>& overrides,
+                  SetsFrom sets_from) {
+  auto cfg = parseConfig(readFileBounded(path, kMaxConfigBytes, "config file"), path, overrides,
+                         sets_from);
   const auto dir = std::filesystem::path(path).parent_path();
   cfg.base_dir = dir.empty() ? "." : dir.string();
   return cfg;

@@ -116,8 +116,16 @@ std::optional<E> parseEnum(std::string_view name) {
 }
 
 /// The one form of a message about a config key: "SOURCE: KEY: WHAT" (SOURCE is
-/// the config file, or "--set KEY" for a key given on the command line).
+/// the config file). A key an override set is named by it instead: "--set KEY:
+/// WHAT" (setName), which the config reader says itself.
 ConfigError keyError(const std::string& source, const std::string& key, const std::string& what);
+
+/// Where the overrides ("key.path=value") of a config came from: the command
+/// line's --set, or the C++ library's Settings::set. Messages name a key an
+/// override set as its user wrote it: "--set batch.global" or
+/// Settings::set("batch.global").
+enum class SetsFrom { kCommandLine, kSettings };
+std::string setName(SetsFrom from, const std::string& path);
 
 /// Note [task] in worker/task/task.h; Note [task choice] in worker/task/task.cc.
 struct TaskConfig {
@@ -391,11 +399,13 @@ constexpr std::size_t kMaxConfigBytes = std::size_t{4} << 20;
 
 /// Loads `path`, applies `overrides` ("key.path=value", value parsed as YAML, so
 /// typed like the file), validates. Throws ConfigError naming file, key and value.
-Config loadConfig(const std::string& path, const std::vector<std::string>& overrides = {});
+Config loadConfig(const std::string& path, const std::vector<std::string>& overrides = {},
+                  SetsFrom sets_from = SetsFrom::kCommandLine);
 
 /// Same, from YAML text (`source` names it in messages).
 Config parseConfig(const std::string& yaml_text, const std::string& source,
-                   const std::vector<std::string>& overrides = {});
+                   const std::vector<std::string>& overrides = {},
+                   SetsFrom sets_from = SetsFrom::kCommandLine);
 
 /// Levenshtein distance, for "did you mean" hints.
 std::size_t editDistance(const std::string& a, const std::string& b);
