@@ -147,6 +147,7 @@ TEST(Config, SettingsOverridesAreNamedAsSettingsSet) {
       {errorFrom("", {"batch.global=x"}), "Settings::set(\"batch.global\"): expected an integer"},
       {errorFrom("", {"batch.globl=1"}), "Settings::set(\"batch.globl\"): unknown key"},
       {errorFrom("", {"model.embed=[1"}), "Settings::set(\"model.embed\"): cannot parse value"},
+      {errorFrom("", {"=1"}), "Settings::set(\"\"): keys have the form section.key"},
       {errorFrom(gpt, {"model.embed=64"}), "Settings::set(\"model.embed\"): 64 is not divisible"},
       // A key of the file is still named by the file.
       {errorFrom(gpt, {}), "the program's settings: model.embed: 64 is not divisible"},

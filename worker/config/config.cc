@@ -104,7 +104,7 @@ struct Context {
   std::vector<Unknown> unknown;
   nlohmann::ordered_json* resolved = nullptr;
 
-  /// "file.yaml:12: batch.global" or "--set batch.global".
+  /// "file.yaml:12: batch.global", or "--set batch.global" (setName).
   std::string where(const std::string& path, const YAML::Mark& mark) const {
     if (from_set.count(path) || sections_from_set.count(path)) return setName(sets_from, path);
     if (mark.line >= 0) return strCat(source, ":", mark.line + 1, ": ", path);
@@ -484,8 +484,12 @@ std::string suggestion(const std::string& path, const std::vector<std::string>& 
 void applyOverride(YAML::Node& root, const std::string& spec, Context& ctx) {
   const auto eq = spec.find('=');
   if (eq == std::string::npos || eq == 0) {
+    if (ctx.sets_from == SetsFrom::kSettings) {  // which forms key=value itself: the key is empty
+      throw ConfigError(strCat(setName(ctx.sets_from, ""),
+                               ": keys have the form section.key (e.g. optim.lr)"));
+    }
     throw ConfigError(strCat("--set expects key.path=value (e.g. --set batch.global=128), got '",
-                             spec, "'"));  // Settings::set forms key=value itself
+                             spec, "'"));
   }
   const std::string path = spec.substr(0, eq);
   const std::string text = spec.substr(eq + 1);
