@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -230,6 +231,39 @@ TEST(SystemSampler, SamplesTheGpuTheProcessAndTheLoaderOnItsThread) {
   EXPECT_GE(sampler.run().samples, s.samples);
   EXPECT_TRUE(warnings.empty()) << warnings.front();
   EXPECT_TRUE(sampler.unread().empty());
+}
+
+// Note [system metrics]: an evaluation or a checkpoint's snapshot is not a step.
+TEST(SystemSampler, PausedSamplesCountInNoSummary) {
+  std::atomic<int64_t> reads{0};  // the loader callback runs at every sample, paused or not
+  SystemSamplerOptions o;
+  o.interval_s = 0.01;
+  o.loader_threads = 1;
+  o.loader_busy_seconds = [&reads] { return static_cast<double>(++reads) * 1e-6; };
+  SystemSampler sampler(o);
+  const auto samplesWhile = [&](int64_t more) {
+    const int64_t until = reads + more;
+    const double deadline = monotonicSeconds() + 10;
+    while (reads < until && monotonicSeconds() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return reads >= until;
+  };
+  ASSERT_TRUE(samplesWhile(3));
+  int64_t before = 0;
+  {
+    const PausedSampling aside(&sampler);
+    before = sampler.run().samples;
+    sampler.take();
+    ASSERT_TRUE(samplesWhile(4)) << "the sampler's thread did not sample in 10 s";
+    EXPECT_EQ(sampler.take().samples, 0);
+    EXPECT_EQ(sampler.run().samples, before);
+  }
+  ASSERT_TRUE(samplesWhile(4));
+  sampler.stop();
+  EXPECT_GE(sampler.take().samples, 3);
+  EXPECT_GE(sampler.run().samples, before + 3);
+  PausedSampling none(nullptr);  // no sampler (report.sample_s: 0): nothing to pause
 }
 
 TEST(SystemSampler, SaysOnceWhatItCannotReadAndGoesOn) {

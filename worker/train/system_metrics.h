@@ -30,7 +30,10 @@ namespace batchdist::worker {
 // the power limit); the throttle flags' mean is the share of samples throttled.
 // A metric never read has no value (NaN here; no key in metrics.jsonl and
 // report.json, no TensorBoard point). The run's summary is the same over all
-// its samples. Every rank keeps its own series (one summary per metrics interval,
+// its samples. Samples taken while the training thread evaluates or snapshots a
+// checkpoint count in neither (SystemSampler::pause): the figures, and the
+// diagnosis that reads them, are the training steps' (a background checkpoint
+// write that runs beside the steps counts, as it costs them). Every rank keeps its own series (one summary per metrics interval,
 // at the same steps on every rank); rank 0 gathers them at the end (report.json
 // "system", report.html), each thinned to at most kSystemSeriesPoints by merging
 // neighbours (a long run's ten points an epoch would make report.json and the

@@ -98,6 +98,7 @@ void SystemSampler::sampleOnce() {
   for (double v : s) any = any || !std::isnan(v);
   if (!any) return;
   std::lock_guard<std::mutex> lock(mu_);
+  if (paused_) return;  // the CPU deltas above still restart from this sample
   interval_.add(s);
   run_.add(s);
 }
@@ -123,6 +124,16 @@ SystemSummary SystemSampler::take() {
   const SystemSummary s = interval_.summary();
   interval_ = SystemAccumulator{};
   return s;
+}
+
+void SystemSampler::pause() {
+  std::lock_guard<std::mutex> lock(mu_);
+  paused_ = true;
+}
+
+void SystemSampler::resume() {
+  std::lock_guard<std::mutex> lock(mu_);
+  paused_ = false;
 }
 
 SystemSummary SystemSampler::run() const {

@@ -42,6 +42,10 @@ class SystemSampler {
 
   /// The summary of the samples since the last call (an interval's).
   SystemSummary take();
+  /// From pause() to resume() the samples count in no summary (Note [system
+  /// metrics]: an evaluation or a checkpoint's snapshot is not a training step).
+  void pause();
+  void resume();
   /// Stops the thread; the run's summary and what was not read stay readable.
   void stop();
   /// All samples so far.
@@ -64,8 +68,25 @@ class SystemSampler {
   mutable std::mutex mu_;
   std::condition_variable wake_;
   bool stopping_ = false;
+  bool paused_ = false;
   SystemAccumulator interval_, run_;
   std::thread thread_;
+};
+
+/// pause() for a scope; nothing without a sampler.
+class PausedSampling {
+ public:
+  explicit PausedSampling(SystemSampler* s) : s_(s) {
+    if (s_) s_->pause();
+  }
+  ~PausedSampling() {
+    if (s_) s_->resume();
+  }
+  PausedSampling(const PausedSampling&) = delete;
+  PausedSampling& operator=(const PausedSampling&) = delete;
+
+ private:
+  SystemSampler* s_;
 };
 
 }  // namespace batchdist::worker

@@ -617,6 +617,7 @@ void Trainer::maybeRecover(EpochRun& e, Sharder& sharder, int64_t s, int64_t glo
 
 void Trainer::checkpoint(const EpochRun& e, int64_t global_step, bool mid_epoch,
                          Console& console, TrainResult& result) {
+  const PausedSampling aside(system_.get());  // Note [system metrics]: steps only
   TrainPosition pos;
   pos.global_step = global_step;
   pos.history = result.history;
@@ -658,7 +659,10 @@ EpochStats Trainer::finishEpoch(const EpochRun& e, Console& console) {
   const double train_loss =
       comm_.allreduce(e.loss_sum, collective::ReduceOp::kSum) / std::max<int64_t>(1, e.samples);
   if (cfg_.train.check_finite) checkHealth(e.epoch);
-  const auto ev = evaluate();
+  const auto ev = [&] {
+    const PausedSampling aside(system_.get());  // Note [system metrics]: steps only
+    return evaluate();
+  }();
   EpochStats st{e.epoch, train_loss, ev.loss, ev.metrics, e.samples / std::max(train_secs, 1e-9),
                 monotonicSeconds() - e.started, noise_.windowBSimple()};
   noise_.resetWindow();
