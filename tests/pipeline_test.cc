@@ -2,16 +2,21 @@
 // .npy arrays made by the test, loaded, sharded into batches by the loader with
 // 0..3 threads, decoded, cropped, flipped and normalised; bad files; the list cache.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <torch/torch.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
 #include "common/error.h"
+#include "tests/fifo_watch.h"
 #include "tests/image_fixtures.h"
 #include "tests/scratch_dir.h"
 #include "worker/data/data.h"
 #include "worker/data/loader.h"
+#include "worker/data/source.h"
 
 using namespace batchdist::worker;
 namespace fs = std::filesystem;
@@ -166,6 +171,27 @@ TEST(Pipeline, ABadFileIsSkippedOnceOrFailsNamingIt) {
     EXPECT_NE(std::string(e.what()).find("train/bee/i0.jpeg"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("on_error"), std::string::npos) << e.what();
   }
+}
+
+// Note [input files are regular files]: a data.list may name a FIFO (the walk
+// never lists one): reading it waited in open() for a writer, in a loader thread,
+// and training with it. It is a bad sample, named by what it is.
+TEST(Pipeline, AListedImageThatIsAPipeIsABadSampleNotAWait) {
+  const auto root = tempDir("list_fifo");
+  t::writeFile(root + "/ok.jpg", jpeg(40, 36, 0, 1));
+  ASSERT_EQ(::mkfifo((root + "/pipe.jpg").c_str(), 0600), 0) << std::strerror(errno);
+  const auto source = imageFileSource(root, {ImageEntry{"ok.jpg", 0}, ImageEntry{"pipe.jpg", 1}});
+  std::string bytes;
+  batchdist::testsupport::expectNoWaitOn(root + "/pipe.jpg", [&] {
+    try {
+      source->read(1, &bytes);
+      ADD_FAILURE() << "a FIFO was read as an image";
+    } catch (const SampleError& e) {
+      EXPECT_EQ(std::string(e.what()), root + "/pipe.jpg: is a pipe (FIFO), not a regular file");
+    }
+  });
+  source->read(0, &bytes);
+  EXPECT_EQ(bytes, jpeg(40, 36, 0, 1));
 }
 
 // Note [replacement's target]: with on_error skip, the good sample that takes a bad

@@ -1,7 +1,9 @@
 // The file readers of the input pipeline: tar index (WebDataset shards), .npy
 // mapping, ImageFolder walk / list files / cache text.
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -16,16 +18,20 @@
 #include <initializer_list>
 
 #include "common/error.h"
+#include "tests/fifo_watch.h"
 #include "tests/image_fixtures.h"
+#include "worker/common/files.h"
 #include "worker/data/labels.h"
 #include "worker/data/sources/image_folder.h"
 #include "worker/data/sources/npy.h"
 #include "worker/data/sources/tar_index.h"
+#include "worker/data/sources/tokens.h"
 
 namespace fs = std::filesystem;
 using batchdist::ConfigError;
 using batchdist::testing::makeNpy;
 using batchdist::testing::makeTar;
+using batchdist::testsupport::expectNoWaitOn;
 using namespace batchdist::worker;
 
 namespace {
@@ -805,3 +811,76 @@ TEST(ImageList, CurrentUntilAClassFolderChanges) {
 }
 
 }  // namespace
+
+// ---- files a user names: regular files only ----------------------------------
+
+namespace {
+
+/// A listening AF_UNIX socket at `path` (open() of it fails with ENXIO).
+void makeSocket(const std::string& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  ASSERT_LT(path.size(), sizeof a.sun_path) << path;
+  std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << std::strerror(errno);
+  ::close(fd);  // the socket file stays
+}
+
+}  // namespace
+
+// Note [input files are regular files]: data.name: tokens with data.path a FIFO
+// waited in open() for ever (mapFile opened before it looked), and so did a .npy,
+// a tar shard and an image list; a device was mapped or read. Every reader now
+// refuses them by what they are, before a byte is read; a symlink to one too.
+TEST(InputFiles, WhatIsNotARegularFileIsRefusedByEveryReaderWithoutWaiting) {
+  TempDir dir;
+  const std::string fifo = dir / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  fs::create_symlink(fifo, dir / "link.bin");
+  makeSocket(dir / "sock");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {fifo, "is a pipe (FIFO), not a regular file"},
+      {dir / "link.bin", "is a pipe (FIFO), not a regular file"},
+      {dir / "sock", "is a socket, not a regular file"},
+      {"/dev/zero", "is a character device, not a regular file"}};
+  int64_t classes = 0;
+  for (const auto& c : cases) {
+    const std::string path = c.first, kind = c.second;  // named, for the lambdas (C++17)
+    SCOPED_TRACE(path);
+    expectNoWaitOn(fifo, [&] {
+      const InputFile f = openInputFile(path);
+      EXPECT_EQ(f.fd, -1);
+      EXPECT_EQ(f.why(), kind);
+      expectError([&] { readFileBounded(path, 1 << 20, "data file (data.path)"); },
+                  {path + ": data file (data.path) " + kind + "; give a regular file"});
+      expectError([&] { mapTokens(path, "data.path", 65); }, {path + ": " + kind + " (check data.path"});
+      expectError([&] { mapNpy(path, {NpyType::kFloat32}); }, {path + ": " + kind + " (check data.path"});
+      expectError([&] { indexTar(path); }, {path + ": " + kind + " (expected a .tar shard)"});
+      expectError([&] { readImageList(path, &classes, false); }, {"data.list: " + path + " " + kind});
+    });
+  }
+  // A directory and a missing file keep their words.
+  expectError([&] { readFileBounded(dir.str(), 100, "config file"); },
+              {dir.str() + ": is a directory, not a config file"});
+  expectError([&] { readFileBounded(dir / "none", 100, "config file"); },
+              {dir / "none", ": cannot open config file (No such file or directory)"});
+  expectError([&] { mapTokens(dir.str(), "data.path", 65); },
+              {dir.str() + ": is a directory, not a regular file"});
+  // A shard that is a FIFO is listed, so that indexTar names it: a directory of
+  // shards left it out without a word, and a pattern called it missing.
+  TempDir shards;
+  writeBytes(shards / "a.tar", kEnd);
+  ASSERT_EQ(::mkfifo((shards / "b.tar").c_str(), 0600), 0);
+  EXPECT_EQ(expandShards(shards.str()), (std::vector<std::string>{shards / "a.tar", shards / "b.tar"}));
+  EXPECT_EQ(expandShards(shards / "{a,b}.tar"),
+            (std::vector<std::string>{shards / "a.tar", shards / "b.tar"}));
+  // A regular file still reads, and the descriptor blocks as usual.
+  writeBytes(dir / "ok.txt", "hello");
+  EXPECT_EQ(readFileBounded(dir / "ok.txt", 100, "test file"), "hello");
+  const InputFile ok = openInputFile(dir / "ok.txt");
+  ASSERT_GE(ok.fd, 0);
+  EXPECT_EQ(ok.size, 5u);
+  EXPECT_EQ(::fcntl(ok.fd, F_GETFL) & O_NONBLOCK, 0);
+}

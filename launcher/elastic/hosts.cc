@@ -1,20 +1,23 @@
 #include "launcher/elastic/hosts.h"
 
-#include <fstream>
 #include <sstream>
 
 #include "common/error.h"
 #include "launcher/slurm_script.h"
+#include "worker/common/files.h"
 
 namespace batchdist::launcher::elastic {
 namespace {
 
+/// Longest a --hosts-command may run.
+constexpr int kHostsCommandSeconds = 60;
+
+/// Note [input files are regular files]: a FIFO waited in open() for ever; a
+/// directory read as an empty file ("the host list names no host").
 std::string readFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw ConfigError(strCat("--hosts ", path, ": cannot read the file"));
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
+  return worker::readFileBounded(path, std::uintmax_t{16} << 20, "host file (--hosts)",
+                                 "it is read again at every look, so give a regular file (or "
+                                 "--hosts-command CMD)");
 }
 
 }  // namespace

@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <mutex>
 #include <regex>
@@ -312,9 +311,10 @@ int64_t Supervisor::maxFit() {
   // read once it is there, not at every look.
   if (search_fit_ < 0) {
     try {
-      std::ifstream in(fs::path(cli_.output) / "search.json");
-      if (in) {
-        const auto j = nlohmann::json::parse(in);
+      // Note [input files are regular files]: a FIFO left there blocked every look.
+      const auto path = (fs::path(cli_.output) / "search.json").string();
+      if (fs::exists(path)) {
+        const auto j = nlohmann::json::parse(worker::readFileBounded(path, 64 << 20, "search.json"));
         int64_t fit = 0;
         for (const auto& c : j.value("candidates", nlohmann::json::array())) {
           if (!c.value("failed", true)) fit = std::max(fit, c.value("per_gpu_batch", int64_t{0}));
@@ -656,9 +656,9 @@ int Supervisor::finish(int code, const std::string& why) {
   try {
     worker::writeFileAtomic((out / "elastic.json").string(), j.dump(2) + "\n");
     // The last attempt's report carries the whole story.
-    std::ifstream in(out / "report.json");
-    if (in) {
-      auto report = nlohmann::ordered_json::parse(in);
+    if (fs::exists(out / "report.json")) {
+      auto report = nlohmann::ordered_json::parse(
+          worker::readFileBounded((out / "report.json").string(), 256 << 20, "report.json"));
       report["elastic"] = j;
       worker::writeFileAtomic((out / "report.json").string(), report.dump(2) + "\n");
     }

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <utility>
 
 #include "common/error.h"
 
@@ -41,32 +42,95 @@ std::string byteSize(std::uintmax_t bytes) {
   return buf;
 }
 
-std::string readFileBounded(const std::string& path, std::uintmax_t max_bytes,
-                            const std::string& what) {
-  Fd f;
-  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f.fd < 0) throw ConfigError(strCat(path, ": cannot open ", what, " (", errnoText(errno), ")"));
+namespace {
+
+/// What a file of type `mode` is, for a message ("a character device").
+std::string fileKind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a pipe (FIFO)";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+}  // namespace
+
+InputFile& InputFile::operator=(InputFile&& o) noexcept {
+  std::swap(fd, o.fd);
+  size = o.size;
+  error = o.error;
+  kind = std::move(o.kind);
+  return *this;
+}
+
+InputFile::~InputFile() {
+  if (fd >= 0) ::close(fd);
+}
+
+int InputFile::release() { return std::exchange(fd, -1); }
+
+std::string InputFile::why() const {
+  if (!kind.empty()) return strCat("is ", kind, ", not a regular file");
+  return errnoText(error);
+}
+
+InputFile openInputFile(const std::string& path) {
+  InputFile f;
   struct stat st {};
-  if (::fstat(f.fd, &st) != 0) {
-    throw ConfigError(strCat(path, ": cannot read ", what, " (", errnoText(errno), ")"));
+  if (::stat(path.c_str(), &st) != 0) {
+    f.error = errno;
+    return f;
   }
-  if (S_ISDIR(st.st_mode)) {
-    throw ConfigError(strCat(path, ": is a directory, not a ", what));
+  if (!S_ISREG(st.st_mode)) {
+    f.kind = fileKind(st.st_mode);
+    return f;
   }
-  const bool regular = S_ISREG(st.st_mode);
-  if (!regular) max_bytes = std::min(max_bytes, kMaxStreamBytes);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) {
+    f.error = errno;
+    return f;
+  }
+  // Replaced by a FIFO or device between stat() and open(): it is what fstat says.
+  if (::fstat(fd, &st) != 0) f.error = errno;
+  else if (!S_ISREG(st.st_mode)) f.kind = fileKind(st.st_mode);
+  if (f.error != 0 || !f.kind.empty()) {
+    ::close(fd);
+    return f;
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  f.fd = fd;
+  f.size = static_cast<std::uintmax_t>(st.st_size);
+  return f;
+}
+
+namespace {
+
+/// The ConfigError for a user's file `f` that could not be opened as `what`.
+ConfigError notOpened(const std::string& path, const InputFile& f, const std::string& what,
+                      const std::string& hint) {
+  if (f.isDirectory()) return ConfigError(strCat(path, ": is a directory, not a ", what));
+  if (!f.kind.empty()) {
+    return ConfigError(strCat(path, ": ", what, " is ", f.kind, ", not a regular file; ",
+                              hint.empty() ? "give a regular file (save a pipe's output to one first)"
+                                           : hint));
+  }
+  return ConfigError(strCat(path, ": cannot open ", what, " (", errnoText(f.error), ")"));
+}
+
+}  // namespace
+
+std::string readFileBounded(const std::string& path, std::uintmax_t max_bytes,
+                            const std::string& what, const std::string& hint) {
+  const InputFile f = openInputFile(path);
+  if (f.fd < 0) throw notOpened(path, f, what, hint);
   const auto too_large = [&](const std::string& size) {
     return ConfigError(strCat(path, ": ", what, " is too large (", size, "; at most ",
-                              byteSize(max_bytes), " is read",
-                              regular ? "" : " from a pipe or device", ")"));
+                              byteSize(max_bytes), " is read)"));
   };
+  if (f.size > max_bytes) throw too_large(byteSize(f.size));
   std::string out;
-  if (regular) {
-    if (static_cast<std::uintmax_t>(st.st_size) > max_bytes) {
-      throw too_large(byteSize(static_cast<std::uintmax_t>(st.st_size)));
-    }
-    out.reserve(static_cast<std::size_t>(st.st_size));
-  }
+  out.reserve(static_cast<std::size_t>(f.size));
   char buf[1 << 16];
   for (;;) {
     const ssize_t n = ::read(f.fd, buf, sizeof buf);
@@ -75,7 +139,7 @@ std::string readFileBounded(const std::string& path, std::uintmax_t max_bytes,
       throw ConfigError(strCat(path, ": cannot read ", what, " (", errnoText(errno), ")"));
     }
     if (n == 0) break;
-    if (out.size() + static_cast<std::size_t>(n) > max_bytes) {
+    if (out.size() + static_cast<std::size_t>(n) > max_bytes) {  // it grew while being read
       throw too_large("more than " + byteSize(max_bytes));
     }
     out.append(buf, static_cast<std::size_t>(n));

@@ -4,22 +4,56 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace batchdist::worker {
 
-/// Most bytes read from a pipe or device. Its size is known only once it has
-/// all been read into memory, so a bound meant for a regular file whose size is
-/// checked before reading (a 16 GiB data set) would first fill that much memory
-/// from /dev/zero or a runaway producer.
+/// Note [input files are regular files]: every file a user names for reading (the
+/// config, data.path and its .npy/.bin/tar shards, an image list and the images it
+/// names, model.path, a checkpoint, a host file) is opened here or by readFileBounded,
+/// and only if it is a regular file. A FIFO without a writer blocked open() for
+/// ever (every rank, until killed), and a writer's bytes go to one reader only; a
+/// device such as /dev/zero reads forever; a socket cannot be opened. They are
+/// refused before a byte is read, by what they are: stat() first (a device is not
+/// even opened), then open(O_NONBLOCK) and fstat() again (a FIFO put in its place
+/// meanwhile cannot block). Symlinks are followed: a link to a FIFO is a FIFO.
+struct InputFile {
+  InputFile() = default;
+  InputFile(InputFile&& o) noexcept { *this = std::move(o); }
+  InputFile& operator=(InputFile&& o) noexcept;
+  InputFile(const InputFile&) = delete;
+  InputFile& operator=(const InputFile&) = delete;
+  ~InputFile();
+
+  int fd = -1;                ///< open, blocking, read-only; -1 when not opened (below)
+  std::uintmax_t size = 0;    ///< bytes (when open)
+  int error = 0;              ///< not opened: errno of stat()/open() (ENOENT, EACCES, ...)
+  std::string kind;           ///< not opened: what it is ("a directory", "a pipe (FIFO)",
+                              ///< "a character device", "a block device", "a socket")
+  /// Why it was not opened: "No such file or directory", "is a pipe (FIFO), not a
+  /// regular file", "is a directory, not a regular file".
+  std::string why() const;
+  bool isDirectory() const { return kind == "a directory"; }
+  /// Gives up the descriptor (the caller closes it).
+  int release();
+};
+
+/// Opens `path` for reading if it is a regular file (Note [input files are
+/// regular files]); never blocks, whatever `path` is. Throws nothing: the caller
+/// words the error (a ConfigError, or a bad sample under data.on_error).
+InputFile openInputFile(const std::string& path);
+
+/// The bound for the metrics file (a file batchdist wrote itself).
 constexpr std::uintmax_t kMaxStreamBytes = std::uintmax_t{1} << 30;
 
 /// Reads all of `path`. Throws ConfigError (it is the user's file) naming the
-/// file and the cause when it is missing, a directory, unreadable, or larger
-/// than `max_bytes` (checked before reading for regular files; while reading for
-/// pipes and devices such as /dev/zero, which are also cut at kMaxStreamBytes).
-/// `what` says what the file is for ("config file", "data file"), for the message.
+/// file and the cause when it is missing, a directory, not a regular file (Note
+/// [input files are regular files]; `hint` then says what to do, else a general
+/// "give a regular file"), unreadable, or larger than `max_bytes` (checked
+/// before reading). `what` says what the file is for ("config file", "data
+/// file"), for the message.
 std::string readFileBounded(const std::string& path, std::uintmax_t max_bytes,
-                            const std::string& what);
+                            const std::string& what, const std::string& hint = "");
 
 /// Writes `text` to `path` atomically (temp file, fsync, rename; parent
 /// directories created). On failure the temporary file is removed, `path` keeps

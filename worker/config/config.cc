@@ -1152,8 +1152,11 @@ Config parseConfig(const std::string& yaml_text, const std::string& source,
 
 Config loadConfig(const std::string& path, const std::vector<std::string>& overrides,
                   SetsFrom sets_from) {
-  auto cfg = parseConfig(readFileBounded(path, kMaxConfigBytes, "config file"), path, overrides,
-                         sets_from);
+  // Note [input files are regular files]: every rank reads it, and `elastic` again per attempt.
+  const auto text = readFileBounded(path, kMaxConfigBytes, "config file",
+                                    "every rank reads the config, so give a regular file (save a "
+                                    "pipe's output to one first)");
+  auto cfg = parseConfig(text, path, overrides, sets_from);
   const auto dir = std::filesystem::path(path).parent_path();
   cfg.base_dir = dir.empty() ? "." : dir.string();
   return cfg;

@@ -2,7 +2,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
-#include <sys/stat.h>
 
 #include <cerrno>
 #include <cmath>
@@ -37,29 +36,15 @@ int64_t product(const std::vector<int64_t>& v) {
 /// Largest data file read into memory (the loader keeps whole data sets in memory).
 constexpr std::uintmax_t kMaxDataBytes = std::uintmax_t{16} << 30;
 
-/// What a file of type `mode` is, for a message ("a character device").
-std::string fileKind(mode_t mode) {
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISFIFO(mode)) return "a pipe (FIFO)";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
-}
-
-// Note [data files are regular files]: a data file is read whole by every rank,
+// Note [input files are regular files]: a data file is read whole by every rank,
 // and again by `plan` and `batchdist slurm`, so it must be a file that reads the
 // same each time. A device or pipe is refused before a byte is read: /dev/zero was
-// read up to readFileBounded's 1 GiB stream bound first (2.2 GB resident per rank),
-// and a pipe could be read by one rank only.
+// read up to a 1 GiB stream bound first (2.2 GB resident per rank), and a pipe
+// could be read by one rank only.
 std::string readFile(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
-    throw ConfigError(strCat(path, ": data file (data.path) is ", fileKind(st.st_mode),
-                             ", not a regular file; every rank reads a data file whole, and more "
-                             "than once, so give data.path a file (save a pipe's output to one "
-                             "first)"));
-  }
-  return readFileBounded(path, kMaxDataBytes, "data file (data.path)");
+  return readFileBounded(path, kMaxDataBytes, "data file (data.path)",
+                         "every rank reads a data file whole, and more than once, so give "
+                         "data.path a file (save a pipe's output to one first)");
 }
 
 Dataset synthetic(const DataConfig& cfg, int64_t seed) {

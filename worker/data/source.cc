@@ -7,6 +7,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "worker/common/files.h"
+
 namespace batchdist::worker {
 namespace {
 
@@ -16,18 +18,14 @@ constexpr int64_t kMaxSampleBytes = int64_t{1} << 30;
 /// Reads `size` bytes at `offset` of `path` (size < 0: the whole file).
 void preadFile(const std::string& path, int64_t offset, int64_t size, std::string* bytes,
                const std::string& where) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw SampleError(strCat(where, ": cannot open: ", std::strerror(errno)));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  if (size < 0) {
-    struct stat st{};
-    if (::fstat(fd, &st) != 0) throw SampleError(strCat(where, ": cannot stat: ", std::strerror(errno)));
-    if (!S_ISREG(st.st_mode)) throw SampleError(strCat(where, ": not a regular file"));
-    size = static_cast<int64_t>(st.st_size);
+  // Note [input files are regular files]: an image list may name a FIFO; its
+  // open() blocked the loader thread, and with it training, for ever.
+  const InputFile in = openInputFile(path);
+  if (in.fd < 0) {
+    throw SampleError(strCat(where, in.kind.empty() ? ": cannot open: " : ": ", in.why()));
   }
+  const int fd = in.fd;
+  if (size < 0) size = static_cast<int64_t>(in.size);
   if (size > kMaxSampleBytes) {
     throw SampleError(strCat(where, ": ", size, " bytes is over the ", kMaxSampleBytes >> 20,
                              " MB a sample may have"));

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "worker/common/files.h"
 #include "worker/common/util.h"
 #include "worker/config/config.h"
 #include "worker/model/gpt.h"
@@ -476,6 +477,11 @@ std::string essence(const std::string& what) {
 torch::jit::Module loadScript(const std::string& path) {
   if (!std::filesystem::exists(path)) {
     throw ConfigError(strCat("model.path: no such file '", path, "'"));
+  }
+  // Note [input files are regular files]: torch::jit::load of a FIFO waited in open().
+  if (const InputFile f = openInputFile(path); !f.kind.empty()) {
+    throw ConfigError(strCat("model.path: '", path, "' ", f.why(), "; give the file a TorchScript "
+                             "module was saved to (torch.jit.script(model).save(path))"));
   }
   try {
     return torch::jit::load(path, torch::kCPU);

@@ -639,8 +639,15 @@ CheckpointCheck verifyCheckpoint(const std::string& path) {
     c.problem = "no manifest.json (an incomplete write?)";
     return c;
   }
+  std::string text;
+  try {  // Note [input files are regular files]: a FIFO here waited in open()
+    text = readFileBounded(manifest_path, 64 << 20, "manifest");
+  } catch (const Error& e) {
+    c.problem = e.what();
+    return c;
+  }
   try {
-    c.manifest = nlohmann::ordered_json::parse(readFileBounded(manifest_path, 64 << 20, "manifest"));
+    c.manifest = nlohmann::ordered_json::parse(text);
   } catch (const std::exception& e) {
     c.problem = strCat("manifest.json is not valid JSON (", e.what(), ")");
     return c;
@@ -658,15 +665,14 @@ CheckpointCheck verifyCheckpoint(const std::string& path) {
   for (const auto& f : m["files"]) {
     const std::string name = f["name"];
     const auto file = (fs::path(path) / name).string();
-    if (!fs::exists(file, ec)) {
-      c.problem = strCat(name, ": missing");
+    const InputFile in = openInputFile(file);  // Note [input files are regular files]
+    if (in.fd < 0) {
+      c.problem = strCat(name, ": ", in.error == ENOENT ? std::string("missing") : in.why());
       return c;
     }
-    const auto size = fs::file_size(file, ec);
-    if (ec || size != f["bytes"].get<std::uintmax_t>()) {
-      c.problem = strCat(name, ": ", ec ? ec.message() : strCat(size, " bytes, the manifest says ",
-                                                                f["bytes"].get<std::uintmax_t>()),
-                         " (truncated?)");
+    if (in.size != f["bytes"].get<std::uintmax_t>()) {
+      c.problem = strCat(name, ": ", in.size, " bytes, the manifest says ",
+                         f["bytes"].get<std::uintmax_t>(), " (truncated?)");
       return c;
     }
     if (hashOf(readFileBounded(file, kMaxCheckpointFile, "checkpoint file")) != f["fnv1a64"]) {

@@ -18,6 +18,7 @@
 #include <unordered_set>
 
 #include "common/error.h"
+#include "worker/common/files.h"
 
 namespace batchdist::worker {
 namespace {
@@ -398,16 +399,17 @@ bool leavesRoot(const std::string& path) {
 
 std::vector<ImageEntry> readImageList(const std::string& list_path, int64_t* classes,
                                       bool outside_root_ok) {
-  // Note [data files are regular files]: /dev/zero is one endless line.
-  struct stat st {};
-  if (::stat(list_path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
-    throw ConfigError(strCat("data.list: ", list_path, " is not a regular file (",
-                             S_ISDIR(st.st_mode) ? "a directory" : "a device, pipe or socket",
-                             "); give a text file of \"relative/path label\" lines"));
+  // Note [input files are regular files]: /dev/zero is one endless line, and a
+  // FIFO's open() waited for a writer.
+  const InputFile f = openInputFile(list_path);
+  if (!f.kind.empty()) {
+    throw ConfigError(strCat("data.list: ", list_path, " ", f.why(),
+                             "; give a text file of \"relative/path label\" lines"));
   }
   std::ifstream in(list_path, std::ios::binary);
-  if (!in) {
-    throw ConfigError(strCat("data.list: cannot read ", list_path, ": ", std::strerror(errno)));
+  if (f.fd < 0 || !in) {
+    throw ConfigError(strCat("data.list: cannot read ", list_path, ": ",
+                             std::strerror(f.fd < 0 ? f.error : errno)));
   }
   std::vector<ImageEntry> out;
   int64_t max_label = -1;

@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "common/error.h"
+#include "worker/common/files.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "npy.cc assumes a little-endian host ('=' and '<' dtypes are read as native)"
@@ -299,27 +300,14 @@ NpyArray parseNpy(const uint8_t* data, std::size_t size, const std::string& path
 }
 
 MappedFile mapFile(const std::string& path, const std::string& hint) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    throw ConfigError(strCat(path, ": cannot open: ", std::strerror(errno), " (", hint, ")"));
+  InputFile in = openInputFile(path);  // Note [input files are regular files]
+  if (in.fd < 0) {
+    throw ConfigError(
+        strCat(path, in.kind.empty() ? ": cannot open: " : ": ", in.why(), " (", hint, ")"));
   }
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int e = errno;
-    ::close(fd);
-    throw ConfigError(strCat(path, ": cannot stat: ", std::strerror(e)));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw ConfigError(strCat(path, S_ISDIR(st.st_mode) ? ": is a directory, not a regular file ("
-                                                       : ": not a regular file (",
-                             hint, ")"));
-  }
-  const size_t size = static_cast<size_t>(st.st_size);
-  if (size == 0) {
-    ::close(fd);
-    throw ConfigError(strCat(path, ": empty file (", hint, ")"));
-  }
+  const size_t size = static_cast<size_t>(in.size);
+  if (size == 0) throw ConfigError(strCat(path, ": empty file (", hint, ")"));
+  const int fd = in.release();
   void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
   const int e = errno;
   ::close(fd);  // the mapping stays valid
