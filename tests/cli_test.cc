@@ -712,6 +712,55 @@ TEST(Elastic, BadCommandLinesAndHostLists) {
                    "elastic.heartbeat_timeout_s: 3 is less than two heartbeats");
 }
 
+// A host list with no host said "the host list names no host": which list, and
+// why (a directory read as an empty file)?
+TEST(Elastic, AHostListWithoutHostsIsNamed) {
+  const auto dir = scratchDir("elastic_no_host");
+  const auto run_with = [&](const std::string& hosts) {
+    return run("elastic " + kQuickstart + " " + hosts + " --output " + (dir / "out").string() + " -q");
+  };
+  const auto empty = (dir / "empty").string();
+  std::ofstream(empty) << "";
+  expectCleanError(run_with("--hosts " + empty),
+                   "--hosts " + empty + " names no host (it is empty, or holds only comments): list "
+                   "one 'HOST [slots=N]' per line");
+  const auto comments = (dir / "comments").string();
+  std::ofstream(comments) << "# node1 slots=2\n   \n# node2\n";
+  expectCleanError(run_with("--hosts " + comments), "--hosts " + comments + " names no host");
+  expectCleanError(run_with("--hosts " + dir.string()),
+                   dir.string() + ": is a directory, not a host file (--hosts)");
+  expectCleanError(run_with("--hosts-command true"), "--hosts-command 'true' printed no host");
+  expectCleanError(run_with("--hosts-command 'echo oops >&2; exit 3'"),
+                   "--hosts-command 'echo oops >&2; exit 3' failed (exit status 3): oops");
+}
+
+// Note [launcher checked first]: a launcher that cannot run, or options it refuses
+// on every host, made every host "lost": the supervisor waited elastic.wait_s
+// (here 5 s, then exit 1 "gave up") for hosts that were there all along.
+TEST(Elastic, ALauncherThatCannotStartAJobIsBadInputAtOnce) {
+  const auto dir = scratchDir("elastic_launcher");
+  const auto hosts = (dir / "hosts").string();
+  std::ofstream(hosts) << "localhost slots=2\n";
+  const std::string base = "elastic " + kQuickstart + " --hosts " + hosts + " --output " +
+                           (dir / "out").string() + " -q --set elastic.wait_s=5";
+  const std::string fix = "; give the path of Open MPI's mpirun";
+  expectCleanError(run(base + " --mpirun /no-such-mpirun"),
+                   "--mpirun /no-such-mpirun: No such file or directory" + fix);
+  expectCleanError(run(base + " --mpirun no-such-mpirun"), "--mpirun no-such-mpirun: not found on PATH (");
+  expectCleanError(run(base + " --mpirun " + dir.string()), "--mpirun " + dir.string() + ": is a directory" + fix);
+  expectCleanError(run(base + " --mpirun " + hosts), "--mpirun " + hosts + ": is not executable (");
+  expectCleanError(run(base + " --mpirun /bin/false"),
+                   "--mpirun /bin/false: '/bin/false --version' exited with status 1");
+  const std::string args = BATCHDIST_MPI_FLAGS " --no-such-option";
+  const auto r = run(base + " --mpirun " BATCHDIST_MPIRUN " --mpirun-args '" + args + "'");
+  expectCleanError(r, "--mpirun-args '" + args + "': mpirun refuses to start with them on every host "
+                      "(localhost: could not start a process there (mpirun exited with status 1: ");
+  EXPECT_NE(r.out.find("unknown option \"--no-such-option\")), and starts a process on localhost "
+                       "without them: correct them, or leave them out"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST(Elastic, AJobOnOneHostRunsToTheEndWithItsAttemptInTheReport) {
   const auto dir = scratchDir("elastic_local");
   std::ofstream(dir / "hosts") << "localhost slots=2\n";

@@ -56,11 +56,17 @@ std::vector<Host> parseHosts(const std::string& text, const std::string& source,
 
 std::vector<Host> currentHosts(const std::string& file, const std::string& command, int default_slots) {
   if (!file.empty()) return parseHosts(readFile(file), "--hosts " + file, default_slots);
-  const auto [out, status] = runCommand(command);
+  // Every blocking call has a timeout: a command that never ends (or reads the
+  // terminal) held the supervisor for ever, before any host was probed.
+  const auto [out, status] = runCommand(strCat("timeout -k 5 ", kHostsCommandSeconds, " sh -c ",
+                                               shellQuote(command), " </dev/null"));
   if (status != 0) {
-    throw Error(strCat("--hosts-command '", command, "' failed (",
-                       status < 0 ? std::string("could not start it") : strCat("exit status ", status),
-                       "): ", out.substr(0, 400)));
+    // Bad input on the first look (the supervisor stops); a warning on later ones.
+    throw ConfigError(strCat("--hosts-command '", command, "' ",
+                             status == 124 ? strCat("did not finish within ", kHostsCommandSeconds, " s")
+                             : status < 0  ? std::string("could not be started")
+                                           : strCat("failed (exit status ", status, ")"),
+                             out.empty() ? "" : ": " + out.substr(0, 400)));
   }
   return parseHosts(out, "--hosts-command output", default_slots);
 }

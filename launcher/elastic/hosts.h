@@ -20,8 +20,10 @@ struct Host {
 /// ("node1 slots=zero", an unknown key).
 std::vector<Host> parseHosts(const std::string& text, const std::string& source, int default_slots);
 
-/// The hosts now: the file read again, or the command run again (its output
-/// parsed; a failing command is an Error naming its exit status and stderr).
+/// The hosts now: the file read again (Note [input files are regular files]), or
+/// the command run again, stdin /dev/null, for at most 60 s (its output parsed).
+/// Throws ConfigError naming the file or the command: unreadable, not a regular
+/// file, a bad line, or a command that failed or did not finish (with its output).
 std::vector<Host> currentHosts(const std::string& file, const std::string& command, int default_slots);
 
 /// Open MPI's hostfile for `hosts`.

@@ -5,11 +5,15 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <thread>
 
 #include "common/error.h"
 
@@ -45,6 +49,63 @@ std::optional<bool> Probe::result(double now) {
   child_.reset();
   why_ = "did not answer within elastic.probe_timeout_s";
   return false;
+}
+
+namespace {
+
+/// Why `path` cannot be executed ("" when it can).
+std::string notExecutable(const std::string& path) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) return std::strerror(errno);
+  if (S_ISDIR(st.st_mode)) return "is a directory";
+  if (!S_ISREG(st.st_mode)) return "is not a regular file";
+  if (access(path.c_str(), X_OK) != 0) return strCat("is not executable (", std::strerror(errno), ")");
+  return "";
+}
+
+/// Throws ConfigError unless `mpirun` names an executable file, as execvp finds it.
+void checkFound(const std::string& mpirun) {
+  const std::string what = strCat("--mpirun ", mpirun, ": ");
+  const std::string fix = "; give the path of Open MPI's mpirun (or put it on PATH)";
+  if (mpirun.empty()) throw ConfigError("--mpirun: empty" + fix);
+  if (mpirun.find('/') != std::string::npos) {
+    if (const auto why = notExecutable(mpirun); !why.empty()) throw ConfigError(what + why + fix);
+    return;
+  }
+  const char* env = std::getenv("PATH");
+  std::string path = env ? env : "/usr/bin:/bin";
+  for (std::size_t at = 0;;) {
+    const auto colon = path.find(':', at);
+    const std::string dir = path.substr(at, colon == std::string::npos ? colon : colon - at);
+    if (notExecutable((dir.empty() ? "." : dir) + "/" + mpirun).empty()) return;
+    if (colon == std::string::npos) break;
+    at = colon + 1;
+  }
+  throw ConfigError(strCat(what, "not found on PATH (", path, ")", fix));
+}
+
+}  // namespace
+
+void checkMpirun(const std::string& mpirun, double timeout_s) {
+  checkFound(mpirun);
+  auto first = std::make_shared<std::string>();
+  auto mu = std::make_shared<std::mutex>();
+  Child child({mpirun, "--version"}, {}, [first, mu](const std::string& l) {
+    std::lock_guard lock(*mu);
+    if (first->empty() && l.find_first_not_of("- ") != std::string::npos) *first = l;
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (!child.poll() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const auto status = child.poll();
+  if (status && WIFEXITED(*status) && WEXITSTATUS(*status) == 0) return;
+  const int st = status ? *status : child.end(1.0);
+  std::lock_guard lock(*mu);
+  throw ConfigError(strCat("--mpirun ", mpirun, ": '", mpirun, " --version' ",
+                           status ? describeStatus(st) : strCat("did not answer within ", timeout_s, " s"),
+                           first->empty() ? "" : ": " + *first,
+                           "; it cannot start a job here: give the path of Open MPI's mpirun"));
 }
 
 namespace {

@@ -30,6 +30,14 @@ class Probe {
   std::string why_;
 };
 
+/// Note [launcher checked first]: a launcher that can never start a process is
+/// bad input, said at once (exit 2): before, every host's probe failed and the
+/// supervisor waited elastic.wait_s for hosts that were never lost. Throws
+/// ConfigError naming --mpirun unless `mpirun` is found (on PATH when it has no
+/// '/'), is an executable regular file, and `mpirun --version` exits 0 within
+/// `timeout_s`.
+void checkMpirun(const std::string& mpirun, double timeout_s);
+
 /// The IPv4 address of this host the ranks on `hosts` reach: that of
 /// `interface` when given, else the one the kernel routes to the first host
 /// from (127.0.0.1 for this host itself). Throws Error when neither works.

@@ -109,6 +109,9 @@ class Supervisor {
   void refreshHosts();
   void serviceProbes(bool everyone);
   void probeAll();
+  std::string noHostText() const;
+  void checkArgsWhereNoHostAnswers();
+  std::string argsRefusedText(const std::string& host) const;
   std::optional<Launch> nextLaunch(bool quiet);
   std::optional<Launch> waitForLaunch();
   int64_t maxFit();
@@ -191,6 +194,7 @@ void Supervisor::setUp() {
   for (int sig : {SIGTERM, SIGINT, SIGUSR1}) sigaction(sig, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
   binary_ = fs::read_symlink("/proc/self/exe").string();
+  elastic::checkMpirun(opt_.mpirun, cfg_.elastic.probe_timeout_s);  // Note [launcher checked first]
   mpirun_.push_back(opt_.mpirun);
   std::istringstream extra(opt_.mpirun_args);
   for (std::string w; extra >> w;) mpirun_.push_back(w);
@@ -199,7 +203,7 @@ void Supervisor::setUp() {
   if (!cfg_.batch.per_gpu_auto) known_fit_ = cfg_.batch.per_gpu;
   fs::create_directories(fs::path(cli_.output) / "elastic");
   refreshHosts();
-  if (hosts_.empty()) throw ConfigError("the host list names no host");
+  if (hosts_.empty()) throw ConfigError(noHostText());
   std::vector<std::string> names;
   for (const auto& h : hosts_) names.push_back(h.host.name);
   const char* ifname = std::getenv("BATCHDIST_IFNAME");
@@ -212,6 +216,54 @@ void Supervisor::setUp() {
              }()), " slot(s); heartbeats to ", address_, ":", port_, " every ", cfg_.elastic.heartbeat_s,
              " s, lost after ", cfg_.elastic.heartbeat_timeout_s, " s of silence"));
   probeAll();
+  checkArgsWhereNoHostAnswers();
+}
+
+/// The first look found no host: "the host list names no host" said neither which
+/// list nor why (a directory read as an empty file).
+std::string Supervisor::noHostText() const {
+  if (!opt_.hosts_file.empty()) {
+    return strCat("--hosts ", opt_.hosts_file, " names no host (it is empty, or holds only "
+                  "comments): list one 'HOST [slots=N]' per line");
+  }
+  return strCat("--hosts-command '", opt_.hosts_command, "' printed no host: it should print "
+                "one 'HOST [slots=N]' per line");
+}
+
+/// Note [launcher checked first]: no host answered the first probes. When mpirun
+/// starts a process on one of them without --mpirun-args (keeping only
+/// --allow-run-as-root, which root needs), the options are what it refuses on
+/// every host: bad input, said at once, not elastic.wait_s spent waiting.
+void Supervisor::checkArgsWhereNoHostAnswers() {
+  if (mpirun_.size() == 1) return;
+  std::vector<std::unique_ptr<Probe>> plain;
+  std::vector<std::string> argv{opt_.mpirun};
+  for (const auto& a : mpirun_) {
+    if (a == "--allow-run-as-root") argv.push_back(a);
+  }
+  for (const auto& h : hosts_) {
+    if (h.available) return;
+    if (h.listed) plain.push_back(std::make_unique<Probe>(h.host.name, argv, cfg_.elastic.probe_timeout_s, now()));
+  }
+  for (std::size_t done = 0; done < plain.size();) {
+    receiveBeats(nullptr, 0.05);
+    done = 0;
+    for (auto& p : plain) {
+      const auto r = p->result(now());
+      if (r && *r) throw ConfigError(argsRefusedText(p->host()));
+      done += r.has_value();
+    }
+  }
+}
+
+std::string Supervisor::argsRefusedText(const std::string& host) const {
+  std::string refused;
+  for (const auto& h : hosts_) {
+    if (h.host.name == host) refused = h.why_lost;
+  }
+  return strCat("--mpirun-args '", opt_.mpirun_args, "': mpirun refuses to start with them on every "
+                "host (", host, ": ", refused, "), and starts a process on ", host, " without them: "
+                "correct them, or leave them out");
 }
 
 void Supervisor::openSocket() {
