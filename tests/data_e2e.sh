@@ -6,8 +6,9 @@
 # usage: data_e2e.sh MPIRUN "MPI FLAGS" BATCHDIST MODEL_DIFF MAKE_DATA CONFIG OUTDIR SCENARIO
 #   resume_image_folder  rank 0 killed right after the checkpoint of step 8 (mid-epoch 2),
 #   resume_webdataset    --resume auto with data.workers 2 instead of 1: bitwise equal
-#   bad_files            a truncated JPEG, an empty file and text named .jpg: skipped
-#                        (each named once, counted in data_errors), or exit 1 with on_error fail
+#   bad_files            a truncated JPEG, an empty file and text named .jpg, and one
+#                        in val/ (met by evaluation): skipped (each named once, counted
+#                        and named in data_errors), or exit 1 with on_error fail
 #   bad_archives         a truncated tar, a sample without .cls, an .npy with a wrong magic,
 #                        a fortran-order .npy, x/y length mismatch: exit 2 naming the file
 #   data_verb            `batchdist data --json` on 2 ranks: samples_per_s, per_rank, workers
@@ -57,16 +58,23 @@ case "$scenario" in
     head -c 300 "$first" > "$out/t" && mv "$out/t" "$first"                  # truncated
     : > "$(find "$d/c2_bird" -name '*.jpg' | sort | head -1)"                 # empty
     echo "hello, not a JPEG" > "$(find "$d/c3_fish" -name '*.jpg' | sort | head -1)"  # text
+    # Met only by evaluation: skipped there, and counted and named as training's are.
+    val_bad=$(find "$out/data/val" -name '*.jpg' | sort | head -1)
+    echo "text, not a JPEG either" > "$val_bad"
     run skip 2 --set data.path="$out/data" --set train.epochs=2
     [ "$rc" = 0 ] || { cat "$out/skip.log"; fail "skip: exit $rc"; }
-    [ "$(json skip data_errors count)" = 3 ] || fail "data_errors.count = $(json skip data_errors count), expected 3"
+    [ "$(json skip data_errors count)" = 4 ] || fail "data_errors.count = $(json skip data_errors count), expected 4 (3 in training, 1 in evaluation)"
+    json skip data_errors first | grep -qF "$val_bad" ||
+      fail "the bad file evaluation met is not named: $(json skip data_errors first)"
+    json skip data_errors first | grep -qF "(met in evaluation)" ||
+      fail "the bad file evaluation met is not said to be evaluation's: $(json skip data_errors first)"
     for r in 0 1; do  # each rank names a bad file the first time it meets it, once
       n=$(grep -c "rank $r/2\] warning: skipping $first" "$out/skip.log")
       [ "$n" -le 1 ] || fail "rank $r warned about $first $n times (expected at most once)"
     done
     grep -q "warning: skipping $first: JPEG: Premature end" "$out/skip.log" || fail "no warning naming $first"
     grep -q 'not a JPEG or PNG image (it is empty)' "$out/skip.log" || fail "no reason for the empty file"
-    echo "ok: 3 bad files skipped, each named at most once per rank, data_errors.count = 3 (not 3 x ranks)"
+    echo "ok: 4 bad files skipped (1 in evaluation), each named at most once per rank, data_errors.count = 4 (not 4 x ranks)"
     run fail 2 --set data.path="$out/data" --set data.on_error=fail
     expect_error fail 1 "$(basename "$first")" "on_error"
     ;;

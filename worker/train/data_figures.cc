@@ -45,9 +45,31 @@ std::vector<std::vector<DataErrorRecord>> allgatherErrors(collective::Communicat
   return out;
 }
 
+/// How many of `decoder`'s samples (of a set of `size`) are bad on any rank,
+/// each counted once: the union of the ranks' masks. Collective.
+int64_t badSamples(collective::Communicator& comm, const SampleDecoder& decoder, int64_t size,
+                   at::Device device) {
+  auto mask = torch::zeros({size}, torch::kFloat);
+  for (const auto i : decoder.badIndices()) mask[i] = 1.0f;
+  mask = mask.to(device);
+  comm.allreduce(mask, collective::ReduceOp::kMax);
+  return mask.gt(0).sum().item<int64_t>();
+}
+
+/// This rank's first bad files: training's, then evaluation's (said so).
+std::vector<DataErrorRecord> firstErrors(const SampleDecoder& train, const SampleDecoder* val) {
+  auto first = train.firstErrors();
+  if (!val) return first;
+  for (auto e : val->firstErrors()) {
+    e.reason += " (met in evaluation)";
+    first.push_back(std::move(e));
+  }
+  return first;
+}
+
 }  // namespace
 
-DataFigures gatherDataFigures(collective::Communicator& comm, Loader& train,
+DataFigures gatherDataFigures(collective::Communicator& comm, Loader& train, const Loader* val,
                               const DataSplit& data, DataCache cache, at::Device device) {
   DataFigures f;
   f.workers = train.workers();
@@ -60,22 +82,26 @@ DataFigures gatherDataFigures(collective::Communicator& comm, Loader& train,
   // Every rank gets here together (the last step was agreed). A bad file met by
   // several ranks counts once: the union of the ranks' bad samples, sent as a
   // mask only when there are any. The walk's bad files (the same list on every
-  // rank) count too. Note [bad files named]: the names are gathered the same way.
+  // rank) count too, and so do those evaluation met (the validation loader's
+  // own decoder, on every rank alike). Note [bad files named]: the names are
+  // gathered the same way.
+  const SampleDecoder* val_decoder = val ? val->decoder() : nullptr;
   f.errors = static_cast<int64_t>(data.bad_files.size());
   std::vector<std::vector<DataErrorRecord>> met;
-  const auto any = comm.allreduce(static_cast<double>(decoder->errorCount()), collective::ReduceOp::kSum);
-  if (any > 0) {
-    auto mask = torch::zeros({data.train.size()}, torch::kFloat);
-    for (const auto i : decoder->badIndices()) mask[i] = 1.0f;
-    mask = mask.to(device);
-    comm.allreduce(mask, collective::ReduceOp::kMax);
-    f.errors += mask.gt(0).sum().item<int64_t>();
-    met = allgatherErrors(comm, decoder->firstErrors());
+  const double mine = static_cast<double>(decoder->errorCount()) +
+                      (val_decoder ? static_cast<double>(val_decoder->errorCount()) : 0.0);
+  if (comm.allreduce(mine, collective::ReduceOp::kSum) > 0) {
+    f.errors += badSamples(comm, *decoder, data.train.size(), device);
+    if (val_decoder && data.val.size() > 0) {
+      f.errors += badSamples(comm, *val_decoder, data.val.size(), device);
+    }
+    met = allgatherErrors(comm, firstErrors(*decoder, val_decoder));
   }
   f.first_errors = mergeDataErrors(data.bad_files, met);
   if (cache == DataCache::kRam) {
-    f.cache_mb = decoder->cachedBytes() / 1048576.0;
-    f.cache_hits = decoder->cacheHits();
+    const int64_t bytes = decoder->cachedBytes() + (val_decoder ? val_decoder->cachedBytes() : 0);
+    f.cache_mb = bytes / 1048576.0;
+    f.cache_hits = decoder->cacheHits() + (val_decoder ? val_decoder->cacheHits() : 0);
   }
   return f;
 }

@@ -20,15 +20,17 @@ std::vector<std::string> allgatherText(collective::Communicator& comm, const std
 /// The figures of `train`, the training loader over `data.train` (its stage
 /// seconds are taken: the next call counts from here). A decoded source's bad
 /// files count once however many ranks met them, the walk's (`data.bad_files`)
-/// included, and the first few are named whichever rank met them. `cache`:
-/// data.cache (kRam adds the cache's size and hits); `device`: where the mask of
-/// bad samples is reduced (the training device).
+/// and those evaluation met (`val`, the validation loader over `data.val`; null
+/// without one) included, and the first few are named whichever rank met them.
+/// `cache`: data.cache (kRam adds both loaders' cache sizes and hits); `device`:
+/// where the masks of bad samples are reduced (the training device).
 ///
 /// Collective when the loader decodes (every rank must call it at the same
-/// point, after the same last step): an allreduce of the error counts, and when
-/// there are any, an allreduce of the bad-sample mask and two allgathers of the
-/// first errors. Without a decoder it returns this rank's figures, no collective.
-DataFigures gatherDataFigures(collective::Communicator& comm, Loader& train,
+/// point, after the same last step, with a `val` alike): an allreduce of the
+/// error counts, and when there are any, an allreduce of each loader's
+/// bad-sample mask and two allgathers of the first errors. Without a decoder it
+/// returns this rank's figures, no collective.
+DataFigures gatherDataFigures(collective::Communicator& comm, Loader& train, const Loader* val,
                               const DataSplit& data, DataCache cache, at::Device device);
 
 }  // namespace batchdist::worker

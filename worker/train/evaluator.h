@@ -47,6 +47,10 @@ class Evaluator {
   /// broadcast, then an allreduce, on every rank, validation set or not.
   EvalResult evaluate(int64_t per_gpu);
 
+  /// The validation set's loader (a decoded source), else null: its bad files
+  /// count in report.json's data_errors (gatherDataFigures).
+  const Loader* loader() const { return loader_.get(); }
+
   /// The mean wall time of the evaluations so far (this rank); -1: none yet.
   double meanSeconds() const { return count_ > 0 ? seconds_ / count_ : -1; }
 

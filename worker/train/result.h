@@ -132,8 +132,8 @@ struct DataFigures {
   int64_t workers = 0;
   StageSeconds stages;        ///< this rank's loader threads, summed
   double capacity_samples_per_s = 0;  ///< what this rank's threads could decode: samples x workers / busy s
-  int64_t errors = 0;         ///< bad samples skipped, all ranks
-  double cache_mb = -1;       ///< data.cache ram: this rank's cached encoded bytes (-1: off)
+  int64_t errors = 0;         ///< bad samples skipped, all ranks, training's and evaluation's
+  double cache_mb = -1;       ///< data.cache ram: this rank's cached encoded bytes, both loaders' (-1: off)
   int64_t cache_hits = 0;
   std::vector<DataErrorRecord> first_errors;  ///< the first few, every rank's (Note [bad files named])
 };

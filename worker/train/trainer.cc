@@ -913,7 +913,8 @@ void Trainer::summarise(TrainResult& result, int64_t global_step, double wall_s,
     }
   }
   result.noise = noiseResult();
-  result.data = gatherDataFigures(comm_, *loader_, data_, cfg_.data.cache, device_);
+  result.data =
+      gatherDataFigures(comm_, *loader_, evaluator_->loader(), data_, cfg_.data.cache, device_);
   result.grad_clip = update_->clipFigures();
   result.update_memory = update_->memory();
   if (const LossScaler* scaler = update_->scaler()) {
