@@ -531,3 +531,40 @@ TEST(ReportHtml, TokenRunsReportTokensBesideSamples) {
             std::string::npos);
   EXPECT_NE(chart(plain_page, "plot-search").find(">samples/s (all ranks)</text>"), std::string::npos);
 }
+
+namespace {
+
+/// The page's plan table, <table id="plan"> to </table>.
+std::string planTable(const std::string& page) {
+  const auto at = page.find("<table id=\"plan\">");
+  return at == std::string::npos ? "" : page.substr(at, page.find("</table>", at) - at);
+}
+
+}  // namespace
+
+// The plan table printed `ranks` and `warnings` as JSON text
+// ([{"rank":0,"samples_per_epoch":48},...] and []): now in words.
+TEST(ReportHtml, PlanTableSaysRanksAndWarningsInWords) {
+  auto plan = makePlan(parseConfig("batch: {global: 16}", "t.yaml"), 2, 96, false);
+  const auto each = plan.rankSamplesPerEpoch(0);
+  ASSERT_EQ(plan.rankSamplesPerEpoch(1), each);
+  auto table = planTable(reportHtml(Json{{"plan", planJson(plan)}}, Json(), {}));
+  ASSERT_FALSE(table.empty());
+  EXPECT_EQ(table.find('['), std::string::npos) << table;
+  EXPECT_EQ(table.find('{'), std::string::npos) << table;
+  EXPECT_NE(table.find("<td>ranks</td><td class=\"num\">ranks 0&ndash;1: " + std::to_string(each) +
+                       " samples an epoch each</td>"),
+            std::string::npos)
+      << table;
+  EXPECT_NE(table.find("<td>warnings</td><td class=\"num\">none</td>"), std::string::npos) << table;
+  // Ranks that differ get lines of their own; each warning a line, escaped.
+  auto j = planJson(plan);
+  j["ranks"] = Json::array({{{"rank", 0}, {"samples_per_epoch", 10}}, {{"rank", 1}, {"samples_per_epoch", 10}},
+                            {{"rank", 2}, {"samples_per_epoch", 9}}});
+  j["warnings"] = {"pad <2> samples", "second"};
+  table = planTable(reportHtml(Json{{"plan", j}}, Json(), {}));
+  EXPECT_NE(table.find("ranks 0&ndash;1: 10 samples an epoch each<br>rank 2: 9 samples an epoch</td>"),
+            std::string::npos)
+      << table;
+  EXPECT_NE(table.find("<td class=\"num\">pad &lt;2&gt; samples<br>second</td>"), std::string::npos) << table;
+}

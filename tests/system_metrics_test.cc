@@ -464,6 +464,27 @@ TEST(SystemHtml, ARowOfChartsPerHostALinePerRank) {
   EXPECT_TRUE(contains(page, ">rank 1<"));
   EXPECT_FALSE(contains(page, ">host<"));  // no rank read the host's CPU
   EXPECT_TRUE(contains(page, "<li>rank 2 (beta): GPU: nvmlInit_v2: Driver Not Loaded (9)</li>"));
+  // A run shorter than report.sample_s took no sample: its host's row was a
+  // heading alone; it says so. A host whose ranks read nothing says that.
+  RankSystem quick;  // an interval ended before the first sample
+  quick.series.push_back({1, 0.2, SystemSummary{}});
+  quick.rank = 0;
+  quick.host = "gamma";
+  RankSystem unread = point(10, -1, -1);
+  unread.series.front().summary = SystemSummary{};
+  unread.series.front().summary.samples = 2;
+  unread.rank = 1;
+  unread.host = "delta";
+  unread.unread = {"CPU: /proc/stat: No such file or directory"};
+  const nlohmann::ordered_json short_run{
+      {"system", {{"sample_s", 30}, {"ranks", {rankSystemJson(quick), rankSystemJson(unread)}}}}};
+  const std::string short_page = reportHtml(short_run, nlohmann::ordered_json(), {});
+  EXPECT_TRUE(contains(short_page, "<h3 id=\"system-gamma\">gamma</h3>\n<p class=\"sub\" id=\"system-none-gamma\">"
+                                   "No sample was taken: training ended before the first one (every 30 s, "
+                                   "report.sample_s; lower it for a run this short).</p>"))
+      << short_page;
+  EXPECT_TRUE(contains(short_page, "id=\"system-none-delta\">No metric could be read on this host"));
+  EXPECT_FALSE(contains(short_page, "<div class=\"grid\">\n</div>"));
   // Without "system" (report.sample_s 0) the page has no such section.
   EXPECT_FALSE(contains(reportHtml(nlohmann::ordered_json{{"global_batch", 8}}, nlohmann::ordered_json(), {}),
                         "System metrics"));

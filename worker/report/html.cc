@@ -74,6 +74,43 @@ std::string jtext(const nlohmann::ordered_json& j, const char* key) {
   return it->is_string() ? it->get<std::string>() : it->dump();
 }
 
+/// The plan's ranks in words: consecutive ranks with the same samples an epoch
+/// on one line ("ranks 0&ndash;6: 250 samples an epoch each").
+std::string ranksText(const nlohmann::ordered_json& ranks) {
+  std::string s;
+  for (std::size_t i = 0, j = 0; i < ranks.size(); i = ++j) {
+    const auto n = ranks[i].value("samples_per_epoch", nlohmann::ordered_json());
+    while (j + 1 < ranks.size() && ranks[j + 1].value("samples_per_epoch", nlohmann::ordered_json()) == n) ++j;
+    const auto first = ranks[i].value("rank", static_cast<int64_t>(i));
+    const auto last = ranks[j].value("rank", static_cast<int64_t>(j));
+    s += strCat(s.empty() ? "" : "<br>", first == last ? strCat("rank ", first)
+                                                       : strCat("ranks ", first, "&ndash;", last),
+                ": ", xmlEscape(n.dump()), " samples an epoch", first == last ? "" : " each");
+  }
+  return s.empty() ? "none" : s;
+}
+
+/// A plan value for its table cell, in words: a list one item a line ("none"
+/// when empty), a record as "key value" pairs; not JSON text.
+std::string planText(const std::string& key, const nlohmann::ordered_json& v) {
+  const auto records = [](const nlohmann::ordered_json& a) {
+    return std::all_of(a.begin(), a.end(), [](const auto& e) { return e.is_object(); });
+  };
+  if (key == "ranks" && v.is_array() && records(v)) return ranksText(v);
+  if (v.is_string()) return xmlEscape(v.get<std::string>());
+  if (v.is_array()) {
+    std::string s;
+    for (const auto& e : v) s += (s.empty() ? "" : "<br>") + planText("", e);
+    return s.empty() ? "none" : s;
+  }
+  if (v.is_object()) {
+    std::string s;
+    for (const auto& [k, e] : v.items()) s += strCat(s.empty() ? "" : ", ", xmlEscape(k), " ", planText(k, e));
+    return s;
+  }
+  return xmlEscape(v.dump());
+}
+
 bool jbool(const nlohmann::ordered_json& j, const char* key) {
   if (!j.is_object()) return false;
   const auto it = j.find(key);
@@ -643,8 +680,7 @@ std::string reportHtml(const nlohmann::ordered_json& report, const nlohmann::ord
   os << "<h2>Plan</h2>\n<table id=\"plan\">\n";
   if (report.contains("plan") && report["plan"].is_object()) {
     for (const auto& [k, v] : report["plan"].items()) {
-      os << "<tr><td>" << xmlEscape(k) << "</td><td class=\"num\">"
-         << xmlEscape(v.is_string() ? v.get<std::string>() : v.dump()) << "</td></tr>\n";
+      os << "<tr><td>" << xmlEscape(k) << "</td><td class=\"num\">" << planText(k, v) << "</td></tr>\n";
     }
   }
   os << "</table>\n";

@@ -85,6 +85,27 @@ std::string hostChart(const SystemChart& chart, const std::string& host,
   return svgLineChart(o, series);
 }
 
+/// One host's row: its charts, or a line saying why there are none (a run
+/// shorter than report.sample_s took no sample: the row was a heading alone).
+std::string hostRow(const std::string& host, const std::vector<const nlohmann::ordered_json*>& ranks,
+                    double sample_s) {
+  std::string row;
+  for (const auto& chart : charts()) row += hostChart(chart, host, ranks);
+  if (!row.empty()) return "<div class=\"grid\">\n" + row + "</div>\n";
+  int64_t samples = 0;  // the run's, or (an older report) its points'
+  for (const auto* rank : ranks) {
+    samples += rank->value("run", nlohmann::ordered_json::object()).value("samples", int64_t{0});
+    for (const auto& p : rank->value("series", nlohmann::ordered_json::array())) {
+      samples += p.value("samples", int64_t{0});
+    }
+  }
+  return strCat("<p class=\"sub\" id=\"system-none-", xmlEscape(host), "\">",
+                samples == 0 ? strCat("No sample was taken: training ended before the first one (every ",
+                                     sample_s, " s, report.sample_s; lower it for a run this short).")
+                            : std::string("No metric could be read on this host (see 'Not read')."),
+                "</p>\n");
+}
+
 }  // namespace
 
 std::string systemSection(const nlohmann::ordered_json& report) {
@@ -97,9 +118,8 @@ std::string systemSection(const nlohmann::ordered_json& report) {
      << system.value("sample_s", 0.0) << " s on a thread of each rank; each point is a metrics "
         "interval's mean (memory and temperature: its maximum).</p>\n";
   for (const auto& [host, ranks] : by_host) {
-    os << "<h3 id=\"system-" << xmlEscape(host) << "\">" << xmlEscape(host) << "</h3>\n<div class=\"grid\">\n";
-    for (const auto& chart : charts()) os << hostChart(chart, host, ranks);
-    os << "</div>\n";
+    os << "<h3 id=\"system-" << xmlEscape(host) << "\">" << xmlEscape(host) << "</h3>\n"
+       << hostRow(host, ranks, system.value("sample_s", 0.0));
   }
   std::ostringstream unread;
   for (const auto& rank : system["ranks"]) {
