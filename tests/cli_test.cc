@@ -482,6 +482,15 @@ TEST(Cli, EveryFileNamedThatIsAPipeIsRefusedBeforeReading) {
   r = run(yaml + " -q", mpirun(2));
   expectCleanError(r, yaml + ": config file is a pipe (FIFO), not a regular file; every rank reads the config");
   expectNoTraining(r);
+  // --resume PATH: a FIFO is no checkpoint ("no such checkpoint" before); one
+  // whose manifest.json is a FIFO waited in open().
+  const auto ckpt = fifo("ckpt");
+  expectCleanError(run(kQuickstart + " -q --resume " + ckpt),
+                   "--resume: " + ckpt + ": is a pipe (FIFO), not a checkpoint (a step-* directory");
+  const auto manifest = fifo("step-1/manifest.json");
+  expectCleanError(run(kQuickstart + " -q --resume " + (dir / "step-1").string()),
+                   (dir / "step-1").string() + " cannot be loaded: " + manifest +
+                       ": manifest is a pipe (FIFO), not a regular file");
   const auto hosts = fifo("hosts");
   expectCleanError(run("elastic " + kQuickstart + " --hosts " + hosts),
                    hosts + ": host file (--hosts) is a pipe (FIFO), not a regular file; it is read again");

@@ -384,6 +384,11 @@ std::optional<CheckpointCheck> findResumeCheckpoint(const RunRequest& req, const
   } else if (fs::is_directory(want, ec)) {
     found = findLatestCheckpoint(want, &rejected);
     if (!found) *problem = strCat("no valid checkpoint in ", want);
+  } else if (fs::exists(want, ec)) {  // Note [input files are regular files]: a FIFO too
+    const InputFile f = openInputFile(want);
+    *problem = strCat(want, ": is ", f.kind.empty() ? std::string("a file") : f.kind,
+                      ", not a checkpoint (a step-* directory holding manifest.json, or a "
+                      "directory of them)");
   } else {
     *problem = strCat(want, ": no such checkpoint (a step-* directory holding manifest.json, or a "
                             "directory of them)");
