@@ -70,6 +70,21 @@ TEST(ElasticHosts, BadLinesAreNamedByLine) {
   EXPECT_EQ(currentHosts("", "printf 'a slots=2\\nb\\n'", 1), (std::vector<Host>{{"a", 2}, {"b", 1}}));
 }
 
+// A --hosts-command's stderr was read as host lines ("warning:" became a host);
+// its failure is bad input naming what it said; it reads no terminal.
+TEST(ElasticHosts, AHostsCommandsStderrIsNoHostAndItsFailureIsNamed) {
+  EXPECT_EQ(currentHosts("", "echo 'warning: slow DNS' >&2; echo node1 slots=2", 1),
+            (std::vector<Host>{{"node1", 2}}));
+  EXPECT_EQ(currentHosts("", "cat; echo node2", 1), (std::vector<Host>{{"node2", 1}}));  // stdin /dev/null
+  try {
+    currentHosts("", "echo some output; echo 'no such partition' >&2; exit 3", 1);
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(), "--hosts-command 'echo some output; echo 'no such partition' >&2; exit 3' "
+                           "failed (exit status 3): no such partition\n");
+  }
+}
+
 TEST(ElasticMonitor, BeatsRoundTripAndStrayPacketsAreIgnored) {
   const auto text = worker::heartbeat::message(3, 1, 4242, "train", 17, 15, 16, 2, 96, 811);
   const auto b = parseBeat(text);

@@ -1,5 +1,9 @@
 #include "launcher/elastic/hosts.h"
 
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
 #include <sstream>
 
 #include "common/error.h"
@@ -18,6 +22,28 @@ std::string readFile(const std::string& path) {
   return worker::readFileBounded(path, std::uintmax_t{16} << 20, "host file (--hosts)",
                                  "it is read again at every look, so give a regular file (or "
                                  "--hosts-command CMD)");
+}
+
+/// Runs a --hosts-command: its stdout (the hosts) and exit status; its stderr to
+/// `err` (a warning it prints is not a host line). Every blocking call has a
+/// timeout: a command that never ends (or reads the terminal) held the
+/// supervisor for ever, before any host was probed.
+std::pair<std::string, int> runHostsCommand(const std::string& command, std::string* err) {
+  std::error_code ec;
+  std::string tmpl = (std::filesystem::temp_directory_path(ec) / "batchdist-hosts-XXXXXX").string();
+  const int fd = ::mkstemp(tmpl.data());
+  if (fd >= 0) ::close(fd);
+  const std::string to = fd >= 0 ? shellQuote(tmpl) : std::string("/dev/null");
+  auto result = runCommand(strCat("{ timeout -k 5 ", kHostsCommandSeconds, " sh -c ", shellQuote(command),
+                                  " </dev/null 2>", to, "; }"));
+  if (fd >= 0) {
+    try {
+      *err = worker::readFileBounded(tmpl, 1 << 20, "--hosts-command's stderr");
+    } catch (const Error&) {  // what it said is only for the message
+    }
+    ::unlink(tmpl.c_str());
+  }
+  return result;
 }
 
 }  // namespace
@@ -56,17 +82,16 @@ std::vector<Host> parseHosts(const std::string& text, const std::string& source,
 
 std::vector<Host> currentHosts(const std::string& file, const std::string& command, int default_slots) {
   if (!file.empty()) return parseHosts(readFile(file), "--hosts " + file, default_slots);
-  // Every blocking call has a timeout: a command that never ends (or reads the
-  // terminal) held the supervisor for ever, before any host was probed.
-  const auto [out, status] = runCommand(strCat("timeout -k 5 ", kHostsCommandSeconds, " sh -c ",
-                                               shellQuote(command), " </dev/null"));
+  std::string err;
+  const auto [out, status] = runHostsCommand(command, &err);
   if (status != 0) {
     // Bad input on the first look (the supervisor stops); a warning on later ones.
+    const std::string said = err.empty() ? out : err;
     throw ConfigError(strCat("--hosts-command '", command, "' ",
                              status == 124 ? strCat("did not finish within ", kHostsCommandSeconds, " s")
                              : status < 0  ? std::string("could not be started")
                                            : strCat("failed (exit status ", status, ")"),
-                             out.empty() ? "" : ": " + out.substr(0, 400)));
+                             said.empty() ? "" : ": " + said.substr(0, 400)));
   }
   return parseHosts(out, "--hosts-command output", default_slots);
 }
