@@ -760,6 +760,11 @@ TEST(Elastic, ALauncherThatCannotStartAJobIsBadInputAtOnce) {
   expectCleanError(run(base + " --mpirun " + hosts), "--mpirun " + hosts + ": is not executable (");
   expectCleanError(run(base + " --mpirun /bin/false"),
                    "--mpirun /bin/false: '/bin/false --version' exited with status 1");
+  // One that runs, answers every probe and exits 0 without starting a rank: the
+  // job "finished" (exit 0, no report).
+  expectCleanError(run(base + " --mpirun echo"),
+                   "--mpirun echo exited 0, but no rank of the job started (no heartbeat, no "
+                   "report.json): give the path of Open MPI's mpirun");
   const std::string args = BATCHDIST_MPI_FLAGS " --no-such-option";
   const auto r = run(base + " --mpirun " BATCHDIST_MPIRUN " --mpirun-args '" + args + "'");
   expectCleanError(r, "--mpirun-args '" + args + "': mpirun refuses to start with them on every host "

@@ -84,7 +84,7 @@ struct AttemptRecord {
 };
 
 /// How an attempt ended.
-enum class Ending { kFinished, kPlanned, kFailed, kBadInput, kStopped };
+enum class Ending { kFinished, kPlanned, kFailed, kBadInput, kNoJob, kStopped };
 
 /// The world of the next launch: which hosts, how many ranks each, the split.
 struct Launch {
@@ -119,6 +119,7 @@ class Supervisor {
   void beginAttempt(AttemptState& a);
   void noteProgress(AttemptState& a);
   Ending onExit(AttemptState& a, int status);
+  bool jobRan(const AttemptState& a) const;
   Ending onVerdict(AttemptState& a, const Verdict& v, Child& child);
   void lookAround(AttemptState& a, Child& child);
   std::vector<std::string> attemptArgv(const Launch& l, int number);
@@ -180,6 +181,7 @@ int Supervisor::attempts() {
     attempts_.push_back(rec);
     if (ending == Ending::kFinished) return finish(0, "");
     if (ending == Ending::kBadInput) return finish(2, "the job's own error (exit 2: bad input), not a lost host");
+    if (ending == Ending::kNoJob) return finish(2, rec.cause);
     if (ending == Ending::kStopped) return finish(128 + g_signal.load(), strCat("stopped by SIG", sigabbrev_np(g_signal.load())));
     if (ending == Ending::kFailed && ++restarts > opt_.max_restarts) {
       return finish(1, strCat("--max-restarts ", opt_.max_restarts, " reached"));
@@ -540,6 +542,7 @@ struct AttemptState {
   Monitor mon;
   std::vector<std::string> rank_hosts;  ///< by rank
   std::shared_ptr<AttemptOutput> out = std::make_shared<AttemptOutput>();
+  fs::file_time_type launched_at = fs::file_time_type::clock::now();  ///< for report.json's time
   bool planned = false;         ///< SIGUSR1 sent for a new world
   bool stop_forwarded = false;  ///< SIGUSR1 sent because the supervisor was asked to stop
 };
@@ -629,6 +632,16 @@ void Supervisor::noteProgress(AttemptState& a) {
              previous.number, " ended; lost ", previous.lost_steps, " step(s)"));
 }
 
+/// Note [launcher checked first]: whether attempt `a` ran the job: a rank beat,
+/// or report.json was written since its launch. A "mpirun" that exits 0 without
+/// starting a rank (--mpirun echo) passed every probe, and the job "finished".
+bool Supervisor::jobRan(const AttemptState& a) const {
+  if (last_beat_ >= a.rec.launched_s) return true;
+  std::error_code ec;
+  const auto written = fs::last_write_time(fs::path(cli_.output) / "report.json", ec);
+  return !ec && written >= a.launched_at;
+}
+
 /// mpirun has exited with `status`: finished, stopped, planned, the job's own bad input, or a failure.
 Ending Supervisor::onExit(AttemptState& a, int status) {
   AttemptRecord& rec = a.rec;
@@ -641,6 +654,11 @@ Ending Supervisor::onExit(AttemptState& a, int status) {
     died_text = a.out->died_text;
   }
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+    if (!jobRan(a)) {
+      rec.cause = strCat("--mpirun ", opt_.mpirun, " exited 0, but no rank of the job started (no "
+                         "heartbeat, no report.json): give the path of Open MPI's mpirun");
+      return Ending::kNoJob;
+    }
     rec.cause = "finished";
     return Ending::kFinished;
   }
