@@ -254,6 +254,22 @@ TEST(Cli, SingletonRunWritesReportAndModel) {
   EXPECT_TRUE(rep["cpu_blas"].IsDefined());
 }
 
+// A run shorter than report.sample_s took no system sample: report.html showed a
+// host heading with nothing under it, and the console said nothing. Both say so.
+TEST(Cli, ARunShorterThanTheSamplePeriodSaysItTookNoSample) {
+  const auto out = freshDir("cli_no_sample");
+  const auto r = run(kQuickstart + " --set train.epochs=1 --set train.progress=off "
+                     "--set report.sample_s=3600 --output " + out.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("system: no sample was taken: training ended before the first one (every "
+                       "3600 s, report.sample_s)"),
+            std::string::npos)
+      << r.out;
+  const auto page = readText(out / "report.html");
+  EXPECT_NE(page.find("No sample was taken: training ended before the first one (every 3600 s"),
+            std::string::npos);
+}
+
 TEST(Cli, WithoutAValidationSetNoAccuracyIsClaimed) {
   const auto out = freshDir("cli_noval");
   // Two epochs, not the quickstart's 20: 2 s alone, but under ctest -j8 on 2 cores

@@ -266,6 +266,23 @@ void writeReports(const RunRequest& req, const Config& cfg, const Plan& plan,
                   reportHtml(page_report, page_search, result.metrics));
 }
 
+/// The closing "system:" line: the metrics over the run, or that a run shorter
+/// than report.sample_s took no sample (it said nothing); "" without metrics.
+std::string systemLine(const TrainResult& result, double sample_s) {
+  if (const auto text = systemText(acrossRanks(result.system)); !text.empty()) {
+    const auto n = result.system.size();
+    return strCat("system", n > 1 ? strCat(" (the ", n, " ranks' mean; memory and temperature: "
+                                           "the highest)")
+                                  : std::string(),
+                  ": ", text);
+  }
+  int64_t taken = 0;
+  for (const auto& x : result.system) taken += x.run.samples;
+  if (result.system.empty() || taken > 0) return "";
+  return strCat("system: no sample was taken: training ended before the first one (every ", sample_s,
+                " s, report.sample_s)");
+}
+
 /// Rank 0's closing lines: where the time went, the diagnosis, the noise scale, the outcome.
 void summaryLines(const RunRequest& req, const RunSetup& s, const Trainer& trainer,
                   const TrainResult& result, const RunInfo& info, Console& console) {
@@ -275,13 +292,7 @@ void summaryLines(const RunRequest& req, const RunSetup& s, const Trainer& train
                       formatFixed(100 * t.compute / tt, 1), " %, communication ",
                       formatFixed(100 * t.comm / tt, 1), " %, waiting for slower ranks ",
                       formatFixed(100 * t.skew / tt, 1), " % of step time (rank 0)"));
-  if (const auto text = systemText(acrossRanks(result.system)); !text.empty()) {
-    const auto n = result.system.size();
-    console.line(strCat("system", n > 1 ? strCat(" (the ", n, " ranks' mean; memory and temperature: "
-                                                 "the highest)")
-                                        : std::string(),
-                        ": ", text));
-  }
+  if (const auto line = systemLine(result, s.cfg.report.sample_s); !line.empty()) console.line(line);
   for (const auto& f : info.diagnosis) console.line("diagnosis: " + f);
   if (result.noise.b_simple > 0) {
     // Note [tokens per sample]: on token windows B_simple and G in tokens too.
