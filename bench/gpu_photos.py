@@ -3,10 +3,11 @@
   python3 bench/gpu_photos.py ROOT [--count 512] [--repeat 16] [--make-data BIN]
                                [--source auto|photos|patterns] [--fallback-python PATH]
 
---source auto (the default): real photos when it can: bench/photo_folder.py (random crops of scikit-image's
-colour photographs, 300-600 px on the longer side, JPEG quality 85-95, 8 classes),
-with scikit-image's data folder found in this Python (pip's wheel ships the
-photos), SKIMAGE_DATA, or Debian's python3-skimage; PIL and numpy are needed.
+--source auto (the default): real photos when it can: bench/photo_folder.py
+(random crops of scikit-image's colour photographs, 300-600 px on the longer side,
+JPEG quality 85-95, 8 classes), with scikit-image's data folder found in this
+Python (pip's wheel ships the photos), SKIMAGE_DATA, or Debian's python3-skimage;
+PIL and numpy are needed.
 This Python lacking them, --fallback-python [/usr/bin/python3; '' for none] is
 tried. Otherwise (an air-gapped node's torch environment often has neither) the
 CUDA build's batchdist_make_data writes JPEGs of class patterns plus noise of
