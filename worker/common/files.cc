@@ -17,14 +17,6 @@ namespace {
 
 std::string errnoText(int err) { return std::strerror(err); }
 
-/// Closes a descriptor on every path out.
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
 }  // namespace
 
 std::string byteSize(std::uintmax_t bytes) {
@@ -43,7 +35,7 @@ std::string byteSize(std::uintmax_t bytes) {
 
 std::string readFileBounded(const std::string& path, std::uintmax_t max_bytes,
                             const std::string& what) {
-  Fd f;
+  ScopedFd f;
   f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (f.fd < 0) throw ConfigError(strCat(path, ": cannot open ", what, " (", errnoText(errno), ")"));
   struct stat st {};
@@ -100,7 +92,7 @@ void writeFileAtomic(const std::string& path, const std::string& text) {
     return Error(strCat("cannot write ", path, ": ", errnoText(err)));
   };
   {
-    Fd f;
+    ScopedFd f;
     f.fd = ::mkostemp(tmp.data(), O_CLOEXEC);
     if (f.fd < 0) throw Error(strCat("cannot write ", path, ": ", errnoText(errno)));
     if (::fchmod(f.fd, 0644) != 0) throw fail(errno);  // mkstemp makes it 0600
@@ -130,7 +122,7 @@ void checkWritableDirectory(const std::string& dir, const std::string& what) {
                        ec ? ec.message() : std::string("not a directory")));
   }
   const std::string probe = (fs::path(dir) / ".batchdist-write-check").string();
-  Fd f;
+  ScopedFd f;
   f.fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (f.fd < 0) {
     throw Error(strCat("cannot write ", what, " to ", dir, ": ", errnoText(errno)));
