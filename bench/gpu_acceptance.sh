@@ -25,7 +25,8 @@
 #                  run's, tensor by tensor, bitwise (bench/gpu_resume_check.sh)
 #   photos*        an image folder of JPEG photos made here (bench/gpu_photos.py:
 #                  bench/photo_folder.py, scikit-image's photos at 300-600 px; class
-#                  patterns from batchdist_make_data where there are no photos)
+#                  patterns from batchdist_make_data where there are no photos;
+#                  --photos-from says which)
 #   pipeline*      ResNet-50 bf16 from that folder (configs/resnet50-imagenet.yaml),
 #                  data.workers: auto: images/s, data_wait_fraction, loader threads
 #   data-verb*     `batchdist data` on the same folder alone, on (cores - 1) threads:
@@ -47,6 +48,7 @@
 #
 #   bench/gpu_acceptance.sh [--out DIR] [--gpus N] [--precisions "fp32 bf16 fp16"]
 #                           [--samples N] [--steps N] [--photos N] [--oom-batch N]
+#                           [--photos-from auto|photos|patterns]
 #                           [--build-dir DIR] [--skip-build] [--leg-tests] [--venv DIR]
 #                           [--budget-s S] [--dry-run]
 #   bench/gpu_acceptance.sh --summarize OUT
@@ -54,6 +56,10 @@
 #     --samples N   synthetic images, so the search can reach out-of-memory [50000]
 #     --steps N     training steps per run, and timed DDP steps [60]
 #     --photos N    photos the pipeline step decodes [1024]
+#     --photos-from S  photos: real photos or the photos step fails; patterns: class
+#                   patterns, whatever this machine has; auto: photos where the
+#                   venv's Python (or /usr/bin/python3) has PIL, numpy and
+#                   scikit-image's photos, else patterns [auto]
 #     --oom-batch N the per-GPU batch of the oom step [twice the largest that fit in
 #                   the search; without a search, 1.5 x what the GPU's memory holds
 #                   by a rule of thumb]
@@ -78,6 +84,7 @@ precisions="fp32 bf16 fp16"
 samples=50000
 steps=60
 photos=1024
+photos_from=auto
 oom_batch=""
 build="$src/build-cuda"
 skip_build=0
@@ -100,6 +107,9 @@ while [ $# -gt 0 ]; do
     --samples) need_value "$@"; is_count "$2" || bad "--samples: expected a count >= 1, got '$2'"; samples=$2; shift 2 ;;
     --steps) need_value "$@"; is_count "$2" || bad "--steps: expected a count >= 1, got '$2'"; steps=$2; shift 2 ;;
     --photos) need_value "$@"; is_count "$2" || bad "--photos: expected a count >= 1, got '$2'"; photos=$2; shift 2 ;;
+    --photos-from) need_value "$@"
+      case $2 in auto|photos|patterns) photos_from=$2 ;; *) bad "--photos-from: '$2' is not auto, photos or patterns" ;; esac
+      shift 2 ;;
     --oom-batch) need_value "$@"; is_count "$2" || bad "--oom-batch: expected a count >= 1, got '$2'"; oom_batch=$2; shift 2 ;;
     --build-dir) need_value "$@"; build=$2; shift 2 ;;
     --skip-build) skip_build=1; shift ;;
@@ -655,7 +665,8 @@ run_step() {  # W NAME: the step's command
         "$build/tests/batchdist_model_diff" "$src/configs/quickstart.yaml" 200 100 "${gpu[@]}" ;;
     photos)
       step "$w" photos "$py" "$here/gpu_photos.py" "$out/w$w/photos/folder" --count "$photos" \
-        --repeat $(( (8192 + photos - 1) / photos )) --make-data "$build/tests/batchdist_make_data" ;;
+        --repeat $(( (8192 + photos - 1) / photos )) --make-data "$build/tests/batchdist_make_data" \
+        --source "$photos_from" ;;
     pipeline|data-verb)
       if [ "$(status_of "$w" photos)" != 0 ]; then
         skip_step "$w" "$s" "the photos step made no image folder"

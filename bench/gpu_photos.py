@@ -1,15 +1,20 @@
 """The photos step of bench/gpu_acceptance.sh: an image folder for the input-pipeline run.
 
   python3 bench/gpu_photos.py ROOT [--count 512] [--repeat 16] [--make-data BIN]
+                               [--source auto|photos|patterns] [--fallback-python PATH]
 
-Real photos when it can: bench/photo_folder.py (random crops of scikit-image's
-colour photographs, 300-600 px on the longer side, JPEG quality 85-95, 8 classes),
-with scikit-image's data folder found in this Python (pip's wheel ships the
-photos), SKIMAGE_DATA, or Debian's python3-skimage; PIL and numpy are needed.
-This Python lacking them, Debian's /usr/bin/python3 is tried. Otherwise (an
-air-gapped node's torch environment often has neither) the CUDA build's
-batchdist_make_data writes JPEGs of class patterns plus noise of about the same
-size (--size 500x375, +-25 %): not photos, said in photos.json.
+--source auto (the default): real photos when it can: bench/photo_folder.py
+(random crops of scikit-image's colour photographs, 300-600 px on the longer side,
+JPEG quality 85-95, 8 classes), with scikit-image's data folder found in this
+Python (pip's wheel ships the photos), SKIMAGE_DATA, or Debian's python3-skimage;
+PIL and numpy are needed.
+This Python lacking them, --fallback-python [/usr/bin/python3; '' for none] is
+tried. Otherwise (an air-gapped node's torch environment often has neither) the
+CUDA build's batchdist_make_data writes JPEGs of class patterns plus noise of
+about the same size (--size 500x375, +-25 %): not photos, said in photos.json.
+--source photos: photos or exit 1 saying what is missing; --source patterns: the
+patterns whatever is installed. Which one auto takes depends on the machine, so
+a test names the one it asserts about (tests/gpu_acceptance_test.sh).
 
 ROOT/list.txt lists every image --repeat times ("train/<class>/<file> label"), the
 data.list of the pipeline run: a long epoch from a few hundred distinct files, so
@@ -98,17 +103,28 @@ def main():
     ap.add_argument("--repeat", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--make-data", default="", help="batchdist_make_data, for patterns when there are no photos")
+    ap.add_argument("--source", choices=("auto", "photos", "patterns"), default="auto",
+                    help="photos, patterns, or photos where this machine can make them (auto)")
+    ap.add_argument("--fallback-python", default="/usr/bin/python3",
+                    help="the interpreter tried when this one cannot make photos ('' for none)")
     a = ap.parse_args()
     t0 = time.time()
     root = os.path.abspath(a.root)
-    generator, why = photos(root, a.count, a.seed)
-    if generator is None and os.path.realpath(sys.executable) != os.path.realpath("/usr/bin/python3") \
-            and os.path.exists("/usr/bin/python3") and not os.environ.get("GPU_PHOTOS_REEXEC"):
-        print(f"gpu_photos: {why}; trying /usr/bin/python3", flush=True)
+    if a.source == "patterns":
+        generator, why = None, "--source patterns"
+    else:
+        generator, why = photos(root, a.count, a.seed)
+    fallback = a.fallback_python
+    if generator is None and a.source != "patterns" and fallback and os.path.exists(fallback) \
+            and os.path.realpath(sys.executable) != os.path.realpath(fallback) \
+            and not os.environ.get("GPU_PHOTOS_REEXEC"):
+        print(f"gpu_photos: {why}; trying {fallback}", flush=True)
         env = dict(os.environ, GPU_PHOTOS_REEXEC="1", GPU_PHOTOS_WHY=why)
-        os.execve("/usr/bin/python3", ["/usr/bin/python3", os.path.abspath(__file__)] + sys.argv[1:], env)
+        os.execve(fallback, [fallback, os.path.abspath(__file__)] + sys.argv[1:], env)
     if generator is None:
         why = "; ".join(w for w in (os.environ.get("GPU_PHOTOS_WHY"), why) if w)
+        if a.source == "photos":
+            sys.exit(f"gpu_photos: --source photos, but no photos: {why}")
         if not a.make_data or not os.access(a.make_data, os.X_OK):
             sys.exit(f"gpu_photos: no photos ({why}) and no batchdist_make_data (--make-data '{a.make_data}')")
         print(f"gpu_photos: no photos ({why}); writing patterns instead", flush=True)

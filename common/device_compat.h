@@ -174,6 +174,21 @@ inline at::Tensor copyToDeviceAsync(const at::Tensor& host, const at::Device& de
   return host.to(device);
 }
 
+/// The default CPU generator's state (dropout and every other random op on CPU
+/// tensors), read under the generator's mutex.
+inline at::Tensor cpuRngState() {
+  at::Generator gen = at::globalContext().defaultGenerator(at::kCPU);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+/// Restores a state taken by cpuRngState().
+inline void setCpuRngState(const at::Tensor& state) {
+  at::Generator gen = at::globalContext().defaultGenerator(at::kCPU);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
 /// Note [cuda rng]: the state of `device`'s default CUDA generator (dropout and
 /// every other random kernel on that GPU), as a uint8 CPU tensor: Philox's seed
 /// and offset, 16 bytes in LibTorch 1.13 and 2.x alike (the generic

@@ -1,7 +1,7 @@
 #pragma once
-// What parseConfig says of a YAML text: the ConfigError's message (the file,
-// the key and why), or "<no error>" when it parses. Shared by the tests of the
-// config's refusals.
+// What a call says when it refuses: parseConfig's ConfigError for a YAML text
+// (the file, the key and why), or any call's error, or "<no error>". Shared by
+// the tests of refusals.
 
 #include <string>
 
@@ -9,6 +9,17 @@
 #include "worker/config/config.h"
 
 namespace batchdist::testsupport {
+
+/// The message of the E that f() throws, or "<no error>" when it returns.
+template <typename E = Error, typename F>
+std::string errorOf(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
 
 inline std::string configError(const std::string& yaml) {
   try {

@@ -181,13 +181,17 @@ t=$(now)
 mkdir -p "$build"
 # A build directory configured against another torch, toolkit or NCCL (say, before
 # the pin moved) keeps their paths in its cache: start that cache afresh.
-inputs="torch=$torch_cmake cuda=$cuda nccl=$nccl"
+# Ninja where it is installed (the README's commands install it): it compiles a
+# target's sources while the libraries before it still link (Note [unity build]).
+generator="Unix Makefiles"
+command -v ninja >/dev/null && generator=Ninja
+inputs="torch=$torch_cmake cuda=$cuda nccl=$nccl generator=$generator"
 if [ -f "$build/CMakeCache.txt" ] && [ "$(cat "$build/cuda_leg.inputs" 2>/dev/null)" != "$inputs" ]; then
   log "$build was configured with other inputs; configuring it afresh"
   rm -rf "$build/CMakeCache.txt" "$build/CMakeFiles"
 fi
 PATH="$cuda/bin:$PATH" CUDACXX="$cuda/bin/nvcc" CUDA_HOME="$cuda" \
-  cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release \
+  cmake -S "$src" -B "$build" -G "$generator" -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_PREFIX_PATH="$torch_cmake" \
     -DCUDAToolkit_ROOT="$cuda" -DCUDA_TOOLKIT_ROOT_DIR="$cuda" -DCMAKE_CUDA_COMPILER="$cuda/bin/nvcc" \
     -DTORCH_CUDA_ARCH_LIST=9.0 \

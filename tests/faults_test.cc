@@ -27,7 +27,7 @@ FaultPlan planOf(const Env& env) {
 }
 
 /// The message of the Error planOf(env) throws ("" when it does not throw).
-std::string errorOf(const Env& env) {
+std::string planError(const Env& env) {
   try {
     planOf(env);
   } catch (const Error& e) {
@@ -100,9 +100,9 @@ TEST(FaultPlan, HangNamesARankAndAStep) {
   EXPECT_EQ(plan.hang.step, 20);
   for (const std::string bad : {"3", "3:0", "-1:5", "x:5", "3:5:1", "3:"}) {
     SCOPED_TRACE(bad);
-    EXPECT_EQ(errorOf({{"BATCHDIST_FAULT_HANG", bad}}).rfind("BATCHDIST_FAULT_HANG: '", 0), 0u);
+    EXPECT_EQ(planError({{"BATCHDIST_FAULT_HANG", bad}}).rfind("BATCHDIST_FAULT_HANG: '", 0), 0u);
   }
-  EXPECT_EQ(errorOf({{"BATCHDIST_FAULT_HANG", "3"}}),
+  EXPECT_EQ(planError({{"BATCHDIST_FAULT_HANG", "3"}}),
             "BATCHDIST_FAULT_HANG: '3' is not RANK:STEP (STEP 1-based; e.g. 3:20 makes rank 3 hang "
             "before step 20)");
 }
@@ -135,7 +135,7 @@ TEST(FaultPlan, BadOomItemsAreNamedWithTheUsage) {
   for (const std::string item : {"1", "x:5", "1:0", "-1:5", "1:5:0", "1:5:1:2", "1:5x",
                                  "1:forward", "1:5:forward:1", "1:5:1:backward"}) {
     SCOPED_TRACE(item);
-    EXPECT_EQ(errorOf({{"BATCHDIST_FAULT_OOM", "0:3," + item}}),
+    EXPECT_EQ(planError({{"BATCHDIST_FAULT_OOM", "0:3," + item}}),
               "BATCHDIST_FAULT_OOM: '" + item + kOomUsage);
   }
   EXPECT_EQ(planOf({{"BATCHDIST_FAULT_OOM", "1:5:forward"}}).oomTries(1),
@@ -156,13 +156,13 @@ TEST(FaultPlan, BadNumbersAreNamedNotReadAsZero) {
   };
   for (const auto& [var, value] : cases) {
     SCOPED_TRACE(var + "=" + value);
-    const auto message = errorOf({{var, value}});
+    const auto message = planError({{var, value}});
     EXPECT_EQ(message.rfind(var + ": '" + value + "' is not ", 0), 0u) << message;
   }
 }
 
 TEST(FaultPlan, AnUnknownCheckpointPointIsNamed) {
-  EXPECT_EQ(errorOf({{"BATCHDIST_FAULT_CHECKPOINT", "after_manifest"}}),
+  EXPECT_EQ(planError({{"BATCHDIST_FAULT_CHECKPOINT", "after_manifest"}}),
             "BATCHDIST_FAULT_CHECKPOINT: 'after_manifest' is not a point of the checkpoint "
             "write: after_files or after_rename");
 }

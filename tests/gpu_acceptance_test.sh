@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The parts of bench/gpu_acceptance.sh that need no GPU: the script parses,
-# (shellcheck where installed), argument errors exit 2, a machine without a GPU
+# The parts of bench/gpu_acceptance.sh that need no GPU: the script parses
+# (shellcheck: the shell_scripts_lint test), argument errors exit 2, a machine without a GPU
 # exits 3 with one message, the GPU count (a fake nvidia-smi, narrowed by
 # CUDA_VISIBLE_DEVICES and --gpus) gives the world sizes of the plan (--dry-run),
 # which lists every step in order with its estimate; a run with fake mpirun,
@@ -8,6 +8,11 @@
 # right commands (the oom step's batch from the search, the pipeline's from its
 # chosen batch, gloo2 on 2 ranks); and the summary (--summarize) of a run's outputs,
 # fabricated for every step, has the figures and failures.
+# What this machine has installed changes nothing here: the run's photos step is
+# told --photos-from patterns, and bench/gpu_photos.py's own choice (auto: photos
+# where PIL, numpy and scikit-image's photos are, else patterns; the fallback
+# interpreter) is checked with an interpreter that has none of them (python3 -I -S).
+# The photos path itself: the gpu_photos_real test.
 #   tests/gpu_acceptance_test.sh SCRIPT
 set -uo pipefail
 script=$1
@@ -29,11 +34,6 @@ check() {  # check NAME WANT_CODE WANT_TEXT -- command...
 }
 
 bash -n "$script" || { echo "FAIL: bash -n $script"; exit 1; }
-if command -v shellcheck >/dev/null; then
-  shellcheck "$script" || fails=$((fails + 1))
-else
-  echo "note: shellcheck not installed, only bash -n checked the syntax"
-fi
 
 cat >"$tmp/nvidia-smi" <<'SMI'
 #!/bin/sh
@@ -60,6 +60,7 @@ check visible-two 0 "world sizes: 1 2" -- \
 check gpus-three 0 "world 3: quickstart (nccl); resnet50-bf16 ddp-bf16; adaptive" -- \
   "${fake[@]}" "$script" --dry-run --gpus 3 --precisions bf16
 check photos-not-a-count 2 "--photos: expected a count >= 1, got '0'" -- "$script" --photos 0
+check photos-from-bad 2 "--photos-from: 'jpeg' is not auto, photos or patterns" -- "$script" --photos-from jpeg
 check oom-batch-not-a-count 2 "--oom-batch: expected a count >= 1, got 'big'" -- "$script" --oom-batch big
 check plan-world-1 0 "world 1: quickstart (nccl); resnet50-bf16 ddp-bf16; oom; resume; photos pipeline data-verb; gloo2; unit-tests; resnet50-fp32 ddp-fp32; resnet50-fp16 ddp-fp16; adaptive" -- \
   "${fake[@]}" "$script" --dry-run
@@ -80,7 +81,10 @@ check budget-plan 0 "budget: 300 s (a step that would not fit is skipped)" -- \
 mkdir -p "$tmp/b/launcher" "$tmp/venv/bin"
 printf '#!/bin/sh\necho "batchdist 0.1.0 (fake)"\n' >"$tmp/b/launcher/batchdist"
 chmod +x "$tmp/b/launcher/batchdist"
-ln -s "$(command -v python3)" "$tmp/venv/bin/python"
+# The interpreter itself, as a venv's bin/python is, not a launcher's shim (pyenv's
+# costs 0.1 s a start, and the script starts Python after every step).
+py3=$(python3 -c 'import sys; print(sys.executable)')
+ln -s "$py3" "$tmp/venv/bin/python"
 check venv-without-python 2 "--venv $tmp has no bin/python" -- \
   "${fake[@]}" "$script" --gpus 1 --skip-build --build-dir "$tmp/b" --venv "$tmp" --out "$tmp/o0"
 check budget-all-skipped 0 "gpu_acceptance: PASSED (15 step(s) skipped, for the time budget or a step they need: world 1 quickstart, world 1 resnet50-bf16, world 1 ddp-bf16, world 1 oom, world 1 resume, world 1 photos, world 1 pipeline, world 1 data-verb, world 1 gloo2, world 1 unit-tests, world 1 resnet50-fp32" -- \
@@ -138,7 +142,7 @@ chmod +x "$fb/mpirun" "$fb/ctest" "$tmp/venv/bin/torchrun" "$tmp/b/tests/batchdi
 echo "CMAKE_CTEST_COMMAND:INTERNAL=$fb/ctest" >"$tmp/b/CMakeCache.txt"
 e2e="$tmp/o2"
 check fakes-run 1 "gpu_acceptance: FAILED: world 1 quickstart" -- \
-  env PATH="$fb:$PATH" "${fake[@]}" "$script" --gpus 1 --precisions "fp32 bf16" --photos 8 --skip-build \
+  env PATH="$fb:$PATH" "${fake[@]}" "$script" --gpus 1 --precisions "fp32 bf16" --photos 8 --photos-from patterns --skip-build \
   --build-dir "$tmp/b" --venv "$tmp/venv" --budget-s 600 --out "$e2e"
 check fakes-order 0 "quickstart resnet50-bf16 ddp-bf16 oom resume photos pipeline data-verb gloo2 unit-tests resnet50-fp32 ddp-fp32 adaptive" -- \
   bash -c 'tail -n +2 "$1" | cut -f2 | tr "\n" " "' _ "$e2e/steps.tsv"
@@ -149,6 +153,8 @@ check fakes-oom-why 0 "twice the largest per-GPU batch that fit in resnet50-bf16
   cat "$e2e/w1/oom/request.json"
 check fakes-resume 0 "checkpoint.every_steps=50" -- cat "$e2e/w1/resume/full.log"
 check fakes-photos 0 '"source": "patterns"' -- cat "$e2e/w1/photos/folder/photos.json"
+check fakes-photos-forced 0 '"why_not_photos": "--source patterns"' -- cat "$e2e/w1/photos/folder/photos.json"
+check fakes-photos-command 0 "--make-data $tmp/b/tests/batchdist_make_data --source patterns" -- cat "$e2e/w1/photos/log"
 check fakes-pipeline 0 "--set batch.per_gpu=256 --set batch.global=256 --set data.workers=auto --set train.precision=bf16" -- \
   cat "$e2e/w1/pipeline/log"
 check fakes-data-verb 0 "data.workers=$(( $(nproc) > 1 ? $(nproc) - 1 : 1 )) --seconds 10 --json" -- cat "$e2e/w1/data-verb/log"
@@ -157,6 +163,23 @@ check fakes-gloo2-backend 0 "--set train.device=cuda --set dist.backend=gloo" --
 check fakes-ctest 0 "fake ctest in $tmp/b: -L cuda_leg -j" -- cat "$e2e/w1/unit-tests/log"
 check fakes-summary-tests 1 "world 1 unit-tests (FAILED): 2 of 3 passed, 1 failed, 0 skipped (Cli.NoGpuIsBadInput (Failed))" -- \
   "$script" --summarize "$e2e"
+# bench/gpu_photos.py's choice under --source auto and photos, made by an
+# interpreter without PIL, numpy or scikit-image whatever this machine has: no
+# site-packages (-S), no PYTHON* variables or user site (-I).
+photos=$(dirname "$script")/gpu_photos.py
+bare=$tmp/bare-python
+printf '#!/bin/sh\nexec %q -I -S "$@"\n' "$py3" >"$bare"
+cp "$bare" "$tmp/bare-fallback"
+chmod +x "$bare" "$tmp/bare-fallback"
+check photos-bare-python 1 "No module named 'numpy'" -- "$bare" -c 'import numpy'
+check photos-auto-patterns 0 "gpu_photos: no photos ($py3 has no numpy (photo_folder.py needs PIL and numpy)); writing patterns instead" -- \
+  "$bare" "$photos" "$tmp/p1" --count 8 --repeat 1 --make-data "$tmp/b/tests/batchdist_make_data" --fallback-python ""
+check photos-auto-json 0 '"source": "patterns"' -- cat "$tmp/p1/photos.json"
+check photos-forced-fails 1 "gpu_photos: --source photos, but no photos: " -- \
+  "$bare" "$photos" "$tmp/p2" --count 8 --make-data "$tmp/b/tests/batchdist_make_data" --source photos --fallback-python ""
+check photos-fallback-tried 1 "has no numpy (photo_folder.py needs PIL and numpy); trying $tmp/bare-fallback" -- \
+  "$bare" "$photos" "$tmp/p3" --count 8 --source photos --fallback-python "$tmp/bare-fallback"
+
 # The outputs of a 1-GPU bf16 run as the steps leave them.
 run="$tmp/run"
 mkdir -p "$run/w1/quickstart" "$run/w1/resnet50-bf16" "$run/w1/ddp-bf16" "$run/w1/adaptive"

@@ -160,10 +160,10 @@ TEST(StreamedMetrics, AResumeKeepsTheLinesUpToItsStepAndDropsATornLine) {
 TEST(StreamedMetrics, AFileThatCannotBeWrittenWarnsAndTheRunGoesOn) {
   const auto dir = scratch("a_directory");
   fs::create_directories(dir / "metrics.jsonl");  // a directory where the file should be
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   MetricsLog log((dir / "metrics.jsonl").string(), -1);
   log.append(point(2));  // no throw, no crash
-  const auto err = testing::internal::GetCapturedStderr();
+  const auto err = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(err.find("metrics.jsonl is not written from here on"), std::string::npos) << err;
   EXPECT_NE(err.find("metrics.jsonl"), std::string::npos);
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "tests/config_errors.h"
 #include "tests/image_fixtures.h"
 #include "tests/scratch_dir.h"
 #include "worker/data/data.h"
@@ -21,18 +22,9 @@
 #include "worker/task/task.h"
 
 using namespace batchdist::worker;
+using batchdist::testsupport::errorOf;
 
 namespace {
-
-template <typename F>
-std::string errorOf(F&& f) {
-  try {
-    f();
-  } catch (const batchdist::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 /// A module with parameter w = [1, 2] and `forward`'s TorchScript source, saved as
 /// DIR/NAME.pt; its path.

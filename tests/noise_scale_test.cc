@@ -23,7 +23,7 @@ using batchdist::worker::NoiseScaleEstimator;
 
 namespace {
 
-enum class Task { kLinear, kLogistic };
+enum class Regression { kLinear, kLogistic };
 
 /// A finite population: every step draws each rank's batch from it with
 /// replacement, so per-sample gradients are i.i.d. with exactly mean G and
@@ -34,22 +34,22 @@ struct Population {
   double b_simple = 0;      // exact tr(S) / |G|^2 there
 };
 
-torch::Tensor lossSum(Task task, const torch::Tensor& w, const torch::Tensor& b,
+torch::Tensor lossSum(Regression task, const torch::Tensor& w, const torch::Tensor& b,
                       const torch::Tensor& x, const torch::Tensor& y) {
   auto z = torch::mv(x, w) + b;
-  if (task == Task::kLinear) return 0.5 * (z - y).pow(2).sum();
+  if (task == Regression::kLinear) return 0.5 * (z - y).pow(2).sum();
   return torch::nn::functional::binary_cross_entropy_with_logits(
       z, y, torch::nn::functional::BinaryCrossEntropyWithLogitsFuncOptions().reduction(torch::kSum));
 }
 
-Population makePopulation(Task task, int64_t n, int64_t d) {
+Population makePopulation(Regression task, int64_t n, int64_t d) {
   torch::NoGradGuard no_grad;
   auto gen = at::detail::createCPUGenerator(7);
   Population p;
   p.x = at::randn({n, d}, gen, torch::kDouble);
   auto w_true = at::randn({d}, gen, torch::kDouble);
   auto z = torch::mv(p.x, w_true);
-  if (task == Task::kLinear) {
+  if (task == Regression::kLinear) {
     p.y = z + 0.5 * at::randn({n}, gen, torch::kDouble);
     p.w0 = w_true + 0.25 * at::randn({d}, gen, torch::kDouble);
   } else {
@@ -59,7 +59,7 @@ Population makePopulation(Task task, int64_t n, int64_t d) {
   p.b0 = torch::full({1}, 0.1, torch::kDouble);
   // Exact per-sample gradients (closed form): residual r_i times (x_i, 1).
   auto zi = torch::mv(p.x, p.w0) + p.b0;
-  auto r = task == Task::kLinear ? zi - p.y : torch::sigmoid(zi) - p.y;
+  auto r = task == Regression::kLinear ? zi - p.y : torch::sigmoid(zi) - p.y;
   auto grads = torch::cat({p.x * r.unsqueeze(1), r.unsqueeze(1)}, 1);  // N x (d + 1)
   auto mean = grads.mean(0);
   const double trace = (grads - mean).pow(2).sum(1).mean().item<double>();
@@ -77,7 +77,7 @@ struct Outcome {
 
 /// `steps` steps of `world` ranks with per-rank batch `b`; gradients summed by the
 /// reducer (overlap) or the copy path; `scale`: an fp16-style loss scale.
-Outcome estimate(Task task, const Population& pop, int world, int64_t b, int64_t steps,
+Outcome estimate(Regression task, const Population& pop, int world, int64_t b, int64_t steps,
                  bool overlap, double scale) {
   Outcome out;
   std::mutex mu;
@@ -155,8 +155,8 @@ TEST(NoiseScale, EstimatorIsExactOnExpectedNorms) {
 }
 
 TEST(NoiseScale, LinearRegressionMatchesExactCovarianceReducer) {
-  const auto pop = makePopulation(Task::kLinear, 4000, 8);
-  const auto r = estimate(Task::kLinear, pop, 4, 16, 400, /*overlap=*/true, 1.0);
+  const auto pop = makePopulation(Regression::kLinear, 4000, 8);
+  const auto r = estimate(Regression::kLinear, pop, 4, 16, 400, /*overlap=*/true, 1.0);
   EXPECT_LT(r.max_norm_error, 1e-4);
   expectNear("linear, W=4 b=16, reducer (window)", r.window, pop.b_simple, 0.2);
   expectNear("linear, W=4 b=16, reducer (EMA)", r.smoothed, pop.b_simple, 0.35);
@@ -164,15 +164,15 @@ TEST(NoiseScale, LinearRegressionMatchesExactCovarianceReducer) {
 
 TEST(NoiseScale, LinearRegressionCopyPathWithLossScale) {
   // The copy path's norms equal a direct computation, and a loss scale cancels.
-  const auto pop = makePopulation(Task::kLinear, 4000, 8);
-  const auto r = estimate(Task::kLinear, pop, 2, 32, 400, /*overlap=*/false, 1024.0);
+  const auto pop = makePopulation(Regression::kLinear, 4000, 8);
+  const auto r = estimate(Regression::kLinear, pop, 2, 32, 400, /*overlap=*/false, 1024.0);
   EXPECT_LT(r.max_norm_error, 1e-4);
   expectNear("linear, W=2 b=32, copy path, scale 1024", r.window, pop.b_simple, 0.2);
 }
 
 TEST(NoiseScale, LogisticRegressionMatchesExactCovariance) {
-  const auto pop = makePopulation(Task::kLogistic, 4000, 6);
-  const auto r = estimate(Task::kLogistic, pop, 4, 8, 500, /*overlap=*/true, 1.0);
+  const auto pop = makePopulation(Regression::kLogistic, 4000, 6);
+  const auto r = estimate(Regression::kLogistic, pop, 4, 8, 500, /*overlap=*/true, 1.0);
   expectNear("logistic, W=4 b=8, reducer", r.window, pop.b_simple, 0.2);
 }
 

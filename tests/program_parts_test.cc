@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "tests/config_errors.h"
 #include "worker/data/data.h"
 #include "worker/data/loader.h"
 #include "worker/model/model.h"
@@ -22,18 +23,9 @@
 #include "worker/task/task.h"
 
 using namespace batchdist::worker;
+using batchdist::testsupport::errorOf;
 
 namespace {
-
-template <typename F>
-std::string errorOf(F&& f) {
-  try {
-    f();
-  } catch (const batchdist::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 /// Linear 2 -> 2 whose loss is the per-sample squared error, and its mae metric.
 std::shared_ptr<ProgramModule> linearProgram(ProgramModule::LossFunction loss = {}) {

@@ -286,11 +286,11 @@ TEST(TensorBoard, UncreatableFileOnlyWarns) {
   TempDir tmp;
   const std::string blocker = tmp.path + "/file";
   std::ofstream(blocker) << "x";
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   EventFileWriter w(blocker + "/tensorboard", 0);  // a directory under a regular file
   EXPECT_FALSE(w.ok());
   EXPECT_NO_THROW(appendMetrics(w, stepPoint(1)));
-  const std::string err = testing::internal::GetCapturedStderr();
+  const std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(err.find("warning: TensorBoard events are not written"), std::string::npos) << err;
   EXPECT_NE(err.find(blocker), std::string::npos) << "the message names the path: " << err;
   EXPECT_NE(err.find("report.tensorboard"), std::string::npos) << err;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "tests/config_errors.h"
 #include "tests/image_fixtures.h"
 #include "tests/scratch_dir.h"
 #include "worker/data/data.h"
@@ -23,6 +24,7 @@
 #include "worker/task/task.h"
 
 using namespace batchdist::worker;
+using batchdist::testsupport::errorOf;
 namespace t = batchdist::testing;
 
 namespace {
@@ -52,16 +54,6 @@ DataConfig tokensConfig(const std::string& path, int64_t seq_len, int64_t vocab)
 std::string loadError(const DataConfig& cfg) {
   try {
     loadData(cfg, 1, "");
-  } catch (const batchdist::ConfigError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-template <typename F>
-std::string errorOf(F&& f) {
-  try {
-    f();
   } catch (const batchdist::ConfigError& e) {
     return e.what();
   }
@@ -221,8 +213,8 @@ TEST(Tokens, AnIdOutsideTheVocabularyIsNamedWithItsOffsetAndValue) {
   const std::string want = d + "/train.bin: token 12 (byte offset 24) is 300, outside model.vocab's "
                                "0..255; raise model.vocab to the tokenizer's vocabulary size (at "
                                "least 301)";
-  EXPECT_EQ(errorOf([&] { split.train.inputs(indices({0, 3})); }), want);
-  EXPECT_EQ(errorOf([&] { split.train.targets(indices({2})); }), want);  // 9..12
+  EXPECT_EQ(errorOf<batchdist::ConfigError>([&] { split.train.inputs(indices({0, 3})); }), want);
+  EXPECT_EQ(errorOf<batchdist::ConfigError>([&] { split.train.targets(indices({2})); }), want);  // 9..12
   EXPECT_NO_THROW(split.train.inputs(indices({0, 1, 2, 4})));
   // Through the loader too (the training path).
   auto o = loaderOptions(cfg, split.train, true, torch::kCPU, 7, nullptr);
@@ -231,7 +223,7 @@ TEST(Tokens, AnIdOutsideTheVocabularyIsNamedWithItsOffsetAndValue) {
   m.indices = {3};
   m.weights = {1.0f};
   loader.start({m}, 0, 0);
-  EXPECT_EQ(errorOf([&] { loader.next(); }), want);
+  EXPECT_EQ(errorOf<batchdist::ConfigError>([&] { loader.next(); }), want);
 
   // A negative id of an int64 .npy: the byte offset counts the header.
   std::vector<int64_t> ids(9, 1);
@@ -240,7 +232,7 @@ TEST(Tokens, AnIdOutsideTheVocabularyIsNamedWithItsOffsetAndValue) {
   t::writeFile(d + "/neg.npy", npy);
   const auto header = static_cast<int64_t>(npy.size()) - 9 * 8;
   const auto neg = loadData(tokensConfig(d + "/neg.npy", 4, 256), 1, "");
-  EXPECT_EQ(errorOf([&] { neg.train.inputs(indices({1})); }),
+  EXPECT_EQ(errorOf<batchdist::ConfigError>([&] { neg.train.inputs(indices({1})); }),
             d + "/neg.npy: token 5 (byte offset " + std::to_string(header + 40) +
                 ") is -1, outside model.vocab's 0..255; token ids are not negative: is the file "
                 "token ids?");
@@ -352,7 +344,7 @@ TEST(LanguageModelTask, TokensChooseItAndMismatchesAreNamed) {
   EXPECT_EQ(parseEnum<TaskKind>("language_model"), TaskKind::kLanguageModel);
 
   const auto parseError = [](const std::string& yaml) {
-    return errorOf([&] { parseConfig(yaml, "t.yaml"); });
+    return errorOf<batchdist::ConfigError>([&] { parseConfig(yaml, "t.yaml"); });
   };
   const std::string token_data = "data.name: tokens (a .bin or .npy of token ids: docs/data.md)";
   EXPECT_EQ(parseError("data: {name: tokens, path: t.bin}"),
@@ -375,12 +367,12 @@ TEST(LanguageModelTask, TokensChooseItAndMismatchesAreNamed) {
             "flipped, resized or normalised); remove it");
   // chooseTask checks the same on a config built in code, and the head's width.
   cfg.model.name = ModelName::kMlp;
-  EXPECT_EQ(errorOf([&] { chooseTask(cfg, DataSplit{}); }),
+  EXPECT_EQ(errorOf<batchdist::ConfigError>([&] { chooseTask(cfg, DataSplit{}); }),
             "t.yaml: model.name: mlp, but data.name: tokens gives token ids, which only model.name: "
             "gpt reads (or a TorchScript module with its own loss: docs/models.md); use model.name: gpt");
   cfg.model.name = ModelName::kGpt;
   cfg.model.outputs = 5;
-  EXPECT_EQ(errorOf([&] { chooseTask(cfg, DataSplit{}); }),
+  EXPECT_EQ(errorOf<batchdist::ConfigError>([&] { chooseTask(cfg, DataSplit{}); }),
             "t.yaml: model.outputs: 5, but a language model's head is model.vocab (300) wide, one "
             "logit per token id; leave model.outputs out");
 }

@@ -19,11 +19,13 @@
 #include "worker/train/trainer.h"
 #include "collective/process_group.h"
 #include "collective/torch_compat.h"
+#include "config_errors.h"
 #include "scratch_dir.h"
 
 #include <torch/script.h>
 
 using batchdist::ConfigError;
+using batchdist::testsupport::errorOf;
 using namespace batchdist::worker;
 namespace fs = std::filesystem;
 
@@ -52,15 +54,6 @@ std::string cifarRecords(int n, int label_bytes, int classes) {
 std::string be32(uint32_t v) {
   return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
           static_cast<char>(v)};
-}
-
-std::string errorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "<no error>";
 }
 
 const std::string kTinyCnn = std::string(BATCHDIST_SOURCE_DIR) + "/tests/data/tiny_cnn.pt";
@@ -94,19 +87,19 @@ TEST(Readers, Cifar100UsesTheFineLabel) {
 
 TEST(Readers, CorruptCifarNamesFileAndOffset) {
   auto bytes = cifarRecords(3, 1, 10);
-  auto msg = errorOf([&] { parseCifar(bytes.substr(0, bytes.size() - 100), "b.bin", 1, 10); });
+  auto msg = errorOf<ConfigError>([&] { parseCifar(bytes.substr(0, bytes.size() - 100), "b.bin", 1, 10); });
   EXPECT_NE(msg.find("b.bin: 9119 bytes is not a whole number of 3073-byte CIFAR records"),
             std::string::npos)
       << msg;
   EXPECT_NE(msg.find("record at offset 6146 is truncated"), std::string::npos) << msg;
   bytes[3073] = 42;  // label of record 1
-  msg = errorOf([&] { parseCifar(bytes, "b.bin", 1, 10); });
+  msg = errorOf<ConfigError>([&] { parseCifar(bytes, "b.bin", 1, 10); });
   EXPECT_NE(msg.find("b.bin: offset 3073: label 42 is outside 0..9"), std::string::npos) << msg;
   const auto dir = tempDir("cifar_missing");
   DataConfig cfg;
   cfg.name = DataName::kCifar10;
   cfg.path = dir.string();
-  msg = errorOf([&] { loadData(cfg, 0, ""); });
+  msg = errorOf<ConfigError>([&] { loadData(cfg, 0, ""); });
   EXPECT_NE(msg.find("data_batch_1.bin"), std::string::npos) << msg;
 }
 
@@ -136,15 +129,15 @@ TEST(Readers, MnistIdxFiles) {
   EXPECT_EQ(split.train.target[11].item<int64_t>(), 1);
   EXPECT_EQ(split.train.x[1][0][0][1].item<int>(), 17);
 
-  auto msg = errorOf([&] { parseIdx(images(3).substr(0, 40), "i", labels(3), "l"); });
+  auto msg = errorOf<ConfigError>([&] { parseIdx(images(3).substr(0, 40), "i", labels(3), "l"); });
   EXPECT_NE(msg.find("i: header says 3 images of 4x4 (64 bytes), but the file has 40 bytes "
                      "(truncated)"),
             std::string::npos)
       << msg;
-  msg = errorOf([&] { parseIdx(labels(3), "i", labels(3), "l"); });
+  msg = errorOf<ConfigError>([&] { parseIdx(labels(3), "i", labels(3), "l"); });
   EXPECT_NE(msg.find("i: offset 0: expected the idx3-ubyte magic 0x00000803"), std::string::npos)
       << msg;
-  msg = errorOf([&] { parseIdx(images(3), "i", labels(4), "l"); });
+  msg = errorOf<ConfigError>([&] { parseIdx(images(3), "i", labels(4), "l"); });
   EXPECT_NE(msg.find("l: offset 4: 4 labels for 3 images"), std::string::npos) << msg;
 }
 
@@ -156,15 +149,15 @@ TEST(Readers, MnistHeaderWithoutImagesIsRefused) {
     return be32(0x803) + be32(n) + be32(rows) + be32(cols);
   };
   const auto labels = [](uint32_t n) { return be32(0x801) + be32(n) + std::string(n, '\1'); };
-  auto msg = errorOf([&] { parseIdx(header(3, 0, 0), "i", labels(3), "l"); });
+  auto msg = errorOf<ConfigError>([&] { parseIdx(header(3, 0, 0), "i", labels(3), "l"); });
   EXPECT_NE(msg.find("i: offset 4: the header declares 3 images of 0x0 pixels; a data set needs at "
                      "least one image of at least 1x1"),
             std::string::npos)
       << msg;
-  msg = errorOf([&] { parseIdx(header(0, 28, 28), "i", labels(0), "l"); });
+  msg = errorOf<ConfigError>([&] { parseIdx(header(0, 28, 28), "i", labels(0), "l"); });
   EXPECT_NE(msg.find("i: offset 4: the header declares 0 images of 28x28 pixels"), std::string::npos)
       << msg;
-  msg = errorOf([&] { parseIdx(header(0, 0, 0), "i", labels(0), "l"); });
+  msg = errorOf<ConfigError>([&] { parseIdx(header(0, 0, 0), "i", labels(0), "l"); });
   EXPECT_NE(msg.find("the header declares 0 images of 0x0 pixels"), std::string::npos) << msg;
 }
 
@@ -179,7 +172,7 @@ TEST(Readers, SyntheticImagesAreDeterministicBytes) {
   EXPECT_EQ(a.train.x.scalar_type(), torch::kByte);
   EXPECT_EQ(a.train.x.sizes(), (std::vector<int64_t>{32, 3, 16, 16}));
   cfg.shape = {64};
-  EXPECT_NE(errorOf([&] { loadData(cfg, 4, ""); }).find("synthetic_images needs [C, H, W]"),
+  EXPECT_NE(errorOf<ConfigError>([&] { loadData(cfg, 4, ""); }).find("synthetic_images needs [C, H, W]"),
             std::string::npos);
 }
 
@@ -209,7 +202,7 @@ TEST(Models, ResNet50ImagenetStem) {
   for (const auto& p : net->parameters()) n += p.numel();
   EXPECT_EQ(n, 23522375);  // torchvision's resnet50 body + a 7-class head
   EXPECT_EQ(net->forward(torch::randn({2, 3, 64, 64})).sizes(), (std::vector<int64_t>{2, 7}));
-  EXPECT_NE(errorOf([&] { buildModel(cfg, {64}, 7); }).find("needs image samples"), std::string::npos);
+  EXPECT_NE(errorOf<ConfigError>([&] { buildModel(cfg, {64}, 7); }).find("needs image samples"), std::string::npos);
 }
 
 TEST(Models, TorchScriptLoadsTrainsAndSaves) {
@@ -252,17 +245,17 @@ TEST(Models, TorchScriptErrorsNameTheFileAndShape) {
   ModelConfig cfg;
   cfg.name = ModelName::kTorchscript;
   cfg.path = "/no/such/model.pt";
-  EXPECT_NE(errorOf([&] { buildModel(cfg, {1, 8, 8}, 10); }).find("no such file '/no/such/model.pt'"),
+  EXPECT_NE(errorOf<ConfigError>([&] { buildModel(cfg, {1, 8, 8}, 10); }).find("no such file '/no/such/model.pt'"),
             std::string::npos);
   const auto junk = tempDir("ts_junk") / "junk.pt";
   writeBytes(junk, "not a zip archive");
   cfg.path = junk.string();
-  EXPECT_NE(errorOf([&] { buildModel(cfg, {1, 8, 8}, 10); }).find("is not a TorchScript module"),
+  EXPECT_NE(errorOf<ConfigError>([&] { buildModel(cfg, {1, 8, 8}, 10); }).find("is not a TorchScript module"),
             std::string::npos);
   cfg.path = kTinyCnn;
-  auto msg = errorOf([&] { buildModel(cfg, {64}, 10); });
+  auto msg = errorOf<ConfigError>([&] { buildModel(cfg, {64}, 10); });
   EXPECT_NE(msg.find("forward failed on a sample batch of shape [2, 64]"), std::string::npos) << msg;
-  msg = errorOf([&] { buildModel(cfg, {1, 8, 8}, 5); });
+  msg = errorOf<ConfigError>([&] { buildModel(cfg, {1, 8, 8}, 5); });
   EXPECT_NE(msg.find("returned [2, 10]; expected [2, 5]"), std::string::npos) << msg;
 }
 

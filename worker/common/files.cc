@@ -18,14 +18,6 @@ namespace {
 
 std::string errnoText(int err) { return std::strerror(err); }
 
-/// Closes a descriptor on every path out.
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
 }  // namespace
 
 std::string byteSize(std::uintmax_t bytes) {
@@ -164,7 +156,7 @@ void writeFileAtomic(const std::string& path, const std::string& text) {
     return Error(strCat("cannot write ", path, ": ", errnoText(err)));
   };
   {
-    Fd f;
+    ScopedFd f;
     f.fd = ::mkostemp(tmp.data(), O_CLOEXEC);
     if (f.fd < 0) throw Error(strCat("cannot write ", path, ": ", errnoText(errno)));
     if (::fchmod(f.fd, 0644) != 0) throw fail(errno);  // mkstemp makes it 0600
@@ -194,7 +186,7 @@ void checkWritableDirectory(const std::string& dir, const std::string& what) {
                        ec ? ec.message() : std::string("not a directory")));
   }
   const std::string probe = (fs::path(dir) / ".batchdist-write-check").string();
-  Fd f;
+  ScopedFd f;
   f.fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (f.fd < 0) {
     throw Error(strCat("cannot write ", what, " to ", dir, ": ", errnoText(errno)));

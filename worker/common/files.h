@@ -2,6 +2,8 @@
 // Reading and writing files with the errors a user can act on: every message
 // names the file and the cause (errno text), and nothing is read without a bound.
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -68,6 +70,18 @@ void checkWritableDirectory(const std::string& dir, const std::string& what);
 /// Throws Error naming `path` and the cause unless `path` can be written later:
 /// it is not a directory, and its directory is writable.
 void checkWritableFile(const std::string& path, const std::string& what);
+
+/// A file descriptor closed on every path out (fd < 0: none). A caller that
+/// must see close()'s error closes it itself and sets fd to -1.
+struct ScopedFd {
+  int fd = -1;
+  ScopedFd() = default;
+  ScopedFd(const ScopedFd&) = delete;
+  ScopedFd& operator=(const ScopedFd&) = delete;
+  ~ScopedFd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
 
 /// "1.5 MiB" style size text.
 std::string byteSize(std::uintmax_t bytes);

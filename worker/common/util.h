@@ -13,6 +13,9 @@ inline double monotonicSeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+/// part / whole, 0 when there is no whole (a phase's share of a step's time).
+inline double shareOf(double part, double whole) { return whole > 0 ? part / whole : 0.0; }
+
 /// "[3, 32, 32]".
 inline std::string shapeText(const std::vector<int64_t>& v) {
   std::string s = "[";

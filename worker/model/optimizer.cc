@@ -8,6 +8,7 @@
 
 #include "common/device_compat.h"
 #include "common/error.h"
+#include "worker/model/archive.h"
 
 namespace batchdist::worker {
 
@@ -17,18 +18,6 @@ double larsTrustRatio(double weight_norm, double grad_norm, double weight_decay,
 }
 
 namespace {
-
-std::string archiveBytes(torch::serialize::OutputArchive& archive) {
-  std::ostringstream out;
-  archive.save_to(out);
-  return out.str();
-}
-
-void loadArchive(torch::serialize::InputArchive& archive, const std::string& bytes,
-                 const at::Device& device) {
-  std::istringstream in(bytes);
-  archive.load_from(in, device);
-}
 
 template <typename TorchOpt, typename Options>
 class TorchOptimizer : public Optimizer {
@@ -60,7 +49,7 @@ class TorchOptimizer : public Optimizer {
   }
   void loadState(const std::string& bytes, const at::Device& device) override {
     torch::serialize::InputArchive archive;
-    loadArchive(archive, bytes, device);
+    loadArchiveBytes(archive, bytes, device);
     try {
       opt_.load(archive);  // creates the per-parameter state for these parameters
     } catch (const c10::Error& e) {
@@ -193,7 +182,7 @@ class Lars : public Optimizer {
   }
   void loadState(const std::string& bytes, const at::Device& device) override {
     torch::serialize::InputArchive archive;
-    loadArchive(archive, bytes, device);
+    loadArchiveBytes(archive, bytes, device);
     torch::NoGradGuard no_grad;
     for (std::size_t i = 0; i < momentum_.size(); ++i) {
       torch::Tensor m;

@@ -16,19 +16,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-/// The default CPU generator's state (dropout on CPU tensors).
-at::Tensor cpuRngState() {
-  at::Generator gen = at::globalContext().defaultGenerator(at::kCPU);
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
-
-void setCpuRngState(const at::Tensor& state) {
-  at::Generator gen = at::globalContext().defaultGenerator(at::kCPU);
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
-}
-
 /// What the forward leaves for the recompute (Note [activation recompute]):
 /// the block, the random state before it, autocast's state. Held by the
 /// autograd context as a capsule (its IValue map takes no std::function).
@@ -72,10 +59,10 @@ class PassScope {
 class ForwardConditions {
  public:
   explicit ForwardConditions(const RecomputeState& s)
-      : device_(s.device), cpu_rng_(cpuRngState()), cuda_rng_(compat::cudaRngState(s.device)),
+      : device_(s.device), cpu_rng_(compat::cpuRngState()), cuda_rng_(compat::cudaRngState(s.device)),
         autocast_(compat::autocastEnabled(s.device.type())),
         autocast_dtype_(compat::autocastDtype(s.device.type())), replayed_autocast_(s.autocast) {
-    setCpuRngState(s.cpu_rng);
+    compat::setCpuRngState(s.cpu_rng);
     compat::setCudaRngState(device_, s.cuda_rng);
     compat::setAutocast(device_.type(), s.autocast, s.autocast_dtype);
     if (replayed_autocast_) at::autocast::increment_nesting();
@@ -85,7 +72,7 @@ class ForwardConditions {
     if (replayed_autocast_ && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
     compat::setAutocast(device_.type(), autocast_, autocast_dtype_);
     compat::setCudaRngState(device_, cuda_rng_);
-    setCpuRngState(cpu_rng_);
+    compat::setCpuRngState(cpu_rng_);
   }
   ForwardConditions(const ForwardConditions&) = delete;
   ForwardConditions& operator=(const ForwardConditions&) = delete;
@@ -105,7 +92,7 @@ struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
                             c10::intrusive_ptr<RecomputeState> state) {
     state->params = params.vec();
     state->device = x.device();
-    state->cpu_rng = cpuRngState();
+    state->cpu_rng = compat::cpuRngState();
     state->cuda_rng = compat::cudaRngState(x.device());
     state->autocast = compat::autocastEnabled(x.device().type());
     state->autocast_dtype = compat::autocastDtype(x.device().type());

@@ -12,14 +12,9 @@
 
 #include "common/error.h"
 #include "worker/common/files.h"
+#include "worker/common/util.h"
 
 namespace batchdist::worker {
-
-namespace {
-
-double share(double part, double whole) { return whole > 0 ? part / whole : 0.0; }
-
-}  // namespace
 
 void addEvalMetrics(const Metrics& metrics, nlohmann::ordered_json& o) {
   for (const auto& x : metrics) o["eval_" + x.name] = x.value;
@@ -34,10 +29,10 @@ std::string metricsLine(const MetricPoint& m) {
                            {"train_loss", m.train_loss},
                            {"lr", m.lr},
                            {"samples_per_s", m.samples_per_s},
-                           {"data_wait_fraction", share(m.time.data_wait, total)},
-                           {"compute_fraction", share(m.time.compute, total)},
-                           {"comm_fraction", share(m.time.comm, total)},
-                           {"skew_fraction", share(m.time.skew, total)},
+                           {"data_wait_fraction", shareOf(m.time.data_wait, total)},
+                           {"compute_fraction", shareOf(m.time.compute, total)},
+                           {"comm_fraction", shareOf(m.time.comm, total)},
+                           {"skew_fraction", shareOf(m.time.skew, total)},
                            {"noise_scale", m.noise_scale > 0 ? nlohmann::ordered_json(m.noise_scale)
                                                              : nlohmann::ordered_json()},
                            {"global_batch", m.global_batch},

@@ -3,13 +3,12 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "worker/common/util.h"
 #include "worker/report/metrics_log.h"
 #include "worker/search/output.h"
 
 namespace batchdist::worker {
 namespace {
-
-double share(double part, double whole) { return whole > 0 ? part / whole : 0.0; }
 
 /// Unknown (negative) estimates as null.
 nlohmann::ordered_json positiveOrNull(double v) {
@@ -57,10 +56,10 @@ nlohmann::ordered_json timeJson(const TimeBreakdown& t) {
           {"compute_s", t.compute},
           {"comm_s", t.comm},
           {"skew_s", t.skew},
-          {"data_wait_fraction", share(t.data_wait, total)},
-          {"compute_fraction", share(t.compute, total)},
-          {"comm_fraction", share(t.comm, total)},
-          {"skew_fraction", share(t.skew, total)}};
+          {"data_wait_fraction", shareOf(t.data_wait, total)},
+          {"compute_fraction", shareOf(t.compute, total)},
+          {"comm_fraction", shareOf(t.comm, total)},
+          {"skew_fraction", shareOf(t.skew, total)}};
 }
 
 /// Note [oom back-off]: one entry per back-off; `to` is null when nothing was left.

@@ -4,13 +4,9 @@
 #include <cmath>
 #include <string>
 
+#include "worker/common/util.h"
+
 namespace batchdist::worker {
-
-namespace {
-
-double share(double part, double whole) { return whole > 0 ? part / whole : 0.0; }
-
-}  // namespace
 
 std::vector<Scalar> metricScalars(const MetricPoint& m) {
   if (m.epoch_end) {
@@ -33,10 +29,10 @@ std::vector<Scalar> metricScalars(const MetricPoint& m) {
                         {"batch/global", static_cast<double>(m.global_batch)},
                         {"batch/per_gpu", static_cast<double>(m.per_gpu)},
                         {"batch/accum", static_cast<double>(m.accum)},
-                        {"time/data_wait", share(m.time.data_wait, total)},
-                        {"time/compute", share(m.time.compute, total)},
-                        {"time/communication", share(m.time.comm, total)},
-                        {"time/skew", share(m.time.skew, total)},
+                        {"time/data_wait", shareOf(m.time.data_wait, total)},
+                        {"time/compute", shareOf(m.time.compute, total)},
+                        {"time/communication", shareOf(m.time.comm, total)},
+                        {"time/skew", shareOf(m.time.skew, total)},
                         {"memory/peak_mb", m.peak_memory_mb}};
   if (m.noise_scale > 0) v.emplace_back("noise/B_simple", m.noise_scale);
   for (std::size_t i = 0; i < kSystemMetrics; ++i) {  // Note [system metrics]: the ones read

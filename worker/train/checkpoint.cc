@@ -27,6 +27,7 @@
 #include "worker/common/files.h"
 #include "worker/common/heartbeat.h"
 #include "worker/common/util.h"
+#include "worker/model/archive.h"
 #include "worker/model/model.h"
 #include "worker/model/optimizer.h"
 #include "worker/model/precision.h"
@@ -75,20 +76,13 @@ std::string hex(uint64_t v) {
 
 std::string hashOf(const std::string& bytes) { return hex(fnv1a64(bytes.data(), bytes.size())); }
 
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
 [[noreturn]] void ioError(const std::string& path, const char* what, int err) {
   throw Error(strCat(path, ": cannot ", what, " (", std::strerror(err), ")"));
 }
 
 /// Writes `bytes` to a new file and fsyncs it (the caller renames the directory).
 void writeSynced(const std::string& path, const std::string& bytes) {
-  Fd f;
+  ScopedFd f;
   f.fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (f.fd < 0) ioError(path, "create", errno);
   std::size_t done = 0;
@@ -107,7 +101,7 @@ void writeSynced(const std::string& path, const std::string& bytes) {
 }
 
 void fsyncDir(const std::string& dir) {
-  Fd f;
+  ScopedFd f;
   f.fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (f.fd < 0) ioError(dir, "open", errno);
   if (::fsync(f.fd) != 0) ioError(dir, "fsync", errno);
@@ -122,12 +116,6 @@ void faultPoint(const CheckpointFault& fault, CheckpointKill point, int64_t step
                       ": killing rank 0\n")
             << std::flush;
   ::raise(SIGKILL);
-}
-
-std::string archiveBytes(torch::serialize::OutputArchive& archive) {
-  std::ostringstream out;
-  archive.save_to(out);
-  return out.str();
 }
 
 /// Parameters "p<i>" and buffers "b<i>", in the model's fixed order (names in the manifest).
@@ -175,7 +163,7 @@ class StreamedFile {
 
  private:
   std::string path_;
-  Fd f_;
+  ScopedFd f_;
   std::size_t bytes_ = 0;
   uint64_t hash_ = fnv1a64(nullptr, 0);
 };
@@ -207,12 +195,6 @@ struct RngLayout {
   }
 };
 
-at::Tensor cpuRngState() {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
-
 /// Every rank's CPU generator and, on a GPU, its device's CUDA generator (Note
 /// [cuda rng]), streamed to `sink` on rank 0 in rank order: the header, then the
 /// records, at most `chunk_bytes` of them at a time (Note [rng records]).
@@ -220,7 +202,7 @@ at::Tensor cpuRngState() {
 RngLayout gatherRng(collective::Communicator& comm, const at::Device& device,
                     std::size_t chunk_bytes,
                     const std::function<void(const char*, std::size_t)>& sink) {
-  const auto cpu = cpuRngState().contiguous();
+  const auto cpu = compat::cpuRngState().contiguous();
   const auto cuda = compat::cudaRngState(device).to(at::kCPU).contiguous();
   const auto most = comm.allreduce(
       {static_cast<double>(cpu.numel()), static_cast<double>(cuda.numel())},
@@ -725,17 +707,16 @@ TrainPosition positionOf(const nlohmann::ordered_json& m) {
 
 namespace {
 
-void loadArchive(torch::serialize::InputArchive& archive, const std::string& file,
-                 const at::Device& device) {
-  std::istringstream in(readFileBounded(file, kMaxCheckpointFile, "checkpoint file"));
-  archive.load_from(in, device);
+void loadArchiveFile(torch::serialize::InputArchive& archive, const std::string& file,
+                     const at::Device& device) {
+  loadArchiveBytes(archive, readFileBounded(file, kMaxCheckpointFile, "checkpoint file"), device);
 }
 
 /// Copies the saved tensors into the model's own, in place (shapes checked).
 void restoreModel(const std::string& dir, const nlohmann::ordered_json& m, Model& model,
                   const at::Device& device) {
   torch::serialize::InputArchive archive;
-  loadArchive(archive, (fs::path(dir) / "model.pt").string(), device);
+  loadArchiveFile(archive, (fs::path(dir) / "model.pt").string(), device);
   torch::NoGradGuard no_grad;
   const auto restore = [&](const char* prefix, const auto& named, const char* what) {
     if (m[what].size() != named.size()) {
@@ -761,12 +742,10 @@ void restoreModel(const std::string& dir, const nlohmann::ordered_json& m, Model
 /// CPU generator, "r<rank>"; read whole.
 void restoreRngArchive(const std::string& dir, int rank) {
   torch::serialize::InputArchive archive;
-  loadArchive(archive, (fs::path(dir) / "rng.pt").string(), at::kCPU);
+  loadArchiveFile(archive, (fs::path(dir) / "rng.pt").string(), at::kCPU);
   torch::Tensor t;
   archive.read(strCat("r", rank), t, /*is_buffer=*/true);
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(t.to(torch::kByte));
+  compat::setCpuRngState(t.to(torch::kByte));
 }
 
 /// This rank's record of rng.pt (Note [rng records]): the header and one record
@@ -803,11 +782,7 @@ void restoreRngRecord(const std::string& dir, const nlohmann::ordered_json& layo
     std::memcpy(t.data_ptr(), record.data() + offset, static_cast<std::size_t>(n));
     return t;
   };
-  {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(bytes(16, lengths[0]));
-  }
+  compat::setCpuRngState(bytes(16, lengths[0]));
   // Note [cuda rng]: a checkpoint written on CPUs has none; one written on GPUs
   // and resumed on CPUs has no GPU to give it to.
   if (lengths[1] > 0) compat::setCudaRngState(device, bytes(16 + roundUp8(l.cpu_bytes), lengths[1]));

@@ -10,16 +10,6 @@
 namespace batchdist::worker {
 namespace {
 
-struct NvmlUtilization {
-  unsigned int gpu;
-  unsigned int memory;
-};
-struct NvmlMemory {
-  unsigned long long total;
-  unsigned long long free;
-  unsigned long long used;
-};
-
 constexpr int kTemperatureGpu = 0;  // NVML_TEMPERATURE_GPU
 constexpr int kClockSm = 1;         // NVML_CLOCK_SM
 // nvmlClocksEventReason* (nvml.h).
@@ -69,7 +59,19 @@ void setThrottle(uint64_t reasons, GpuReading* r) {
   r->thermal_throttled = (reasons & (kSwThermal | kHwThermal | kHwSlowdown)) != 0;
 }
 
+// The entry points, and the two structs they fill (nvmlUtilization_t, nvmlMemory_t),
+// members of Api rather than of an anonymous namespace: Api is declared in the
+// header, so its fields may not use a type of this file's alone (Note [unity build]).
 struct Nvml::Api {
+  struct NvmlUtilization {
+    unsigned int gpu;
+    unsigned int memory;
+  };
+  struct NvmlMemory {
+    unsigned long long total;
+    unsigned long long free;
+    unsigned long long used;
+  };
   int (*util)(void*, NvmlUtilization*) = nullptr;
   int (*memory)(void*, NvmlMemory*) = nullptr;
   int (*power)(void*, unsigned int*) = nullptr;
@@ -190,11 +192,11 @@ GpuReading Nvml::read() {
   GpuReading r;
   if (!device_) return r;
   constexpr double kMb = 1024.0 * 1024.0;
-  if (NvmlUtilization u{}; api_->util && ok(api_->util(device_, &u), "utilization")) {
+  if (Api::NvmlUtilization u{}; api_->util && ok(api_->util(device_, &u), "utilization")) {
     r.util_pct = u.gpu;
     r.memory_util_pct = u.memory;
   }
-  if (NvmlMemory m{}; api_->memory && ok(api_->memory(device_, &m), "memory used")) {
+  if (Api::NvmlMemory m{}; api_->memory && ok(api_->memory(device_, &m), "memory used")) {
     r.memory_used_mb = static_cast<double>(m.used) / kMb;
     r.memory_total_mb = static_cast<double>(m.total) / kMb;
   }
