@@ -29,7 +29,8 @@
 #    run `ctest -L cuda_leg`. Prints the time of each phase.
 #
 # Environment: BATCHDIST_CACHE, BATCHDIST_PYTHON [python3], CUDA_HOME
-# [/usr/local/cuda], BATCHDIST_JOBS [2]. Talks only to PyPI (pip).
+# [/usr/local/cuda], BATCHDIST_JOBS [the cores: compile jobs], BATCHDIST_TEST_JOBS [4:
+# ctest jobs; as in the README, its tests mostly wait on processes]. Talks only to PyPI (pip).
 set -euo pipefail
 shopt -s nullglob
 
@@ -39,7 +40,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 src=$(cd "$here/.." && pwd)
 build=""
 torch_arg=""
-jobs=${BATCHDIST_JOBS:-2}
+jobs=${BATCHDIST_JOBS:-$(nproc)}
+test_jobs=${BATCHDIST_TEST_JOBS:-4}
 run_tests=1
 venv_only=0
 path_only=0
@@ -223,8 +225,8 @@ grep 'c10d::ProcessGroupNCCL::ProcessGroupNCCL(\|typeinfo for c10d::ProcessGroup
 
 if [ "$run_tests" = 1 ]; then
   t=$(now)
-  ctest --test-dir "$build" -L cuda_leg -j"$jobs" --output-on-failure --no-tests=error
-  phase_done tests "$t" "ctest -L cuda_leg"
+  ctest --test-dir "$build" -L cuda_leg -j"$test_jobs" --output-on-failure --no-tests=error
+  phase_done tests "$t" "ctest -L cuda_leg -j$test_jobs"
 fi
 summary=$(printf '%s; ' "${times[@]}")
 log "torch $TORCH_VERSION (CUDA $torch_cuda) leg passed; ${summary%; }"
