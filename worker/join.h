@@ -8,7 +8,7 @@
 #include <string>
 
 #include "collective/communicator.h"
-#include "worker/run.h"
+#include "worker/rank_place.h"
 
 namespace batchdist::worker {
 

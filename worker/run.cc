@@ -41,8 +41,6 @@
 namespace batchdist::worker {
 namespace fs = std::filesystem;
 
-std::string RankPlace::tag() const { return strCat("[rank ", rank, "/", size, " host ", host, "]"); }
-
 int usableCpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
