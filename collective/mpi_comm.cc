@@ -56,11 +56,9 @@ MPI_Datatype bitsOf(const at::Tensor& t) {
 class MpiWork : public PendingWork {
  public:
   MpiWork(MPI_Request request, at::Tensor buffer, at::Tensor target, at::Tensor send,
-          std::string what, int rank, int size, std::chrono::milliseconds timeout,
-          c10::intrusive_ptr<c10d::Store> store, uint64_t seq)
+          WorkOrigin origin)
       : request_(request), buffer_(std::move(buffer)), target_(std::move(target)),
-        send_(std::move(send)), what_(std::move(what)), rank_(rank), size_(size),
-        timeout_(timeout), store_(std::move(store)), seq_(seq) {}
+        send_(std::move(send)), origin_(std::move(origin)) {}
 
   ~MpiWork() override {
     // Never leave MPI writing into a freed buffer. A work dropped without wait()
@@ -73,7 +71,7 @@ class MpiWork : public PendingWork {
     MPI_Finalized(&finalized);
     if (finalized) return;
     if (!timed_out_) {
-      const auto deadline = std::chrono::steady_clock::now() + timeout_;
+      const auto deadline = std::chrono::steady_clock::now() + origin_.timeout;
       for (int done = 0;;) {
         if (MPI_Test(&request_, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) return;
         if (std::chrono::steady_clock::now() > deadline) break;
@@ -98,12 +96,12 @@ class MpiWork : public PendingWork {
 
   void wait() override {
     const auto started = std::chrono::steady_clock::now();
-    const auto deadline = started + timeout_;
+    const auto deadline = started + origin_.timeout;
     bool patient = false;
     for (int done = 0, spins = 0;; ++spins) {
       const int rc = failed_ != MPI_SUCCESS ? failed_ : MPI_Test(&request_, &done, MPI_STATUS_IGNORE);
       if (rc != MPI_SUCCESS) {
-        throw CollectiveError(strCat("mpi ", what_, " #", seq_, " failed: ", mpiErrorText(rc)));
+        throw CollectiveError(strCat("mpi ", origin_.label(), " failed: ", mpiErrorText(rc)));
       }
       if (done) break;
       // Check the clock now and then; yield so a peer on the same core can run.
@@ -117,9 +115,9 @@ class MpiWork : public PendingWork {
         patient = now - started > std::chrono::seconds(1);
         if (now > deadline) {
           timed_out_ = true;
-          throw CollectiveError(strCat("mpi ", what_, " #", seq_, " failed (timeout ",
-                                       timeout_.count() / 1000.0, " s, dist.timeout_s).",
-                                       stallReport(store_, rank_, size_, seq_, timeout_)));
+          throw CollectiveError(strCat("mpi ", origin_.label(), " failed (timeout ",
+                                       origin_.timeout.count() / 1000.0, " s, dist.timeout_s).",
+                                       origin_.stall()));
         }
         std::this_thread::yield();
       }
@@ -136,12 +134,7 @@ class MpiWork : public PendingWork {
   at::Tensor buffer_;
   at::Tensor target_;
   at::Tensor send_;
-  std::string what_;
-  int rank_;
-  int size_;
-  std::chrono::milliseconds timeout_;
-  c10::intrusive_ptr<c10d::Store> store_;
-  uint64_t seq_;
+  WorkOrigin origin_;
 };
 
 class MpiCommunicator : public Communicator {
@@ -290,7 +283,7 @@ class MpiCommunicator : public Communicator {
       throw CollectiveError(strCat("mpi ", what, " #", seq_, " could not start: ", mpiErrorText(rc)));
     }
     return std::make_unique<MpiWork>(req, std::move(buffer), std::move(target), std::move(send),
-                                     what, rank_, size_, timeout_, store_, seq_);
+                                     WorkOrigin{what, rank_, size_, timeout_, store_, seq_});
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;

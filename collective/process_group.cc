@@ -39,21 +39,17 @@ class C10dWork : public PendingWork {
  public:
   /// `done_on_completion`: the work's future completes when the collective has
   /// (Gloo), not when it is enqueued (NCCL): the trace range ends there.
-  C10dWork(compat::WorkPtr work, std::string what, int rank, int size,
-           std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Store> store, uint64_t seq,
-           bool done_on_completion)
-      : work_(std::move(work)), what_(std::move(what)), rank_(rank), size_(size),
-        timeout_(timeout), store_(std::move(store)), seq_(seq),
+  C10dWork(compat::WorkPtr work, WorkOrigin origin, bool done_on_completion)
+      : work_(std::move(work)), origin_(std::move(origin)),
         done_on_completion_(done_on_completion) {}
 
   void wait() override {
     try {
-      work_->wait(timeout_);
+      work_->wait(origin_.timeout);
     } catch (const std::exception& e) {
-      throw CollectiveError(strCat(what_, " #", seq_, " failed (timeout ",
-                                   timeout_.count() / 1000.0, " s, dist.timeout_s): ",
-                                   firstLine(e.what()), ".",
-                                   stallReport(store_, rank_, size_, seq_, timeout_)));
+      throw CollectiveError(strCat(origin_.label(), " failed (timeout ",
+                                   origin_.timeout.count() / 1000.0, " s, dist.timeout_s): ",
+                                   firstLine(e.what()), ".", origin_.stall()));
     }
     endTrace();
   }
@@ -70,12 +66,7 @@ class C10dWork : public PendingWork {
 
  private:
   compat::WorkPtr work_;
-  std::string what_;
-  int rank_;
-  int size_;
-  std::chrono::milliseconds timeout_;
-  c10::intrusive_ptr<c10d::Store> store_;
-  uint64_t seq_;
+  WorkOrigin origin_;
   bool done_on_completion_;
 };
 
@@ -188,8 +179,9 @@ class ProcessGroupCommunicator : public Communicator {
 
   std::unique_ptr<PendingWork> wrap(compat::WorkPtr w, const char* what) {
     countCollectiveStart();
-    return std::make_unique<C10dWork>(std::move(w), strCat(name_, " ", what), rank_, size_,
-                                      timeout_, store_, ++seq_, name_ == "gloo");
+    return std::make_unique<C10dWork>(
+        std::move(w), WorkOrigin{strCat(name_, " ", what), rank_, size_, timeout_, store_, ++seq_},
+        name_ == "gloo");
   }
 
   compat::BackendPtr backend_;

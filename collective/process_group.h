@@ -3,6 +3,8 @@
 
 #include <c10/util/intrusive_ptr.h>
 
+#include <string>
+
 #include "collective/communicator.h"
 
 namespace c10d {
@@ -27,6 +29,23 @@ struct BackendOptions {
 /// about timeout + 2 x clamp(timeout / 10, 5 s, 30 s) + 20 s.
 std::string stallReport(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                         uint64_t seq, std::chrono::milliseconds timeout);
+
+/// Where a pending collective comes from, for the message when it fails: what it
+/// is ("gloo allreduce"), this rank of `size`, the timeout, the rendezvous store
+/// (null: none) and the collective's number on this rank (Note [stall report]).
+/// One per work of every backend (C10dWork, MpiWork).
+struct WorkOrigin {
+  std::string what;
+  int rank = 0;
+  int size = 1;
+  std::chrono::milliseconds timeout{0};
+  c10::intrusive_ptr<c10d::Store> store;
+  uint64_t seq = 0;
+  /// "WHAT #SEQ", the collective as a failure names it.
+  std::string label() const { return what + " #" + std::to_string(seq); }
+  /// stallReport() for this collective.
+  std::string stall() const { return stallReport(store, rank, size, seq, timeout); }
+};
 
 /// `ranks` (ascending) with their hosts, short at any count: "ranks 17, 40-41
 /// (host a); rank 3 (host b)"; at most a few hosts and ranges are spelled out.

@@ -13,7 +13,7 @@
 #include "tests/image_fixtures.h"
 #include "tests/scratch_dir.h"
 #include "worker/data/sources/npy.h"
-#include "worker/train/trainer.h"
+#include "worker/train/step_engine.h"
 
 using namespace batchdist;
 using namespace batchdist::worker;
@@ -180,7 +180,7 @@ TEST(Trainer, DistributedEvaluationCountsEverySampleOnce) {
     mpitest::inGroup(W, [&](collective::Communicator& comm) {
       const auto data = loadData(cfg.data, cfg.train.seed, "");
       const auto plan = makePlan(cfg, comm.size(), data.train.size(), false);
-      Trainer trainer(cfg, comm, data, at::kCPU, plan);
+      StepEngine trainer(cfg, comm, data, at::kCPU, plan);
       const auto r = trainer.evaluate();
       if (comm.rank() == 0) results[W] = r;
     });
@@ -208,7 +208,7 @@ torch::Tensor trainBn(bool sync, int W, int64_t G, int64_t steps, bool recompute
   mpitest::inGroup(W, [&](collective::Communicator& comm) {
     const auto data = loadData(cfg.data, cfg.train.seed, "");
     const auto plan = makePlan(cfg, comm.size(), data.train.size(), true);
-    Trainer trainer(cfg, comm, data, at::kCPU, plan);
+    StepEngine trainer(cfg, comm, data, at::kCPU, plan);
     Sharder sharder(plan, static_cast<uint64_t>(cfg.train.seed));
     trainer.loader().start(trainer.jobs(sharder, 0, steps), 0);
     for (int64_t s = 0; s < steps; ++s) trainer.trainStep(sharder.realSamples(s), plan.lrAt(s));

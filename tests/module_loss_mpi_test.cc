@@ -20,7 +20,7 @@
 #include "worker/data/sources/npy.h"
 #include "worker/model/program_model.h"
 #include "worker/task/task.h"
-#include "worker/train/trainer.h"
+#include "worker/train/step_engine.h"
 
 using namespace batchdist;
 using namespace batchdist::worker;
@@ -73,7 +73,7 @@ std::map<int, torch::Tensor> weightsPerSplit(const std::string& dir, const std::
   const auto train = data.train.size();
   EXPECT_NE(train % G, 0) << train << " training samples, G " << G;
   // 30 steps cross an epoch boundary and its short last batch (12 steps per epoch at G 32).
-  return testsupport::weightsForEverySplit(cfg, 30, "gloo", loadFor, [](Trainer& trainer) {
+  return testsupport::weightsForEverySplit(cfg, 30, "gloo", loadFor, [](StepEngine& trainer) {
     EXPECT_EQ(trainer.task().kind(), TaskKind::kModuleLoss);
   });
 }
@@ -124,7 +124,7 @@ TEST(ModuleLossInvariance, MeanLossRefusedOnEveryRankWhenThePlanPads) {
     ASSERT_GT(plan.samples_padded, 0);
     std::string error = "(no error)";
     try {
-      Trainer trainer(cfg, comm, data, at::kCPU, plan);
+      StepEngine trainer(cfg, comm, data, at::kCPU, plan);
     } catch (const ConfigError& e) {
       error = e.what();
     }
@@ -198,7 +198,7 @@ TEST(ProgramInvariance, AProgramsModuleLossAndDataTrainAlikeOnEverySplit) {
   };
   const auto split = load(cfg);
   ASSERT_NE(split.train.size() % G, 0) << split.train.size() << " training samples, G " << G;
-  const auto weights = testsupport::weightsForEverySplit(cfg, 30, "gloo", load, [&](Trainer& trainer) {
+  const auto weights = testsupport::weightsForEverySplit(cfg, 30, "gloo", load, [&](StepEngine& trainer) {
     EXPECT_EQ(trainer.task().kind(), TaskKind::kModuleLoss);
     EXPECT_EQ(trainer.task().metrics({0.0, 0.0}, 1.0).at(1).name, "mae");
   });

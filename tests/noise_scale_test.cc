@@ -15,7 +15,7 @@
 #include "collective/reducer.h"
 #include "tests/thread_ranks.h"
 #include "worker/train/noise_scale.h"
-#include "worker/train/trainer.h"
+#include "worker/train/step_engine.h"
 
 using namespace batchdist;
 using namespace batchdist::collective;
@@ -197,7 +197,7 @@ void trainerMatchesExact(bool overlap, int world, int64_t per_gpu, int every = 1
   std::mutex mu;
   testsupport::runRanks(world, [&](Communicator& c) {
     const auto plan = worker::makePlan(cfg, c.size(), data.train.size(), false);
-    worker::Trainer trainer(cfg, c, data, at::kCPU, plan);
+    worker::StepEngine trainer(cfg, c, data, at::kCPU, plan);
     worker::Sharder sharder(plan, static_cast<uint64_t>(cfg.train.seed));
     for (int64_t epoch = 0; epoch < plan.epochs; ++epoch) {
       sharder.setEpoch(epoch);

@@ -38,9 +38,9 @@ Config oomConfig(bool bn, bool overlap, int64_t recover_after = 0, bool sync_bn 
 }
 
 /// Rank 0's parameters and buffers, flattened.
-torch::Tensor stateOf(Trainer& t) {
+torch::Tensor stateOf(Model& m) {
   std::vector<torch::Tensor> flat;
-  for (const auto& x : t.model().state()) flat.push_back(x.detach().to(torch::kDouble).reshape({-1}));
+  for (const auto& x : m.state()) flat.push_back(x.detach().to(torch::kDouble).reshape({-1}));
   return torch::cat(flat);
 }
 
@@ -64,7 +64,7 @@ Run trainWithFaults(const Config& cfg, const std::string& faults,
     Trainer trainer(cfg, comm, data, at::kCPU, plan, &plan_of_faults);
     Console quiet(false, ProgressStyle::kOff);
     const auto result = trainer.train(quiet);
-    run = {stateOf(trainer), result, trainer.plan()};  // this rank's (tests read rank 0's)
+    run = {stateOf(trainer.model()), result, trainer.plan()};  // this rank's (tests read rank 0's)
   }, "gloo", timeout);
   return run;
 }
@@ -76,7 +76,7 @@ torch::Tensor trainSwitching(const Config& cfg, int64_t at, int64_t per_gpu) {
   mpitest::inGroup(mpitest::worldSize(), [&](collective::Communicator& comm) {
     const auto data = loadData(cfg.data, cfg.train.seed, "");
     const auto plan = makePlan(cfg, comm.size(), data.train.size(), cfg.model.batchnorm);
-    Trainer trainer(cfg, comm, data, at::kCPU, plan);
+    StepEngine trainer(cfg, comm, data, at::kCPU, plan);
     Sharder sharder(plan, static_cast<uint64_t>(cfg.train.seed));
     trainer.loader().start(trainer.jobs(sharder, 0, at), 0);
     for (int64_t s = 0; s < at; ++s) trainer.trainStep(sharder.realSamples(s), plan.lrAt(s));
@@ -86,7 +86,7 @@ torch::Tensor trainSwitching(const Config& cfg, int64_t at, int64_t per_gpu) {
     trainer.loader().start(trainer.jobs(after, at, kSteps - at), 0, at * split.accum);
     for (int64_t s = at; s < kSteps; ++s) trainer.trainStep(after.realSamples(s), split.lrAt(s));
     trainer.evaluate();
-    if (comm.rank() == 0) out = stateOf(trainer);
+    if (comm.rank() == 0) out = stateOf(trainer.model());
   });
   return out;
 }

@@ -19,6 +19,7 @@
 #include "tests/scratch_dir.h"
 #include "tests/thread_ranks.h"
 #include "worker/common/console.h"
+#include "worker/common/util.h"
 #include "worker/plan/adapt.h"
 #include "worker/search/cache.h"
 #include "worker/search/output.h"

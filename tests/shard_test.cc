@@ -22,7 +22,7 @@
 #include "worker/plan/plan.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/sharded_optimizer.h"
-#include "worker/train/trainer.h"
+#include "worker/train/step_engine.h"
 
 using namespace batchdist;
 using namespace batchdist::worker;
@@ -67,7 +67,7 @@ void expectShardedEqualsUnsharded(const std::string& optim, double tolerance,
   mpitest::inGroup(mpitest::worldSize(), [&](collective::Communicator& comm) {
     plain = trainSteps(shardConfig(optim, "none", per_gpu), comm, 50);
     sharded = trainSteps(shardConfig(optim, shard, per_gpu), comm, 50,
-                         testsupport::loadPlainData, [&](Trainer& t) {
+                         testsupport::loadPlainData, [&](StepEngine& t) {
                            auto* s = dynamic_cast<ShardedOptimizer*>(&t.update().optimizer());
                            ASSERT_NE(s, nullptr) << "dist.shard: " << shard << " built no sharded optimizer";
                            EXPECT_EQ(s->layout().total, 1067);
@@ -149,18 +149,18 @@ TEST(ShardedGradients, NesterovOverTheMpiCommunicatorStepsAsUnsharded) {
 
 namespace {
 
-/// Steps [from, to) of `cfg` on the ranks of `comm`: a Trainer that first restores
+/// Steps [from, to) of `cfg` on the ranks of `comm`: a StepEngine that first restores
 /// `resume` (when given) and then, when `save_dir` is not empty, writes a
 /// checkpoint there after step `to` (the sharded state in chunks of `chunk` bytes).
 /// `check` sees the trainer after the restore, `after` after the last step.
 /// Returns the flattened parameters.
 torch::Tensor trainFromTo(const Config& cfg, collective::Communicator& comm, int64_t from,
                           int64_t to, const CheckpointCheck* resume, const std::string& save_dir,
-                          const std::function<void(Trainer&)>& check = {},
-                          const std::function<void(Trainer&)>& after = {}) {
+                          const std::function<void(StepEngine&)>& check = {},
+                          const std::function<void(StepEngine&)>& after = {}) {
   const auto data = testsupport::loadPlainData(cfg);
   const auto plan = makePlan(cfg, comm.size(), data.train.size(), false);
-  Trainer trainer(cfg, comm, data, at::kCPU, plan);
+  StepEngine trainer(cfg, comm, data, at::kCPU, plan);
   if (resume) restoreState(*resume, trainer.state(), comm.rank(), comm.size());
   if (check) check(trainer);
   Sharder sharder(plan, static_cast<uint64_t>(cfg.train.seed));
@@ -205,7 +205,7 @@ void expectPiecesOf(ShardedOptimizer& sharded, Optimizer& whole, const std::stri
   }
 }
 
-ShardedOptimizer& shardedOf(Trainer& t) {
+ShardedOptimizer& shardedOf(StepEngine& t) {
   auto* s = dynamic_cast<ShardedOptimizer*>(&t.update().optimizer());
   if (!s) throw std::runtime_error("not a sharded optimizer");
   return *s;
@@ -247,7 +247,7 @@ void expectResumesAnywhere(const std::string& optim) {
                                          shard);
         mpitest::inGroup(W, [&](collective::Communicator& comm) {
           const auto cfg = shardConfig(optim, shard);
-          const auto w = trainFromTo(cfg, comm, 20, 40, ck, "", [&](Trainer& t) {
+          const auto w = trainFromTo(cfg, comm, 20, 40, ck, "", [&](StepEngine& t) {
             if (shard == "none") return;
             // What the checkpoint holds, read whole (an unsharded optimizer over
             // the same parameters), against this rank's slice as restored.
@@ -294,8 +294,8 @@ TEST(ShardedOptimizer, EachRankHoldsItsSliceOfTheState) {
     int64_t filled = 0;
     const std::string adamw = "name: adamw, lr: 0.01";
     trainFromTo(shardConfig(adamw, "none"), comm, 0, 3, nullptr, "", {},
-                [&](Trainer& t) { plain = t.update().memory(); });
-    trainFromTo(shardConfig(adamw, "optimizer"), comm, 0, 3, nullptr, "", {}, [&](Trainer& t) {
+                [&](StepEngine& t) { plain = t.update().memory(); });
+    trainFromTo(shardConfig(adamw, "optimizer"), comm, 0, 3, nullptr, "", {}, [&](StepEngine& t) {
       sharded = t.update().memory();
       filled = shardedOf(t).layout().filled(comm.rank());
     });
@@ -309,7 +309,7 @@ TEST(ShardedOptimizer, EachRankHoldsItsSliceOfTheState) {
     // Note [sharded gradients]: the gradient's shard too, its pads included.
     UpdateMemory zero2;
     int64_t shard_elements = 0;
-    trainFromTo(shardConfig(adamw, "gradients"), comm, 0, 3, nullptr, "", {}, [&](Trainer& t) {
+    trainFromTo(shardConfig(adamw, "gradients"), comm, 0, 3, nullptr, "", {}, [&](StepEngine& t) {
       zero2 = t.update().memory();
       shard_elements = shardedOf(t).layout().slice;
     });

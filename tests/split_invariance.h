@@ -15,7 +15,7 @@
 
 #include "mpi_helpers.h"
 #include "worker/data/data.h"
-#include "worker/train/trainer.h"
+#include "worker/train/step_engine.h"
 
 namespace batchdist::testsupport {
 
@@ -31,11 +31,11 @@ inline worker::DataSplit loadPlainData(const worker::Config& cfg) {
 /// trainer first.
 inline torch::Tensor trainSteps(const worker::Config& cfg, collective::Communicator& comm,
                                 int64_t steps, const LoadData& load = loadPlainData,
-                                const std::function<void(worker::Trainer&)>& check = {}) {
+                                const std::function<void(worker::StepEngine&)>& check = {}) {
   using namespace batchdist::worker;
   const auto data = load(cfg);
   const auto plan = makePlan(cfg, comm.size(), data.train.size(), modelHasBatchNorm(cfg.model));
-  Trainer trainer(cfg, comm, data, at::kCPU, plan);
+  StepEngine trainer(cfg, comm, data, at::kCPU, plan);
   if (check) check(trainer);
   Sharder sharder(plan, static_cast<uint64_t>(cfg.train.seed));
   int64_t global = 0;
@@ -59,7 +59,7 @@ inline torch::Tensor trainSteps(const worker::Config& cfg, collective::Communica
 inline std::map<int, torch::Tensor> weightsForEverySplit(
     const worker::Config& cfg, int64_t steps, const std::string& backend = "gloo",
     const LoadData& load = loadPlainData,
-    const std::function<void(worker::Trainer&)>& check = {}) {
+    const std::function<void(worker::StepEngine&)>& check = {}) {
   const int P = mpitest::worldSize();
   std::map<int, torch::Tensor> weights;  // world size -> rank 0's parameters
   for (int W = 1; W <= P; ++W) {

@@ -23,6 +23,23 @@ inline std::string shapeText(const std::vector<int64_t>& v) {
   return s + "]";
 }
 
+/// `s` with &, <, >, " and ' escaped for XML text and attributes.
+inline std::string xmlEscape(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&apos;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
 /// `path` relative to `base_dir` (the config file's directory) unless absolute.
 inline std::string resolvePath(const std::string& path, const std::string& base_dir) {
   if (path.empty() || path[0] == '/' || base_dir.empty()) return path;

@@ -10,6 +10,7 @@
 #include <limits>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 
 #include "common/error.h"
 #include "worker/common/console.h"
@@ -1107,7 +1108,28 @@ std::string autoLeversText(const Levers& l) {
   return out;
 }
 
+nlohmann::ordered_json leversJson(const Levers& l) {
+  return {{"shard", toString(l.shard)}, {"recompute", toString(l.recompute)}};
+}
+
+Levers leversFromJson(const nlohmann::json& j) {
+  Levers l;
+  if (!j.is_object()) return l;
+  const auto shard = parseEnum<Shard>(j.value("shard", std::string("none")));
+  const auto recompute = parseEnum<Recompute>(j.value("recompute", std::string("off")));
+  if (!shard || !recompute || *shard == Shard::kAuto || *recompute == Recompute::kAuto) {
+    throw std::invalid_argument("unknown levers");
+  }
+  return {*shard, *recompute};
+}
+
 Levers configLevers(const Config& cfg) { return {cfg.dist.shard, cfg.model.recompute}; }
+
+Config withLevers(Config cfg, const Levers& l) {
+  cfg.dist.shard = l.shard;
+  cfg.model.recompute = l.recompute;
+  return cfg;
+}
 
 void applyLevers(Config& cfg, const Levers& l) {
   cfg.dist.shard = l.shard;

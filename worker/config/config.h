@@ -375,12 +375,22 @@ std::string programOnlyMessage(const char* key);
 std::string recomputeUnsupported(const ModelConfig& c);
 /// "plain", "shard optimizer", "recompute", "shard optimizer + recompute".
 std::string leversText(const Levers& l);
+/// {"shard": ..., "recompute": ...}: how search.json, report.json and a checkpoint's
+/// manifest write levers (Note [lever search]).
+nlohmann::ordered_json leversJson(const Levers& l);
+/// The inverse of leversJson for concrete levers: none and off for a missing key
+/// (or a `j` that is not an object). Throws std::invalid_argument on an unknown or auto value.
+Levers leversFromJson(const nlohmann::json& j);
 /// Whether either lever is auto.
 bool hasAutoLevers(const Levers& l);
 /// "dist.shard: auto", "model.recompute: auto" or both, joined by " and ".
 std::string autoLeversText(const Levers& l);
 /// The config's levers, auto included.
 Levers configLevers(const Config& cfg);
+/// `cfg` with `l` in force (dist.shard, model.recompute): a new value, for the one
+/// component that trains under those levers; the resolved config keeps what the
+/// user asked for (auto), so a resume of the run still matches it.
+Config withLevers(Config cfg, const Levers& l);
 /// `l` in force in `cfg` (dist.shard, model.recompute); the resolved config keeps
 /// what the user asked for (auto), so a resume of the run still matches it.
 void applyLevers(Config& cfg, const Levers& l);

@@ -7,10 +7,10 @@
 
 #include "common/error.h"
 #include "worker/common/console.h"
+#include "worker/common/util.h"
 #include "worker/plan/adapt.h"
 #include "worker/report/diagnose.h"
 #include "worker/report/html_system.h"
-#include "worker/search/output.h"
 
 namespace batchdist::worker {
 namespace {

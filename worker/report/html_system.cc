@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "common/error.h"
+#include "worker/common/util.h"
 #include "worker/report/html.h"
-#include "worker/search/output.h"
 
 namespace batchdist::worker {
 namespace {

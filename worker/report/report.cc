@@ -5,7 +5,6 @@
 #include "common/error.h"
 #include "worker/common/util.h"
 #include "worker/report/metrics_log.h"
-#include "worker/search/output.h"
 
 namespace batchdist::worker {
 namespace {

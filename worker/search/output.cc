@@ -9,41 +9,11 @@
 
 #include "common/error.h"
 #include "worker/common/console.h"
+#include "worker/common/util.h"
 
 namespace batchdist::worker {
 
-std::string xmlEscape(const std::string& s) {
-  std::string out;
-  out.reserve(s.size());
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&apos;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
-
-nlohmann::ordered_json leversJson(const Levers& l) {
-  return {{"shard", toString(l.shard)}, {"recompute", toString(l.recompute)}};
-}
-
 namespace {
-
-Levers leversFromJson(const nlohmann::json& j) {
-  Levers l;
-  if (!j.is_object()) return l;
-  const auto shard = parseEnum<Shard>(j.value("shard", std::string("none")));
-  const auto recompute = parseEnum<Recompute>(j.value("recompute", std::string("off")));
-  if (!shard || !recompute || *shard == Shard::kAuto || *recompute == Recompute::kAuto) {
-    throw std::invalid_argument("unknown levers");
-  }
-  return {*shard, *recompute};
-}
 
 nlohmann::ordered_json candidateJson(const Candidate& c, bool chosen, int64_t tokens_per_sample,
                                      bool levers) {

@@ -17,11 +17,4 @@ SearchResult searchFromJson(const nlohmann::json& j);
 std::string searchSvg(const SearchResult& r);
 std::string searchTable(const SearchResult& r);
 
-/// {"shard": ..., "recompute": ...}: how search.json, report.json and a checkpoint's
-/// manifest write levers (Note [lever search]).
-nlohmann::ordered_json leversJson(const Levers& l);
-
-/// `s` with &, <, >, " and ' escaped for XML text and attributes.
-std::string xmlEscape(const std::string& s);
-
 }  // namespace batchdist::worker

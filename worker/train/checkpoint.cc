@@ -31,7 +31,6 @@
 #include "worker/model/model.h"
 #include "worker/model/optimizer.h"
 #include "worker/model/precision.h"
-#include "worker/search/output.h"
 #include "worker/train/sharded_checkpoint.h"
 #include "worker/train/sharded_optimizer.h"
 

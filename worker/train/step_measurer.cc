@@ -19,7 +19,7 @@
 #include "worker/train/memory.h"
 #include "worker/train/profiler.h"
 #include "worker/train/step_timing.h"
-#include "worker/train/trainer.h"
+#include "worker/train/step_engine.h"
 
 namespace batchdist::worker {
 namespace {
@@ -43,11 +43,11 @@ class TrainStepMeasurer : public Measurer {
 
   double memoryBudgetMb() const override { return probe_.budgetMb(); }
   double loaderSamplesPerSecond() const override {
-    const auto s = trainer_->loader().stageSeconds();
+    const auto s = engine_->loader().stageSeconds();
     const double busy = s.read + s.decode + s.transform;
-    return busy > 0 ? s.samples * std::max<int64_t>(1, trainer_->loader().workers()) / busy : 0.0;
+    return busy > 0 ? s.samples * std::max<int64_t>(1, engine_->loader().workers()) / busy : 0.0;
   }
-  int64_t loaderWorkers() const override { return trainer_->loader().workers(); }
+  int64_t loaderWorkers() const override { return engine_->loader().workers(); }
   std::string deviceName() const override { return probe_.name(); }
   std::string recomputeUnsupported() const override {
     return worker::recomputeUnsupported(cfg_.model);
@@ -56,14 +56,14 @@ class TrainStepMeasurer : public Measurer {
   Measurement measure(int64_t per_gpu, int64_t accum, const Levers& levers, const TimingRule& rule,
                       int64_t extra_warmup) override {
     Measurement out;
-    if (levers != levers_) extra_warmup += switchLevers(levers);
-    Config cfg = *run_cfg_;
+    if (levers != engine_->levers()) extra_warmup += switchLevers(levers);
+    Config cfg = cfg_;  // the candidate's own batch settings
     cfg.batch.global = 0;
     cfg.batch.global_auto = false;
     cfg.batch.accum = accum;
     cfg.batch.adapt = BatchAdapt::kOff;  // a candidate's own plan: its G is not an adaptive start
     const auto plan = makePlan(cfg, comm_.size(), data_.train.size(), has_bn_, per_gpu);
-    trainer_->setPlan(plan);
+    engine_->setPlan(plan);
     Sharder sharder(plan, static_cast<uint64_t>(cfg.train.seed));
     // Decoded sources: the batches made ahead while the last candidate ran are
     // used up before timing, so the timed steps see the loader's steady rate.
@@ -77,7 +77,7 @@ class TrainStepMeasurer : public Measurer {
     queueSteps(sharder, warm + rule.max_steps);
     // Note [sync batchnorm]: measured without it, so that a rank running out of
     // memory mid-forward cannot strand the others in a BatchNorm allreduce.
-    const LocalBatchNorm local_bn(trainer_->model());
+    const LocalBatchNorm local_bn(engine_->model());
     CandidateRun run;
     run.warm = warm;
     run.samples_per_step = per_gpu * accum;
@@ -86,65 +86,55 @@ class TrainStepMeasurer : public Measurer {
       if (profiler && i < warm) return tracedStep(*profiler, sharder, i, warm, m);
       step(sharder, i, m);
     };
-    run.after_warmup = [&] { trainer_->takeTime(); };  // the warm-up's
+    run.after_warmup = [&] { engine_->takeTime(); };  // the warm-up's
     timeCandidate(comm_, probe_, rule, run, out);
-    const auto parts = trainer_->update().memory();  // Note [memory by part]
+    const auto parts = engine_->update().memory();  // Note [memory by part]
     out.parts = {parts.parameters_mb, parts.gradients_mb, parts.optimizer_state_mb};
     {
-      const auto t = trainer_->takeTime();
+      const auto t = engine_->takeTime();
       double timed = 0;
       for (const double x : out.step_seconds) timed += x;
       out.data_wait_fraction = timed > 0 ? std::min(1.0, t.data_wait / timed) : 0.0;
     }
-    trainer_->clearGradients();
-    trainer_->takeTime();
+    engine_->clearGradients();
+    engine_->takeTime();
     probe_.emptyCache();
     return out;
   }
 
  private:
   /// Note [lever switch]: the search measures every lever combination (Note
-  /// [lever search]) on one trainer and one model. Recompute is a flag of the
-  /// model's forward (Model::setRecompute); another sharding needs only another
-  /// update strategy (Trainer::rebuildUpdate: the old gradients, optimizer state
-  /// and hooks freed first, so they do not count in the new peak; the new state
-  /// starts empty, as in a rebuilt trainer). The parameters stay whatever the
+  /// [lever search]) on one step engine and one model. Recompute is a flag of
+  /// the model's forward (Model::setRecompute); another sharding needs only
+  /// another update strategy (StepEngine::setLevers: the old gradients, optimizer
+  /// state and hooks freed first, so they do not count in the new peak; the new
+  /// state starts empty, as in a new engine). The parameters stay whatever the
   /// steps so far made of them, identical on every rank as every strategy keeps
   /// them, which a timing does not mind. The first step after a switch allocates
   /// the new state and learns the ready order (Note [ready order]): one more
-  /// warm-up step. Rebuilding the trainer (model, broadcast, loader) took two and
+  /// warm-up step. Rebuilding the engine (model, broadcast, loader) took two and
   /// a model build: in a GPT's joint search (bench/lever_search.sh) a dozen
   /// switches. A model that cannot switch recompute (never asked: the search
   /// weighs recompute only where the model has blocks) is rebuilt.
   /// Collective: every rank switches to the same levers (Note [search agreement]).
   /// Returns the extra warm-up steps the switch costs.
   int64_t switchLevers(const Levers& to) {
-    if (to.recompute != levers_.recompute &&
-        !trainer_->model().setRecompute(to.recompute == Recompute::kOn)) {
-      build(to);
-      return 2;  // a fresh model and optimizer: as cold as the first candidate
-    }
-    const bool reshard = to.shard != levers_.shard;
-    applyLevers(*run_cfg_, to);  // the trainer's config (it keeps a reference)
-    levers_ = to;
-    if (reshard) trainer_->rebuildUpdate();
-    return 1;
+    if (engine_->setLevers(to)) return 1;
+    build(to);
+    return 2;  // a fresh model and optimizer: as cold as the first candidate
   }
 
-  /// A throwaway trainer under `levers` (the training run starts from a fresh,
-  /// identical model). Collective: every rank builds with the same levers in the
-  /// same order (Note [search agreement]). The last one is gone first, so that its
-  /// memory does not count in the new one's peak.
+  /// A throwaway step engine under `levers` (the training run starts from a
+  /// fresh, identical model). Collective: every rank builds with the same levers
+  /// in the same order (Note [search agreement]). The last one is gone first, so
+  /// that its memory does not count in the new one's peak.
   void build(const Levers& levers) {
-    trainer_.reset();
+    engine_.reset();
     probe_.emptyCache();
-    run_cfg_ = std::make_unique<Config>(cfg_);  // the Trainer keeps a reference
-    applyLevers(*run_cfg_, levers);
-    levers_ = levers;
-    const auto first = makePlan(*run_cfg_, comm_.size(), data_.train.size(), has_bn_,
+    const auto first = makePlan(cfg_, comm_.size(), data_.train.size(), has_bn_,
                                 std::max<int64_t>(2, cfg_.search.min));
     // Note [fault plan]: the search times the real step, slow reads and updates included.
-    trainer_ = std::make_unique<Trainer>(*run_cfg_, comm_, data_, device_, first, faults_);
+    engine_ = std::make_unique<StepEngine>(cfg_, comm_, data_, device_, first, faults_, levers);
   }
 
   /// Note [search traces]: the candidate's trace directory the first time it is
@@ -185,28 +175,28 @@ class TrainStepMeasurer : public Measurer {
   /// Queues the first `count` steps of the sharder's epoch (cycling) on the loader.
   void queueSteps(const Sharder& sharder, int64_t count) {
     std::vector<MicroBatch> jobs;
-    const int64_t per_epoch = trainer_->plan().steps_per_epoch;
+    const int64_t per_epoch = engine_->plan().steps_per_epoch;
     for (int64_t i = 0; i < count; ++i) {
-      for (auto& j : trainer_->jobs(sharder, i % per_epoch, 1)) jobs.push_back(std::move(j));
+      for (auto& j : engine_->jobs(sharder, i % per_epoch, 1)) jobs.push_back(std::move(j));
     }
-    trainer_->loader().start(std::move(jobs), 0);
+    engine_->loader().start(std::move(jobs), 0);
   }
 
   /// One training step; a rank that fails still joins the gradient allreduce
   /// (Note [search agreement]) and records the failure in `out`.
   void step(const Sharder& sharder, int64_t i, Measurement& out) {
-    const int64_t s = i % trainer_->plan().steps_per_epoch;
+    const int64_t s = i % engine_->plan().steps_per_epoch;
     if (out.fail == FailKind::kNone) {
       try {
-        trainer_->computeGradients(sharder.realSamples(s));
+        engine_->computeGradients(sharder.realSamples(s));
       } catch (const std::exception& e) {
         recordFailure(e, out);
-        trainer_->clearGradients();
+        engine_->clearGradients();
         probe_.emptyCache();
       }
     }
-    trainer_->syncGradients();
-    if (out.fail == FailKind::kNone) trainer_->applyUpdate(trainer_->plan().lr);
+    engine_->syncGradients();
+    if (out.fail == FailKind::kNone) engine_->applyUpdate(engine_->plan().lr);
   }
 
   const Config& cfg_;
@@ -215,9 +205,7 @@ class TrainStepMeasurer : public Measurer {
   at::Device device_;
   const FaultPlan* faults_;
   DeviceProbe probe_;
-  Levers levers_;
-  std::unique_ptr<Config> run_cfg_;  ///< cfg_ under levers_, which trainer_ refers to
-  std::unique_ptr<Trainer> trainer_;
+  std::unique_ptr<StepEngine> engine_;  ///< Note [step engine]
   bool has_bn_ = false;
   SearchTraceOptions trace_;         ///< Note [search traces] (dir "": off)
   std::set<std::string> traced_;     ///< the candidates traced so far
