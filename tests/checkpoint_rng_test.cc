@@ -67,9 +67,9 @@ TEST(CheckpointRng, EveryRankResumesItsOwnGeneratorFromRecordsGatheredInChunks) 
     const auto all = verifyCheckpoint((dir / "step-00000002").string());
     ASSERT_TRUE(one.problem.empty()) << one.problem;
     ASSERT_TRUE(all.problem.empty()) << all.problem;
-    EXPECT_EQ(one.manifest["rng"].value("chunk_ranks", 0), 1);
-    EXPECT_EQ(all.manifest["rng"].value("chunk_ranks", 0) >= world, true);
-    EXPECT_EQ(all.manifest["rng"].value("ranks", 0), world);
+    EXPECT_EQ(one.manifest.rng.value_or(RngLayout{}).chunk_ranks, 1);
+    EXPECT_EQ(all.manifest.rng.value_or(RngLayout{}).chunk_ranks >= world, true);
+    EXPECT_EQ(all.manifest.rng.value_or(RngLayout{}).ranks, world);
     EXPECT_EQ(bytesOf(dir / "step-00000001" / "rng.pt"), bytesOf(dir / "step-00000002" / "rng.pt"))
         << "the chunking changed rng.pt";
 

@@ -113,18 +113,18 @@ TEST_P(CheckpointRoundTrip, ContinuesBitwiseAndDamageIsRefused) {
     ASSERT_TRUE(found.has_value());
     EXPECT_EQ(positionOf(found->manifest).global_step, 3);
     // Note [rng records]: what rng.pt holds, in the manifest; its size follows.
-    const auto& rng = found->manifest["rng"];
-    EXPECT_EQ(rng.value("layout", ""), "records");
-    EXPECT_EQ(rng.value("ranks", 0), 2);
-    EXPECT_EQ(rng.value("cpu", false), true);
-    EXPECT_EQ(rng.value("cuda", true), false) << "a CPU run has no CUDA generator state";
-    EXPECT_EQ(rng.value("cuda_bytes", -1), 0);
-    EXPECT_EQ(rng.value("cpu_bytes", 0), at::detail::getDefaultCPUGenerator().get_state().numel());
-    EXPECT_EQ(rng.value("record_bytes", 0), 16 + (rng.value("cpu_bytes", 0) + 7) / 8 * 8);
+    ASSERT_TRUE(found->manifest.rng.has_value()) << "layout: records";
+    const auto& rng = *found->manifest.rng;
+    EXPECT_EQ(rng.ranks, 2);
+    EXPECT_EQ(rng.cpu_bytes > 0, true);
+    EXPECT_EQ(rng.cuda_bytes > 0, false) << "a CPU run has no CUDA generator state";
+    EXPECT_EQ(rng.cuda_bytes, 0);
+    EXPECT_EQ(rng.cpu_bytes, at::detail::getDefaultCPUGenerator().get_state().numel());
+    EXPECT_EQ(rng.record(), 16 + (rng.cpu_bytes + 7) / 8 * 8);
     EXPECT_EQ(static_cast<int64_t>(fs::file_size(dir / "step-00000003" / "rng.pt")),
-              32 + 2 * rng.value("record_bytes", 0));
+              32 + 2 * rng.record());
     std::printf("[ rng ] CPU generator state %d bytes, record %d bytes\n",
-                rng.value("cpu_bytes", 0), rng.value("record_bytes", 0));
+                static_cast<int>(rng.cpu_bytes), static_cast<int>(rng.record()));
 
     torch::manual_seed(99);  // other initial weights, no optimizer state
     auto b = buildModel(cfg.model, {4}, 3);
@@ -222,8 +222,10 @@ TEST(Checkpoint, ResumeOfAnAdaptiveRunKeepsAdaptAndItsGainRule) {
     return parseConfig("batch: {global: 64, adapt: goodput" + extra + "}", "t.yaml");
   };
   const auto then = adaptive("");
-  nlohmann::ordered_json m{{"config", then.resolved}, {"plan", {{"global", 64}}},
-                           {"adapt", nlohmann::ordered_json::object()}};
+  CheckpointManifest m;
+  m.config = then.resolved;
+  m.plan.global = 64;
+  m.adapt = nlohmann::ordered_json::object();
   EXPECT_NO_THROW(checkResumable(m, adaptive(", adapt_every_steps: 50, adapt_max: 512"), "ck"));
   const auto message = [&](const Config& now) -> std::string {
     try {
@@ -245,7 +247,7 @@ TEST(Checkpoint, ResumeOfAnAdaptiveRunKeepsAdaptAndItsGainRule) {
   // only the next decisions differ; a warmup checkpoint says so when refused.
   EXPECT_NO_THROW(checkResumable(m, parseConfig("batch: {global: 64, adapt: warmup}", "t.yaml"), "ck"));
   auto warm = m;
-  warm["config"] = parseConfig("batch: {global: 64, adapt: warmup}", "t.yaml").resolved;
+  warm.config = parseConfig("batch: {global: 64, adapt: warmup}", "t.yaml").resolved;
   EXPECT_NO_THROW(checkResumable(warm, adaptive(""), "ck"));
   const auto off = [&]() -> std::string {
     try {
@@ -257,7 +259,7 @@ TEST(Checkpoint, ResumeOfAnAdaptiveRunKeepsAdaptAndItsGainRule) {
   }();
   EXPECT_NE(off.find("batch.adapt = off now, warmup in the checkpoint"), std::string::npos) << off;
   // A checkpoint written before batch.adapt_gain existed was AdaScale's.
-  m["config"]["batch"].erase("adapt_gain");
+  m.config["batch"].erase("adapt_gain");
   EXPECT_NO_THROW(checkResumable(m, adaptive(""), "ck"));
   EXPECT_EQ(message(adaptive(", adapt_gain: linear")).find("no error"), std::string::npos);
 }
@@ -271,7 +273,9 @@ TEST(Checkpoint, ResumeWithGlobalTokensKeepsTheRoundedBatch) {
                        "batch: " + batch, "t.yaml");
   };
   const auto then = lm("{global_tokens: 2070}");
-  nlohmann::ordered_json m{{"config", then.resolved}, {"plan", {{"global", then.batch.global}}}};
+  CheckpointManifest m;
+  m.config = then.resolved;
+  m.plan.global = then.batch.global;
   EXPECT_NO_THROW(checkResumable(m, lm("{global_tokens: 2070}"), "ck"));
   EXPECT_NO_THROW(checkResumable(m, lm("{global_tokens: 2060}"), "ck"));  // 32 windows too
   try {
@@ -294,7 +298,9 @@ TEST(Checkpoint, ResumeMaySwitchActivationRecompute) {
   };
   for (const auto& [then, now] : {std::pair{"", ", recompute: on"}, std::pair{", recompute: on", ""}}) {
     const auto c = mlp(then);
-    nlohmann::ordered_json m{{"config", c.resolved}, {"plan", {{"global", 64}}}};
+    CheckpointManifest m;
+    m.config = c.resolved;
+    m.plan.global = 64;
     EXPECT_NO_THROW(checkResumable(m, mlp(now), "ck")) << then << " -> " << now;
     EXPECT_THROW(checkResumable(m, mlp(std::string(now) + ", dropout: 0.5"), "ck"), ConfigError);
   }
@@ -302,7 +308,9 @@ TEST(Checkpoint, ResumeMaySwitchActivationRecompute) {
 
 TEST(Checkpoint, ResumeRefusesAnotherModelNamingTheKey) {
   const auto then = parseConfig("model: {hidden: [16]}\nbatch: {global: 64}", "t.yaml");
-  nlohmann::ordered_json m{{"config", then.resolved}, {"plan", {{"global", 64}}}};
+  CheckpointManifest m;
+  m.config = then.resolved;
+  m.plan.global = 64;
   const auto same_but_more_ranks = parseConfig("model: {hidden: [16]}\nbatch: {global: 64, per_gpu: 8}\ntrain: {epochs: 3}", "t.yaml");
   EXPECT_NO_THROW(checkResumable(m, same_but_more_ranks, "ck"));
   try {
@@ -369,4 +377,174 @@ TEST(Checkpoint, BackgroundWritesLandWithTheWeightsOfTheirStep) {
     restoreState(check, into, 0, 1);
     EXPECT_TRUE(torch::equal(restored->namedParameters().begin()->second, at_step_3));
   });
+}
+
+namespace {
+
+/// A manifest with every field set, the optional ones included.
+CheckpointManifest fullManifest() {
+  CheckpointManifest m;
+  m.batchdist_version = "9.9.9";
+  m.torch_version = "2.1.0";
+  m.created_unix = 1700000000;
+  m.step = 30;
+  m.epoch = 2;
+  m.step_in_epoch = 10;
+  m.lr_next = 0.0125;
+  m.samples = 640;
+  m.epoch_samples = 160;
+  m.epoch_loss_sum = 123.456;
+  EpochStats e;
+  e.epoch = 1;
+  e.train_loss = 0.7;
+  e.eval_loss = 0.65;
+  e.eval_metrics = {{"accuracy", 0.8}, {"top5", 0.99}};
+  e.samples_per_s = 1234.5;
+  e.seconds = 3.25;
+  e.noise_scale = 42.0;
+  m.history = {e, e};
+  m.plan = {32, 8, 2, 2, 20, 60, 640};
+  m.searched_per_gpu = 8;
+  m.levers = {Shard::kOptimizer, Recompute::kOn};
+  m.config = parseConfig("batch: {global: 32}", "t.yaml").resolved;
+  m.config_hash = fnv1a64Hex(m.config.dump());
+  m.parameters = {"fc0.weight", "fc0.bias"};
+  m.buffers = {};
+  m.rng = RngLayout{2, 5056, 16, 206};
+  m.adapt = {{"epoch", 2}, {"step_in_epoch", 10}, {"lr_next", 0.0125}, {"anything", {1, 2}}};
+  m.optimizer_state = FlatStateEntry{{"momentum"}, 2, 100, "Float", 4, 2, 1 << 24,
+                                     "optimizer_state.bin"};
+  m.loss_scaler = ScalerEntry{65536.0, 3, 1};
+  m.files = {{"rng.pt", 10176, "0123456789abcdef"}, {"model.pt", 1000, "fedcba9876543210"}};
+  return m;
+}
+
+}  // namespace
+
+// Note [manifest formats]: one writer and one reader. write -> read -> write gives
+// the same document, for a manifest with every field and for one a Checkpointer wrote
+// (the bytes of its manifest.json).
+TEST(CheckpointManifest, WriteReadWriteIsTheSameDocument) {
+  const auto first = manifestJson(fullManifest());
+  EXPECT_EQ(first.at("checksum"), manifestChecksum(first));
+  const auto again = manifestJson(readManifest(first));
+  EXPECT_EQ(again.dump(1), first.dump(1));
+  const auto back = readManifest(first);
+  EXPECT_EQ(back.levers, (Levers{Shard::kOptimizer, Recompute::kOn}));
+  ASSERT_TRUE(back.rng && back.optimizer_state && back.loss_scaler);
+  EXPECT_EQ(back.rng->record(), 16 + 5056 + 16);
+  EXPECT_EQ(back.history[1].eval_metrics[1].name, "top5");
+  EXPECT_EQ(back.optimizer_state->names, std::vector<std::string>{"momentum"});
+
+  const auto dir = freshDir("manifest_roundtrip");
+  Config cfg = parseConfig("model: {hidden: [8], batchnorm: false}", "t.yaml");
+  runRanks(1, [&](collective::Communicator& comm) {
+    auto model = buildModel(cfg.model, {4}, 3);
+    auto opt = makeOptimizer(cfg.optim, model->trainableParameters());
+    CheckpointIdentity id;
+    id.plan.world_size = 1;
+    id.plan.steps_per_epoch = 4;
+    id.config = cfg.resolved;
+    Checkpointer ck(foreground(cfg.checkpoint), dir.string(), id, comm);
+    Console quiet(false, ProgressStyle::kOff);
+    TrainPosition pos;
+    pos.global_step = 5;
+    ASSERT_TRUE(ck.save({model.get(), opt.get(), nullptr, at::kCPU}, pos, false, quiet).error.empty());
+  });
+  const auto check = verifyCheckpoint((dir / "step-00000005").string());
+  ASSERT_TRUE(check.problem.empty()) << check.problem;
+  EXPECT_EQ(manifestJson(check.manifest).dump(1) + "\n", check.text);
+  EXPECT_EQ(check.manifest.epoch, 1);
+  EXPECT_EQ(check.manifest.step_in_epoch, 1);
+}
+
+// Formats 1 and 2 (Note [manifest formats]): positional history epochs with
+// classification's accuracy and no noise scale, no levers; format 1 without "rng"
+// (its rng.pt a torch archive). The reader converts them into today's fields.
+TEST(CheckpointManifest, ReadsFormatsOneAndTwo) {
+  auto j = manifestJson(fullManifest());
+  j["format"] = 2;
+  j.erase("levers");
+  j.erase("optimizer_state");
+  j["history"] = nlohmann::ordered_json::array({{0, 1.5, 1.25, 0.75, 1000.0, 2.0},
+                                                {1, 1.0, 0.9, 0.8, 1100.0, 1.5}});
+  auto m = readManifest(j);
+  EXPECT_EQ(m.format, 2);
+  EXPECT_EQ(m.levers, Levers{}) << "none and off before the levers were recorded";
+  EXPECT_EQ(m.levers.shard, Shard::kNone);
+  EXPECT_EQ(m.levers.recompute, Recompute::kOff);
+  ASSERT_EQ(m.history.size(), 2u);
+  EXPECT_EQ(m.history[1].epoch, 1);
+  EXPECT_DOUBLE_EQ(m.history[1].train_loss, 1.0);
+  EXPECT_DOUBLE_EQ(m.history[1].eval_loss, 0.9);
+  ASSERT_EQ(m.history[1].eval_metrics.size(), 1u);
+  EXPECT_EQ(m.history[1].eval_metrics[0].name, "accuracy");
+  EXPECT_DOUBLE_EQ(m.history[1].eval_metrics[0].value, 0.8);
+  EXPECT_DOUBLE_EQ(m.history[1].samples_per_s, 1100.0);
+  EXPECT_DOUBLE_EQ(m.history[1].seconds, 1.5);
+  EXPECT_DOUBLE_EQ(m.history[1].noise_scale, -1) << "not measured";
+  ASSERT_TRUE(m.rng.has_value());
+  EXPECT_EQ(m.rng->ranks, 2);
+  EXPECT_FALSE(m.optimizer_state.has_value());
+  // Written again, it is today's format with today's keys.
+  const auto now = manifestJson(m);
+  EXPECT_TRUE(now.at("history")[0].is_object());
+  EXPECT_EQ(now.at("levers").at("shard"), "none");
+
+  j["format"] = 1;
+  j.erase("rng");
+  m = readManifest(j);
+  EXPECT_FALSE(m.rng.has_value()) << "format 1: rng.pt is a torch archive";
+  EXPECT_EQ(m.history.size(), 2u);
+  // A keyed epoch without noise_scale (written before it was measured): not measured.
+  j["history"] = nlohmann::ordered_json::array(
+      {{{"epoch", 0}, {"train_loss", 0.5}, {"eval_loss", 0.25}, {"eval", {{"mse", 0.25}}},
+        {"samples_per_s", 10.0}, {"seconds", 3.0}}});
+  EXPECT_DOUBLE_EQ(readManifest(j).history[0].noise_scale, -1);
+}
+
+// A manifest that passed its checksum but lacks a key: an Error naming the key (and
+// verifyCheckpoint refuses the checkpoint saying so); a format it does not read, too.
+TEST(CheckpointManifest, AMissingKeyIsNamed) {
+  const auto message = [](const nlohmann::ordered_json& j) -> std::string {
+    try {
+      readManifest(j);
+    } catch (const batchdist::Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  const auto full = manifestJson(fullManifest());
+  auto j = full;
+  j["plan"].erase("world_size");
+  EXPECT_NE(message(j).find("manifest.json has no \"plan.world_size\""), std::string::npos)
+      << message(j);
+  j = full;
+  j.erase("step");
+  EXPECT_NE(message(j).find("no \"step\""), std::string::npos) << message(j);
+  j = full;
+  j["history"][1].erase("eval_loss");
+  EXPECT_NE(message(j).find("no \"history[1].eval_loss\""), std::string::npos) << message(j);
+  j = full;
+  j.erase("rng");
+  EXPECT_NE(message(j).find("no \"rng\""), std::string::npos) << "format 2 on has rng.pt's records";
+  j = full;
+  j["files"][0]["bytes"] = "ten";
+  EXPECT_NE(message(j).find("\"files[0].bytes\" is \"ten\""), std::string::npos) << message(j);
+  j = full;
+  j["levers"]["shard"] = "sideways";
+  EXPECT_NE(message(j).find("\"levers.shard\" is \"sideways\""), std::string::npos) << message(j);
+  j = full;
+  j["format"] = 6;
+  EXPECT_EQ(message(j), "format 6, this batchdist reads formats 1 to 5");
+
+  const auto dir = freshDir("manifest_missing_key") / "step-00000001";
+  fs::create_directories(dir);
+  j = full;
+  j["files"] = nlohmann::ordered_json::array();
+  j.erase("searched_per_gpu");
+  j["checksum"] = manifestChecksum(j);
+  { std::ofstream(dir / "manifest.json") << j.dump(1) << "\n"; }
+  const auto check = verifyCheckpoint(dir.string());
+  EXPECT_NE(check.problem.find("no \"searched_per_gpu\""), std::string::npos) << check.problem;
 }

@@ -125,10 +125,14 @@ TEST(Task, ATaskOrHeadThatDoesNotFitTheTargetsIsNamed) {
 // Note [task]: the checkpoint's history keeps the task's metrics by name (format
 // 3); format 2's positional epochs (classification's accuracy) are still read.
 TEST(Task, CheckpointHistoryReadsKeyedMetricsAndTheOldPositionalAccuracy) {
-  nlohmann::ordered_json m{{"step", 8}, {"samples", 96}, {"epoch_samples", 0}, {"epoch_loss_sum", 0.0}};
+  CheckpointManifest base;
+  base.rng.emplace();
+  base.step = 8;
+  base.samples = 96;
+  auto m = manifestJson(base);
   m["history"] = nlohmann::ordered_json::array();
   m["history"].push_back({0, 1.5, 1.25, 0.75, 1000.0, 2.0});
-  auto p = positionOf(m);
+  auto p = positionOf(readManifest(m));
   ASSERT_EQ(p.history.size(), 1u);
   EXPECT_DOUBLE_EQ(p.history[0].eval_loss, 1.25);
   ASSERT_EQ(p.history[0].eval_metrics.size(), 1u);
@@ -139,7 +143,7 @@ TEST(Task, CheckpointHistoryReadsKeyedMetricsAndTheOldPositionalAccuracy) {
   m["history"].push_back({{"epoch", 0}, {"train_loss", 0.5}, {"eval_loss", 0.25},
                           {"eval", {{"mse", 0.25}, {"mae", 0.4}}}, {"samples_per_s", 10.0},
                           {"seconds", 3.0}, {"noise_scale", 7.0}});
-  p = positionOf(m);
+  p = positionOf(readManifest(m));
   ASSERT_EQ(p.history[0].eval_metrics.size(), 2u);
   EXPECT_EQ(p.history[0].eval_metrics[1].name, "mae");
   EXPECT_DOUBLE_EQ(metricValue(p.history[0].eval_metrics, "mse"), 0.25);

@@ -231,8 +231,8 @@ RunInfo trainedRunInfo(const RankPlace& place, const RunSetup& s, collective::Co
   info.search = searched;
   if (resumed) {
     info.resumed_path = resumed->path;
-    info.resumed_step = resumed->manifest["step"];
-    info.resumed_world = resumed->manifest["plan"]["world_size"];
+    info.resumed_step = resumed->manifest.step;
+    info.resumed_world = resumed->manifest.plan.world_size;
   }
   const auto name = s.device.is_cuda() ? compat::cudaDeviceName(s.device.index()) : "cpu";
   info.diagnosis = diagnose(s.cfg, result, s.device.is_cuda(), name, info.train_samples,
@@ -421,11 +421,11 @@ std::optional<CheckpointCheck> pickCheckpoint(const RunRequest& req, const RunSe
     const auto found = findResumeCheckpoint(req, s, &problem);
     if (found) {
       path = found->path;
-      manifest = found->manifest.dump();
-      const auto& p = found->manifest["plan"];
-      console.line(strCat("resume: continuing from ", path, " (step ", found->manifest["step"].get<int64_t>(),
-                          " of ", p["total_steps"].get<int64_t>(), ", written by ",
-                          p["world_size"].get<int64_t>(), " rank(s); now ", comm.size(), ")"));
+      manifest = found->text;
+      const auto& p = found->manifest.plan;
+      console.line(strCat("resume: continuing from ", path, " (step ", found->manifest.step,
+                          " of ", p.total_steps, ", written by ", p.world_size,
+                          " rank(s); now ", comm.size(), ")"));
     } else if (problem.empty()) {
       console.line(strCat("resume: no valid checkpoint in ", s.checkpoint_dir, "; starting fresh"));
     }
@@ -436,7 +436,8 @@ std::optional<CheckpointCheck> pickCheckpoint(const RunRequest& req, const RunSe
   if (manifest.empty()) return std::nullopt;
   CheckpointCheck c;
   c.path = comm.broadcast(path, 0);
-  c.manifest = nlohmann::ordered_json::parse(manifest);
+  c.text = std::move(manifest);
+  c.manifest = readManifest(nlohmann::ordered_json::parse(c.text));  // as rank 0 read it
   return c;
 }
 
@@ -455,8 +456,8 @@ std::string worldSizesFor(int64_t g, int64_t min_m) {
 /// on the same world size, the search's choice when per_gpu is auto, else the
 /// largest m <= the checkpoint's (it fitted) that divides G / W. Edits s.cfg.batch.
 void planResumedBatch(RunSetup& s, const CheckpointCheck& ckpt, int world) {
-  const auto& p = ckpt.manifest["plan"];
-  const int64_t g = p["global"], then_world = p["world_size"], then_m = p["per_gpu"];
+  const auto& p = ckpt.manifest.plan;
+  const int64_t g = p.global, then_world = p.world_size, then_m = p.per_gpu;
   const int64_t min_m = s.has_bn ? s.cfg.batch.min_per_gpu : 1;
   if (g % world != 0 || g / world < min_m) {
     throw ConfigError(strCat("cannot resume ", ckpt.path, " on ", world, " rank(s): its global "
@@ -496,11 +497,7 @@ std::optional<CheckpointCheck> prepareResume(const RunRequest& req, RunSetup& s,
   // Note [lever search]: on the same world the levers the checkpoint's run chose (none and
   // off for a checkpoint from before the levers were recorded).
   if (const Levers asked = configLevers(s.cfg); hasAutoLevers(asked)) {
-    Levers then;
-    if (const auto& l = resumed->manifest.value("levers", nlohmann::ordered_json()); l.is_object()) {
-      then.shard = parseEnum<Shard>(l.value("shard", "none")).value_or(Shard::kNone);
-      then.recompute = parseEnum<Recompute>(l.value("recompute", "off")).value_or(Recompute::kOff);
-    }
+    Levers then = resumed->manifest.levers;
     if (asked.shard != Shard::kAuto) then.shard = asked.shard;
     if (asked.recompute != Recompute::kAuto) then.recompute = asked.recompute;
     applyLevers(s.cfg, then);
@@ -508,7 +505,7 @@ std::optional<CheckpointCheck> prepareResume(const RunRequest& req, RunSetup& s,
                         autoLeversText(asked), ")"));
   }
   s.plan = makePlan(s.cfg, comm.size(), s.data.train.size(), s.has_bn);
-  if (const int64_t m = resumed->manifest["searched_per_gpu"]; m > 0 && m == s.plan.per_gpu) {
+  if (const int64_t m = resumed->manifest.searched_per_gpu; m > 0 && m == s.plan.per_gpu) {
     searched->emplace();  // the search result the checkpoint's run found for this world size
     (*searched)->chosen = m;
     (*searched)->cached = true;
@@ -808,7 +805,7 @@ struct MetricSinks {
 // Note [tensorboard events]: a new event file, opening with START at the first step it holds.
 void attachMetricSinks(RunState& r, Trainer& trainer, MetricSinks& sinks) {
   if (!r.lead()) return;
-  const int64_t resumed_step = r.resumed ? r.resumed->manifest["step"].get<int64_t>() : -1;
+  const int64_t resumed_step = r.resumed ? r.resumed->manifest.step : -1;
   sinks.log.emplace((fs::path(r.req.output) / "metrics.jsonl").string(), resumed_step);
   if (r.s.cfg.report.tensorboard) {
     sinks.events.emplace((fs::path(r.req.output) / "tensorboard" / "train").string(), resumed_step + 1);
@@ -886,8 +883,8 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
   }
   // Note [heartbeat]: the supervisor's figures of this attempt.
   heartbeat::setBatch(s.plan.per_gpu, s.plan.accum, s.plan.global);
-  heartbeat::setStep(r.resumed ? positionOf(r.resumed->manifest).global_step : 0);
-  heartbeat::setCheckpoint(r.resumed ? positionOf(r.resumed->manifest).global_step : -1);
+  heartbeat::setStep(r.resumed ? r.resumed->manifest.step : 0);
+  heartbeat::setCheckpoint(r.resumed ? r.resumed->manifest.step : -1);
   heartbeat::setPhase("train");
   const auto result = trainer.train(*r.console, [&req] { return req.stop_signal() != 0; });
   heartbeat::setPhase("finish");  // the report and the model: no steps, not a hang

@@ -4,7 +4,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -15,11 +14,8 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <iostream>
-#include <mutex>
-#include <sstream>
 
 #include "common/error.h"
 #include "collective/torch_compat.h"
@@ -31,20 +27,12 @@
 #include "worker/model/model.h"
 #include "worker/model/optimizer.h"
 #include "worker/model/precision.h"
+#include "worker/train/rng_records.h"
 #include "worker/train/sharded_checkpoint.h"
 #include "worker/train/sharded_optimizer.h"
 
 namespace batchdist::worker {
 namespace fs = std::filesystem;
-
-uint64_t fnv1a64(const void* data, std::size_t n, uint64_t hash) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (std::size_t i = 0; i < n; ++i) {
-    hash ^= p[i];
-    hash *= 0x100000001b3ull;
-  }
-  return hash;
-}
 
 std::string checkpointName(int64_t step) {
   char buf[32];
@@ -52,28 +40,20 @@ std::string checkpointName(int64_t step) {
   return buf;
 }
 
-namespace {
-
-// Format 5: under dist.shard: optimizer, optimizer_state.bin and the manifest's
-// "optimizer_state" instead of optimizer.pt (Note [sharded checkpoint]).
-// Format 4: the adaptive record's throughput, segments, history and noise entries
-// keyed (worker/train/adapt_record.h); formats 2 and 3's positional ones are still
-// read. Format 3: the history's epochs as keyed objects with the task's metrics
-// (Note [task]); format 2's positional [epoch, train_loss, eval_loss,
-// eval_accuracy, samples_per_s, seconds] is still read. Format 2: rng.pt as
-// generator records (Note [rng records]) and the manifest's "rng"; format 1 (a
-// torch archive of CPU generators) is still read.
-constexpr int kFormat = 5;
-constexpr int kOldestFormat = 1;
-constexpr std::uintmax_t kMaxCheckpointFile = std::uintmax_t{1} << 40;
-
-std::string hex(uint64_t v) {
-  char buf[20];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
+std::vector<std::pair<int64_t, std::string>> listCheckpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string n = entry.path().filename().string();
+    if (n.rfind("step-", 0) != 0 || n.size() <= 5) continue;
+    if (n.find_first_not_of("0123456789", 5) != std::string::npos) continue;
+    out.emplace_back(std::stoll(n.substr(5)), entry.path().string());
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return out;
 }
 
-std::string hashOf(const std::string& bytes) { return hex(fnv1a64(bytes.data(), bytes.size())); }
+namespace {
 
 [[noreturn]] void ioError(const std::string& path, const char* what, int err) {
   throw Error(strCat(path, ": cannot ", what, " (", std::strerror(err), ")"));
@@ -167,104 +147,31 @@ class StreamedFile {
   uint64_t hash_ = fnv1a64(nullptr, 0);
 };
 
-constexpr char kStateFile[] = "optimizer_state.bin";  // Note [sharded checkpoint]
-
-/// A streamed file's entry in the manifest's "files".
-nlohmann::ordered_json fileEntry(const std::string& name, const StreamedFile& f) {
-  return {{"name", name}, {"bytes", f.bytes()}, {"fnv1a64", hex(f.hash())}};
+/// A streamed file's entry in the manifest's files.
+ManifestFile fileEntry(const std::string& name, const StreamedFile& f) {
+  return {name, f.bytes(), hashHex(f.hash())};
 }
 
-constexpr char kRngMagic[8] = {'b', 'd', 'r', 'n', 'g', '0', '0', '2'};
-constexpr int64_t kRngHeaderBytes = 32;  // magic, ranks, CPU state bytes, CUDA state bytes
-
-int64_t roundUp8(int64_t n) { return (n + 7) / 8 * 8; }
-
-/// What rng.pt holds (Note [rng records]): W records of the same size.
-struct RngLayout {
-  int64_t ranks = 0;
-  int64_t cpu_bytes = 0;   ///< the largest CPU generator state of any rank
-  int64_t cuda_bytes = 0;  ///< the largest CUDA generator state, 0 when no rank is on a GPU
-  int64_t chunk_ranks = 0;
-  /// [int64 CPU length][int64 CUDA length][CPU state][CUDA state], 8-byte aligned.
-  int64_t record() const { return 16 + roundUp8(cpu_bytes) + roundUp8(cuda_bytes); }
-  nlohmann::ordered_json json() const {
-    return {{"layout", "records"}, {"ranks", ranks}, {"cpu", cpu_bytes > 0},
-            {"cuda", cuda_bytes > 0}, {"cpu_bytes", cpu_bytes}, {"cuda_bytes", cuda_bytes},
-            {"record_bytes", record()}, {"chunk_ranks", chunk_ranks}};
+/// `f()`, a failure caught into `error` (a write that failed stops writing, not the
+/// collectives).
+template <typename F>
+void guarded(std::string& error, F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {  // Error, or std::filesystem's
+    error = e.what();
   }
-};
-
-/// Every rank's CPU generator and, on a GPU, its device's CUDA generator (Note
-/// [cuda rng]), streamed to `sink` on rank 0 in rank order: the header, then the
-/// records, at most `chunk_bytes` of them at a time (Note [rng records]).
-/// Collective: one small allreduce for the sizes, then one allreduce per chunk.
-RngLayout gatherRng(collective::Communicator& comm, const at::Device& device,
-                    std::size_t chunk_bytes,
-                    const std::function<void(const char*, std::size_t)>& sink) {
-  const auto cpu = compat::cpuRngState().contiguous();
-  const auto cuda = compat::cudaRngState(device).to(at::kCPU).contiguous();
-  const auto most = comm.allreduce(
-      {static_cast<double>(cpu.numel()), static_cast<double>(cuda.numel())},
-      collective::ReduceOp::kMax);
-  RngLayout l;
-  l.ranks = comm.size();
-  l.cpu_bytes = static_cast<int64_t>(most[0]);
-  l.cuda_bytes = static_cast<int64_t>(most[1]);
-  const int64_t record = l.record();
-  l.chunk_ranks = std::max<int64_t>(1, static_cast<int64_t>(chunk_bytes) / record);
-  std::vector<char> mine(static_cast<std::size_t>(record), 0);
-  const int64_t lengths[2] = {cpu.numel(), cuda.numel()};
-  std::memcpy(mine.data(), lengths, sizeof lengths);
-  std::memcpy(mine.data() + 16, cpu.data_ptr(), cpu.numel());
-  if (cuda.numel() > 0) std::memcpy(mine.data() + 16 + roundUp8(l.cpu_bytes), cuda.data_ptr(), cuda.numel());
-  if (comm.rank() == 0) {
-    int64_t header[4] = {0, l.ranks, l.cpu_bytes, l.cuda_bytes};
-    std::memcpy(header, kRngMagic, sizeof kRngMagic);
-    sink(reinterpret_cast<const char*>(header), sizeof header);
-  }
-  for (int64_t first = 0; first < l.ranks; first += l.chunk_ranks) {
-    const int64_t n = std::min(l.chunk_ranks, l.ranks - first);
-    // Rows of ranks outside this chunk are zeros: the sum is every member's record,
-    // bit for bit (int64 words, each added to zeros only).
-    auto chunk = at::zeros({n * record / 8}, at::TensorOptions().dtype(at::kLong));
-    if (comm.rank() >= first && comm.rank() < first + n) {
-      std::memcpy(static_cast<char*>(chunk.data_ptr()) + (comm.rank() - first) * record,
-                  mine.data(), mine.size());
-    }
-    auto on_device = chunk.to(comm.device());
-    comm.allreduce(on_device, collective::ReduceOp::kSum);
-    if (comm.rank() == 0) {
-      const auto host = on_device.to(at::kCPU).contiguous();
-      sink(static_cast<const char*>(host.data_ptr()), static_cast<std::size_t>(n * record));
-    }
-  }
-  return l;
 }
 
-nlohmann::ordered_json historyJson(const std::vector<EpochStats>& history) {
-  auto out = nlohmann::ordered_json::array();
-  for (const auto& h : history) {
-    auto metrics = nlohmann::ordered_json::object();
-    for (const auto& x : h.eval_metrics) metrics[x.name] = x.value;
-    out.push_back({{"epoch", h.epoch},
-                   {"train_loss", h.train_loss},
-                   {"eval_loss", h.eval_loss},
-                   {"eval", metrics},
-                   {"samples_per_s", h.samples_per_s},
-                   {"seconds", h.seconds},
-                   {"noise_scale", h.noise_scale}});
-  }
-  return out;
+/// A sink into `file` while `error` is empty.
+std::function<void(const char*, std::size_t)> into(StreamedFile& file, std::string& error) {
+  return [&error, f = &file](const char* data, std::size_t n) {
+    if (error.empty()) guarded(error, [&] { f->write(data, n); });
+  };
 }
 
-/// The manifest's own checksum: FNV-1a 64 over its dump without the "checksum" key.
-std::string manifestChecksum(nlohmann::ordered_json m) {
-  m.erase("checksum");
-  return hashOf(m.dump());
-}
-
-nlohmann::ordered_json namesOf(const std::vector<std::pair<std::string, at::Tensor>>& named) {
-  auto out = nlohmann::ordered_json::array();
+std::vector<std::string> namesOf(const std::vector<std::pair<std::string, at::Tensor>>& named) {
+  std::vector<std::string> out;
   for (const auto& [name, t] : named) out.push_back(name);
   return out;
 }
@@ -316,100 +223,100 @@ CheckpointRecord Checkpointer::save(const TrainState& state, const TrainPosition
   rec.step = pos.global_step;
   rec.on_signal = on_signal;
   rec.path = (fs::path(dir_) / checkpointName(pos.global_step)).string();
-  const bool root = comm_.rank() == 0;
   last_step_ = pos.global_step;
-  if (root) settle(console);  // Note [background checkpoint]: one write in flight at most
-  std::string error, tmp;
-  StreamedFile rng_file;
-  if (root) {
-    try {
-      tmp = makeTemporary(pos.global_step);
-      rng_file.open((fs::path(tmp) / "rng.pt").string());
-    } catch (const std::exception& e) {  // Error, or std::filesystem's
-      error = e.what();
-    }
-  }
-  // A write that failed stops writing, not the collectives.
-  const auto into = [&error](StreamedFile& file) {
-    return [&error, f = &file](const char* data, std::size_t n) {
-      if (!error.empty()) return;
-      try {
-        f->write(data, n);
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
-    };
-  };
-  // Collective: every rank's generators, streamed into rank 0's rng.pt (Note [rng records]).
-  const RngLayout rng = gatherRng(comm_, state.device, rng_chunk_bytes_, into(rng_file));
-  // Collective: a sharded optimizer's state, streamed alike (Note [sharded checkpoint]).
-  nlohmann::ordered_json opt_state;
-  StreamedFile state_file;
-  if (auto* sharded = dynamic_cast<ShardedOptimizer*>(state.optimizer)) {
-    if (root && error.empty()) {
-      try {
-        state_file.open((fs::path(tmp) / kStateFile).string());
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
-    }
-    opt_state = gatherShardedState(*sharded, comm_, state_chunk_bytes_, into(state_file));
-  }
-  Prepared prepared;
-  if (root && error.empty()) {
-    try {
-      rng_file.finish();
-      auto written = nlohmann::ordered_json::array({fileEntry("rng.pt", rng_file)});
-      if (!opt_state.is_null()) {
-        state_file.finish();
-        written.push_back(fileEntry(kStateFile, state_file));
-        opt_state["file"] = kStateFile;
-      }
-      prepared = prepare(tmp, state, pos, rng.json(), written, opt_state, rec.path);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  }
-  if (root && !error.empty() && !tmp.empty()) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);  // a full disk gets its space back for the next try
-  }
+  if (comm_.rank() == 0) settle(console);  // Note [background checkpoint]: one write in flight at most
+  std::string error;
+  Prepared prepared = gather(state, pos, rec.path, error);
   last_write_ = monotonicSeconds();
   // Note [background checkpoint]: every rank takes the same branch (the stop
   // wish was agreed; the config is the same).
   if (cfg_.background && !on_signal) {
-    rec.background = true;
-    rec.seconds = monotonicSeconds() - t0;  // what the step waited
-    if (!root) return rec;
-    updateAutoInterval(rec.seconds, console);
-    if (!error.empty()) {
-      rec.error = error;
-      report(rec, console);
-      finished_[rec.step] = rec;
-      return rec;
-    }
-    in_flight_ = rec;
-    writer_done_ = false;
-    writer_ = std::thread([this, p = std::move(prepared)] {
-      const double w0 = monotonicSeconds();
-      try {
-        in_flight_.bytes = commit(p);
-        heartbeat::setCheckpoint(p.step);  // Note [heartbeat]: durable now
-      } catch (const std::exception& e) {
-        in_flight_.error = e.what();
-      }
-      in_flight_.write_seconds = monotonicSeconds() - w0;
-      writer_done_ = true;
+    return writeInBackground(std::move(rec), std::move(prepared), error, t0, console);
+  }
+  return writeInForeground(std::move(rec), prepared, std::move(error), t0, console);
+}
+
+Checkpointer::Prepared Checkpointer::gather(const TrainState& state, const TrainPosition& pos,
+                                            const std::string& final_path, std::string& error) {
+  const bool root = comm_.rank() == 0;
+  Prepared p;
+  p.step = pos.global_step;
+  p.final_path = final_path;
+  StreamedFile rng_file, state_file;
+  if (root) {
+    guarded(error, [&] {
+      p.tmp = makeTemporary(pos.global_step);
+      rng_file.open((fs::path(p.tmp) / "rng.pt").string());
     });
-    return rec;
+  }
+  // Collective: every rank's generators, streamed into rank 0's rng.pt (Note [rng records]).
+  const RngLayout rng = gatherRng(comm_, state.device, rng_chunk_bytes_, into(rng_file, error));
+  // Collective: a sharded optimizer's state, streamed alike (Note [sharded checkpoint]).
+  std::optional<FlatStateEntry> opt_state;
+  if (auto* sharded = dynamic_cast<ShardedOptimizer*>(state.optimizer)) {
+    if (root && error.empty()) {
+      guarded(error, [&] { state_file.open((fs::path(p.tmp) / kStateFile).string()); });
+    }
+    opt_state = gatherShardedState(*sharded, comm_, state_chunk_bytes_, into(state_file, error));
   }
   if (root && error.empty()) {
+    guarded(error, [&] {
+      rng_file.finish();
+      p.manifest = manifestOf(state, pos);
+      p.manifest.rng = rng;
+      p.manifest.files.push_back(fileEntry("rng.pt", rng_file));
+      if (opt_state) {
+        state_file.finish();
+        p.manifest.files.push_back(fileEntry(kStateFile, state_file));
+        opt_state->file = kStateFile;
+        p.manifest.optimizer_state = std::move(opt_state);
+      }
+      prepare(state, p);
+    });
+  }
+  if (root && !error.empty() && !p.tmp.empty()) {
+    std::error_code ec;
+    fs::remove_all(p.tmp, ec);  // a full disk gets its space back for the next try
+  }
+  return p;
+}
+
+CheckpointRecord Checkpointer::writeInBackground(CheckpointRecord rec, Prepared p,
+                                                 const std::string& error, double t0,
+                                                 Console& console) {
+  rec.background = true;
+  rec.seconds = monotonicSeconds() - t0;  // what the step waited
+  if (comm_.rank() != 0) return rec;
+  updateAutoInterval(rec.seconds, console);
+  if (!error.empty()) {
+    rec.error = error;
+    report(rec, console);
+    finished_[rec.step] = rec;
+    return rec;
+  }
+  in_flight_ = rec;
+  writer_done_ = false;
+  writer_ = std::thread([this, p = std::move(p)] {
     const double w0 = monotonicSeconds();
     try {
-      rec.bytes = commit(prepared);
+      in_flight_.bytes = commit(p);
+      heartbeat::setCheckpoint(p.step);  // Note [heartbeat]: durable now
     } catch (const std::exception& e) {
-      error = e.what();
+      in_flight_.error = e.what();
     }
+    in_flight_.write_seconds = monotonicSeconds() - w0;
+    writer_done_ = true;
+  });
+  return rec;
+}
+
+CheckpointRecord Checkpointer::writeInForeground(CheckpointRecord rec, const Prepared& p,
+                                                 std::string error, double t0,
+                                                 Console& console) {
+  const bool root = comm_.rank() == 0;
+  if (root && error.empty()) {
+    const double w0 = monotonicSeconds();
+    guarded(error, [&] { rec.bytes = commit(p); });
     rec.write_seconds = monotonicSeconds() - w0;
   }
   rec.error = comm_.broadcast(error, 0);  // every rank learns the outcome
@@ -417,7 +324,7 @@ CheckpointRecord Checkpointer::save(const TrainState& state, const TrainPosition
   last_write_ = monotonicSeconds();
   if (!root) return rec;
   if (rec.error.empty()) heartbeat::setCheckpoint(rec.step);  // Note [heartbeat]
-  if (!on_signal) updateAutoInterval(rec.seconds, console);
+  if (!rec.on_signal) updateAutoInterval(rec.seconds, console);
   report(rec, console);
   return rec;
 }
@@ -476,60 +383,47 @@ std::string Checkpointer::makeTemporary(int64_t step) const {
   return tmp;
 }
 
-Checkpointer::Prepared Checkpointer::prepare(const std::string& tmp, const TrainState& state,
-                                             const TrainPosition& pos,
-                                             const nlohmann::ordered_json& rng,
-                                             const nlohmann::ordered_json& written,
-                                             const nlohmann::ordered_json& opt_state,
-                                             const std::string& final_path) const {
-  Prepared out;
-  out.step = pos.global_step;
-  out.tmp = tmp;
-  out.final_path = final_path;
-  out.written = written;
-  auto& files = out.files;
-  files.emplace_back("model.pt", modelBytes(*state.model));
-  // Note [sharded checkpoint]: a sharded state is in optimizer_state.bin already.
-  if (opt_state.is_null()) files.emplace_back("optimizer.pt", state.optimizer->saveState());
+CheckpointManifest Checkpointer::manifestOf(const TrainState& state,
+                                            const TrainPosition& pos) const {
   const Plan& p = id_.plan;
   // An adaptive run's plan is plan0 (Note [adaptive checkpoint]): its epoch, place
   // in the epoch and next lr are the adapt record's.
   const auto& a = pos.adapt;
   const int64_t spe = p.steps_per_epoch;
-  nlohmann::ordered_json m{
-      {"format", kFormat},
-      {"batchdist_version", BATCHDIST_VERSION},
-      {"torch_version", compat::torchVersion()},
-      {"created_unix", static_cast<int64_t>(std::time(nullptr))},
-      {"step", pos.global_step},
-      {"epoch", !a.is_null() ? a.at("epoch").get<int64_t>() : spe > 0 ? pos.global_step / spe : 0},
-      {"step_in_epoch",
-       !a.is_null() ? a.at("step_in_epoch").get<int64_t>() : spe > 0 ? pos.global_step % spe : 0},
-      {"lr_next", a.is_null() ? p.lrAt(pos.global_step) : a.at("lr_next").get<double>()},
-      {"samples", pos.samples},
-      {"epoch_samples", pos.epoch_samples},
-      {"epoch_loss_sum", pos.epoch_loss_sum},
-      {"history", historyJson(pos.history)},
-      {"plan",
-       {{"global", p.global}, {"per_gpu", p.per_gpu}, {"accum", p.accum},
-        {"world_size", p.world_size}, {"steps_per_epoch", p.steps_per_epoch},
-        {"total_steps", p.total_steps}, {"dataset_size", p.dataset_size}}},
-      {"searched_per_gpu", id_.searched_per_gpu},
-      {"levers", leversJson(id_.levers)},
-      {"config_hash", hashOf(id_.config.dump())},
-      {"config", id_.config},
-      {"parameters", namesOf(state.model->namedParameters())},
-      {"buffers", namesOf(state.model->namedBuffers())},
-      {"rng", rng}};
-  if (!pos.adapt.is_null()) m["adapt"] = pos.adapt;
-  if (!opt_state.is_null()) m["optimizer_state"] = opt_state;
+  CheckpointManifest m;
+  m.batchdist_version = BATCHDIST_VERSION;
+  m.torch_version = compat::torchVersion();
+  m.created_unix = static_cast<int64_t>(std::time(nullptr));
+  m.step = pos.global_step;
+  m.epoch = !a.is_null() ? a.at("epoch").get<int64_t>() : spe > 0 ? pos.global_step / spe : 0;
+  m.step_in_epoch =
+      !a.is_null() ? a.at("step_in_epoch").get<int64_t>() : spe > 0 ? pos.global_step % spe : 0;
+  m.lr_next = a.is_null() ? p.lrAt(pos.global_step) : a.at("lr_next").get<double>();
+  m.samples = pos.samples;
+  m.epoch_samples = pos.epoch_samples;
+  m.epoch_loss_sum = pos.epoch_loss_sum;
+  m.history = pos.history;
+  m.plan = manifestPlan(p);
+  m.searched_per_gpu = id_.searched_per_gpu;
+  m.levers = id_.levers;
+  m.config_hash = fnv1a64Hex(id_.config.dump());
+  m.config = id_.config;
+  m.parameters = namesOf(state.model->namedParameters());
+  m.buffers = namesOf(state.model->namedBuffers());
+  m.adapt = pos.adapt;
   if (state.scaler) {
-    m["loss_scaler"] = {{"scale", state.scaler->scale()},
-                        {"tracker", state.scaler->growthTracker()},
-                        {"skipped", state.scaler->skippedSteps()}};
+    m.loss_scaler = ScalerEntry{state.scaler->scale(), state.scaler->growthTracker(),
+                                state.scaler->skippedSteps()};
   }
-  out.manifest = std::move(m);
-  return out;
+  return m;
+}
+
+void Checkpointer::prepare(const TrainState& state, Prepared& p) const {
+  p.files.emplace_back("model.pt", modelBytes(*state.model));
+  // Note [sharded checkpoint]: a sharded state is in optimizer_state.bin already.
+  if (!p.manifest.optimizer_state) {
+    p.files.emplace_back("optimizer.pt", state.optimizer->saveState());
+  }
 }
 
 int64_t Checkpointer::commit(const Prepared& p) const {
@@ -546,19 +440,16 @@ int64_t Checkpointer::commitFiles(const Prepared& p) const {
   const std::string& tmp = p.tmp;
   const std::string& final_path = p.final_path;
   const std::string name = checkpointName(p.step);
-  auto m = p.manifest;
+  auto m = p.manifest;  // its files: rng.pt (Note [rng records]), optimizer_state.bin
   int64_t bytes = 0;
-  auto list = p.written;  // rng.pt (Note [rng records]), optimizer_state.bin
-  for (const auto& f : p.written) bytes += f["bytes"].get<int64_t>();
+  for (const auto& f : m.files) bytes += static_cast<int64_t>(f.bytes);
   for (const auto& [file, data] : p.files) {
     writeSynced((fs::path(tmp) / file).string(), data);
-    list.push_back({{"name", file}, {"bytes", data.size()}, {"fnv1a64", hashOf(data)}});
+    m.files.push_back({file, data.size(), fnv1a64Hex(data)});
     bytes += static_cast<int64_t>(data.size());
   }
   faultPoint(fault_, CheckpointKill::kAfterFiles, p.step);
-  m["files"] = list;
-  m["checksum"] = manifestChecksum(m);
-  const std::string manifest = m.dump(1) + "\n";
+  const std::string manifest = manifestJson(m).dump(1) + "\n";
   writeSynced((fs::path(tmp) / "manifest.json").string(), manifest);  // last: it names the rest
   fsyncDir(tmp);
   // A directory of the same name (an abandoned timeline, or a damaged copy) is
@@ -573,29 +464,11 @@ int64_t Checkpointer::commitFiles(const Prepared& p) const {
   return bytes + static_cast<int64_t>(manifest.size());
 }
 
-namespace {
-
-/// step-* directories under `dir`, newest first (by step).
-std::vector<std::pair<int64_t, fs::path>> listCheckpoints(const std::string& dir) {
-  std::vector<std::pair<int64_t, fs::path>> out;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string n = entry.path().filename().string();
-    if (n.rfind("step-", 0) != 0 || n.size() <= 5) continue;
-    if (n.find_first_not_of("0123456789", 5) != std::string::npos) continue;
-    out.emplace_back(std::stoll(n.substr(5)), entry.path());
-  }
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  return out;
-}
-
-}  // namespace
-
 void Checkpointer::prune(int64_t written_step, Console& console) const {
   int64_t kept = 0;
   for (const auto& [step, path] : listCheckpoints(dir_)) {
     if (step > written_step) {
-      console.line(strCat("checkpoint: removing ", path.string(),
+      console.line(strCat("checkpoint: removing ", path,
                           " (newer than this run's step ", written_step,
                           ": left behind by a resume from an older checkpoint)"));
       fs::remove_all(path);
@@ -608,280 +481,6 @@ void Checkpointer::prune(int64_t written_step, Console& console) const {
     const std::string n = entry.path().filename().string();
     // Temporaries of writes that died (kill -9, full disk), not this process's.
     if (n.rfind(".tmp-", 0) == 0) fs::remove_all(entry.path(), ec);
-  }
-}
-
-CheckpointCheck verifyCheckpoint(const std::string& path) {
-  CheckpointCheck c;
-  c.path = path;
-  const auto manifest_path = (fs::path(path) / "manifest.json").string();
-  std::error_code ec;
-  if (!fs::exists(manifest_path, ec)) {
-    c.problem = "no manifest.json (an incomplete write?)";
-    return c;
-  }
-  std::string text;
-  try {  // Note [input files are regular files]: a FIFO here waited in open()
-    text = readFileBounded(manifest_path, 64 << 20, "manifest");
-  } catch (const Error& e) {
-    c.problem = e.what();
-    return c;
-  }
-  try {
-    c.manifest = nlohmann::ordered_json::parse(text);
-  } catch (const std::exception& e) {
-    c.problem = strCat("manifest.json is not valid JSON (", e.what(), ")");
-    return c;
-  }
-  const auto& m = c.manifest;
-  if (!m.is_object() || !m.contains("checksum") || m["checksum"] != manifestChecksum(m)) {
-    c.problem = "manifest.json fails its checksum (damaged)";
-    return c;
-  }
-  if (m.value("format", 0) < kOldestFormat || m.value("format", 0) > kFormat) {
-    c.problem = strCat("format ", m.value("format", 0), ", this batchdist reads formats ",
-                       kOldestFormat, " to ", kFormat);
-    return c;
-  }
-  for (const auto& f : m["files"]) {
-    const std::string name = f["name"];
-    const auto file = (fs::path(path) / name).string();
-    const InputFile in = openInputFile(file);  // Note [input files are regular files]
-    if (in.fd < 0) {
-      c.problem = strCat(name, ": ", in.error == ENOENT ? std::string("missing") : in.why());
-      return c;
-    }
-    if (in.size != f["bytes"].get<std::uintmax_t>()) {
-      c.problem = strCat(name, ": ", in.size, " bytes, the manifest says ",
-                         f["bytes"].get<std::uintmax_t>(), " (truncated?)");
-      return c;
-    }
-    if (hashOf(readFileBounded(file, kMaxCheckpointFile, "checkpoint file")) != f["fnv1a64"]) {
-      c.problem = strCat(name, ": checksum mismatch (the file was damaged after it was written)");
-      return c;
-    }
-  }
-  return c;
-}
-
-std::optional<CheckpointCheck> findLatestCheckpoint(const std::string& dir,
-                                                    std::vector<std::string>* rejected) {
-  for (const auto& [step, path] : listCheckpoints(dir)) {
-    auto c = verifyCheckpoint(path.string());
-    if (c.problem.empty()) return c;
-    if (rejected) rejected->push_back(strCat(path.string(), ": ", c.problem));
-  }
-  return std::nullopt;
-}
-
-TrainPosition positionOf(const nlohmann::ordered_json& m) {
-  TrainPosition p;
-  p.global_step = m["step"].get<int64_t>();
-  p.samples = m["samples"].get<int64_t>();
-  p.epoch_samples = m["epoch_samples"].get<int64_t>();
-  p.epoch_loss_sum = m["epoch_loss_sum"].get<double>();
-  if (m.contains("adapt")) p.adapt = m["adapt"];
-  for (const auto& h : m["history"]) {
-    EpochStats e;
-    if (h.is_array()) {  // formats 1 and 2: positional, classification's accuracy
-      e.epoch = h[0].get<int64_t>();
-      e.train_loss = h[1].get<double>();
-      e.eval_loss = h[2].get<double>();
-      e.eval_metrics = {{"accuracy", h[3].get<double>()}};
-      e.samples_per_s = h[4].get<double>();
-      e.seconds = h[5].get<double>();
-    } else {
-      e.epoch = h.at("epoch").get<int64_t>();
-      e.train_loss = h.at("train_loss").get<double>();
-      e.eval_loss = h.at("eval_loss").get<double>();
-      for (const auto& [name, v] : h.at("eval").items()) e.eval_metrics.push_back({name, v.get<double>()});
-      e.samples_per_s = h.at("samples_per_s").get<double>();
-      e.seconds = h.at("seconds").get<double>();
-      e.noise_scale = h.value("noise_scale", -1.0);
-    }
-    p.history.push_back(e);
-  }
-  return p;
-}
-
-namespace {
-
-void loadArchiveFile(torch::serialize::InputArchive& archive, const std::string& file,
-                     const at::Device& device) {
-  loadArchiveBytes(archive, readFileBounded(file, kMaxCheckpointFile, "checkpoint file"), device);
-}
-
-/// Copies the saved tensors into the model's own, in place (shapes checked).
-void restoreModel(const std::string& dir, const nlohmann::ordered_json& m, Model& model,
-                  const at::Device& device) {
-  torch::serialize::InputArchive archive;
-  loadArchiveFile(archive, (fs::path(dir) / "model.pt").string(), device);
-  torch::NoGradGuard no_grad;
-  const auto restore = [&](const char* prefix, const auto& named, const char* what) {
-    if (m[what].size() != named.size()) {
-      throw Error(strCat(dir, ": the checkpoint has ", m[what].size(), " ", what,
-                         ", this model ", named.size()));
-    }
-    for (std::size_t i = 0; i < named.size(); ++i) {
-      torch::Tensor t;
-      archive.read(strCat(prefix, i), t, /*is_buffer=*/true);
-      if (!t.sizes().equals(named[i].second.sizes())) {
-        throw Error(strCat(dir, ": ", named[i].first, " has shape ", shapeText(t.sizes().vec()),
-                           " in the checkpoint, ", shapeText(named[i].second.sizes().vec()),
-                           " in this model"));
-      }
-      named[i].second.copy_(t);
-    }
-  };
-  restore("p", model.namedParameters(), "parameters");
-  restore("b", model.namedBuffers(), "buffers");
-}
-
-/// Format 1's rng.pt (before Note [rng records]): a torch archive of every rank's
-/// CPU generator, "r<rank>"; read whole.
-void restoreRngArchive(const std::string& dir, int rank) {
-  torch::serialize::InputArchive archive;
-  loadArchiveFile(archive, (fs::path(dir) / "rng.pt").string(), at::kCPU);
-  torch::Tensor t;
-  archive.read(strCat("r", rank), t, /*is_buffer=*/true);
-  compat::setCpuRngState(t.to(torch::kByte));
-}
-
-/// This rank's record of rng.pt (Note [rng records]): the header and one record
-/// are read, whatever W is. The CUDA state is restored on a GPU when present.
-void restoreRngRecord(const std::string& dir, const nlohmann::ordered_json& layout, int rank,
-                      const at::Device& device) {
-  const std::string path = (fs::path(dir) / "rng.pt").string();
-  std::ifstream in(path, std::ios::binary);
-  int64_t header[4] = {};
-  in.read(reinterpret_cast<char*>(header), sizeof header);
-  RngLayout l;
-  l.ranks = header[1];
-  l.cpu_bytes = header[2];
-  l.cuda_bytes = header[3];
-  if (!in || std::memcmp(header, kRngMagic, sizeof kRngMagic) != 0 ||
-      l.ranks != layout.value("ranks", int64_t{-1}) || l.cpu_bytes < 0 || l.cuda_bytes < 0 ||
-      l.record() != layout.value("record_bytes", int64_t{-1}) || rank >= l.ranks) {
-    throw Error(strCat(path, ": not the generator records its manifest describes (",
-                       l.ranks, " ranks, record ", l.record(), " bytes; rank ", rank,
-                       "); the checkpoint is damaged: resume from an older one or start fresh"));
-  }
-  std::vector<char> record(static_cast<std::size_t>(l.record()));
-  in.seekg(kRngHeaderBytes + rank * l.record());
-  in.read(record.data(), static_cast<std::streamsize>(record.size()));
-  int64_t lengths[2] = {};
-  std::memcpy(lengths, record.data(), sizeof lengths);
-  if (!in || lengths[0] < 0 || lengths[0] > l.cpu_bytes || lengths[1] < 0 ||
-      lengths[1] > l.cuda_bytes) {
-    throw Error(strCat(path, ": rank ", rank, "'s generator record is truncated or damaged; "
-                       "resume from an older checkpoint or start fresh"));
-  }
-  const auto bytes = [&](int64_t offset, int64_t n) {
-    auto t = at::empty({n}, at::TensorOptions().dtype(at::kByte));
-    std::memcpy(t.data_ptr(), record.data() + offset, static_cast<std::size_t>(n));
-    return t;
-  };
-  compat::setCpuRngState(bytes(16, lengths[0]));
-  // Note [cuda rng]: a checkpoint written on CPUs has none; one written on GPUs
-  // and resumed on CPUs has no GPU to give it to.
-  if (lengths[1] > 0) compat::setCudaRngState(device, bytes(16 + roundUp8(l.cpu_bytes), lengths[1]));
-}
-
-}  // namespace
-
-namespace {
-
-/// The optimizer's state from optimizer.pt (an unsharded run's) or
-/// optimizer_state.bin (a sharded run's), into a sharded or a whole optimizer
-/// (Note [sharded checkpoint]).
-void restoreOptimizer(const CheckpointCheck& ckpt, const TrainState& state) {
-  auto* sharded = dynamic_cast<ShardedOptimizer*>(state.optimizer);
-  const auto& m = ckpt.manifest;
-  if (m.contains("optimizer_state")) {
-    restoreFlatState((fs::path(ckpt.path) / kStateFile).string(), m["optimizer_state"],
-                     *state.optimizer, sharded, state.model->trainableParameters());
-    return;
-  }
-  const auto bytes = readFileBounded((fs::path(ckpt.path) / "optimizer.pt").string(),
-                                     kMaxCheckpointFile, "checkpoint file");
-  if (sharded) {
-    restoreWholeIntoSharded(bytes, *sharded, state.device);
-  } else {
-    state.optimizer->loadState(bytes, state.device);
-  }
-}
-
-}  // namespace
-
-void restoreState(const CheckpointCheck& ckpt, const TrainState& state, int rank, int world) {
-  const auto& m = ckpt.manifest;
-  restoreModel(ckpt.path, m, *state.model, state.device);
-  restoreOptimizer(ckpt, state);
-  if (state.scaler && m.contains("loss_scaler")) {
-    const auto& s = m["loss_scaler"];
-    state.scaler->restore(s["scale"].get<double>(), s["tracker"].get<int64_t>(),
-                          s["skipped"].get<int64_t>());
-  }
-  // Note [checkpoint]: rank r's generators belong to rank r of the same world size.
-  if (m["plan"]["world_size"] != world) return;
-  if (m.contains("rng") && m["rng"].value("layout", "") == "records") {
-    restoreRngRecord(ckpt.path, m["rng"], rank, state.device);
-  } else {
-    restoreRngArchive(ckpt.path, rank);
-  }
-}
-
-void checkResumable(const nlohmann::ordered_json& m, const Config& cfg, const std::string& path) {
-  const auto& then = m["config"];
-  // Loader threads and staging change how batches are made, not which.
-  // model.recompute changes neither the weights nor the arithmetic (Note [activation recompute]).
-  const std::vector<std::string> free_keys = {"data.workers", "data.prefetch", "data.pin_memory",
-                                              "model.recompute"};
-  std::string diff;
-  for (const char* section : {"model", "data", "optim"}) {
-    for (const auto& [key, value] : cfg.resolved[section].items()) {
-      const std::string full = strCat(section, ".", key);
-      if (std::find(free_keys.begin(), free_keys.end(), full) != free_keys.end()) continue;
-      const auto old = then.value(section, nlohmann::ordered_json::object()).value(key, nlohmann::ordered_json());
-      if (old != value) diff += strCat(diff.empty() ? "" : "; ", full, " = ", value.dump(), " now, ", old.dump(), " in the checkpoint");
-    }
-  }
-  for (const char* key : {"seed"}) {
-    const auto now = cfg.resolved["train"][key], old = then["train"].value(key, nlohmann::ordered_json());
-    if (now != old) diff += strCat(diff.empty() ? "" : "; ", "train.", key, " = ", now.dump(), " now, ", old.dump(), " in the checkpoint");
-  }
-  if (cfg.resolved["batch"]["last_batch"] != then["batch"].value("last_batch", nlohmann::ordered_json())) {
-    diff += strCat(diff.empty() ? "" : "; ", "batch.last_batch differs from the checkpoint's");
-  }
-  if (m.contains("adapt") && cfg.batch.adapt == BatchAdapt::kOff) {
-    diff += strCat(diff.empty() ? "" : "; ", "batch.adapt = off now, ",
-                   then["batch"].value("adapt", std::string("goodput")),
-                   " in the checkpoint (its global batch and progress are adaptive)");
-  } else if (m.contains("adapt")) {
-    // goodput <-> warmup may change (as adapt_every_steps may): both keep the same
-    // record, progress and gain rule, only the next decisions differ.
-    // A checkpoint from before the key was written under AdaScale.
-    const auto old_gain = then["batch"].value("adapt_gain", std::string("adascale"));
-    if (toString(cfg.batch.adapt_gain) != old_gain) {
-      diff += strCat(diff.empty() ? "" : "; ", "batch.adapt_gain = ", toString(cfg.batch.adapt_gain),
-                     " now, ", old_gain,
-                     " in the checkpoint (its progress counts G0-equivalent steps by that rule)");
-    }
-  }
-  const int64_t g = m["plan"]["global"];
-  if (cfg.batch.global > 0 && cfg.batch.global != g) {
-    diff += strCat(diff.empty() ? "" : "; ", "batch.global = ", cfg.batch.global,
-                   cfg.batch.global_tokens > 0  // Note [global tokens]
-                       ? strCat(" (batch.global_tokens ", cfg.batch.global_tokens, ")")
-                       : std::string(),
-                   " now, ", g, " in the checkpoint");
-  }
-  if (!diff.empty()) {
-    throw ConfigError(strCat(cfg.source, ": cannot resume ", path, ": ", diff,
-                          ". A resumed run must train the same model with the same optimizer on "
-                          "the same data with the same global batch (world size, per-GPU batch "
-                          "and accumulation may change); start fresh in another --output or "
-                          "checkpoint.dir, or restore those keys"));
   }
 }
 

@@ -44,30 +44,8 @@
 // same for any world size), and hands the loader the same job indices as an
 // uninterrupted epoch (Loader::start's first_index), so the per-batch transform
 // seeds match on the same world size and accumulation.
-//
-// Note [rng records]: rng.pt is a 32-byte header (magic "bdrng002", W, CPU and
-// CUDA state bytes) and W records of R bytes, record r rank r's: [int64 CPU
-// length][int64 CUDA length][CPU state][CUDA state], 8-byte aligned. A CPU
-// generator's state is S_cpu = 5056 bytes (mt19937's 624 words and the normal
-// samples' cache, LibTorch 1.13 and 2.x), a CUDA one S_cuda = 16 (Philox seed and
-// offset), so R = 5072 on CPUs, 5088 on GPUs:
-//        W      rng.pt      format 1: allgather (int64 a byte) on every rank
-//       64     0.33 MB      2.6 MB
-//     1024      5.2 MB       41 MB
-//    10000       51 MB      405 MB (+ rank 0's archive, ~3 x 51 MB)
-// Format 1 allgathered every state as one int64 per byte to every rank (GPU
-// memory under NCCL) and built the whole torch archive in rank 0's memory; a
-// resume read all of it on every rank. Now rank 0's memory is bounded: the
-// records travel in chunks of K = max(1, 1 MiB / R) ranks (206 ranks), one
-// allreduce each (the chunk's members write their rows, everyone else zeros:
-// the int64 sum is every record bit for bit), and rank 0 appends each chunk to
-// rng.pt as it arrives, hashing as it goes. Traffic per rank is ~2 W R for the
-// ring (what one allgather of the bytes would cost, 8x less than format 1's), in
-// ceil(W / K) collectives: 49 at W = 10000. The file count stays 4; one file
-// rather than parts, since a resume seeks to its own record (32 + r R) and
-// reads R bytes, whatever W is. Parts would only pay if ranks wrote their own
-// records, which needs the directory shared at write time (today only resume
-// needs that) and W writers racing on one file system.
+// rng.pt's layout: Note [rng records] in worker/train/rng_records.h; the
+// manifest's type and formats: worker/train/manifest.h.
 
 #include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
@@ -85,6 +63,7 @@
 #include "worker/common/faults.h"
 #include "worker/config/config.h"
 #include "worker/plan/plan.h"
+#include "worker/train/manifest.h"
 #include "worker/train/result.h"
 
 namespace batchdist::worker {
@@ -94,11 +73,16 @@ class Model;
 class Optimizer;
 class LossScaler;
 
-/// FNV-1a 64 of `n` bytes, continuing from `hash`.
-uint64_t fnv1a64(const void* data, std::size_t n, uint64_t hash = 0xcbf29ce484222325ull);
-
 /// "step-00000040" for step 40.
 std::string checkpointName(int64_t step);
+
+/// The step-* directories under `dir`, newest first (by step).
+std::vector<std::pair<int64_t, std::string>> listCheckpoints(const std::string& dir);
+
+/// A dist.shard optimizer's state file (Note [sharded checkpoint]).
+constexpr char kStateFile[] = "optimizer_state.bin";
+/// The largest checkpoint file a resume reads into memory.
+constexpr std::uintmax_t kMaxCheckpointFile = std::uintmax_t{1} << 40;
 
 /// The live state a checkpoint saves and restores (the trainer's).
 struct TrainState {
@@ -197,23 +181,32 @@ class Checkpointer {
  private:
   /// Rank 0: a fresh DIR/.tmp-step-NNNNNNNN-PID.
   std::string makeTemporary(int64_t step) const;
-  /// Every other file into `tmp` (rng.pt and a sharded optimizer_state.bin are
-  /// there already: `written` are their manifest entries, `rng` and `opt_state`
-  /// what they hold, `opt_state` null when the optimizer is whole), fsynced; the
-  /// rename; `latest`. Returns the bytes written.
   /// What a write needs once the tensors are serialised: no torch state, no ranks.
+  /// rng.pt and a sharded optimizer_state.bin are in `tmp` already, and in the
+  /// manifest's files.
   struct Prepared {
     int64_t step = 0;
     std::string tmp, final_path;
     std::vector<std::pair<std::string, std::string>> files;  ///< name, bytes
-    nlohmann::ordered_json manifest;  ///< without "files" and "checksum"
-    nlohmann::ordered_json written;   ///< the entries of the files already in tmp
+    CheckpointManifest manifest;  ///< its files: those already in tmp
   };
-  /// The files' bytes and the manifest of a checkpoint of `state` (the live
-  /// tensors are read here).
-  Prepared prepare(const std::string& tmp, const TrainState& state, const TrainPosition& pos,
-                   const nlohmann::ordered_json& rng, const nlohmann::ordered_json& written,
-                   const nlohmann::ordered_json& opt_state, const std::string& final_path) const;
+  /// Collective: the temporary directory (rank 0), rng.pt and a sharded state
+  /// streamed into it, then prepare(). A failure on rank 0 lands in `error` (the
+  /// temporary removed) and stops the writing, not the collectives.
+  Prepared gather(const TrainState& state, const TrainPosition& pos, const std::string& final_path,
+                  std::string& error);
+  /// The manifest of a checkpoint of `state` at `pos` (its rng, optimizer_state
+  /// and files are the caller's).
+  CheckpointManifest manifestOf(const TrainState& state, const TrainPosition& pos) const;
+  /// `p` with the files' bytes of a checkpoint of `state` (the live tensors are
+  /// read here).
+  void prepare(const TrainState& state, Prepared& p) const;
+  /// Note [background checkpoint]: hands `p` to the writer thread (rank 0).
+  CheckpointRecord writeInBackground(CheckpointRecord rec, Prepared p, const std::string& error,
+                                     double t0, Console& console);
+  /// A write the step waits for, its outcome agreed by every rank.
+  CheckpointRecord writeInForeground(CheckpointRecord rec, const Prepared& p, std::string error,
+                                     double t0, Console& console);
   /// Every file into `p.tmp`, fsynced; the rename; `latest`. Returns the bytes
   /// written; on failure removes `p.tmp` and rethrows. Touches nothing but the
   /// file system: runs on the writer thread.
@@ -246,8 +239,9 @@ class Checkpointer {
 /// A checkpoint directory checked against its manifest.
 struct CheckpointCheck {
   std::string path;
-  nlohmann::ordered_json manifest;  ///< valid only when problem is empty
-  std::string problem;              ///< why it must not be loaded, or empty
+  CheckpointManifest manifest;  ///< valid only when problem is empty
+  std::string text;             ///< manifest.json as read (rank 0 broadcasts it)
+  std::string problem;          ///< why it must not be loaded, or empty
 };
 
 /// Checks `path` (a step-* directory): manifest present, parsable and intact,
@@ -259,9 +253,6 @@ CheckpointCheck verifyCheckpoint(const std::string& path);
 std::optional<CheckpointCheck> findLatestCheckpoint(const std::string& dir,
                                                     std::vector<std::string>* rejected);
 
-/// The position a manifest records.
-TrainPosition positionOf(const nlohmann::ordered_json& manifest);
-
 /// Restores the model, the optimizer, the fp16 loss scaler and, when the world
 /// size is the one the checkpoint was written with, this rank's CPU generator and
 /// (on a GPU, when the checkpoint has one) its CUDA generator (Note [rng records]).
@@ -272,7 +263,7 @@ void restoreState(const CheckpointCheck& ckpt, const TrainState& state, int rank
 /// Refuses (ConfigError naming the key, exit 2) to continue a checkpoint whose
 /// model, optimizer, data, seed or global batch differ from this run's; world
 /// size, per-GPU batch, accumulation, epochs and the rest may differ.
-void checkResumable(const nlohmann::ordered_json& manifest, const Config& cfg,
+void checkResumable(const CheckpointManifest& manifest, const Config& cfg,
                     const std::string& path);
 
 }  // namespace batchdist::worker

@@ -151,9 +151,9 @@ void readWhole(std::ifstream& in, const std::string& file, const FlatHeader& h,
 
 }  // namespace
 
-nlohmann::ordered_json gatherShardedState(ShardedOptimizer& opt, collective::Communicator& comm,
-                                          std::size_t chunk_bytes,
-                                          const std::function<void(const char*, std::size_t)>& sink) {
+FlatStateEntry gatherShardedState(ShardedOptimizer& opt, collective::Communicator& comm,
+                                  std::size_t chunk_bytes,
+                                  const std::function<void(const char*, std::size_t)>& sink) {
   const auto& l = opt.layout();
   const auto names = opt.stateNames();
   const auto& params = opt.params();
@@ -180,12 +180,18 @@ nlohmann::ordered_json gatherShardedState(ShardedOptimizer& opt, collective::Com
   for (std::size_t k = 0; k < names.size(); ++k) {
     streamVector(comm, heldOf(opt, k, h.element_bytes), h.vectorBytes(), chunk, sink);
   }
-  return {{"layout", "flat"}, {"names", names}, {"params", h.params}, {"elements", h.elements},
-          {"dtype", c10::toString(static_cast<at::ScalarType>(h.dtype))},
-          {"element_bytes", h.element_bytes}, {"ranks", comm.size()}, {"chunk_bytes", chunk}};
+  FlatStateEntry e;
+  e.names = names;
+  e.params = h.params;
+  e.elements = h.elements;
+  e.dtype = c10::toString(static_cast<at::ScalarType>(h.dtype));
+  e.element_bytes = h.element_bytes;
+  e.ranks = comm.size();
+  e.chunk_bytes = chunk;
+  return e;
 }
 
-void restoreFlatState(const std::string& file, const nlohmann::ordered_json& entry,
+void restoreFlatState(const std::string& file, const FlatStateEntry& entry,
                       Optimizer& opt, const ShardedOptimizer* sharded,
                       const std::vector<at::Tensor>& params) {
   std::ifstream in(file, std::ios::binary);
@@ -195,7 +201,7 @@ void restoreFlatState(const std::string& file, const nlohmann::ordered_json& ent
   const auto names = opt.stateNames();
   int64_t total = 0;
   for (const auto& p : params) total += p.numel();
-  const auto saved = entry.value("names", nlohmann::ordered_json::array());
+  const nlohmann::ordered_json saved(entry.names);
   if (saved != nlohmann::ordered_json(names) || h.vectors != static_cast<int64_t>(names.size()) ||
       h.params != static_cast<int64_t>(params.size()) || h.elements != total ||
       h.element_bytes != static_cast<int64_t>(params.front().element_size())) {

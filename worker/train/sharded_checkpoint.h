@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "collective/communicator.h"
+#include "worker/train/manifest.h"
 
 namespace batchdist::worker {
 
@@ -46,8 +47,8 @@ class ShardedOptimizer;
 
 /// Collective: streams `opt`'s state to `sink` on rank 0 (header, steps, vectors),
 /// chunks of at most `chunk_bytes`; returns the manifest's "optimizer_state" entry
-/// (without the file's size and checksum, which the sink's owner adds).
-nlohmann::ordered_json gatherShardedState(ShardedOptimizer& opt, collective::Communicator& comm,
+/// (without its file's name, size and checksum, which the sink's owner adds).
+FlatStateEntry gatherShardedState(ShardedOptimizer& opt, collective::Communicator& comm,
                                           std::size_t chunk_bytes,
                                           const std::function<void(const char*, std::size_t)>& sink);
 
@@ -55,7 +56,7 @@ nlohmann::ordered_json gatherShardedState(ShardedOptimizer& opt, collective::Com
 /// dist.shard: optimizer `sharded` is `opt` and this rank reads its slice only;
 /// otherwise `opt` is a whole optimizer over `params` (in order) and reads all.
 /// Throws Error when the file does not fit this optimizer and model.
-void restoreFlatState(const std::string& file, const nlohmann::ordered_json& entry,
+void restoreFlatState(const std::string& file, const FlatStateEntry& entry,
                       Optimizer& opt, const ShardedOptimizer* sharded,
                       const std::vector<at::Tensor>& params);
 
