@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Length in lines of every function definition in C++ source files.
 
-usage: function_lengths.py [--top N] [--max-lines L] FILE...
+usage: function_lengths.py [--top N] [--max-lines L] [--max-file-lines F] FILE...
 
 Prints, per file, the N longest functions (default 10) as
 `LINES  file:line  name`. A function's length runs from the line of its name
@@ -10,6 +10,9 @@ Lambdas and local classes count inside their enclosing function; namespace- or
 class-scope initialisers (`const auto x = [] {...}();`, `T v{...};`) are not
 functions. With --max-lines L, prints `FAIL: file:line name is X lines (limit
 L)` for each longer function and exits 1, else ends with `ok: ...`, exit 0.
+With --max-file-lines F, likewise prints `FAIL: file is X lines (limit F)` for
+each file of more than F lines (newline-terminated lines, as `wc -l` counts)
+and exits 1; the `ok: ...` line then names both limits.
 
 No libclang: a small heuristic parser (comments, literals and preprocessor
 lines blanked, then brace-depth tracking over tokens). Known limits: braces
@@ -303,13 +306,29 @@ def functions(path):
     return found
 
 
+def file_lines(path):
+    """Newline-terminated lines in path, as `wc -l` counts them."""
+    with open(path, "rb") as f:
+        return f.read().count(b"\n")
+
+
+def ok_line(args):
+    limits = []
+    if args.max_lines is not None:
+        limits.append(f"no function over {args.max_lines} lines")
+    if args.max_file_lines is not None:
+        limits.append(f"no file over {args.max_file_lines} lines")
+    return f"ok: {', '.join(limits)} in {' '.join(args.files)}"
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--top", type=int, default=10)
     ap.add_argument("--max-lines", type=int)
+    ap.add_argument("--max-file-lines", type=int)
     ap.add_argument("files", nargs="+", metavar="FILE")
     args = ap.parse_args(argv)
-    fails = []
+    fails, file_fails = [], []
     for path in args.files:
         found = sorted(functions(path), key=lambda f: (-f[0], f[1]))
         for n, line, name in found[:args.top]:
@@ -317,15 +336,20 @@ def main(argv):
         if args.max_lines is not None:
             fails += [(path, line, name, n) for n, line, name in found
                       if n > args.max_lines]
-    if args.max_lines is None:
+        if args.max_file_lines is not None:
+            n = file_lines(path)
+            if n > args.max_file_lines:
+                file_fails.append((path, n))
+    if args.max_lines is None and args.max_file_lines is None:
         return 0
     for path, line, name, n in sorted(fails):
         print(f"FAIL: {path}:{line} {name} is {n} lines (limit {args.max_lines})")
-    if fails:
+    for path, n in file_fails:
+        print(f"FAIL: {path} is {n} lines (limit {args.max_file_lines})")
+    if fails or file_fails:
         return 1
-    print(f"ok: no function over {args.max_lines} lines in {' '.join(args.files)}")
+    print(ok_line(args))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

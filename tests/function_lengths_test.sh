@@ -2,7 +2,8 @@
 # Checks tests/function_lengths.py on tiny C++ snippets with known answers:
 # names and line counts of free functions, out-of-line and inline members,
 # constructors with brace initializers, and that lambdas, raw strings, char
-# literals and namespace-scope initialisers do not fool it; then --max-lines.
+# literals and namespace-scope initialisers do not fool it; then --max-lines
+# and --max-file-lines.
 # usage: function_lengths_test.sh
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -100,6 +101,26 @@ rc=$?
 [[ $rc == 0 ]] || fail "--max-lines 11 exited $rc, want 0"
 [[ "$got" == "ok: no function over 11 lines in a.cc" ]] ||
   fail "--max-lines 11 printed: $got"
+
+# --max-file-lines counts lines as `wc -l` does: a.cc is 55, b.cc 3.
+printf 'int one() {\n  return 1;\n}\n' > b.cc
+got=$(python3 "$script" --top 0 --max-file-lines 54 a.cc b.cc)
+rc=$?
+[[ $rc == 1 ]] || fail "--max-file-lines 54 exited $rc, want 1"
+[[ "$got" == "FAIL: a.cc is 55 lines (limit 54)" ]] ||
+  fail "--max-file-lines 54 printed: $got"
+
+got=$(python3 "$script" --top 0 --max-file-lines 3 b.cc)
+rc=$?
+[[ $rc == 0 ]] || fail "--max-file-lines 3 exited $rc, want 0"
+[[ "$got" == "ok: no file over 3 lines in b.cc" ]] ||
+  fail "--max-file-lines 3 printed: $got"
+
+got=$(python3 "$script" --top 0 --max-lines 11 --max-file-lines 55 a.cc b.cc)
+rc=$?
+[[ $rc == 0 ]] || fail "both limits exited $rc, want 0"
+[[ "$got" == "ok: no function over 11 lines, no file over 55 lines in a.cc b.cc" ]] ||
+  fail "both limits printed: $got"
 
 [[ $status == 0 ]] && echo "ok: function_lengths.py"
 exit $status

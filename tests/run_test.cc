@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "tests/scratch_dir.h"
+#include "common/error.h"
 #include "worker/run.h"
+#include "worker/run_decision.h"
 
 using namespace batchdist::worker;
 
@@ -92,4 +94,69 @@ TEST(PlanOutput, TokenKeysWithAFixedAndAnAutoPerGpuBatch) {
       EXPECT_EQ(key.find("tokens"), std::string::npos) << key;
     }
   }
+}
+
+// Note [run decisions]: a resume's batch is a value computed from the checkpoint's
+// plan and this world size; the config it came from is not touched.
+TEST(RunDecision, AResumedBatchKeepsGAndTheLargestPerGpuThatStillDivides) {
+  BatchConfig asked;
+  asked.global = 64;
+  asked.per_gpu = 16;
+  asked.accum = 2;
+  ManifestPlan then;
+  then.global = 96;
+  then.per_gpu = 12;
+  then.world_size = 4;
+  const auto same = resumedBatch(asked, then, 4, /*has_bn=*/false, "ck");
+  EXPECT_EQ(same.global, 96);
+  EXPECT_EQ(same.per_gpu, 12);
+  EXPECT_EQ(same.accum, 0);  // planned again
+  const auto fewer = resumedBatch(asked, then, 3, false, "ck");  // G / W = 32: 12 -> 8
+  EXPECT_EQ(fewer.per_gpu, 8);
+  EXPECT_FALSE(fewer.per_gpu_auto);
+  asked.per_gpu_auto = true;  // a new world size: the search picks m again
+  EXPECT_TRUE(resumedBatch(asked, then, 3, false, "ck").per_gpu_auto);
+  EXPECT_FALSE(resumedBatch(asked, then, 4, false, "ck").per_gpu_auto);
+  EXPECT_EQ(asked.global, 64);  // the asked batch is a value, untouched
+}
+
+TEST(RunDecision, AGlobalBatchThatDoesNotSplitNamesTheWorldSizesThatDo) {
+  BatchConfig asked;
+  asked.min_per_gpu = 2;
+  ManifestPlan then;
+  then.global = 12;
+  then.per_gpu = 6;
+  then.world_size = 2;
+  try {
+    resumedBatch(asked, then, 5, /*has_bn=*/true, "out/ck/step-00000008");
+    FAIL() << "12 does not split over 5 ranks";
+  } catch (const batchdist::ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("cannot resume out/ck/step-00000008 on 5 rank(s)"), std::string::npos) << what;
+    EXPECT_NE(what.find("of at least 2"), std::string::npos) << what;
+    EXPECT_NE(what.find("world sizes that work: 1, 2, 3, 4, 6"), std::string::npos) << what;
+  }
+}
+
+TEST(RunDecision, TheDecidedConfigIsACopyWithTheBatchAndLevers) {
+  const Config cfg = parseConfig("batch: {global: 32, per_gpu: auto}\ndist: {shard: auto}\n",
+                                 "test.yaml", {});
+  ASSERT_EQ(cfg.dist.shard, Shard::kAuto);
+  BatchConfig batch = cfg.batch;
+  batch.global = 48;
+  batch.per_gpu = 8;
+  batch.per_gpu_auto = false;
+  const Config d = decidedConfig(cfg, batch, Levers{Shard::kOptimizer, Recompute::kOn});
+  EXPECT_EQ(d.batch.global, 48);
+  EXPECT_EQ(d.batch.per_gpu, 8);
+  EXPECT_EQ(d.dist.shard, Shard::kOptimizer);
+  EXPECT_EQ(d.model.recompute, Recompute::kOn);
+  EXPECT_EQ(d.resolved["batch"]["global"], 48);  // a checkpoint of the run records the kept G
+  EXPECT_TRUE(d.resolved["batch"]["accum"].is_null());
+  EXPECT_EQ(d.resolved["dist"]["shard"], "auto");  // what the user asked: a resume still matches
+  EXPECT_EQ(cfg.batch.global, 32);                  // the validated config is untouched
+  EXPECT_EQ(cfg.dist.shard, Shard::kAuto);
+  const Config none = decidedConfig(cfg, std::nullopt, std::nullopt);
+  EXPECT_EQ(none.resolved, cfg.resolved);
+  EXPECT_EQ(none.dist.shard, Shard::kAuto);
 }

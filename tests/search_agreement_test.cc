@@ -166,8 +166,7 @@ TEST(LeverSwitch, OneMeasurerRunsEachCombinationAsOneBuiltUnderIt) {
     for (const auto& levers : walk) {
       SCOPED_TRACE(leversText(levers));
       const auto a = switching->measure(16, 2, levers, once);
-      Config fixed = cfg;
-      applyLevers(fixed, levers);
+      const Config fixed = withLevers(cfg, levers);
       const auto b = makeTrainStepMeasurer(fixed, comm, data, at::kCPU)->measure(16, 2, levers, once);
       // (EXPECT, not ASSERT: a rank leaving early would strand the others' collectives.)
       EXPECT_EQ(a.fail, FailKind::kNone) << a.detail;

@@ -21,14 +21,14 @@
 #include "worker/common/files.h"
 #include "worker/common/util.h"
 #include "worker/device.h"
+#include "worker/run_decision.h"
+#include "worker/run_report.h"
+#include "worker/run_search.h"
 #include "worker/join.h"
 #include "worker/model/model.h"
 #include "worker/model/precision.h"
-#include "worker/report/diagnose.h"
-#include "worker/report/html.h"
 #include "worker/report/metrics_log.h"
 #include "worker/report/tensorboard.h"
-#include "worker/report/report.h"
 #include "worker/search/cache.h"
 #include "worker/search/output.h"
 #include "worker/search/search.h"
@@ -113,409 +113,11 @@ Connection connect(const RunSetup& s, const RankPlace& place) {
   return c;
 }
 
-/// The cached search result, if rank 0 has one for this setup (collective: rank
-/// 0 reads, every rank gets the whole result). Every rank parses the same text:
-/// the adaptive batch decides on each rank from the result's samples/s figures
-/// (Note [adaptive training]), and ranks holding different figures would choose
-/// different global batches.
-std::optional<SearchResult> lookupCache(const RunRequest& req, collective::Communicator& comm,
-                                        const std::string& path,
-                                        const std::string& key, Console& console) {
-  std::optional<SearchResult> cached;
-  std::string text;
-  if (comm.rank() == 0 && !req.research) {
-    const auto found = readSearchCache(path, key);
-    if (!found.problem.empty()) {
-      std::cerr << strCat("batchdist: warning: ignoring the search cache: ", found.problem,
-                          "; searching again\n")
-                << std::flush;
-    }
-    if (!found.note.empty()) {
-      console.line(strCat("batch search: ", path, " is marked: ", found.note));
-    }
-    if (found.result) text = searchJson(*found.result).dump();
-  }
-  text = comm.broadcast(text, 0);
-  if (text.empty()) return std::nullopt;
-  cached = searchFromJson(nlohmann::json::parse(text));
-  cached->cached = true;
-  console.line(strCat("batch search: cached result for this model, data, device and world size in ",
-                      path, " (--research to measure again)"));
-  return cached;
-}
-
-/// Note [search traces]: rank 0's line on what the search traced.
-void searchTracesLine(const SearchResult& r, const std::string& dir, int world, Console& console) {
-  int64_t traced = 0;
-  for (const auto& c : r.candidates) traced += c.trace.empty() ? 0 : 1;
-  console.line(strCat("profile: one step of ", traced, " of ", r.candidates.size(),
-                      " search candidate(s) traced: ", dir, "/<candidate>/",
-                      world > 1 ? " (one file per rank)" : "", "; search.json names them"));
-}
-
-/// Where the search result of this run is cached.
-struct CacheEntry {
-  std::string path;
-  std::string key;
-};
-
-/// Runs (or reads from the cache) the coordinated batch search. Collective.
-SearchResult searchBatch(const RunRequest& req, const RunSetup& s, collective::Communicator& comm,
-                         Console& console, CacheEntry* entry) {
-  SearchTraceOptions trace{(fs::path(req.output) / "profile" / "search").string(), comm.backendName()};
-  auto measurer = makeTrainStepMeasurer(s.cfg, comm, s.data, s.device, &req.faults,
-                                        s.cfg.search.profile ? &trace : nullptr);
-  SearchCacheInputs in;
-  in.train_size = s.data.train.size();
-  in.sample_shape = s.data.train.sample_shape;
-  in.task = toString(s.task.kind);
-  in.outputs = s.task.outputs;
-  in.world = comm.size();
-  in.device = measurer->deviceName();
-  in.budgets = comm.allgather(measurer->memoryBudgetMb());
-  const auto key = searchCacheKey(s.cfg, in);
-  const std::string cache_path = s.cfg.search.cache.empty()
-                                     ? (fs::path(req.output) / "search_cache.json").string()
-                                     : s.cfg.search.cache;
-  *entry = {cache_path, key};
-  if (auto cached = lookupCache(req, comm, cache_path, key, console)) {
-    cached->tokens_per_sample = tokensPerSample(s.cfg);  // an entry from before it was kept
-    explainChoice(*cached);  // its why as a fresh search words it: tokens/s on token data
-    if (s.cfg.search.profile) {
-      console.line("profile: the search was read from the cache, so no candidate was traced "
-                   "(--research measures it again)");
-    }
-    return *cached;
-  }
-  BatchSearch search(s.cfg, comm, *measurer, s.data.train.size(), s.has_bn,
-                     [&req] { return req.stop_signal() != 0; });
-  auto result = search.run(&console);
-  if (comm.rank() == 0) writeSearchCache(cache_path, key, result);
-  if (s.cfg.search.profile) searchTracesLine(result, trace.dir, comm.size(), console);
-  return result;
-}
-
-void writeSearchArtifacts(const RunRequest& req, const SearchResult& result) {
-  writeFileAtomic((fs::path(req.output) / "search.json").string(), searchJson(result).dump(2) + "\n");
-  writeFileAtomic((fs::path(req.output) / "search.svg").string(), searchSvg(result));
-  if (!req.quiet) std::cout << searchTable(result) << std::flush;
-}
-
-/// What ran, and where: the fields every report opens with.
-RunInfo runInfo(const RankPlace& place, const RunSetup& s, collective::Communicator& comm) {
-  RunInfo info;
-  info.world_size = place.size;
-  info.hosts = place.host_count;
-  info.backend = comm.backendName();
-  info.device = s.device.str();
-  info.torch_version = compat::torchVersion();
-  info.data_origin = s.data.origin;
-  info.cpu_blas = s.blas.name;
-  return info;
-}
-
-/// The report's figures of a finished (or stopped) training run.
-RunInfo trainedRunInfo(const RankPlace& place, const RunSetup& s, collective::Communicator& comm,
-                       const TrainResult& result, const std::optional<SearchResult>& searched,
-                       const std::optional<CheckpointCheck>& resumed, int sig,
-                       const std::string& model_path) {
-  RunInfo info = runInfo(place, s, comm);
-  info.validation_samples = s.data.val.size();
-  info.train_samples = s.data.train.size();
-  info.classes = s.data.train.classes;
-  info.model_path = model_path;
-  if (!result.completed) {
-    info.stopped_by = result.failure.empty() ? strCat("SIG", sigabbrev_np(sig ? sig : SIGTERM))
-                                             : std::string("out of memory");
-  }
-  info.search = searched;
-  if (resumed) {
-    info.resumed_path = resumed->path;
-    info.resumed_step = resumed->manifest.step;
-    info.resumed_world = resumed->manifest.plan.world_size;
-  }
-  const auto name = s.device.is_cuda() ? compat::cudaDeviceName(s.device.index()) : "cpu";
-  info.diagnosis = diagnose(s.cfg, result, s.device.is_cuda(), name, info.train_samples,
-                            s.plan.tokens_per_sample);
-  if (searched && !searched->data_bound.empty()) info.diagnosis.push_back(searched->data_bound);
-  return info;
-}
-
-/// report.json (and --report), then report.html from the documents as written.
-void writeReports(const RunRequest& req, const Config& cfg, const Plan& plan,
-                  const TrainResult& result, const RunInfo& info,
-                  const std::optional<SearchResult>& searched) {
-  // Paths from the command line (--output, the config's directory) may hold bytes
-  // that are not UTF-8; the report must still be written once the run is done.
-  // The split training ended with (Note [oom back-off]: it may have backed off).
-  const auto report_json = runReport(cfg, plan, result, info);
-  const auto report =
-      report_json.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
-  writeFileAtomic((fs::path(req.output) / "report.json").string(), report);
-  if (!req.report.empty()) writeFileAtomic(req.report, report);
-  // The page reads the documents (the search's as search.json has it), so what it
-  // shows is what the files hold; invalid UTF-8 is replaced as in the report.
-  const auto page_report = nlohmann::ordered_json::parse(report);
-  const auto page_search =
-      searched ? nlohmann::ordered_json::parse(searchJson(*searched).dump(
-                     -1, ' ', false, nlohmann::ordered_json::error_handler_t::replace))
-               : nlohmann::ordered_json();
-  writeFileAtomic((fs::path(req.output) / "report.html").string(),
-                  reportHtml(page_report, page_search, result.metrics));
-}
-
-/// The closing "system:" line: the metrics over the run, or that a run shorter
-/// than report.sample_s took no sample (it said nothing); "" without metrics.
-std::string systemLine(const TrainResult& result, double sample_s) {
-  if (const auto text = systemText(acrossRanks(result.system)); !text.empty()) {
-    const auto n = result.system.size();
-    return strCat("system", n > 1 ? strCat(" (the ", n, " ranks' mean; memory and temperature: "
-                                           "the highest)")
-                                  : std::string(),
-                  ": ", text);
-  }
-  int64_t taken = 0;
-  for (const auto& x : result.system) taken += x.run.samples;
-  if (result.system.empty() || taken > 0) return "";
-  return strCat("system: no sample was taken: training ended before the first one (every ", sample_s,
-                " s, report.sample_s)");
-}
-
-/// Rank 0's closing lines: where the time went, the diagnosis, the noise scale, the outcome.
-void summaryLines(const RunRequest& req, const RunSetup& s, const Trainer& trainer,
-                  const TrainResult& result, const RunInfo& info, Console& console) {
-  const auto& t = result.time;
-  const double tt = std::max(1e-9, t.total());
-  console.line(strCat("time: data wait ", formatFixed(100 * t.data_wait / tt, 1), " %, compute ",
-                      formatFixed(100 * t.compute / tt, 1), " %, communication ",
-                      formatFixed(100 * t.comm / tt, 1), " %, waiting for slower ranks ",
-                      formatFixed(100 * t.skew / tt, 1), " % of step time (rank 0)"));
-  if (const auto line = systemLine(result, s.cfg.report.sample_s); !line.empty()) console.line(line);
-  for (const auto& f : info.diagnosis) console.line("diagnosis: " + f);
-  if (result.noise.b_simple > 0) {
-    // Note [tokens per sample]: on token windows B_simple and G in tokens too.
-    const int64_t tokens = trainer.plan().tokens_per_sample;
-    const double b = result.noise.b_simple;
-    console.line(strCat("gradient noise scale: B_simple ~ ", noiseScaleText(b), " samples (",
-                        tokens > 0 ? strCat(noiseScaleText(b * static_cast<double>(tokens)),
-                                            " tokens, ")
-                                   : std::string(),
-                        "smoothed), global batch ", trainer.plan().global,
-                        tokens > 0 ? strCat(" (", trainer.plan().tokensPerStep(), " tokens)")
-                                   : std::string()));
-  }
-  console.line(strCat(result.completed ? "done: " : "stopped early: ", result.steps,
-                      " steps, ",
-                      result.progress >= 0
-                          ? strCat(formatFixed(result.progress, 1), " at G0 = ", s.plan.global,
-                                   " (batch.adapt), ")
-                          : std::string(),
-                      s.data.val.size() > 0
-                          ? strCat(trainer.task().describe(result.eval_metrics), ", ")
-                          : std::string("no validation set, "),
-                      static_cast<int64_t>(result.samples_per_s), " samples/s",
-                      tokenRate(result.samples_per_s, trainer.plan().tokens_per_sample), ", ",
-                      formatDuration(result.wall_s), "; wrote ", req.output,
-                      "/report.json, report.html, metrics.jsonl and model.pt"));
-}
-
-/// Rank 0's artifacts and summary lines after training.
-void finishRun(const RunRequest& req, const RankPlace& place, const RunSetup& s,
-               collective::Communicator& comm, Trainer& trainer, const TrainResult& result,
-               const std::optional<SearchResult>& searched,
-               const std::optional<CheckpointCheck>& resumed, int sig, Console& console) {
-  const std::string model_path = (fs::path(req.output) / "model.pt").string();
-  writeFileAtomic(model_path, trainer.model().serialize());
-  const RunInfo info =
-      trainedRunInfo(place, s, comm, result, searched, resumed, sig, model_path);
-  writeReports(req, s.cfg, trainer.plan(), result, info, searched);
-  summaryLines(req, s, trainer, result, info, console);
-}
-
-/// Rank 0's report of a run stopped during the batch search (nothing trained, so
-/// no model, metrics or page): report.json, and --report when given.
-void finishStoppedSearch(const RunRequest& req, const RankPlace& place, const RunSetup& s,
-                         collective::Communicator& comm, int64_t last_per_gpu, double seconds,
-                         int sig) {
-  RunInfo info = runInfo(place, s, comm);
-  info.stopped_by = strCat("SIG", sigabbrev_np(sig ? sig : SIGTERM));
-  const auto report =
-      searchStoppedReport(s.cfg, info, last_per_gpu, seconds)
-          .dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) +
-      "\n";
-  writeFileAtomic((fs::path(req.output) / "report.json").string(), report);
-  if (!req.report.empty()) writeFileAtomic(req.report, report);
-}
-
-/// Note [oom back-off]: the search cache entry this run used learns of every
-/// back-off, so the next run does not take the same batch blindly. Rank 0.
-void markCache(const CacheEntry& cache, const TrainResult& result) {
-  if (cache.path.empty() || result.oom_backoffs.empty()) return;
-  std::vector<TrainingOom> ooms;
-  for (const auto& b : result.oom_backoffs) {
-    ooms.push_back({b.from_per_gpu, b.from_accum, b.step, b.ranks.empty() ? 0 : b.ranks.front(),
-                    b.peak_mb});
-  }
-  try {
-    markSearchCacheOom(cache.path, cache.key, ooms);
-  } catch (const Error& e) {
-    std::cerr << strCat("batchdist: warning: could not mark the search cache: ", e.what(), "\n")
-              << std::flush;
-  }
-}
-
 /// The signal any rank received (all learn it; collective).
 int agreedSignal(const RunRequest& req, collective::Communicator& comm) {
   return static_cast<int>(
       comm.allreduce(static_cast<double>(req.stop_signal()), collective::ReduceOp::kMax));
 }
-
-bool resumeRequested(const RunRequest& req, const Config& cfg) {
-  if (req.search_only) return false;
-  return !req.resume.empty() || cfg.checkpoint.resume == ResumeMode::kAuto;
-}
-
-/// Rank 0's choice of checkpoint for --resume / checkpoint.resume (auto: the
-/// newest valid one in the checkpoint dir; PATH: that checkpoint, or the newest
-/// valid one in that directory). Prints what it skipped and why.
-std::optional<CheckpointCheck> findResumeCheckpoint(const RunRequest& req, const RunSetup& s,
-                                                    std::string* problem) {
-  const std::string want = req.resume.empty() ? "auto" : req.resume;
-  std::vector<std::string> rejected;
-  std::optional<CheckpointCheck> found;
-  std::error_code ec;
-  if (want == "auto") {
-    found = findLatestCheckpoint(s.checkpoint_dir, &rejected);
-  } else if (fs::exists(fs::path(want) / "manifest.json", ec)) {
-    auto c = verifyCheckpoint(want);
-    if (c.problem.empty()) found = c;
-    else *problem = strCat(want, " cannot be loaded: ", c.problem);
-  } else if (fs::is_directory(want, ec)) {
-    found = findLatestCheckpoint(want, &rejected);
-    if (!found) *problem = strCat("no valid checkpoint in ", want);
-  } else if (fs::exists(want, ec)) {  // Note [input files are regular files]: a FIFO too
-    const InputFile f = openInputFile(want);
-    *problem = strCat(want, ": is ", f.kind.empty() ? std::string("a file") : f.kind,
-                      ", not a checkpoint (a step-* directory holding manifest.json, or a "
-                      "directory of them)");
-  } else {
-    *problem = strCat(want, ": no such checkpoint (a step-* directory holding manifest.json, or a "
-                            "directory of them)");
-  }
-  for (const auto& r : rejected) {
-    std::cerr << strCat("batchdist: warning: resume: not loading checkpoint ", r,
-                        found ? strCat("; taking the older ", found->path) : std::string(), "\n")
-              << std::flush;
-  }
-  return found;
-}
-
-/// The checkpoint this run continues, or none (a fresh start): rank 0 decides and
-/// says which in one line; every rank gets the manifest. Collective. Throws
-/// ConfigError for a --resume PATH that cannot be loaded.
-std::optional<CheckpointCheck> pickCheckpoint(const RunRequest& req, const RunSetup& s,
-                                              collective::Communicator& comm, Console& console) {
-  if (!resumeRequested(req, s.cfg)) return std::nullopt;
-  std::string problem, path, manifest;
-  if (comm.rank() == 0) {
-    const auto found = findResumeCheckpoint(req, s, &problem);
-    if (found) {
-      path = found->path;
-      manifest = found->text;
-      const auto& p = found->manifest.plan;
-      console.line(strCat("resume: continuing from ", path, " (step ", found->manifest.step,
-                          " of ", p.total_steps, ", written by ", p.world_size,
-                          " rank(s); now ", comm.size(), ")"));
-    } else if (problem.empty()) {
-      console.line(strCat("resume: no valid checkpoint in ", s.checkpoint_dir, "; starting fresh"));
-    }
-  }
-  problem = comm.broadcast(problem, 0);
-  if (!problem.empty()) throw ConfigError(strCat("--resume: ", problem));
-  manifest = comm.broadcast(manifest, 0);
-  if (manifest.empty()) return std::nullopt;
-  CheckpointCheck c;
-  c.path = comm.broadcast(path, 0);
-  c.text = std::move(manifest);
-  c.manifest = readManifest(nlohmann::ordered_json::parse(c.text));  // as rank 0 read it
-  return c;
-}
-
-/// World sizes over which global batch `g` splits into micro-batches of at least `min_m`.
-std::string worldSizesFor(int64_t g, int64_t min_m) {
-  std::string out;
-  for (int64_t w = 1; w <= std::min<int64_t>(g, 4096); ++w) {
-    if (g % w == 0 && g / w >= min_m) out += strCat(out.empty() ? "" : ", ", w);
-  }
-  return out;
-}
-
-/// Note [checkpoint]: a resumed run keeps the checkpoint's global batch G (and so
-/// the steps per epoch, the sample order and the LR schedule); the per-GPU batch m
-/// and accumulation a are planned again for this world size: the same m as before
-/// on the same world size, the search's choice when per_gpu is auto, else the
-/// largest m <= the checkpoint's (it fitted) that divides G / W. Edits s.cfg.batch.
-void planResumedBatch(RunSetup& s, const CheckpointCheck& ckpt, int world) {
-  const auto& p = ckpt.manifest.plan;
-  const int64_t g = p.global, then_world = p.world_size, then_m = p.per_gpu;
-  const int64_t min_m = s.has_bn ? s.cfg.batch.min_per_gpu : 1;
-  if (g % world != 0 || g / world < min_m) {
-    throw ConfigError(strCat("cannot resume ", ckpt.path, " on ", world, " rank(s): its global "
-                             "batch ", g, " (kept on resume) does not split into equal "
-                             "micro-batches", min_m > 1 ? strCat(" of at least ", min_m) : "",
-                             " over ", world, " ranks; world sizes that work: ",
-                             worldSizesFor(g, min_m)));
-  }
-  auto& b = s.cfg.batch;
-  b.global = g;
-  b.global_auto = false;
-  b.accum = 0;
-  if (world == then_world || !b.per_gpu_auto) {
-    int64_t m = world == then_world ? then_m : std::min(then_m, g / world);
-    while ((g / world) % m != 0) --m;
-    b.per_gpu = m;
-    b.per_gpu_auto = false;
-  }
-  s.cfg.resolved["batch"]["global"] = g;
-  s.cfg.resolved["batch"]["accum"] = nullptr;
-}
-
-/// The checkpoint this run continues (or none), checked against this run's config,
-/// with the batch planned for this world size (s.plan, unless the search must
-/// pick the per-GPU batch for a new world size). Collective. Throws ConfigError.
-std::optional<CheckpointCheck> prepareResume(const RunRequest& req, RunSetup& s,
-                                             collective::Communicator& comm, Console& console,
-                                             std::optional<SearchResult>* searched) {
-  auto resumed = pickCheckpoint(req, s, comm, console);
-  if (!resumed) {
-    if (!s.plan_error.empty()) throw ConfigError(s.plan_error);
-    return resumed;
-  }
-  checkResumable(resumed->manifest, s.cfg, resumed->path);
-  planResumedBatch(s, *resumed, comm.size());
-  if (s.cfg.batch.per_gpu_auto) return resumed;  // searched again for this world size
-  // Note [lever search]: on the same world the levers the checkpoint's run chose (none and
-  // off for a checkpoint from before the levers were recorded).
-  if (const Levers asked = configLevers(s.cfg); hasAutoLevers(asked)) {
-    Levers then = resumed->manifest.levers;
-    if (asked.shard != Shard::kAuto) then.shard = asked.shard;
-    if (asked.recompute != Recompute::kAuto) then.recompute = asked.recompute;
-    applyLevers(s.cfg, then);
-    console.line(strCat("levers: ", leversText(then), " (as the checkpoint's run chose for ",
-                        autoLeversText(asked), ")"));
-  }
-  s.plan = makePlan(s.cfg, comm.size(), s.data.train.size(), s.has_bn);
-  if (const int64_t m = resumed->manifest.searched_per_gpu; m > 0 && m == s.plan.per_gpu) {
-    searched->emplace();  // the search result the checkpoint's run found for this world size
-    (*searched)->chosen = m;
-    (*searched)->cached = true;
-  }
-  return resumed;
-}
-
-}  // namespace
-
-namespace {
 
 /// Note [program parts]: the program's module and data into the config; a config
 /// naming model.name or data.name: program without them is refused.
@@ -543,6 +145,9 @@ Config loadRunConfig(const RunRequest& req) {
 RunSetup prepareRun(const RunRequest& req, const RankPlace& place) {
   RunSetup s;
   s.cfg = loadRunConfig(req);
+  // Note [loader]: auto threads are this rank's share of the host's cores.
+  s.cfg.data.workers = resolveWorkers(s.cfg.data, usableCpus(), place.local_size);
+  s.cfg.data.workers_auto = false;
   if (place.rank == 0) {
     // Before anything long: a run whose results cannot be saved is not started.
     checkWritableDirectory(req.output, "the results (--output)");
@@ -583,9 +188,6 @@ void prepareData(const RunRequest& req, const RankPlace& place, RunSetup& s) {
                                                      s.task.outputs == 1 ? "" : "s")
                                             : std::string()));
   }
-  // Note [loader]: auto threads are this rank's share of the host's cores.
-  s.cfg.data.workers = resolveWorkers(s.cfg.data, usableCpus(), place.local_size);
-  s.cfg.data.workers_auto = false;
   if (!req.search_only && !s.cfg.batch.per_gpu_auto) {
     try {
       s.plan = makePlan(s.cfg, place.size, s.data.train.size(), s.has_bn);
@@ -649,9 +251,8 @@ struct RunState {
   PhaseClock clock;
   Connection conn;
   std::unique_ptr<Console> console;
-  std::optional<SearchResult> searched;
   CacheEntry cache;
-  std::optional<CheckpointCheck> resumed;
+  RunDecision d;  ///< Note [run decisions]
   bool lead() const { return place.rank == 0; }
   collective::Communicator& comm() { return *conn.comm; }
 };
@@ -699,6 +300,12 @@ void connectPhase(RunState& r) {
   if (const auto line = updateLine(s.cfg.dist, r.comm()); !line.empty()) r.console->line(line);
 }
 
+/// The plan of the run's config on this world: the search's per-GPU batch when it chose one.
+Plan planOf(const RunState& r) {
+  return makePlan(r.d.cfg, r.place.size, r.s.data.train.size(), r.s.has_bn,
+                  r.d.searched ? r.d.searched->chosen : 0);
+}
+
 /// The batch search (or its cache) and the plan it gives. Returns the exit code
 /// when the run ends here: a stop signal during the search, or the `search` verb.
 std::optional<int> searchPhase(RunState& r) {
@@ -706,9 +313,9 @@ std::optional<int> searchPhase(RunState& r) {
   const double search_t0 = monotonicSeconds();
   heartbeat::setPhase("search");  // Note [heartbeat]
   try {
-    r.searched = searchBatch(r.req, s, r.comm(), *r.console, &r.cache);
+    r.d.searched = searchBatch(r.req, s, r.d.cfg, r.comm(), *r.console, &r.cache);
     r.clock.lap("search");
-    if (!r.searched->data_bound.empty()) r.console->line("search: " + r.searched->data_bound);
+    if (!r.d.searched->data_bound.empty()) r.console->line("search: " + r.d.searched->data_bound);
   } catch (const SearchStopped& e) {
     const int own_sig = r.req.stop_signal();
     const int sig = agreedSignal(r.req, r.comm());
@@ -719,7 +326,7 @@ std::optional<int> searchPhase(RunState& r) {
                 << std::flush;
     }
     if (r.lead()) {
-      finishStoppedSearch(r.req, r.place, s, r.comm(), e.lastPerGpu(),
+      finishStoppedSearch(r.req, r.place, s, r.d.cfg, r.comm(), e.lastPerGpu(),
                           monotonicSeconds() - search_t0, sig);
     }
     r.console->line(strCat("stop requested during the batch search: every rank stopped ", e.what(),
@@ -728,21 +335,21 @@ std::optional<int> searchPhase(RunState& r) {
     return 128 + (sig ? sig : SIGTERM);
   }
   if (r.lead()) {
-    writeSearchArtifacts(r.req, *r.searched);
+    writeSearchArtifacts(r.req, *r.d.searched);
     if (s.cfg.report.tensorboard) {
-      writeSearchEvents((fs::path(r.req.output) / "tensorboard" / "search").string(), *r.searched);
+      writeSearchEvents((fs::path(r.req.output) / "tensorboard" / "search").string(), *r.d.searched);
     }
   }
   // Note [lever search]: auto levers become the search's choice before anything is built.
-  if (const Levers asked = configLevers(s.cfg); hasAutoLevers(asked)) {
-    applyLevers(s.cfg, r.searched->chosen_levers);
-    r.console->line(strCat("levers: ", leversText(r.searched->chosen_levers),
-                           " (the search's choice for ", autoLeversText(asked), ")"));
+  if (const Levers asked = configLevers(r.d.cfg); hasAutoLevers(asked)) {
+    const Levers& chosen = r.d.searched->chosen_levers;
+    r.d.cfg = decidedConfig(r.d.cfg, std::nullopt, chosen);
+    r.console->line(strCat("levers: ", leversText(chosen), " (the search's choice for ",
+                           autoLeversText(asked), ")"));
   }
-  // The plan (shards, lr scaling, warmup, BatchNorm minimum) follows the choice.
-  s.plan = makePlan(s.cfg, r.place.size, s.data.train.size(), s.has_bn, r.searched->chosen);
+  r.d.plan = planOf(r);  // the plan follows the choice
   if (r.req.search_only) {
-    if (r.console->enabled()) std::cout << planText(s.plan) << std::flush;
+    if (r.console->enabled()) std::cout << planText(r.d.plan) << std::flush;
     r.comm().barrier();
     r.clock.write(r.req, r.place, nullptr);
     return 0;
@@ -751,45 +358,57 @@ std::optional<int> searchPhase(RunState& r) {
 }
 
 /// A checkpoint to resume from, then the per-GPU batch: the config's, the
-/// checkpoint's, or the search's. Returns the exit code when the run ends here.
+/// checkpoint's, or the search's (Note [run decisions]). Returns the exit code
+/// when the run ends here.
 std::optional<int> resolveBatchPhase(RunState& r) {
-  r.resumed = prepareResume(r.req, r.s, r.comm(), *r.console, &r.searched);
+  r.d.resumed = decideResume(r.req, r.s, r.comm(), *r.console);
+  if (!r.d.resumed && !r.s.plan_error.empty()) throw ConfigError(r.s.plan_error);
+  r.d.cfg = r.d.resumed ? decidedConfig(r.s.cfg, r.d.resumed->batch, r.d.resumed->levers)
+                        : r.s.cfg;
   r.clock.lap("resume_plan");
-  // A resumed run was planned by prepareResume, unless the search picks m for a new world size.
-  if (r.req.search_only || r.s.cfg.batch.per_gpu_auto) {
+  if (r.req.search_only || r.d.cfg.batch.per_gpu_auto) {
     if (auto code = searchPhase(r)) return code;
+  } else {
+    r.d.plan = planOf(r);
+    const int64_t m = r.d.resumed ? r.d.resumed->checkpoint.manifest.searched_per_gpu : 0;
+    if (m > 0 && m == r.d.plan.per_gpu) {
+      r.d.searched.emplace();  // the search result the checkpoint's run found for this world size
+      r.d.searched->chosen = m;
+      r.d.searched->cached = true;
+    }
   }
-  if (r.console->enabled()) std::cout << planText(r.s.plan) << std::flush;
+  if (r.console->enabled()) std::cout << planText(r.d.plan) << std::flush;
   return std::nullopt;
 }
 
 /// Note [adaptive training]: the search's samples/s per per-GPU batch (a resume
 /// on the same world size takes back its checkpoint's table instead).
 void setUpAdaptive(RunState& r, Trainer& trainer) {
-  const auto& s = r.s;
-  auto space = adaptSpace(s.cfg, s.plan, s.has_bn);
-  if (r.searched) {
-    const auto table = adaptThroughput(*r.searched);
+  const auto& cfg = r.d.cfg;
+  const auto& plan = r.d.plan;
+  auto space = adaptSpace(cfg, plan, r.s.has_bn);
+  if (r.d.searched) {
+    const auto table = adaptThroughput(*r.d.searched);
     space.throughput.insert(space.throughput.end(), table.begin(), table.end());
   }
   trainer.setAdaptive(space);
-  const int64_t tokens = s.plan.tokens_per_sample;  // Note [tokens per sample]
-  const bool warmup = s.cfg.batch.adapt == BatchAdapt::kWarmup;  // Note [batch-size warmup]
-  r.console->line(strCat("adapt: batch.adapt: ", toString(s.cfg.batch.adapt), ": global batch from ",
+  const int64_t tokens = plan.tokens_per_sample;  // Note [tokens per sample]
+  const bool warmup = cfg.batch.adapt == BatchAdapt::kWarmup;  // Note [batch-size warmup]
+  r.console->line(strCat("adapt: batch.adapt: ", toString(cfg.batch.adapt), ": global batch from ",
                          space.g0, " up to ", space.ceiling,
                          tokens > 0 ? strCat(" (", space.g0 * tokens, " .. ", space.ceiling * tokens,
                                              " tokens)")
                                     : std::string(),
                          warmup ? ", doubled as B_simple reaches G0 x 2^k" : "",
-                         ", re-decided every ", s.cfg.batch.adapt_every_steps,
+                         ", re-decided every ", cfg.batch.adapt_every_steps,
                          " steps and at epoch ends",
-                         s.plan.warmup_steps <= 0 ? std::string()
-                         : s.cfg.batch.adapt_in_warmup
-                             ? strCat(" (in the warmup's ", s.plan.warmup_steps,
+                         plan.warmup_steps <= 0 ? std::string()
+                         : cfg.batch.adapt_in_warmup
+                             ? strCat(" (in the warmup's ", plan.warmup_steps,
                                       " steps too: batch.adapt_in_warmup)")
-                             : strCat(" once the warmup's ", s.plan.warmup_steps, " steps are done"),
-                         "; the run ends at ", s.plan.total_steps, " G0-equivalent steps",
-                         s.cfg.batch.adapt_gain == AdaptGain::kLinear
+                             : strCat(" once the warmup's ", plan.warmup_steps, " steps are done"),
+                         "; the run ends at ", plan.total_steps, " G0-equivalent steps",
+                         cfg.batch.adapt_gain == AdaptGain::kLinear
                              ? " (a step at G counts G/G0 of them, the lr scales with G/G0: "
                                "batch.adapt_gain: linear)"
                              : ""));
@@ -805,9 +424,9 @@ struct MetricSinks {
 // Note [tensorboard events]: a new event file, opening with START at the first step it holds.
 void attachMetricSinks(RunState& r, Trainer& trainer, MetricSinks& sinks) {
   if (!r.lead()) return;
-  const int64_t resumed_step = r.resumed ? r.resumed->manifest.step : -1;
+  const int64_t resumed_step = r.d.resumed ? r.d.resumed->checkpoint.manifest.step : -1;
   sinks.log.emplace((fs::path(r.req.output) / "metrics.jsonl").string(), resumed_step);
-  if (r.s.cfg.report.tensorboard) {
+  if (r.d.cfg.report.tensorboard) {
     sinks.events.emplace((fs::path(r.req.output) / "tensorboard" / "train").string(), resumed_step + 1);
   }
   trainer.setMetricSink([&sinks](const MetricPoint& m) {
@@ -828,7 +447,7 @@ int finishPhase(RunState& r, Trainer& trainer, const TrainResult& result) {
               << std::flush;
   }
   if (r.lead()) {
-    finishRun(r.req, r.place, r.s, r.comm(), trainer, result, r.searched, r.resumed, sig, *r.console);
+    finishRun(r.req, r.place, r.s, r.d, r.comm(), trainer, result, sig, *r.console);
     markCache(r.cache, result);
   }
   r.comm().barrier();
@@ -855,20 +474,21 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
   RunState r(req, place, s);
   connectPhase(r);
   if (auto code = resolveBatchPhase(r)) return *code;
-  Trainer trainer(s.cfg, r.comm(), s.data, s.device, s.plan, &req.faults);
-  if (s.cfg.batch.adapt != BatchAdapt::kOff) setUpAdaptive(r, trainer);
+  const Config& cfg = r.d.cfg;  // Note [run decisions]: decided; nothing below edits it
+  const Plan& plan = r.d.plan;
+  Trainer trainer(cfg, r.comm(), s.data, s.device, plan, &req.faults);
+  if (cfg.batch.adapt != BatchAdapt::kOff) setUpAdaptive(r, trainer);
   r.console->line(strCat("model: ", trainer.model().describe(), ", precision ",
-                         toString(s.cfg.train.precision),
-                         s.cfg.model.sync_batchnorm ? ", synchronised BatchNorm" : ""));
-  Checkpointer checkpointer(s.cfg.checkpoint, s.checkpoint_dir,
-                            {s.plan, r.searched ? r.searched->chosen : 0, s.cfg.resolved,
-                             configLevers(s.cfg)},
-                            r.comm(),
-                            &req.faults);
+                         toString(cfg.train.precision),
+                         cfg.model.sync_batchnorm ? ", synchronised BatchNorm" : ""));
+  Checkpointer checkpointer(cfg.checkpoint, s.checkpoint_dir,
+                            {plan, r.d.searched ? r.d.searched->chosen : 0, cfg.resolved,
+                             configLevers(cfg)},
+                            r.comm(), &req.faults);
   trainer.setCheckpointer(&checkpointer);
   std::unique_ptr<StepProfiler> profiler;  // Note [step profiler]
-  if (s.cfg.profile.on()) {
-    profiler = std::make_unique<StepProfiler>(s.cfg.profile, (fs::path(req.output) / "profile").string(),
+  if (cfg.profile.on()) {
+    profiler = std::make_unique<StepProfiler>(cfg.profile, (fs::path(req.output) / "profile").string(),
                                               r.comm().backendName(), place.rank, place.size,
                                               s.device.is_cuda());
     trainer.setProfiler(profiler.get());
@@ -876,15 +496,16 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
   MetricSinks sinks;
   attachMetricSinks(r, trainer, sinks);
   r.clock.lap("model");
-  if (r.resumed) {
-    restoreState(*r.resumed, trainer.state(), place.rank, place.size);
-    trainer.resumeAt(positionOf(r.resumed->manifest));
+  const CheckpointCheck* resumed = r.d.resumed ? &r.d.resumed->checkpoint : nullptr;
+  if (resumed) {
+    restoreState(*resumed, trainer.state(), place.rank, place.size);
+    trainer.resumeAt(positionOf(resumed->manifest));
     r.clock.lap("resume_read");
   }
   // Note [heartbeat]: the supervisor's figures of this attempt.
-  heartbeat::setBatch(s.plan.per_gpu, s.plan.accum, s.plan.global);
-  heartbeat::setStep(r.resumed ? r.resumed->manifest.step : 0);
-  heartbeat::setCheckpoint(r.resumed ? r.resumed->manifest.step : -1);
+  heartbeat::setBatch(plan.per_gpu, plan.accum, plan.global);
+  heartbeat::setStep(resumed ? resumed->manifest.step : 0);
+  heartbeat::setCheckpoint(resumed ? resumed->manifest.step : -1);
   heartbeat::setPhase("train");
   const auto result = trainer.train(*r.console, [&req] { return req.stop_signal() != 0; });
   heartbeat::setPhase("finish");  // the report and the model: no steps, not a hang

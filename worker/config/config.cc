@@ -1131,11 +1131,6 @@ Config withLevers(Config cfg, const Levers& l) {
   return cfg;
 }
 
-void applyLevers(Config& cfg, const Levers& l) {
-  cfg.dist.shard = l.shard;
-  cfg.model.recompute = l.recompute;
-}
-
 Config parseConfig(const std::string& yaml_text, const std::string& source,
                    const std::vector<std::string>& overrides, SetsFrom sets_from) {
   Config cfg;

@@ -361,7 +361,7 @@ struct Config {
 /// The memory levers a run trains under (Note [lever search] in
 /// worker/search/levers.h): how the update is sharded and whether the model's
 /// blocks recompute their activations. The config may say auto for either; the
-/// trainer only ever sees concrete values (applyLevers).
+/// trainer only ever sees concrete values (withLevers).
 struct Levers {
   Shard shard = Shard::kNone;
   Recompute recompute = Recompute::kOff;
@@ -391,9 +391,6 @@ Levers configLevers(const Config& cfg);
 /// component that trains under those levers; the resolved config keeps what the
 /// user asked for (auto), so a resume of the run still matches it.
 Config withLevers(Config cfg, const Levers& l);
-/// `l` in force in `cfg` (dist.shard, model.recompute); the resolved config keeps
-/// what the user asked for (auto), so a resume of the run still matches it.
-void applyLevers(Config& cfg, const Levers& l);
 
 /// Note [task choice]: data.name: tokens, model.name: gpt and the language-model
 /// task go together. What is wrong with the config's pairing of them, if anything:

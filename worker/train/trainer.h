@@ -140,7 +140,7 @@ class Trainer {
 
   std::vector<double> step_seconds_;  ///< wall time of this run's steps (the first 100 000)
 
-  const Config& cfg_;
+  const Config cfg_;  ///< a copy (Note [run decisions])
   collective::Communicator& comm_;
   const DataSplit& data_;
   std::unique_ptr<StepEngine> engine_;  ///< Note [step engine]
