@@ -22,7 +22,7 @@
 namespace batchdist::collective {
 
 /// Note [gradient norms]: the two squared norms the gradient noise scale needs
-/// (worker/train/noise_scale.h), measured by the gradient sum at the cost of one
+/// (worker/train/step/noise_scale.h), measured by the gradient sum at the cost of one
 /// pass over the gradients before it (per bucket, just before the bucket is sent)
 /// and one after it, and one more element in a bucket: no extra collective.
 ///  - `local_sum`: sum over the ranks of each rank's own |g_r|^2, taken before the
@@ -61,7 +61,7 @@ TailLayout tailLayout(int64_t param_elements, int64_t arrival_slots);
 
 /// Note [gradient sync]: how a step's gradients become their sum over the ranks,
 /// the communication half of an update strategy (Note [update strategy] in
-/// worker/train/update_strategy.h, which owns it and forwards the trainer's calls):
+/// worker/train/step/update_strategy.h, which owns it and forwards the trainer's calls):
 ///   zeroGrad(); { beforeBackward(final?); backward } x accum; sumGradients(side);
 /// with backwardFailed() before sumGradients() on a rank whose backward threw. Two strategies today: the Reducer
 /// (dist.overlap: true; buckets start from autograd hooks during the last

@@ -16,7 +16,7 @@
 // recorded or allocated). The profiler records the threads it was enabled on:
 // a collective's range begins on the thread that launches it and may end on the
 // backend's (Gloo's worker thread marks the work done), so it carries the
-// launching thread's state there (AsyncRange). worker/train/profiler.h turns the
+// launching thread's state there (AsyncRange). worker/train/observe/profiler.h turns the
 // profiler on and off (Note [step profiler]).
 
 #include <ATen/ThreadLocalState.h>

@@ -17,7 +17,7 @@
 #include "worker/common/util.h"
 #include "worker/join.h"
 #include "worker/model/program_model.h"
-#include "worker/train/step_engine.h"
+#include "worker/train/step/step_engine.h"
 
 namespace batchdist {
 

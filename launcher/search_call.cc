@@ -18,7 +18,7 @@
 #include "worker/model/program_model.h"
 #include "worker/search/output.h"
 #include "worker/search/search.h"
-#include "worker/train/step_timing.h"
+#include "worker/train/step/step_timing.h"
 
 namespace batchdist {
 namespace {

@@ -11,8 +11,8 @@
 #include "tests/config_errors.h"
 #include "worker/config/config.h"
 #include "worker/plan/adapt.h"
-#include "worker/train/adapt_record.h"
-#include "worker/train/adaptive_batch.h"
+#include "worker/train/adapt/adapt_record.h"
+#include "worker/train/adapt/adaptive_batch.h"
 #include "worker/plan/plan.h"
 
 using batchdist::ConfigError;

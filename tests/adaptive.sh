@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The adaptive global batch with real ranks (Note [adaptive training] in
-# worker/train/adaptive_batch.h): the quickstart with batch.adapt: goodput.
+# worker/train/adapt/adaptive_batch.h): the quickstart with batch.adapt: goodput.
 #
 # usage: adaptive.sh MPIRUN "MPI FLAGS" BATCHDIST MODEL_DIFF CONFIG OUTDIR SCENARIO
 #   ranks   3 ranks, rank 0's optimizer update 2 ms slower (BATCHDIST_FAULT_SLOW_UPDATE_US:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checkpoints and resume with real ranks, real signals and kill -9 (Note
-# [checkpoint] in worker/train/checkpoint.h). Each scenario compares the final
+# [checkpoint] in worker/train/checkpoint/checkpoint.h). Each scenario compares the final
 # model.pt of an interrupted-then-resumed run with an uninterrupted run's, tensor
 # by tensor (model_diff).
 #

@@ -14,7 +14,7 @@
 #include "worker/config/config.h"
 #include "worker/model/model.h"
 #include "worker/model/optimizer.h"
-#include "worker/train/checkpoint.h"
+#include "worker/train/checkpoint/checkpoint.h"
 
 using namespace batchdist;
 using namespace batchdist::worker;

@@ -13,7 +13,7 @@
 #include "tests/image_fixtures.h"
 #include "tests/scratch_dir.h"
 #include "worker/data/sources/npy.h"
-#include "worker/train/step_engine.h"
+#include "worker/train/step/step_engine.h"
 
 using namespace batchdist;
 using namespace batchdist::worker;

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "tests/thread_ranks.h"
-#include "worker/train/gradient_scatter.h"
-#include "worker/train/shard_layout.h"
+#include "worker/train/shard/gradient_scatter.h"
+#include "worker/train/shard/shard_layout.h"
 
 using namespace batchdist;
 using namespace batchdist::worker;

@@ -20,7 +20,7 @@
 #include "worker/data/sources/npy.h"
 #include "worker/model/program_model.h"
 #include "worker/task/task.h"
-#include "worker/train/step_engine.h"
+#include "worker/train/step/step_engine.h"
 
 using namespace batchdist;
 using namespace batchdist::worker;

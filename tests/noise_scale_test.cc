@@ -14,8 +14,8 @@
 #include "collective/grad_sync.h"
 #include "collective/reducer.h"
 #include "tests/thread_ranks.h"
-#include "worker/train/noise_scale.h"
-#include "worker/train/step_engine.h"
+#include "worker/train/step/noise_scale.h"
+#include "worker/train/step/step_engine.h"
 
 using namespace batchdist;
 using namespace batchdist::collective;

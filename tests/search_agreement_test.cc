@@ -9,7 +9,7 @@
 #include "worker/common/console.h"
 #include "worker/search/output.h"
 #include "worker/search/search.h"
-#include "worker/train/step_measurer.h"
+#include "worker/train/step/step_measurer.h"
 #include "worker/train/trainer.h"
 
 using namespace batchdist;

@@ -24,7 +24,7 @@
 #include "worker/search/cache.h"
 #include "worker/search/output.h"
 #include "worker/search/search.h"
-#include "worker/train/memory.h"
+#include "worker/train/step/memory.h"
 
 using namespace batchdist;
 using namespace batchdist::worker;

@@ -14,8 +14,8 @@
 #include "worker/config/config.h"
 #include "worker/model/optimizer.h"
 #include "worker/search/cache.h"
-#include "worker/train/shard_layout.h"
-#include "worker/train/sharded_optimizer.h"
+#include "worker/train/shard/shard_layout.h"
+#include "worker/train/shard/sharded_optimizer.h"
 
 using namespace batchdist;
 using namespace batchdist::worker;

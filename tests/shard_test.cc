@@ -20,9 +20,9 @@
 #include "worker/common/console.h"
 #include "worker/model/optimizer.h"
 #include "worker/plan/plan.h"
-#include "worker/train/checkpoint.h"
-#include "worker/train/sharded_optimizer.h"
-#include "worker/train/step_engine.h"
+#include "worker/train/checkpoint/checkpoint.h"
+#include "worker/train/shard/sharded_optimizer.h"
+#include "worker/train/step/step_engine.h"
 
 using namespace batchdist;
 using namespace batchdist::worker;

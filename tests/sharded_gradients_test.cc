@@ -11,8 +11,8 @@
 
 #include "tests/thread_ranks.h"
 #include "worker/config/config.h"
-#include "worker/train/sharded_optimizer.h"
-#include "worker/train/update_strategy.h"
+#include "worker/train/shard/sharded_optimizer.h"
+#include "worker/train/step/update_strategy.h"
 
 using namespace batchdist;
 using namespace batchdist::worker;

@@ -15,7 +15,7 @@
 
 #include "mpi_helpers.h"
 #include "worker/data/data.h"
-#include "worker/train/step_engine.h"
+#include "worker/train/step/step_engine.h"
 
 namespace batchdist::testsupport {
 

@@ -16,10 +16,10 @@
 #include "worker/report/diagnose.h"
 #include "worker/report/html.h"
 #include "worker/search/cache.h"
-#include "worker/train/host_cpu.h"
-#include "worker/train/nvml.h"
-#include "worker/train/step_measurer.h"
-#include "worker/train/system_sampler.h"
+#include "worker/train/observe/host_cpu.h"
+#include "worker/train/observe/nvml.h"
+#include "worker/train/step/step_measurer.h"
+#include "worker/train/observe/system_sampler.h"
 
 namespace batchdist::worker {
 namespace {

@@ -12,7 +12,7 @@
 #include "worker/data/data.h"
 #include "worker/data/sources/npy.h"
 #include "worker/task/task.h"
-#include "worker/train/checkpoint.h"
+#include "worker/train/checkpoint/checkpoint.h"
 
 using namespace batchdist::worker;
 

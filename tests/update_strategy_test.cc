@@ -9,7 +9,7 @@
 
 #include "tests/thread_ranks.h"
 #include "worker/config/config.h"
-#include "worker/train/update_strategy.h"
+#include "worker/train/step/update_strategy.h"
 
 using namespace batchdist;
 using namespace batchdist::worker;

@@ -32,11 +32,11 @@
 #include "worker/search/cache.h"
 #include "worker/search/output.h"
 #include "worker/search/search.h"
-#include "worker/train/checkpoint.h"
-#include "worker/train/step_measurer.h"
-#include "worker/train/memory.h"
+#include "worker/train/checkpoint/checkpoint.h"
+#include "worker/train/step/step_measurer.h"
+#include "worker/train/step/memory.h"
 #include "worker/train/trainer.h"
-#include "worker/train/update_strategy.h"
+#include "worker/train/step/update_strategy.h"
 
 namespace batchdist::worker {
 namespace fs = std::filesystem;

@@ -12,7 +12,7 @@
 #include "worker/common/console.h"
 #include "worker/config/config.h"
 #include "worker/run.h"
-#include "worker/train/checkpoint.h"
+#include "worker/train/checkpoint/checkpoint.h"
 
 namespace batchdist::worker {
 

@@ -12,7 +12,7 @@
 #include "worker/report/html.h"
 #include "worker/report/report.h"
 #include "worker/search/output.h"
-#include "worker/train/system_metrics.h"
+#include "worker/train/observe/system_metrics.h"
 
 namespace batchdist::worker {
 namespace fs = std::filesystem;

@@ -8,7 +8,7 @@
 #include "worker/common/util.h"
 #include "worker/search/cache.h"
 #include "worker/search/output.h"
-#include "worker/train/step_measurer.h"
+#include "worker/train/step/step_measurer.h"
 
 namespace batchdist::worker {
 namespace fs = std::filesystem;

@@ -37,7 +37,7 @@ enum class OptimName { kSgd, kAdamw, kLars };
 enum class DeviceKind { kAuto, kCpu, kCuda };
 enum class Precision { kFp32, kBf16, kFp16 };
 enum class DistBackend { kAuto, kGloo, kMpi, kNccl };
-enum class Shard { kNone, kOptimizer, kGradients, kAuto };  ///< Note [shard layout] (worker/train/shard_layout.h); auto: Note [lever search]
+enum class Shard { kNone, kOptimizer, kGradients, kAuto };  ///< Note [shard layout] (worker/train/shard/shard_layout.h); auto: Note [lever search]
 enum class Objective { kThroughput, kMaxFit };
 enum class ResumeMode { kOff, kAuto };
 enum class ProgressMode { kAuto, kBar, kLines, kOff };
@@ -269,7 +269,7 @@ struct ReportConfig {
   double sample_s = 0.5;                     ///< Note [system metrics]: sampling period (0: off)
 };
 
-/// Profiler traces (Note [step profiler] in worker/train/profiler.h): steps of
+/// Profiler traces (Note [step profiler] in worker/train/observe/profiler.h): steps of
 /// this run, counted from its first, are skipped (`wait`), run with the profiler
 /// prepared (`warmup`) and traced (`active`); 0 active steps: off.
 struct ProfileConfig {
@@ -310,7 +310,7 @@ struct SearchConfig {
   bool profile = false;                      ///< Note [search traces]: one step per candidate traced
 };
 
-/// Checkpoints (Note [checkpoint] in worker/train/checkpoint.h). Periodic ones when
+/// Checkpoints (Note [checkpoint] in worker/train/checkpoint/checkpoint.h). Periodic ones when
 /// every_steps or every_minutes is set (0: off); one when a stop signal ends the run.
 struct CheckpointConfig {
   int64_t every_steps = 0;                   ///< 0: off

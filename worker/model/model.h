@@ -104,7 +104,7 @@ class Model {
   virtual bool hasBatchNorm() const = 0;
   /// Note [activation recompute] on or off from the next forward, the parameters
   /// as they are (the batch search switches levers on one model: Note [lever
-  /// switch] in worker/train/step_measurer.cc). False, and nothing changed, where
+  /// switch] in worker/train/step/step_measurer.cc). False, and nothing changed, where
   /// the model has no blocks to recompute (cnn, TorchScript) and `on` was asked.
   virtual bool setRecompute(bool on) { return !on; }
   /// e.g. "resnet18 (cifar stem), 11.2 M parameters".

@@ -4,7 +4,7 @@
 //
 // Note [goodput]: a step at global batch G makes more progress than a step at the
 // starting batch G0, but less than G / G0 times as much: with the gradient noise
-// scale B (B_simple, Note [gradient noise scale] in worker/train/noise_scale.h),
+// scale B (B_simple, Note [gradient noise scale] in worker/train/step/noise_scale.h),
 // AdaScale's gain (Johnson et al. 2020) is
 //     r(G) = (G / G0) x (B + G0) / (B + G),
 // i.e. one step at G is worth r steps at G0, and a sample at G is worth
@@ -267,7 +267,7 @@ std::optional<AdaptSplit> warmupSplit(const AdaptSpace& space, int64_t g, const 
 AdaptDecision decideAdaptive(const AdaptSpace& space, const AdaptSplit& current, double b_noise);
 
 /// A resume on another world size (Note [adaptive checkpoint] in
-/// worker/train/adaptive_batch.h): the split of global batch `g` over space's world.
+/// worker/train/adapt/adaptive_batch.h): the split of global batch `g` over space's world.
 /// goodput: `g`'s fastest measured split, else the candidate of the best goodput
 /// for `b_noise`; warmup (Note [batch-size warmup]): `g` on warmupSplit()'s split,
 /// else the largest doubling of G0 below `g` that splits. Nothing when no measured

@@ -5,7 +5,7 @@
 // Note [elastic split]: the global batch G never changes (Note [equal shards]):
 // the lr schedule, the sample order and the step count of a resumed run are
 // those of the plan at G, on any world (Note [checkpoint] in
-// worker/train/checkpoint.h). So a new world W is usable only where G has an
+// worker/train/checkpoint/checkpoint.h). So a new world W is usable only where G has an
 // equal split m x a x W with m a per-GPU batch known to fit (at most `max_fit`,
 // the largest the search or the run saw fit, memory being per rank) and at least
 // the BatchNorm minimum. Of the usable worlds the largest within the slots (and

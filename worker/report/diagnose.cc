@@ -14,7 +14,7 @@ namespace {
 
 double pct(double part, double whole) { return whole > 0 ? 100.0 * part / whole : 0.0; }
 
-/// Note [gradient noise scale] (worker/train/noise_scale.h): a global batch B
+/// Note [gradient noise scale] (worker/train/step/noise_scale.h): a global batch B
 /// needs about (1 + B / B_noise) times the minimal number of samples, so at B = 4
 /// B_simple samples cost 2.5x what they cost at B_simple (5 vs 2).
 constexpr double kFarAbove = 4.0;

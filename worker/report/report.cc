@@ -134,7 +134,7 @@ nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const Trai
   o["time_breakdown"] = timeJson(r.time);
   o["noise_scale"] = noiseJson(r.noise, plan.tokens_per_sample);
   if (!r.batch_history.empty()) {
-    // batch.adapt: goodput or warmup (Note [adaptive training] in worker/train/adaptive_batch.h).
+    // batch.adapt: goodput or warmup (Note [adaptive training] in worker/train/adapt/adaptive_batch.h).
     auto changes = nlohmann::ordered_json::array();
     for (const auto& c : r.batch_history) {
       changes.push_back({{"step", c.step},

@@ -20,7 +20,7 @@
 // steps (the new size's allocations, the loader's first batches); the search's
 // first measurement kColdWarmup [1] more (a cold process: thread pools, the
 // allocator's first growth), and one more after a change of levers (Note [lever
-// switch] in worker/train/step_measurer.cc). One, not two: in a GPT's joint search
+// switch] in worker/train/step/step_measurer.cc). One, not two: in a GPT's joint search
 // on 2 CPU ranks (bench/lever_search.sh's workload) run without any, 5 timed steps
 // a measurement, the first step after a change of size was within the others'
 // spread (per-GPU 8: 0.78 0.78 0.86 0.79 0.82 s; 16: 0.86 0.78 0.82 0.90 0.85;
@@ -266,7 +266,7 @@ const Candidate& chooseCandidate(const std::vector<Candidate>& candidates,
 void explainChoice(SearchResult& r);
 
 /// The samples/s table of the adaptive global batch (Note [adaptive training] in
-/// worker/train/adaptive_batch.h): every candidate that ran, the walk's and the adapt
+/// worker/train/adapt/adaptive_batch.h): every candidate that ran, the walk's and the adapt
 /// range's, with its relative uncertainty. When the search paired the adapt range
 /// with the pick (Note [adapt range], pairing) those figures are ratios to the
 /// pick, so the pick's own uncertainty is 0 there.

@@ -9,7 +9,7 @@
 #include "common/error.h"
 #include "worker/common/console.h"
 #include "worker/common/util.h"
-#include "worker/train/memory.h"
+#include "worker/train/step/memory.h"
 
 namespace batchdist::worker {
 namespace {

@@ -6,8 +6,8 @@
 
 #include "worker/data/pipeline.h"
 #include "worker/task/metrics.h"
-#include "worker/train/profiler.h"
-#include "worker/train/system_metrics.h"
+#include "worker/train/observe/profiler.h"
+#include "worker/train/observe/system_metrics.h"
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -78,7 +78,7 @@ struct BatchChange {
 };
 
 /// The gradient noise scale over the run (Note [gradient noise scale] in
-/// worker/train/noise_scale.h).
+/// worker/train/step/noise_scale.h).
 struct NoiseScaleResult {
   bool measured = false;
   std::string why_not;      ///< when not measured

@@ -19,14 +19,14 @@
 #include "worker/plan/plan.h"
 #include "worker/train/oom_guard.h"
 #include "worker/train/result.h"
-#include "worker/train/system_sampler.h"
+#include "worker/train/observe/system_sampler.h"
 #include "worker/train/train_log.h"
-#include "worker/train/step_engine.h"
+#include "worker/train/step/step_engine.h"
 
 namespace batchdist::worker {
 
 // Note [adaptive training] and Note [adaptive checkpoint]: in
-// worker/train/adaptive_batch.h (the adaptive batch's controller, AdaptiveBatch).
+// worker/train/adapt/adaptive_batch.h (the adaptive batch's controller, AdaptiveBatch).
 
 class AdaptiveBatch;
 struct AdaptRecordParts;

@@ -1,0 +1,146 @@
+#include "worker/train/shard/sharded_gradients.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <utility>
+
+#include "worker/train/shard/gradient_scatter.h"
+#include "worker/train/shard/sharded_optimizer.h"
+
+namespace batchdist::worker {
+namespace {
+
+/// Where the partial sums sit in sumGradients()' allreduce (Note [sharded gradients]).
+constexpr std::size_t kLocalSq = collective::kSideSlots, kShardSq = kLocalSq + 1,
+                      kLayers = kShardSq + 1;
+
+class ShardedGradientUpdate : public UpdateStrategyBase {
+ public:
+  ShardedGradientUpdate(const Config& cfg, collective::Communicator& comm,
+                        std::vector<at::Tensor> params);
+
+  void zeroGrad() override;
+  void dropGrad() override { zeroGrad(); }
+  void beforeBackward(int64_t micro, int64_t micros) override;
+  /// Nothing: sumGradients() closes the open round and makes the ones missed.
+  void backwardFailed() override {}
+  collective::SideChannel sumGradients(const collective::SideChannel& side) override;
+  void setMeasureNorms(bool on) override {
+    measure_ = on && comm_.size() > 1;
+    scatter_->setMeasureNorms(measure_);
+  }
+  const collective::GradSqNorms& lastNorms() const override { return norms_; }
+  double lastSkewSeconds() const override { return 0; }
+
+  bool step(double lr) override;
+  Optimizer& optimizer() override { return *optimizer_; }
+  UpdateMemory memory() const override;
+
+ private:
+  /// The sum of |piece|^2 per parameter of this rank's pieces (LARS) and of all.
+  std::vector<double> partialSums() const;
+  collective::Communicator& comm_;
+  std::vector<at::Tensor> params_;
+  std::unique_ptr<ShardedOptimizer> optimizer_;
+  at::Tensor shard_;         ///< this rank's chunks of the summed gradient, end to end
+  std::unique_ptr<GradientScatter> scatter_;  ///< Note [gradient scatter]: fills shard_
+  int64_t micros_ = 1;       ///< the step's micro-batches (beforeBackward's `micros`)
+  bool measure_ = false;
+  collective::GradSqNorms norms_;
+  std::vector<double> summed_;  ///< the last sumGradients()' allreduce
+};
+
+ShardedGradientUpdate::ShardedGradientUpdate(const Config& cfg, collective::Communicator& comm,
+                                             std::vector<at::Tensor> params)
+    : UpdateStrategyBase(cfg), comm_(comm), params_(std::move(params)) {
+  const int64_t element = params_.empty() ? 4 : static_cast<int64_t>(params_.front().element_size());
+  const auto segment = static_cast<int64_t>(cfg.dist.bucket_mb * (1 << 20)) / element;
+  optimizer_ = std::make_unique<ShardedOptimizer>(cfg.optim, comm, params_, std::max<int64_t>(1, segment));
+  shard_ = torch::zeros({optimizer_->layout().slice}, params_.front().options().requires_grad(false));
+  optimizer_->useShardGradient(shard_);
+  scatter_ = std::make_unique<GradientScatter>(comm, params_, optimizer_->layout(), shard_,
+                                               cfg.dist.overlap);
+  zeroGrad();
+}
+
+void ShardedGradientUpdate::zeroGrad() { scatter_->beginStep(); }
+
+void ShardedGradientUpdate::beforeBackward(int64_t /*micro*/, int64_t micros) {
+  micros_ = std::max<int64_t>(1, micros);
+  scatter_->beginRound();
+}
+
+std::vector<double> ShardedGradientUpdate::partialSums() const {
+  const bool layers = optimizer_->needsWholeGradNorms();
+  std::vector<double> out(kLayers + (layers ? params_.size() : 0), 0.0);
+  const auto& pieces = optimizer_->pieces();
+  if (pieces.empty()) return out;
+  std::vector<at::Tensor> sq;
+  for (const auto& piece : pieces) {
+    sq.push_back(shard_.narrow(0, piece.owned, piece.length).to(torch::kDouble).square().sum());
+  }
+  const auto host = torch::stack(sq).cpu();
+  const double* v = host.data_ptr<double>();
+  for (std::size_t j = 0; j < pieces.size(); ++j) {
+    out[kShardSq] += v[j];
+    if (layers) out[kLayers + static_cast<std::size_t>(pieces[j].param)] += v[j];
+  }
+  return out;
+}
+
+collective::SideChannel ShardedGradientUpdate::sumGradients(const collective::SideChannel& side) {
+  scatter_->endStep(micros_);
+  auto values = partialSums();
+  std::copy(side.begin(), side.end(), values.begin());
+  values[kLocalSq] = measure_ ? scatter_->localSq().item<double>() : 0.0;
+  summed_ = comm_.allreduce(values, collective::ReduceOp::kSum);
+  norms_ = collective::GradSqNorms();
+  if (measure_) norms_ = {summed_[kLocalSq], summed_[kShardSq], true, micros_};
+  collective::SideChannel out{};
+  std::copy(summed_.begin(), summed_.begin() + collective::kSideSlots, out.begin());
+  return out;
+}
+
+bool ShardedGradientUpdate::step(double lr) {
+  torch::NoGradGuard no_grad;
+  const double scale = lossScale();
+  if (scaler_) {
+    // Every rank has the same sum, so the same verdict (Note [sharded gradients]).
+    if (!scaler_->update(!std::isfinite(summed_[kShardSq]))) return false;
+    shard_.mul_(1.0 / scale);
+  }
+  double coef = 1;  // Note [gradient clipping] on the shard, by the global norm
+  if (clip_norm_ > 0) coef = recordClip(std::sqrt(summed_[kShardSq]) / scale);
+  if (coef != 1) shard_.mul_(coef);
+  if (optimizer_->needsWholeGradNorms()) {
+    std::vector<double> norms;
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      norms.push_back(std::sqrt(summed_[kLayers + i]) / scale * coef);
+    }
+    optimizer_->setWholeGradNorms(std::move(norms));
+  }
+  optimizer_->step(lr);
+  return true;
+}
+
+UpdateMemory ShardedGradientUpdate::memory() const {
+  constexpr double kMb = 1 << 20;
+  UpdateMemory m;
+  for (const auto& p : params_) m.parameters_mb += static_cast<double>(p.nbytes()) / kMb;
+  m.gradients_mb = static_cast<double>(shard_.nbytes()) / kMb;
+  m.optimizer_state_mb = static_cast<double>(optimizer_->stateBytes()) / kMb;
+  return m;
+}
+
+}  // namespace
+
+std::unique_ptr<UpdateStrategy> makeShardedGradientUpdate(const Config& cfg,
+                                                          collective::Communicator& comm,
+                                                          std::vector<at::Tensor> params) {
+  return std::make_unique<ShardedGradientUpdate>(cfg, comm, std::move(params));
+}
+
+}  // namespace batchdist::worker
