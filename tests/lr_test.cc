@@ -1,7 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <torch/torch.h>
+
 #include <cmath>
 
+#include "common/device_compat.h"
 #include "common/error.h"
 #include "worker/model/model.h"
 #include "worker/model/optimizer.h"
@@ -162,4 +165,113 @@ TEST(ClipGradNorm, ScalesToTheBoundAndReturnsTheNormBefore) {
   b.mutable_grad() = torch::tensor({INFINITY});
   EXPECT_TRUE(std::isinf(clipGradNorm({a, b}, 1.0)));
   EXPECT_NEAR(a.grad()[0][0].item<double>(), 3.0 / 5.0, 1e-6);
+}
+
+// Note [multi-tensor step]: sgd's step over the whole group by ATen's multi-tensor
+// ops is torch::optim::SGD's, bitwise, step after step, and leaves the same
+// momentum buffers (the checkpoint's state).
+TEST(MultiTensorStep, SgdIsTorchOptimSgdBitwise) {
+  struct Case {
+    double momentum, weight_decay;
+    bool nesterov;
+  };
+  for (const Case c : {Case{0, 0, false}, Case{0, 1e-4, false}, Case{0.9, 0, false},
+                       Case{0.9, 5e-4, false}, Case{0.9, 5e-4, true}}) {
+    SCOPED_TRACE(batchdist::strCat("momentum ", c.momentum, ", weight decay ", c.weight_decay,
+                        c.nesterov ? ", nesterov" : ""));
+    torch::manual_seed(7);
+    std::vector<torch::Tensor> ours, theirs;
+    for (const auto& shape : std::vector<std::vector<int64_t>>{{8, 5}, {5}, {3, 2, 2}, {4}}) {
+      ours.push_back(torch::randn(shape).requires_grad_());
+      theirs.push_back(ours.back().detach().clone().requires_grad_());
+    }
+    OptimConfig cfg;
+    cfg.momentum = c.momentum;
+    cfg.weight_decay = c.weight_decay;
+    cfg.nesterov = c.nesterov;
+    auto opt = makeOptimizer(cfg, ours, StepKernels::kMultiTensor);
+    torch::optim::SGD reference(theirs, torch::optim::SGDOptions(0.1)
+                                            .momentum(c.momentum)
+                                            .nesterov(c.nesterov)
+                                            .weight_decay(c.weight_decay));
+    for (int step = 0; step < 4; ++step) {
+      for (std::size_t i = 0; i < ours.size(); ++i) {
+        if (step == 1 && i == 3) continue;  // a parameter without a gradient this step
+        const auto g = torch::randn(ours[i].sizes());
+        ours[i].mutable_grad() = g.clone();
+        theirs[i].mutable_grad() = g.clone();
+      }
+      const double lr = 0.05 * (step + 1);
+      opt->step(lr);
+      static_cast<torch::optim::SGDOptions&>(reference.param_groups()[0].options()).lr(lr);
+      reference.step();
+      for (std::size_t i = 0; i < ours.size(); ++i) {
+        EXPECT_TRUE(torch::equal(ours[i], theirs[i])) << "step " << step << ", tensor " << i;
+      }
+      opt->zeroGrad();
+      reference.zero_grad();
+      for (std::size_t i = 0; i < ours.size(); ++i) {
+        ours[i].mutable_grad() = torch::Tensor();
+        theirs[i].mutable_grad() = torch::Tensor();
+      }
+    }
+    if (c.momentum > 0) {
+      for (std::size_t i = 0; i < ours.size(); ++i) {
+        const auto& st = static_cast<torch::optim::SGDParamState&>(
+            *reference.state().at(batchdist::compat::optimizerStateKey(reference.state(), theirs[i])));
+        EXPECT_TRUE(torch::equal(opt->stateVector(i, 0), st.momentum_buffer().reshape({-1})))
+            << "tensor " << i;
+      }
+    }
+  }
+}
+
+// ... and adamw's, in its two groups (weights decayed, the rest not), with tensors
+// whose step counts differ (as a sharded checkpoint may set them): torch::optim::AdamW's.
+TEST(MultiTensorStep, AdamwIsTorchOptimAdamwBitwise) {
+  torch::manual_seed(11);
+  std::vector<torch::Tensor> ours, theirs;
+  for (const auto& shape : std::vector<std::vector<int64_t>>{{6, 4}, {4}, {4, 3}, {3}}) {
+    ours.push_back(torch::randn(shape).requires_grad_());
+    theirs.push_back(ours.back().detach().clone().requires_grad_());
+  }
+  OptimConfig cfg = parseConfig("optim: {name: adamw, weight_decay: 0.1}", "t.yaml").optim;
+  auto opt = makeOptimizer(cfg, ours, StepKernels::kMultiTensor);
+  const auto options = [&](double decay) {
+    return torch::optim::AdamWOptions(cfg.lr).betas({cfg.beta1, cfg.beta2}).eps(cfg.eps).weight_decay(decay);
+  };
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<torch::Tensor>{theirs[0], theirs[2]},
+                      std::make_unique<torch::optim::AdamWOptions>(options(cfg.weight_decay)));
+  groups.emplace_back(std::vector<torch::Tensor>{theirs[1], theirs[3]},
+                      std::make_unique<torch::optim::AdamWOptions>(options(0.0)));
+  torch::optim::AdamW reference(std::move(groups), options(cfg.weight_decay));
+  for (int step = 0; step < 5; ++step) {
+    for (std::size_t i = 0; i < ours.size(); ++i) {
+      if (step == 1 && i % 2 == 0) continue;  // these tensors fall one step behind the others
+      const auto g = torch::randn(ours[i].sizes());
+      ours[i].mutable_grad() = g.clone();
+      theirs[i].mutable_grad() = g.clone();
+    }
+    const double lr = 1e-3 * (step + 1);
+    opt->step(lr);
+    for (auto& group : reference.param_groups()) {
+      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+    }
+    reference.step();
+    for (std::size_t i = 0; i < ours.size(); ++i) {
+      EXPECT_TRUE(torch::equal(ours[i], theirs[i])) << "step " << step << ", tensor " << i;
+      ours[i].mutable_grad() = torch::Tensor();
+      theirs[i].mutable_grad() = torch::Tensor();
+    }
+  }
+  for (std::size_t i = 0; i < ours.size(); ++i) {
+    const auto& st = static_cast<torch::optim::AdamWParamState&>(
+        *reference.state().at(batchdist::compat::optimizerStateKey(reference.state(), theirs[i])));
+    EXPECT_EQ(opt->stepCount(i), static_cast<int64_t>(st.step())) << "tensor " << i;
+    EXPECT_TRUE(torch::equal(opt->stateVector(i, 0), st.exp_avg().reshape({-1}))) << "tensor " << i;
+    EXPECT_TRUE(torch::equal(opt->stateVector(i, 1), st.exp_avg_sq().reshape({-1}))) << "tensor " << i;
+  }
+  EXPECT_EQ(opt->stepCount(1), 5);
+  EXPECT_EQ(opt->stepCount(0), 4);  // skipped once: two step counts in one group
 }

@@ -65,12 +65,20 @@ struct OptimizerParam {
   at::Tensor whole;
 };
 
+/// How sgd and adamw run their step (Note [multi-tensor step] in optimizer.cc):
+/// parameter by parameter (torch::optim's loop), or by ATen's multi-tensor ops
+/// over each group. The same update bitwise either way; kAuto: multi-tensor when
+/// the tensors are on CUDA. lars steps tensor by tensor.
+enum class StepKernels { kAuto, kPerTensor, kMultiTensor };
+
 /// sgd (momentum, nesterov, weight decay), adamw, or lars, over `params`.
 /// adamw decays only the tensors of 2 or more dimensions (weights), as GPT-2 and
 /// nanoGPT do: biases and norm parameters in a second group without decay.
-std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<at::Tensor> params);
+std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<at::Tensor> params,
+                                         StepKernels kernels = StepKernels::kAuto);
 /// The same over tensors that may be pieces of parameters.
-std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<OptimizerParam> params);
+std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<OptimizerParam> params,
+                                         StepKernels kernels = StepKernels::kAuto);
 
 /// Note [gradient clipping]: scales the gradients of `params` so that their
 /// global L2 norm is at most `max_norm`, and returns the norm before clipping.
