@@ -223,8 +223,8 @@ void trainerMatchesExact(bool overlap, int world, int64_t per_gpu, int every = 1
     const double trace = (grads - mean).pow(2).sum(1).mean().item<double>();
     std::lock_guard<std::mutex> lock(mu);
     exact = trace / mean.pow(2).sum().item<double>();
-    estimate = trainer.noiseScale().windowBSimple();
-    steps = trainer.noiseScale().steps();
+    estimate = trainer.noise().estimator().windowBSimple();
+    steps = trainer.noise().estimator().steps();
   });
   EXPECT_EQ(steps, 512 / every);  // 16 epochs x 32 steps, one in `every` measured
   const std::string what = "trainer, mlp, W=" + std::to_string(world) + " m=" +

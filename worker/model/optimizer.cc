@@ -113,16 +113,24 @@ class TorchOptimizer : public Optimizer {
   }
 
  private:
-  State* find(std::size_t i) {
+  State* find(std::size_t i) { return find(tensors_.at(i)); }
+  State* find(const torch::Tensor& p) {
     auto& state = opt_.state();
-    auto it = state.find(compat::optimizerStateKey(state, tensors_.at(i)));
+    auto it = state.find(compat::optimizerStateKey(state, p));
     return it == state.end() ? nullptr : static_cast<State*>(it->second.get());
   }
-  /// Tensor i's state, made as the optimizer's first step would find it: zeros, step 0.
-  State& ensure(std::size_t i) {
-    if (State* st = find(i)) return *st;
+  State& put(const torch::Tensor& p, std::unique_ptr<State> st) {
+    State& out = *st;
+    auto& state = opt_.state();
+    state[compat::optimizerStateKey(state, p)] = std::move(st);
+    return out;
+  }
+  State& ensure(std::size_t i) { return ensure(tensors_.at(i)); }
+  /// `p`'s state, made as the optimizer's first step would find it: zeros, step 0.
+  State& ensure(const torch::Tensor& p) {
+    if (State* st = find(p)) return *st;
     auto st = std::make_unique<State>();
-    const auto zeros = [&] { return torch::zeros_like(tensors_[i], at::MemoryFormat::Contiguous); };
+    const auto zeros = [&] { return torch::zeros_like(p, at::MemoryFormat::Contiguous); };
     if constexpr (kSgd) {
       st->momentum_buffer(zeros());
     } else {
@@ -130,10 +138,7 @@ class TorchOptimizer : public Optimizer {
       st->exp_avg(zeros());
       st->exp_avg_sq(zeros());
     }
-    State* out = st.get();
-    auto& state = opt_.state();
-    state[compat::optimizerStateKey(state, tensors_[i])] = std::move(st);
-    return *out;
+    return put(p, std::move(st));
   }
   // Note [multi-tensor step]
   // ~~~~~~~~~~~~~~~~~~~~~~~~
@@ -173,20 +178,16 @@ class TorchOptimizer : public Optimizer {
   std::vector<torch::Tensor> momentumBuffers(const std::vector<torch::Tensor>& params,
                                              const std::vector<torch::Tensor>& d,
                                              const Options& o) {
-    auto& state = opt_.state();
     std::vector<torch::Tensor> bufs(params.size()), kept, kept_d;
     for (std::size_t i = 0; i < params.size(); ++i) {
-      const auto key = compat::optimizerStateKey(state, params[i]);
-      const auto it = state.find(key);
-      if (it == state.end()) {
-        auto st = std::make_unique<State>();
-        st->momentum_buffer(torch::clone(d[i]).detach());
+      if (State* st = find(params[i])) {
         bufs[i] = st->momentum_buffer();
-        state[key] = std::move(st);
-      } else {
-        bufs[i] = static_cast<State&>(*it->second).momentum_buffer();
         kept.push_back(bufs[i]);
         kept_d.push_back(d[i]);
+      } else {
+        auto first = std::make_unique<State>();
+        first->momentum_buffer(torch::clone(d[i]).detach());
+        bufs[i] = put(params[i], std::move(first)).momentum_buffer();
       }
     }
     if (!kept.empty()) {
@@ -209,7 +210,7 @@ class TorchOptimizer : public Optimizer {
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       decayed.push_back(p);
-      State& st = stateOf(p);
+      State& st = ensure(p);
       st.step(st.step() + 1);
       Bucket& b = by_step[static_cast<int64_t>(st.step())];
       b.params.push_back(p);
@@ -233,20 +234,6 @@ class TorchOptimizer : public Optimizer {
       at::_foreach_add_(denom, o.eps());
       at::_foreach_addcdiv_(b.params, b.exp_avg, denom, -(lr / correction1));
     }
-  }
-  /// `p`'s state, made as torch::optim's first step makes it when it has none.
-  State& stateOf(const torch::Tensor& p) {
-    auto& state = opt_.state();
-    const auto key = compat::optimizerStateKey(state, p);
-    auto it = state.find(key);
-    if (it == state.end()) {
-      auto st = std::make_unique<State>();
-      st->step(0);
-      st->exp_avg(torch::zeros_like(p, at::MemoryFormat::Preserve));
-      st->exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
-      it = state.emplace(key, std::move(st)).first;
-    }
-    return static_cast<State&>(*it->second);
   }
   static torch::Tensor& vectorOf(State& st, std::size_t k) {
     if constexpr (kSgd) {

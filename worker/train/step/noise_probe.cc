@@ -46,7 +46,7 @@ void NoiseProbe::afterMicroBatch(int64_t k, const std::vector<at::Tensor>& param
 }
 
 void NoiseProbe::afterSync(const collective::GradSqNorms& n) {
-  if (microNoise()) {
+  if (microNoise(plan_)) {
     if (!micro_total_sq_.defined() || step_real_ != plan_.global) return;
     const auto x = noiseSample(micro_sq_.item<double>(), micro_total_sq_.item<double>(),
                                grad_scale_, plan_.accum, plan_.per_gpu);
@@ -64,7 +64,7 @@ void NoiseProbe::afterSync(const collective::GradSqNorms& n) {
 
 NoiseScaleResult NoiseProbe::result(const Plan& plan, bool local_grads) const {
   NoiseScaleResult r;
-  const bool micro = on_ && world_ == 1 && plan.accum > 1;
+  const bool micro = microNoise(plan);
   // Note [sharded gradients]: a local gradient per micro-batch, so B_small = per_gpu.
   r.b_small = micro || local_grads ? plan.per_gpu : plan.per_gpu * plan.accum;
   r.b_big = plan.global;

@@ -29,7 +29,7 @@ class NoiseProbe {
   /// so all agree whether this one carries its norm in the allreduce.
   bool beginStep(const Plan& plan, int64_t real, double grad_scale);
   /// Whether this step wants afterMicroBatch() (one rank with accumulation, measuring).
-  bool wantsMicroBatches() const { return now_ && microNoise(); }
+  bool wantsMicroBatches() const { return now_ && microNoise(plan_); }
   /// After micro-batch `k`'s backward: one rank with accumulation sums |d_k|^2.
   void afterMicroBatch(int64_t k, const std::vector<at::Tensor>& params, at::Device device);
   /// After the step's gradient sum, `norms` the update strategy's.
@@ -47,7 +47,7 @@ class NoiseProbe {
 
  private:
   /// One rank with accumulation: the micro-batches give B_small.
-  bool microNoise() const { return on_ && world_ == 1 && plan_.accum > 1; }
+  bool microNoise(const Plan& plan) const { return on_ && world_ == 1 && plan.accum > 1; }
 
   bool on_;
   int64_t every_;

@@ -53,8 +53,7 @@ Levers concreteLevers(const Config& cfg, const std::optional<Levers>& asked) {
 StepEngine::StepEngine(const Config& cfg, collective::Communicator& comm, const DataSplit& data,
                        at::Device device, const Plan& plan, const FaultPlan* faults,
                        std::optional<Levers> levers)
-    : cfg_(withLevers(cfg, concreteLevers(cfg, levers))), levers_(concreteLevers(cfg, levers)),
-      comm_(comm), device_(device), plan_(plan),
+    : cfg_(withLevers(cfg, concreteLevers(cfg, levers))), comm_(comm), device_(device), plan_(plan),
       noise_(cfg.train.noise_scale, cfg.train.noise_scale_every, comm.size()) {
   const FaultPlan none;
   const FaultPlan& f = faults ? *faults : none;  // Note [fault plan]
@@ -105,13 +104,12 @@ void StepEngine::buildLoaders(const DataSplit& data, const FaultPlan& f) {
 }
 
 bool StepEngine::setLevers(const Levers& to) {
-  if (to.recompute != levers_.recompute &&
-      !model_->setRecompute(to.recompute == Recompute::kOn)) {
+  const Levers from = levers();
+  if (to.recompute != from.recompute && !model_->setRecompute(to.recompute == Recompute::kOn)) {
     return false;
   }
-  const bool reshard = to.shard != levers_.shard;
+  const bool reshard = to.shard != from.shard;
   cfg_ = withLevers(cfg_, to);
-  levers_ = to;
   if (reshard) {
     update_.reset();
     update_ = makeUpdateStrategy(cfg_, comm_, model_->trainableParameters());

@@ -96,9 +96,8 @@ class StepEngine {
   StepEngine(const StepEngine&) = delete;
   StepEngine& operator=(const StepEngine&) = delete;
 
-  /// The config with the engine's levers in force.
-  const Config& config() const { return cfg_; }
-  const Levers& levers() const { return levers_; }
+  /// The levers in force (concrete).
+  Levers levers() const { return configLevers(cfg_); }
   const Plan& plan() const { return plan_; }
   /// Replaces the plan (the search's candidates; a back-off's or an adaptive split).
   void setPlan(const Plan& plan) { plan_ = plan; }
@@ -116,7 +115,6 @@ class StepEngine {
   Loader& loader() { return *loader_; }
   Evaluator& evaluator() { return *evaluator_; }
   at::Device device() const { return device_; }
-  int rank() const { return comm_.rank(); }
   NoiseProbe& noise() { return noise_; }
   const NoiseProbe& noise() const { return noise_; }
 
@@ -159,9 +157,6 @@ class StepEngine {
   /// Optimizer update seconds since the last call (this rank): the adaptive
   /// batch's fixed cost of a step.
   double takeUpdateSeconds();
-  /// The gradient noise scale measured so far (train.noise_scale; Note [gradient
-  /// noise scale] in noise_scale.h).
-  const NoiseScaleEstimator& noiseScale() const { return noise_.estimator(); }
   /// The noise scale's figures for the report, at the current plan and levers.
   NoiseScaleResult noiseResult() const;
 
@@ -175,8 +170,7 @@ class StepEngine {
   void microStep(int64_t k, double scale, InjectOom inject, at::Tensor& loss_sum);
   void synchronize() const;
 
-  Config cfg_;  ///< the run's, with levers_ in force
-  Levers levers_;
+  Config cfg_;  ///< the run's, with the engine's levers in force
   collective::Communicator& comm_;
   at::Device device_;
   Plan plan_;
