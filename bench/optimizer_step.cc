@@ -1,10 +1,11 @@
 // Benchmark, not a test: batchdist's optimizer step (Note [multi-tensor step],
-// worker/model/optimizer.cc), per tensor and multi-tensor, against
-// torch::optim's per-parameter step, the baseline, on the parameter shapes of GPT-2 small (148 tensors: adamw) and of a
-// ResNet-50-like stack (161 tensors: sgd with momentum), divided in width by
-// SCALE so a CPU run stays short. The three steps are interleaved (the order
-// reversed every round), repeated, and each median reported with its ratio to
-// the baseline's (above 1: faster than torch::optim).
+// worker/model/optimizer.cc) per tensor, multi-tensor and fused (where this
+// LibTorch has the kernels), against torch::optim's per-parameter step, the
+// baseline, on the parameter shapes of GPT-2 small (148 tensors: adamw) and of a
+// ResNet-50-like stack (161 tensors: sgd with momentum; lars, against its own
+// per-tensor step), divided in width by SCALE so a CPU run stays short. The steps
+// are interleaved (the order reversed every round), repeated, and each median
+// reported with its ratio to the baseline's (above 1: faster than the baseline).
 //
 //   build/bench/batchdist_optimizer_step [SCALE=4] [REPEATS=15] [cpu|cuda]
 #include <torch/torch.h>
@@ -86,16 +87,24 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-void compare(const char* name, const Shapes& shapes, const OptimConfig& cfg,
-             std::unique_ptr<torch::optim::Optimizer> baseline,
-             const std::vector<torch::Tensor>& base_params, int repeats, torch::Device device) {
-  auto per_params = make(shapes, device);
-  auto multi_params = make(shapes, device);
-  auto per = makeOptimizer(cfg, per_params, StepKernels::kPerTensor);
-  auto multi = makeOptimizer(cfg, multi_params, StepKernels::kMultiTensor);
-  const std::vector<std::function<void()>> steps{[&] { baseline->step(); },
-                                                 [&] { per->step(cfg.lr); },
-                                                 [&] { multi->step(cfg.lr); }};
+/// Times `baseline` against batchdist's step under each of optim.kernels'
+/// per_tensor, multi_tensor and fused (fused where this LibTorch has the kernels).
+void compare(const char* name, const Shapes& shapes, OptimConfig cfg,
+             const std::function<void()>& baseline, const char* baseline_name, int repeats,
+             torch::Device device) {
+  std::vector<StepKernels> kernels{StepKernels::kPerTensor, StepKernels::kMultiTensor};
+  if (resolveStepKernels(StepKernels::kFused, device.is_cuda()) == StepKernels::kFused) {
+    kernels.push_back(StepKernels::kFused);
+  }
+  std::vector<std::vector<torch::Tensor>> params;
+  std::vector<std::unique_ptr<Optimizer>> opts;
+  std::vector<std::function<void()>> steps{baseline};
+  for (const auto k : kernels) {
+    cfg.kernels = k;
+    params.push_back(make(shapes, device));
+    opts.push_back(makeOptimizer(cfg, params.back()));
+    steps.push_back([&, i = opts.size() - 1] { opts[i]->step(cfg.lr); });
+  }
   std::vector<std::vector<double>> t(steps.size());
   for (int r = -2; r < repeats; ++r) {  // two warm-up rounds: the state is made on the first step
     for (std::size_t k = 0; k < steps.size(); ++k) {
@@ -105,12 +114,15 @@ void compare(const char* name, const Shapes& shapes, const OptimConfig& cfg,
     }
   }
   int64_t n = 0;
-  for (const auto& p : base_params) n += p.numel();
+  for (const auto& p : params.front()) n += p.numel();
   const double base = median(t[0]);
-  std::printf("%-6s %3zu tensors %6.1f M params: torch::optim %8.3f ms; batchdist per-tensor "
-              "%8.3f ms (%.2fx), multi-tensor %8.3f ms (%.2fx); median of %d\n",
-              name, shapes.size(), n / 1e6, 1e3 * base, 1e3 * median(t[1]), base / median(t[1]),
-              1e3 * median(t[2]), base / median(t[2]), repeats);
+  std::printf("%-6s %3zu tensors %6.1f M params: %s %8.3f ms", name, shapes.size(), n / 1e6,
+              baseline_name, 1e3 * base);
+  for (std::size_t k = 0; k < kernels.size(); ++k) {
+    const double m = median(t[k + 1]);
+    std::printf("; %s %8.3f ms (%.2fx)", toString(kernels[k]), 1e3 * m, base / m);
+  }
+  std::printf("; median of %d\n", repeats);
 }
 
 }  // namespace
@@ -130,10 +142,9 @@ int main(int argc, char** argv) {
   adamw.weight_decay = 0.1;
   const auto gpt = gpt2Small(scale);
   auto gpt_base = make(gpt, device);
-  compare("adamw", gpt, adamw,
-          std::make_unique<torch::optim::AdamW>(
-              gpt_base, torch::optim::AdamWOptions(adamw.lr).weight_decay(adamw.weight_decay)),
-          gpt_base, repeats, device);
+  torch::optim::AdamW gpt_torch(gpt_base,
+                                torch::optim::AdamWOptions(adamw.lr).weight_decay(adamw.weight_decay));
+  compare("adamw", gpt, adamw, [&] { gpt_torch.step(); }, "torch::optim", repeats, device);
 
   OptimConfig sgd;
   sgd.lr = 0.1;
@@ -141,10 +152,16 @@ int main(int argc, char** argv) {
   sgd.weight_decay = 5e-5;
   const auto resnet = resnetLike(scale);
   auto resnet_base = make(resnet, device);
-  compare("sgd", resnet, sgd,
-          std::make_unique<torch::optim::SGD>(
-              resnet_base,
-              torch::optim::SGDOptions(sgd.lr).momentum(sgd.momentum).weight_decay(sgd.weight_decay)),
-          resnet_base, repeats, device);
+  torch::optim::SGD resnet_torch(
+      resnet_base, torch::optim::SGDOptions(sgd.lr).momentum(sgd.momentum).weight_decay(sgd.weight_decay));
+  compare("sgd", resnet, sgd, [&] { resnet_torch.step(); }, "torch::optim", repeats, device);
+
+  // LARS: torch::optim has none; the baseline is batchdist's own per-tensor step.
+  OptimConfig lars = sgd;
+  lars.name = OptimName::kLars;
+  lars.kernels = StepKernels::kPerTensor;
+  auto lars_base = make(resnet, device);
+  auto lars_each = makeOptimizer(lars, lars_base);
+  compare("lars", resnet, lars, [&] { lars_each->step(lars.lr); }, "per-tensor", repeats, device);
   return 0;
 }

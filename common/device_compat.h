@@ -1,6 +1,6 @@
 #pragma once
 // Note [torch compat], device half: CUDA devices, memory, streams, autocast and
-// the attention kernel (and torch::optim's state keys) across LibTorch 1.13 (Debian, CPU-only) and 2.x (pip
+// the attention kernel (and torch::optim's state keys, the fused optimizer steps) across LibTorch 1.13 (Debian, CPU-only) and 2.x (pip
 // wheel, CUDA). Every function compiles in both; in a CPU build the CUDA ones
 // are no-ops, return 0, or say that the build is CPU-only. The c10d half is collective/torch_compat.h.
 
@@ -27,6 +27,7 @@
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 
@@ -314,6 +315,49 @@ typename StateMap::key_type optimizerStateKey(const StateMap&, const at::Tensor&
   } else {
     return param.unsafeGetTensorImpl();
   }
+}
+
+// Note [fused optimizer steps]: LibTorch 2.4 and later have one-kernel sgd and
+// adamw steps over a list of tensors (at::_fused_sgd_, at::_fused_adamw_) for
+// CUDA and the CPU; earlier releases (1.13 among them) have them on CUDA only
+// from 2.0/2.2, or not at all. batchdist takes them from 2.4 on, where both
+// devices have both, and elsewhere steps by the multi-tensor ops (Note
+// [multi-tensor step] in worker/model/optimizer.cc). The calls below compile in
+// every release and throw where the kernels are missing.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+constexpr bool kHasFusedOptimizerSteps = true;
+#else
+constexpr bool kHasFusedOptimizerSteps = false;
+#endif
+
+/// torch.optim.SGD(fused=True)'s step: weight decay, momentum (buffers given;
+/// `first_step`: set them to this step's direction), nesterov, lr.
+inline void fusedSgdStep(at::TensorList params, at::TensorList grads, at::TensorList momentum,
+                         double weight_decay, double momentum_factor, double lr, double dampening,
+                         bool nesterov, bool first_step) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  at::_fused_sgd_(params, grads, momentum, weight_decay, momentum_factor, lr, dampening, nesterov,
+                  /*maximize=*/false, first_step);
+#else
+  (void)params, (void)grads, (void)momentum, (void)weight_decay, (void)momentum_factor, (void)lr,
+      (void)dampening, (void)nesterov, (void)first_step;
+  throw std::runtime_error("this LibTorch has no fused sgd step (2.4 or later has)");
+#endif
+}
+
+/// torch.optim.AdamW(fused=True)'s step. `steps`: each tensor's step count after
+/// this step, as float scalars on the tensors' device.
+inline void fusedAdamwStep(at::TensorList params, at::TensorList grads, at::TensorList exp_avg,
+                           at::TensorList exp_avg_sq, at::TensorList steps, double lr,
+                           double beta1, double beta2, double weight_decay, double eps) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  at::_fused_adamw_(params, grads, exp_avg, exp_avg_sq, /*max_exp_avg_sqs=*/{}, steps, lr, beta1,
+                    beta2, weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false);
+#else
+  (void)params, (void)grads, (void)exp_avg, (void)exp_avg_sq, (void)steps, (void)lr, (void)beta1,
+      (void)beta2, (void)weight_decay, (void)eps;
+  throw std::runtime_error("this LibTorch has no fused adamw step (2.4 or later has)");
+#endif
 }
 
 }  // namespace batchdist::compat

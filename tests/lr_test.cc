@@ -167,10 +167,19 @@ TEST(ClipGradNorm, ScalesToTheBoundAndReturnsTheNormBefore) {
   EXPECT_NEAR(a.grad()[0][0].item<double>(), 3.0 / 5.0, 1e-6);
 }
 
-// Note [multi-tensor step]: sgd's step over the whole group by ATen's multi-tensor
-// ops is torch::optim::SGD's, bitwise, step after step, and leaves the same
-// momentum buffers (the checkpoint's state).
-TEST(MultiTensorStep, SgdIsTorchOptimSgdBitwise) {
+// Note [multi-tensor step]: the multi-tensor steps are torch::optim's bitwise;
+// the fused kernels (Note [fused optimizer steps]), where this LibTorch has them,
+// within 1e-6 relative (else they step as multi-tensor: bitwise).
+bool sameUpdate(const torch::Tensor& ours, const torch::Tensor& theirs, StepKernels kernels) {
+  if (resolveStepKernels(kernels, false) == StepKernels::kFused) {
+    return torch::allclose(ours, theirs, /*rtol=*/1e-6, /*atol=*/1e-9);
+  }
+  return torch::equal(ours, theirs);
+}
+
+// sgd's step over the whole group is torch::optim::SGD's, step after step, and
+// leaves the same momentum buffers (the checkpoint's state).
+void expectSgdIsTorchOptimSgd(StepKernels kernels) {
   struct Case {
     double momentum, weight_decay;
     bool nesterov;
@@ -189,7 +198,8 @@ TEST(MultiTensorStep, SgdIsTorchOptimSgdBitwise) {
     cfg.momentum = c.momentum;
     cfg.weight_decay = c.weight_decay;
     cfg.nesterov = c.nesterov;
-    auto opt = makeOptimizer(cfg, ours, StepKernels::kMultiTensor);
+    cfg.kernels = kernels;
+    auto opt = makeOptimizer(cfg, ours);
     torch::optim::SGD reference(theirs, torch::optim::SGDOptions(0.1)
                                             .momentum(c.momentum)
                                             .nesterov(c.nesterov)
@@ -206,7 +216,7 @@ TEST(MultiTensorStep, SgdIsTorchOptimSgdBitwise) {
       static_cast<torch::optim::SGDOptions&>(reference.param_groups()[0].options()).lr(lr);
       reference.step();
       for (std::size_t i = 0; i < ours.size(); ++i) {
-        EXPECT_TRUE(torch::equal(ours[i], theirs[i])) << "step " << step << ", tensor " << i;
+        EXPECT_TRUE(sameUpdate(ours[i], theirs[i], kernels)) << "step " << step << ", tensor " << i;
       }
       opt->zeroGrad();
       reference.zero_grad();
@@ -219,16 +229,26 @@ TEST(MultiTensorStep, SgdIsTorchOptimSgdBitwise) {
       for (std::size_t i = 0; i < ours.size(); ++i) {
         const auto& st = static_cast<torch::optim::SGDParamState&>(
             *reference.state().at(batchdist::compat::optimizerStateKey(reference.state(), theirs[i])));
-        EXPECT_TRUE(torch::equal(opt->stateVector(i, 0), st.momentum_buffer().reshape({-1})))
+        EXPECT_TRUE(sameUpdate(opt->stateVector(i, 0), st.momentum_buffer().reshape({-1}), kernels))
             << "tensor " << i;
       }
     }
   }
 }
 
+TEST(MultiTensorStep, SgdIsTorchOptimSgdBitwise) { expectSgdIsTorchOptimSgd(StepKernels::kMultiTensor); }
+TEST(FusedStep, SgdIsTorchOptimSgd) {
+  expectSgdIsTorchOptimSgd(StepKernels::kFused);
+  std::vector<torch::Tensor> params{torch::zeros({2}, torch::requires_grad())};
+  OptimConfig fused;
+  fused.kernels = StepKernels::kFused;
+  EXPECT_EQ(makeOptimizer(fused, params)->kernels(),
+            batchdist::compat::kHasFusedOptimizerSteps ? StepKernels::kFused : StepKernels::kMultiTensor);
+}
+
 // ... and adamw's, in its two groups (weights decayed, the rest not), with tensors
 // whose step counts differ (as a sharded checkpoint may set them): torch::optim::AdamW's.
-TEST(MultiTensorStep, AdamwIsTorchOptimAdamwBitwise) {
+void expectAdamwIsTorchOptimAdamw(StepKernels kernels) {
   torch::manual_seed(11);
   std::vector<torch::Tensor> ours, theirs;
   for (const auto& shape : std::vector<std::vector<int64_t>>{{6, 4}, {4}, {4, 3}, {3}}) {
@@ -236,7 +256,8 @@ TEST(MultiTensorStep, AdamwIsTorchOptimAdamwBitwise) {
     theirs.push_back(ours.back().detach().clone().requires_grad_());
   }
   OptimConfig cfg = parseConfig("optim: {name: adamw, weight_decay: 0.1}", "t.yaml").optim;
-  auto opt = makeOptimizer(cfg, ours, StepKernels::kMultiTensor);
+  cfg.kernels = kernels;
+  auto opt = makeOptimizer(cfg, ours);
   const auto options = [&](double decay) {
     return torch::optim::AdamWOptions(cfg.lr).betas({cfg.beta1, cfg.beta2}).eps(cfg.eps).weight_decay(decay);
   };
@@ -260,7 +281,7 @@ TEST(MultiTensorStep, AdamwIsTorchOptimAdamwBitwise) {
     }
     reference.step();
     for (std::size_t i = 0; i < ours.size(); ++i) {
-      EXPECT_TRUE(torch::equal(ours[i], theirs[i])) << "step " << step << ", tensor " << i;
+      EXPECT_TRUE(sameUpdate(ours[i], theirs[i], kernels)) << "step " << step << ", tensor " << i;
       ours[i].mutable_grad() = torch::Tensor();
       theirs[i].mutable_grad() = torch::Tensor();
     }
@@ -269,9 +290,60 @@ TEST(MultiTensorStep, AdamwIsTorchOptimAdamwBitwise) {
     const auto& st = static_cast<torch::optim::AdamWParamState&>(
         *reference.state().at(batchdist::compat::optimizerStateKey(reference.state(), theirs[i])));
     EXPECT_EQ(opt->stepCount(i), static_cast<int64_t>(st.step())) << "tensor " << i;
-    EXPECT_TRUE(torch::equal(opt->stateVector(i, 0), st.exp_avg().reshape({-1}))) << "tensor " << i;
-    EXPECT_TRUE(torch::equal(opt->stateVector(i, 1), st.exp_avg_sq().reshape({-1}))) << "tensor " << i;
+    EXPECT_TRUE(sameUpdate(opt->stateVector(i, 0), st.exp_avg().reshape({-1}), kernels)) << "tensor " << i;
+    EXPECT_TRUE(sameUpdate(opt->stateVector(i, 1), st.exp_avg_sq().reshape({-1}), kernels))
+        << "tensor " << i;
   }
   EXPECT_EQ(opt->stepCount(1), 5);
   EXPECT_EQ(opt->stepCount(0), 4);  // skipped once: two step counts in one group
+}
+
+TEST(MultiTensorStep, AdamwIsTorchOptimAdamwBitwise) {
+  expectAdamwIsTorchOptimAdamw(StepKernels::kMultiTensor);
+}
+TEST(FusedStep, AdamwIsTorchOptimAdamw) { expectAdamwIsTorchOptimAdamw(StepKernels::kFused); }
+
+// lars by the multi-tensor ops (its trust ratios on the device) is its step
+// tensor by tensor: weights, a bias, a tensor without a gradient one step, and
+// the whole-layer gradient norms given (as the sharded strategies give them).
+TEST(MultiTensorStep, LarsIsItsPerTensorStep) {
+  for (const bool given : {false, true}) {
+    SCOPED_TRACE(given ? "norms given" : "norms read");
+    torch::manual_seed(5);
+    std::vector<torch::Tensor> ours, theirs;
+    for (const auto& shape : std::vector<std::vector<int64_t>>{{6, 4}, {4}, {3, 2, 2, 2}, {3}}) {
+      ours.push_back(torch::randn(shape).requires_grad_());
+      theirs.push_back(ours.back().detach().clone().requires_grad_());
+    }
+    ours[2].detach().zero_();  // a weight of norm 0: trust ratio 1
+    theirs[2].detach().zero_();
+    auto cfg = parseConfig("optim: {name: lars, momentum: 0.9, weight_decay: 0.01}", "t.yaml").optim;
+    cfg.kernels = StepKernels::kMultiTensor;
+    auto multi = makeOptimizer(cfg, ours);
+    cfg.kernels = StepKernels::kPerTensor;
+    auto each = makeOptimizer(cfg, theirs);
+    EXPECT_EQ(multi->kernels(), StepKernels::kMultiTensor);
+    EXPECT_EQ(each->kernels(), StepKernels::kPerTensor);
+    for (int step = 0; step < 4; ++step) {
+      std::vector<double> norms;
+      for (std::size_t i = 0; i < ours.size(); ++i) {
+        const bool skipped = step == 1 && i == 0;
+        const auto g = torch::randn(ours[i].sizes());
+        ours[i].mutable_grad() = skipped ? torch::Tensor() : g.clone();
+        theirs[i].mutable_grad() = skipped ? torch::Tensor() : g.clone();
+        norms.push_back(skipped ? 0.0 : 2 * g.norm().item<double>());
+      }
+      if (given) {
+        multi->setWholeGradNorms(norms);
+        each->setWholeGradNorms(norms);
+      }
+      multi->step(0.1);
+      each->step(0.1);
+      for (std::size_t i = 0; i < ours.size(); ++i) {
+        EXPECT_TRUE(torch::allclose(ours[i], theirs[i], 1e-6, 1e-9)) << "step " << step << ", tensor " << i;
+        EXPECT_TRUE(torch::allclose(multi->stateVector(i, 0), each->stateVector(i, 0), 1e-6, 1e-9));
+      }
+    }
+    EXPECT_FALSE(torch::equal(ours[2], torch::zeros_like(ours[2])));  // it moved
+  }
 }

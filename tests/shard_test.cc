@@ -42,7 +42,8 @@ batchdist::worker::CheckpointConfig foreground(batchdist::worker::CheckpointConf
 /// several parameters straddle two slices. Per-GPU 8 of G = 16 W: accumulation 2.
 /// Under dist.shard: gradients, segments of at most 262 floats (bucket_mb 0.001):
 /// four (Note [shard layout]), each with its own chunks and pad.
-Config shardConfig(const std::string& optim, const std::string& shard, int64_t per_gpu = 8) {
+Config shardConfig(const std::string& optim, const std::string& shard, int64_t per_gpu = 8,
+                   const std::string& precision = "fp32") {
   const int64_t G = 16 * mpitest::worldSize();
   return parseConfig(
       "model: {name: mlp, hidden: [32, 17], batchnorm: false}\n"
@@ -50,7 +51,7 @@ Config shardConfig(const std::string& optim, const std::string& shard, int64_t p
       "batch: {global: " + std::to_string(G) + ", per_gpu: " + std::to_string(per_gpu) + ", last_batch: pad}\n"
       "optim: {" + optim + ", base_batch: " + std::to_string(G) + ", warmup_steps: 2}\n"
       "dist: {shard: " + shard + (shard == "gradients" ? ", bucket_mb: 0.001" : "") + "}\n"
-      "train: {epochs: 3, seed: 5}\n",
+      "train: {epochs: 3, seed: 5, precision: " + precision + "}\n",
       "shard_test.yaml");
 }
 
@@ -143,6 +144,38 @@ TEST(ShardedGradients, LarsStepsAsUnsharded) {
 TEST(ShardedGradients, NesterovOverTheMpiCommunicatorStepsAsUnsharded) {
   expectGradientShardingAsUnsharded(
       "name: sgd, lr: 0.2, momentum: 0.9, nesterov: true, weight_decay: 0.001", "mpi");
+}
+
+// Note [multi-tensor step]: each optimizer's multi-tensor and fused steps
+// (optim.kernels), sharded or not, in fp32 and bf16, give the weights of its
+// per-tensor step unsharded over 50 steps: to 1e-5 of max |w| (the fused kernels
+// and lars's trust ratios are within 1e-6 a step, not bitwise).
+TEST(ShardedKernels, EveryOptimizerStepsAsItsPerTensorStepUnsharded) {
+  for (const std::string optim : {"name: sgd, lr: 0.2, momentum: 0.9, nesterov: true, weight_decay: 0.001",
+                                  "name: adamw, lr: 0.01, weight_decay: 0.1, clip_grad_norm: 0.5",
+                                  "name: lars, lr: 0.5, momentum: 0.9, weight_decay: 0.0005"}) {
+    for (const std::string precision : {"fp32", "bf16"}) {
+      torch::Tensor reference;
+      mpitest::inGroup(mpitest::worldSize(), [&](collective::Communicator& comm) {
+        reference = trainSteps(shardConfig(optim + ", kernels: per_tensor", "none", 16, precision), comm, 50);
+      });
+      for (const std::string kernels : {"multi_tensor", "fused"}) {
+        for (const std::string shard : {"none", "optimizer", "gradients"}) {
+          SCOPED_TRACE(strCat(optim, "; ", precision, ", ", kernels, ", dist.shard: ", shard));
+          torch::Tensor w;
+          mpitest::inGroup(mpitest::worldSize(), [&](collective::Communicator& comm) {
+            const auto cfg = shardConfig(optim + ", kernels: " + kernels, shard, 16, precision);
+            w = trainSteps(cfg, comm, 50, testsupport::loadPlainData, [&](StepEngine& t) {
+              EXPECT_NE(t.update().optimizer().kernels(), StepKernels::kPerTensor);
+            });
+          });
+          ASSERT_TRUE(reference.defined() && w.defined());
+          const double diff = (w - reference).abs().max().item<double>();
+          EXPECT_LE(diff, 1e-5 * reference.abs().max().item<double>());
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

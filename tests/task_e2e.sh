@@ -280,7 +280,7 @@ PY
       --set batch.per_gpu=16 --set batch.adapt=goodput --set batch.adapt_in_warmup=true \
       --set batch.adapt_every_steps=4 --set batch.adapt_min_steps=2
     [ "$rc" = 0 ] || { cat "$out/lev.log"; fail "bf16 + goodput + a back-off: exit $rc"; }
-    grep -q '^model: gpt .*, precision bf16$' "$out/lev.log" || { cat "$out/lev.log"; fail "not under bf16"; }
+    grep -q '^model: gpt .*, precision bf16, optimizer step per_tensor$' "$out/lev.log" || { cat "$out/lev.log"; fail "not under bf16"; }
     grep -q '^oom back-off: out of memory at step 5 on rank 1 .* per-GPU batch 8 x accumulation 2' "$out/lev.log" \
       || { cat "$out/lev.log"; fail "no back-off line"; }
     python3 - "$out/lev" <<'PY' || fail "the GPT under bf16, goodput and a back-off (above)"

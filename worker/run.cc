@@ -480,7 +480,8 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
   if (cfg.batch.adapt != BatchAdapt::kOff) setUpAdaptive(r, trainer);
   r.console->line(strCat("model: ", trainer.model().describe(), ", precision ",
                          toString(cfg.train.precision),
-                         cfg.model.sync_batchnorm ? ", synchronised BatchNorm" : ""));
+                         cfg.model.sync_batchnorm ? ", synchronised BatchNorm" : "", ", optimizer step ",
+                         toString(trainer.engine().update().optimizer().kernels())));
   Checkpointer checkpointer(cfg.checkpoint, s.checkpoint_dir,
                             {plan, r.d.searched ? r.d.searched->chosen : 0, cfg.resolved,
                              configLevers(cfg)},

@@ -902,6 +902,7 @@ void readOptim(Context& ctx, const YAML::Node& root, OptimConfig& c) {
   c.beta2 = s.real("beta2", 0.999, 0.0, 0.99999);
   c.eps = s.real("eps", 1e-8, 1e-16, 1.0);
   c.trust_coefficient = s.real("trust_coefficient", 0.001, 1e-9, 10.0);
+  c.kernels = s.choice("kernels", StepKernels::kAuto);
   c.clip_grad_norm = s.real("clip_grad_norm", 0.0, 0.0, 1e9);
 }
 

@@ -34,6 +34,17 @@ enum class DataName { kDigits, kCsv, kSynthetic, kSyntheticImages, kCifar10, kCi
 enum class OnError { kSkip, kFail };
 enum class DataCache { kNone, kRam };
 enum class OptimName { kSgd, kAdamw, kLars };
+/// How an optimizer runs its step (optim.kernels; Note [multi-tensor step] in
+/// worker/model/optimizer.cc):
+///   kPerTensor   parameter by parameter (torch::optim's loop; lars's own);
+///   kMultiTensor ATen's multi-tensor ops over each group: the same update
+///                bitwise (lars within 1e-6: its trust ratios on the device);
+///   kFused       one fused kernel per group (Note [fused optimizer steps] in
+///                common/device_compat.h) for sgd and adamw where this LibTorch
+///                has them (within 1e-6 of torch::optim's), else kMultiTensor;
+///                lars: kMultiTensor;
+///   kAuto        on CUDA kFused, on the CPU kPerTensor.
+enum class StepKernels { kAuto, kPerTensor, kMultiTensor, kFused };
 enum class DeviceKind { kAuto, kCpu, kCuda };
 enum class Precision { kFp32, kBf16, kFp16 };
 enum class DistBackend { kAuto, kGloo, kMpi, kNccl };
@@ -82,6 +93,9 @@ BATCHDIST_ENUM_NAMES(OnError, {OnError::kSkip, "skip"}, {OnError::kFail, "fail"}
 BATCHDIST_ENUM_NAMES(DataCache, {DataCache::kNone, "none"}, {DataCache::kRam, "ram"});
 BATCHDIST_ENUM_NAMES(OptimName, {OptimName::kSgd, "sgd"}, {OptimName::kAdamw, "adamw"},
                      {OptimName::kLars, "lars"});
+BATCHDIST_ENUM_NAMES(StepKernels, {StepKernels::kAuto, "auto"},
+                     {StepKernels::kPerTensor, "per_tensor"},
+                     {StepKernels::kMultiTensor, "multi_tensor"}, {StepKernels::kFused, "fused"});
 BATCHDIST_ENUM_NAMES(DeviceKind, {DeviceKind::kAuto, "auto"}, {DeviceKind::kCpu, "cpu"},
                      {DeviceKind::kCuda, "cuda"});
 BATCHDIST_ENUM_NAMES(Precision, {Precision::kFp32, "fp32"}, {Precision::kBf16, "bf16"},
@@ -239,6 +253,7 @@ struct OptimConfig {
   double beta2 = 0.999;
   double eps = 1e-8;
   double trust_coefficient = 0.001;          ///< lars eta
+  StepKernels kernels = StepKernels::kAuto;  ///< how the step runs (the update is the same)
   /// Note [gradient clipping]: the synchronised gradient's global L2 norm is
   /// clipped to this once per step (0: off).
   double clip_grad_norm = 0.0;

@@ -10,13 +10,9 @@
 #include "common/device_compat.h"
 #include "common/error.h"
 #include "worker/model/archive.h"
+#include "worker/model/lars.h"
 
 namespace batchdist::worker {
-
-double larsTrustRatio(double weight_norm, double grad_norm, double weight_decay, double eta) {
-  if (weight_norm <= 0 || grad_norm <= 0) return 1.0;
-  return eta * weight_norm / (grad_norm + weight_decay * weight_norm);
-}
 
 namespace {
 
@@ -27,16 +23,15 @@ class TorchOptimizer : public Optimizer {
 
  public:
   TorchOptimizer(std::vector<torch::Tensor> params, Options opts, StepKernels kernels)
-      : opt_(params, opts), tensors_(std::move(params)), multi_tensor_(multiTensor(kernels)) {}
+      : opt_(params, opts), tensors_(std::move(params)), kernels_(resolved(kernels)) {}
   /// `order`: the tensors in the order they were given (Note [optimizer state vectors]).
   TorchOptimizer(std::vector<torch::Tensor> order,
                  std::vector<torch::optim::OptimizerParamGroup> groups, Options opts,
                  StepKernels kernels)
-      : opt_(std::move(groups), opts), tensors_(std::move(order)),
-        multi_tensor_(multiTensor(kernels)) {}
+      : opt_(std::move(groups), opts), tensors_(std::move(order)), kernels_(resolved(kernels)) {}
   void step(double lr) override {
     for (auto& group : opt_.param_groups()) static_cast<Options&>(group.options()).lr(lr);
-    if (!multi_tensor_) {
+    if (kernels_ == StepKernels::kPerTensor) {
       opt_.step();
       return;
     }
@@ -45,6 +40,7 @@ class TorchOptimizer : public Optimizer {
       else adamwGroupStep(group, lr);
     }
   }
+  StepKernels kernels() const override { return kernels_; }
   void zeroGrad() override {
     for (auto& group : opt_.param_groups()) {
       for (auto& p : group.params()) {
@@ -152,9 +148,13 @@ class TorchOptimizer : public Optimizer {
   // than tensor by tensor, which loses the cache: on this project's 2-core CI
   // machine GPT-2 small's shapes stepped 0.77x (adamw, width/4) to 1.09x (full
   // width) and ResNet-50's 0.83x (sgd) of torch::optim's loop
-  // (bench/optimizer_step.cc). So StepKernels::kAuto takes them on CUDA only. The
-  // state stays torch::optim's (momentum_buffer; step, exp_avg, exp_avg_sq), so
-  // checkpoints, old and new, are unchanged in meaning.
+  // (bench/optimizer_step.cc). On CUDA, StepKernels::kAuto goes one further, to
+  // the fused kernels (one launch a group: Note [fused optimizer steps]) where
+  // the LibTorch has them; their arithmetic is torch.optim's fused path, within
+  // 1e-6 of these steps rather than bitwise. LARS (lars.cc) steps by the same
+  // multi-tensor ops. The state stays torch::optim's (momentum_buffer; step,
+  // exp_avg, exp_avg_sq) whichever runs, so checkpoints, old and new, are
+  // unchanged in meaning and a run may resume under other kernels.
   void sgdGroupStep(torch::optim::OptimizerParamGroup& group, double lr) {
     torch::NoGradGuard no_grad;
     const auto& o = static_cast<const Options&>(group.options());
@@ -165,6 +165,7 @@ class TorchOptimizer : public Optimizer {
       grads.push_back(p.grad());
     }
     if (params.empty()) return;
+    if (kernels_ == StepKernels::kFused && sgdFused(params, grads, o, lr)) return;
     auto d = o.weight_decay() != 0 ? at::_foreach_add(grads, params, o.weight_decay()) : grads;
     if (o.momentum() != 0) {
       auto bufs = momentumBuffers(params, d, o);
@@ -172,6 +173,25 @@ class TorchOptimizer : public Optimizer {
       else d = std::move(bufs);
     }
     at::_foreach_add_(params, d, -1 * lr);
+  }
+  /// torch::optim::SGD's step in one fused kernel (Note [fused optimizer steps]);
+  /// false, doing nothing, when only some tensors have momentum buffers (a
+  /// checkpoint's, say): the kernel starts all or none.
+  bool sgdFused(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads,
+                const Options& o, double lr) {
+    std::vector<torch::Tensor> bufs;
+    bool first = false;
+    if (o.momentum() != 0) {
+      for (const auto& p : params) {
+        if (State* st = find(p)) bufs.push_back(st->momentum_buffer());
+      }
+      if (!bufs.empty() && bufs.size() != params.size()) return false;
+      first = bufs.empty();
+      for (std::size_t i = 0; first && i < params.size(); ++i) bufs.push_back(ensure(params[i]).momentum_buffer());
+    }
+    compat::fusedSgdStep(params, grads, bufs, o.weight_decay(), o.momentum(), lr, o.dampening(),
+                         o.nesterov(), first);
+    return true;
   }
   /// The momentum buffers of `params` after this step's update by `d`: a first
   /// step's is a clone of d (as torch::optim's), the others buf * m + d * (1 - dampening).
@@ -218,10 +238,20 @@ class TorchOptimizer : public Optimizer {
       b.exp_avg.push_back(st.exp_avg());
       b.exp_avg_sq.push_back(st.exp_avg_sq());
     }
+    const auto [beta1, beta2] = o.betas();
+    if (kernels_ == StepKernels::kFused) {
+      for (auto& [step, b] : by_step) {
+        const auto steps = torch::full({static_cast<int64_t>(b.params.size())},
+                                       static_cast<double>(step),
+                                       b.params.front().options().dtype(torch::kFloat));
+        compat::fusedAdamwStep(b.params, b.grads, b.exp_avg, b.exp_avg_sq, steps.unbind(0), lr,
+                               beta1, beta2, o.weight_decay(), o.eps());
+      }
+      return;
+    }
     if (o.weight_decay() != 0 && !decayed.empty()) {
       at::_foreach_mul_(decayed, 1 - lr * o.weight_decay());
     }
-    const auto [beta1, beta2] = o.betas();
     for (auto& [step, b] : by_step) {
       const double correction1 = 1 - std::pow(beta1, step);
       const double correction2 = 1 - std::pow(beta2, step);
@@ -243,91 +273,13 @@ class TorchOptimizer : public Optimizer {
     }
   }
 
-  bool multiTensor(StepKernels kernels) const {
-    if (kernels != StepKernels::kAuto) return kernels == StepKernels::kMultiTensor;
-    return !tensors_.empty() && tensors_.front().is_cuda();
+  StepKernels resolved(StepKernels kernels) const {
+    return resolveStepKernels(kernels, !tensors_.empty() && tensors_.front().is_cuda());
   }
 
   TorchOpt opt_;
   std::vector<torch::Tensor> tensors_;  ///< in the order given, for the state vectors
-  bool multi_tensor_;                   ///< Note [multi-tensor step]
-};
-
-/// SGD with layer-wise adaptive rate scaling. Weights (dim > 1) get the trust
-/// ratio and weight decay; biases and BatchNorm parameters (dim <= 1) are
-/// excluded from both, as in Goyal/You et al. A piece of a weight (Note [shard
-/// layout]) takes the ratio of the whole weight: the same norms, so the same ratio.
-class Lars : public Optimizer {
- public:
-  Lars(std::vector<OptimizerParam> params, const OptimConfig& cfg) : cfg_(cfg) {
-    for (auto& p : params) {
-      params_.push_back(p.tensor);
-      wholes_.push_back(p.whole);
-      momentum_.push_back(torch::zeros_like(p.tensor));
-    }
-  }
-  void step(double lr) override {
-    torch::NoGradGuard no_grad;
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      auto& p = params_[i];
-      if (!p.grad().defined()) continue;
-      auto g = p.grad();
-      const auto& whole = wholes_[i];
-      if (whole.dim() > 1) {
-        const double wn = whole.norm().item<double>();
-        const double gn = given_.empty() ? whole.grad().norm().item<double>() : given_.at(i);
-        const double trust = larsTrustRatio(wn, gn, cfg_.weight_decay, cfg_.trust_coefficient);
-        g = (g + cfg_.weight_decay * p) * trust;
-      }
-      momentum_[i].mul_(cfg_.momentum).add_(g, lr);
-      p.sub_(momentum_[i]);
-    }
-    given_.clear();
-  }
-  bool needsWholeGradNorms() const override { return true; }
-  void setWholeGradNorms(std::vector<double> norms) override { given_ = std::move(norms); }
-  void zeroGrad() override {
-    for (auto& p : params_) {
-      if (p.grad().defined()) p.mutable_grad().zero_();
-    }
-  }
-  std::string saveState() override {
-    torch::serialize::OutputArchive archive;
-    for (std::size_t i = 0; i < momentum_.size(); ++i) archive.write(strCat("m", i), momentum_[i]);
-    return archiveBytes(archive);
-  }
-  void loadState(const std::string& bytes, const at::Device& device) override {
-    torch::serialize::InputArchive archive;
-    loadArchiveBytes(archive, bytes, device);
-    torch::NoGradGuard no_grad;
-    for (std::size_t i = 0; i < momentum_.size(); ++i) {
-      torch::Tensor m;
-      if (!archive.try_read(strCat("m", i), m) || !m.sizes().equals(momentum_[i].sizes())) {
-        throw Error(strCat("lars state: momentum ", i, " is missing or has another shape"));
-      }
-      momentum_[i].copy_(m);  // in place: the tensor step() updates
-    }
-  }
-  std::vector<std::string> stateNames() const override { return {"momentum"}; }
-  at::Tensor stateVector(std::size_t i, std::size_t) override { return momentum_.at(i).reshape({-1}); }
-  void setStateVector(std::size_t i, std::size_t, const at::Tensor& values) override {
-    torch::NoGradGuard no_grad;
-    momentum_.at(i).copy_(values.reshape(momentum_.at(i).sizes()));
-  }
-  int64_t stepCount(std::size_t) override { return 0; }
-  void setStepCount(std::size_t, int64_t) override {}
-  int64_t stateBytes() override {
-    int64_t bytes = 0;
-    for (const auto& m : momentum_) bytes += static_cast<int64_t>(m.nbytes());
-    return bytes;
-  }
-
- private:
-  std::vector<torch::Tensor> params_;
-  std::vector<torch::Tensor> wholes_;  ///< what params_[i] is part of (itself when whole)
-  std::vector<double> given_;  ///< the next step's |grad| per tensor (Note [sharded gradients])
-  std::vector<torch::Tensor> momentum_;
-  OptimConfig cfg_;
+  StepKernels kernels_;                 ///< resolved (Note [multi-tensor step])
 };
 
 using AdamW = TorchOptimizer<torch::optim::AdamW, torch::optim::AdamWOptions>;
@@ -356,6 +308,12 @@ std::unique_ptr<Optimizer> makeAdamw(const OptimConfig& cfg, std::vector<Optimiz
 
 }  // namespace
 
+StepKernels resolveStepKernels(StepKernels asked, bool on_cuda) {
+  if (asked == StepKernels::kAuto) asked = on_cuda ? StepKernels::kFused : StepKernels::kPerTensor;
+  if (asked == StepKernels::kFused && !compat::kHasFusedOptimizerSteps) return StepKernels::kMultiTensor;
+  return asked;
+}
+
 double clipGradNorm(const std::vector<at::Tensor>& params, double max_norm) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> grads;
@@ -377,15 +335,14 @@ double clipCoefficient(double norm, double max_norm) {
   return max_norm / (norm + 1e-6);
 }
 
-std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<torch::Tensor> params,
-                                         StepKernels kernels) {
+std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<torch::Tensor> params) {
   std::vector<OptimizerParam> wholes;
   for (auto& p : params) wholes.push_back({p, p});
-  return makeOptimizer(cfg, std::move(wholes), kernels);
+  return makeOptimizer(cfg, std::move(wholes));
 }
 
-std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<OptimizerParam> params,
-                                         StepKernels kernels) {
+std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<OptimizerParam> params) {
+  const StepKernels kernels = cfg.kernels;
   if (cfg.name == OptimName::kSgd) {
     std::vector<torch::Tensor> tensors;
     for (auto& p : params) tensors.push_back(p.tensor);
@@ -400,7 +357,7 @@ std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<Opt
         kernels);
   }
   if (cfg.name == OptimName::kAdamw) return makeAdamw(cfg, std::move(params), kernels);
-  return std::make_unique<Lars>(std::move(params), cfg);
+  return makeLars(std::move(params), cfg);
 }
 
 }  // namespace batchdist::worker

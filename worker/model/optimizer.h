@@ -14,12 +14,20 @@
 
 namespace batchdist::worker {
 
+// StepKernels (optim.kernels) is declared with the config (worker/config/config.h).
+
+/// What `asked` runs as for tensors on CUDA or not (never kAuto): kFused only
+/// where this LibTorch has the fused kernels.
+StepKernels resolveStepKernels(StepKernels asked, bool on_cuda);
+
 /// An optimizer whose learning rate is set every step (the plan owns the schedule).
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
   virtual void step(double lr) = 0;
   virtual void zeroGrad() = 0;
+  /// How step() runs (resolved: never kAuto).
+  virtual StepKernels kernels() const = 0;
   /// Everything the next step depends on (SGD momentum, Adam moments and step
   /// counts, LARS momentum) as a torch::serialize archive, in memory.
   virtual std::string saveState() = 0;
@@ -65,20 +73,13 @@ struct OptimizerParam {
   at::Tensor whole;
 };
 
-/// How sgd and adamw run their step (Note [multi-tensor step] in optimizer.cc):
-/// parameter by parameter (torch::optim's loop), or by ATen's multi-tensor ops
-/// over each group. The same update bitwise either way; kAuto: multi-tensor when
-/// the tensors are on CUDA. lars steps tensor by tensor.
-enum class StepKernels { kAuto, kPerTensor, kMultiTensor };
-
 /// sgd (momentum, nesterov, weight decay), adamw, or lars, over `params`.
 /// adamw decays only the tensors of 2 or more dimensions (weights), as GPT-2 and
 /// nanoGPT do: biases and norm parameters in a second group without decay.
-std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<at::Tensor> params,
-                                         StepKernels kernels = StepKernels::kAuto);
+/// Its step runs as cfg.kernels says (resolveStepKernels).
+std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<at::Tensor> params);
 /// The same over tensors that may be pieces of parameters.
-std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<OptimizerParam> params,
-                                         StepKernels kernels = StepKernels::kAuto);
+std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<OptimizerParam> params);
 
 /// Note [gradient clipping]: scales the gradients of `params` so that their
 /// global L2 norm is at most `max_norm`, and returns the norm before clipping.

@@ -49,6 +49,7 @@ class ShardedOptimizer : public Optimizer {
 
   void step(double lr) override;
   void zeroGrad() override;
+  StepKernels kernels() const override { return inner_->kernels(); }
   std::string saveState() override;
   /// A sharded state is not one rank's bytes: Note [sharded checkpoint] writes and
   /// reads it. These two throw Error, naming that.
