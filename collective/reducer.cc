@@ -70,12 +70,26 @@ void Reducer::build(const std::vector<std::size_t>& order) {
   attachViews();
 }
 
+// Note [bucket view layout]: a parameter's gradient view in its bucket takes the
+// parameter's strides, as autograd lays out a gradient it makes and as c10d's
+// reducer lays out its bucket views: a channels-last weight (Note [channels
+// last] in worker/model/model.h) gets a channels-last gradient, which the
+// convolution's backward writes without a transposing copy. The bucket then
+// holds the elements in the parameter's memory order; every reader of a bucket
+// (the sum, the squared norms) is indifferent to the order.
+static at::Tensor gradView(const at::Tensor& flat, int64_t offset, const at::Tensor& p) {
+  if (p.is_contiguous() || !p.is_non_overlapping_and_dense()) {
+    return flat.narrow(0, offset, p.numel()).view(p.sizes());
+  }
+  return flat.as_strided(p.sizes(), p.strides(), flat.storage_offset() + offset);
+}
+
 void Reducer::attachViews() {
   for (auto& bucket : buckets_) {
     int64_t offset = 0;
     for (auto k : bucket.params) {
       auto& p = params_[k];
-      auto view = bucket.flat.narrow(0, offset, p.numel()).view(p.sizes());
+      auto view = gradView(bucket.flat, offset, p);
       const auto& grad = p.grad();
       if (!grad.defined() || grad.data_ptr() != view.data_ptr()) {
         at::NoGradGuard no_grad;

@@ -261,6 +261,31 @@ TEST(Reducer, WaitingForASlowerRankIsReportedAsSkew) {
   }
 }
 
+// Note [bucket view layout]: a channels-last weight's gradient view in its bucket
+// is channels-last, and the summed gradient is the conv's, over 2 ranks.
+TEST(Reducer, AChannelsLastWeightGetsAChannelsLastGradientView) {
+  runRanks(2, [](Communicator& c) {
+    torch::manual_seed(3);
+    auto w = torch::randn({8, 3, 3, 3}).contiguous(at::MemoryFormat::ChannelsLast).requires_grad_(true);
+    auto b = torch::randn({8}).requires_grad_(true);
+    Reducer reducer(c, {w, b}, 1 << 20);
+    const auto x = torch::randn({2, 3, 6, 6}).contiguous(at::MemoryFormat::ChannelsLast);
+    for (int step = 0; step < 2; ++step) {  // the second after the buckets' rebuild
+      reducer.zeroGrad();
+      reducer.prepare(true, {});
+      torch::conv2d(x * (c.rank() + 1), w, b).square().sum().backward();
+      reducer.finish();
+      EXPECT_TRUE(w.grad().is_contiguous(at::MemoryFormat::ChannelsLast)) << "step " << step;
+      EXPECT_FALSE(w.grad().is_contiguous()) << "step " << step;
+      auto v = w.detach().clone().requires_grad_(true);
+      auto vb = b.detach().clone().requires_grad_(true);
+      (torch::conv2d(x, v, vb).square().sum() + torch::conv2d(2 * x, v, vb).square().sum()).backward();
+      EXPECT_TRUE(torch::allclose(w.grad(), v.grad(), 1e-5, 1e-5)) << "step " << step;
+      EXPECT_TRUE(torch::allclose(b.grad(), vb.grad(), 1e-5, 1e-5)) << "step " << step;
+    }
+  });
+}
+
 namespace {
 /// Runs `loss`'s backward through the chain `w`; with `fail`, the first layer's
 /// gradient (the last to come) throws the allocator's out-of-memory type, as a

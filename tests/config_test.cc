@@ -4,7 +4,9 @@
 #include <filesystem>
 
 #include "common/error.h"
+#include "tests/config_errors.h"
 #include "worker/config/config.h"
+#include "worker/model/model.h"
 
 using batchdist::ConfigError;
 using namespace batchdist::worker;
@@ -401,4 +403,32 @@ TEST(Config, GlobalTokensWithGlobalOrWithoutTokenDataIsRefused) {
       << errorOf(lm + "batch: {global_tokens: -5}");
   EXPECT_NE(errorOf(lm + "batch: {global_tokens: many}").find("batch.global_tokens: expected an integer"),
             std::string::npos);
+}
+
+// Note [channels last]: train.memory_format is for the convolutional models; auto
+// picks channels_last for cnn and resnet on CUDA only. optim.kernels: its names.
+TEST(Config, MemoryFormatAndOptimizerKernels) {
+  using batchdist::testsupport::configError;
+  for (const std::string model : {"mlp", "gpt"}) {
+    const auto e = configError("model: {name: " + model + "}\ntrain: {memory_format: channels_last}");
+    EXPECT_NE(e.find("train.memory_format"), std::string::npos) << e;
+    EXPECT_NE(e.find("not model.name: " + model), std::string::npos) << e;
+    EXPECT_NE(e.find("use auto or contiguous"), std::string::npos) << e;
+  }
+  const auto typo = configError("train: {memory_format: nhwc}");
+  EXPECT_NE(typo.find("not one of"), std::string::npos) << typo;
+  const auto cnn = parseConfig("model: {name: cnn}", "t.yaml");
+  EXPECT_EQ(cnn.train.memory_format, MemoryFormat::kAuto);
+  EXPECT_TRUE(channelsLast(cnn.train, cnn.model, /*on_cuda=*/true));
+  EXPECT_FALSE(channelsLast(cnn.train, cnn.model, /*on_cuda=*/false));
+  const auto mlp = parseConfig("model: {name: mlp}", "t.yaml");
+  EXPECT_FALSE(channelsLast(mlp.train, mlp.model, true));
+  const auto forced = parseConfig("model: {name: resnet18}\ntrain: {memory_format: channels_last}", "t.yaml");
+  EXPECT_TRUE(channelsLast(forced.train, forced.model, false));
+  const auto off = parseConfig("model: {name: resnet50}\ntrain: {memory_format: contiguous}", "t.yaml");
+  EXPECT_FALSE(channelsLast(off.train, off.model, true));
+  EXPECT_EQ(parseConfig("optim: {kernels: multi_tensor}", "t.yaml").optim.kernels, StepKernels::kMultiTensor);
+  EXPECT_EQ(parseConfig("optim: {kernels: fused}", "t.yaml").optim.kernels, StepKernels::kFused);
+  const auto bad = configError("optim: {kernels: foreach}");
+  EXPECT_NE(bad.find("optim.kernels"), std::string::npos) << bad;
 }

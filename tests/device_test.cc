@@ -159,3 +159,23 @@ TEST(HostBlas, ProbeOfThisProcessFindsTheLibraryItNames) {
     EXPECT_FALSE(b.name.empty());
   }
 }
+
+// Note [cudnn benchmark]: on for training on CUDA (it is a process-wide flag, set
+// here without a GPU), said on the console; train.cudnn_benchmark: false keeps
+// it off; a CPU run leaves it alone and says nothing.
+TEST(CudnnBenchmark, OnForTrainingOnCudaOnly) {
+  auto& ctx = at::globalContext();
+  const bool before = ctx.benchmarkCuDNN();
+  ctx.setBenchmarkCuDNN(false);
+  const auto cfg = parseConfig("model: {name: cnn}", "t.yaml");
+  EXPECT_EQ(tuneConvolutionsForTraining(cfg, at::Device(at::kCPU)), "");
+  EXPECT_FALSE(ctx.benchmarkCuDNN());
+  const auto line = tuneConvolutionsForTraining(cfg, at::Device(at::kCUDA, 0));
+  EXPECT_TRUE(ctx.benchmarkCuDNN());
+  EXPECT_NE(line.find("benchmark mode on for training (off during the batch search"), std::string::npos) << line;
+  const auto off = parseConfig("model: {name: cnn}\ntrain: {cudnn_benchmark: false}", "t.yaml");
+  EXPECT_NE(tuneConvolutionsForTraining(off, at::Device(at::kCUDA, 0)).find("train.cudnn_benchmark: false"),
+            std::string::npos);
+  EXPECT_FALSE(ctx.benchmarkCuDNN());
+  ctx.setBenchmarkCuDNN(before);
+}

@@ -88,12 +88,14 @@ std::vector<MicroBatch> jobsOf(int64_t n, int64_t batch) {
 }
 
 /// Every batch of one epoch, as one tensor.
+/// `channels_last`: Note [channels last]; every batch is checked to be so laid out.
 torch::Tensor epochOf(const DataConfig& cfg, const Dataset& d, int64_t workers, int64_t epoch,
                       bool training = true, std::vector<std::string>* warnings = nullptr,
-                      int64_t first_job = 0) {
+                      int64_t first_job = 0, bool channels_last = false) {
   auto o = loaderOptions(cfg, d, training, torch::kCPU, 7,
                          [warnings](const std::string& w) { if (warnings) warnings->push_back(w); });
   o.workers = workers;
+  o.transform.channels_last = channels_last;
   o.prefetch = 2;
   Loader loader(d, o);
   auto jobs = jobsOf(d.size(), 4);
@@ -101,7 +103,12 @@ torch::Tensor epochOf(const DataConfig& cfg, const Dataset& d, int64_t workers, 
   const auto count = jobs.size();
   loader.start(jobs, epoch, first_job);
   std::vector<torch::Tensor> xs;
-  for (std::size_t k = 0; k < count; ++k) xs.push_back(loader.next().x);
+  for (std::size_t k = 0; k < count; ++k) {
+    xs.push_back(loader.next().x);
+    EXPECT_EQ(xs.back().is_contiguous(at::MemoryFormat::ChannelsLast), channels_last) << "batch " << k;
+    EXPECT_TRUE(xs.back().is_contiguous(channels_last ? at::MemoryFormat::ChannelsLast
+                                                      : at::MemoryFormat::Contiguous));
+  }
   return torch::cat(xs);
 }
 
@@ -119,6 +126,26 @@ TEST(Pipeline, ImageFolderListsClassesFilesAndSkips) {
   // Sorted, recursive: ant's files are b.PNG, i0.jpeg, i3..i5.jpeg, sub/c.jpg.
   EXPECT_NE(split.train.source->where(0).find("train/ant/b.PNG"), std::string::npos);
   EXPECT_NE(split.train.source->where(5).find("train/ant/sub/c.jpg"), std::string::npos);
+}
+
+// Note [channels last]: asked for NHWC, the decoded CPU path writes each sample
+// NHWC straight from the decoder, and an in-memory image set comes out of its
+// transform so: the same values as the NCHW batches, bit for bit.
+TEST(Pipeline, ChannelsLastBatchesHoldTheSameValues) {
+  const auto root = makeFolder("nhwc");
+  const auto cfg = imageConfig(root);
+  const auto split = loadData(cfg, 0, "");
+  for (const int64_t workers : {0, 2}) {
+    const auto nchw = epochOf(cfg, split.train, workers, 1, true, nullptr, 0, false);
+    const auto nhwc = epochOf(cfg, split.train, workers, 1, true, nullptr, 0, true);
+    EXPECT_TRUE(torch::equal(nchw, nhwc)) << workers << " workers";
+  }
+  DataConfig synthetic = parseConfig("data: {name: synthetic_images, samples: 40, shape: [3, 10, 10], "
+                                     "classes: 2, crop_padding: 2, hflip: true}",
+                                     "t.yaml").data;
+  const auto images = loadData(synthetic, 0, "");
+  EXPECT_TRUE(torch::equal(epochOf(synthetic, images.train, 0, 1, true, nullptr, 0, false),
+                           epochOf(synthetic, images.train, 0, 1, true, nullptr, 0, true)));
 }
 
 TEST(Pipeline, BatchesAreTheSameWhateverTheThreadCount) {

@@ -1,5 +1,6 @@
 #include "worker/device.h"
 
+#include <ATen/Context.h>
 #include <dlfcn.h>
 
 #include <cstdlib>
@@ -151,6 +152,14 @@ std::string blasLine(const HostBlas& blas) {
   return strCat("cpu: matrix products by ", blas.name,
                 blas.capped_threads > 0 ? strCat(", its thread pool capped at ", blas.capped_threads)
                                         : std::string());
+}
+
+std::string tuneConvolutionsForTraining(const Config& cfg, const at::Device& device) {
+  if (!device.is_cuda()) return "";
+  const bool on = cfg.train.cudnn_benchmark;
+  at::globalContext().setBenchmarkCuDNN(on);
+  return on ? "cudnn: benchmark mode on for training (off during the batch search: Note [cudnn benchmark])"
+            : "cudnn: benchmark mode off (train.cudnn_benchmark: false)";
 }
 
 }  // namespace batchdist::worker

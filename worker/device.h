@@ -30,6 +30,20 @@ GpuInventory probeGpus(const std::string& host);
 at::Device chooseDevice(const worker::Config& cfg, const GpuInventory& gpus,
                         const std::string& host, int local_rank, int local_size);
 
+// Note [cudnn benchmark]: cuDNN's benchmark mode times every convolution
+// algorithm the first time it meets an input shape and keeps the fastest. It is
+// on for training once the per-GPU batch is fixed, and off during the batch
+// search: every candidate is a new shape, so each would pay the tuning in its
+// first steps, by an amount that depends on the shape, and the search would rank
+// candidates partly by how their tuning happened to fall in its untimed warm-up
+// steps; off, every candidate runs cuDNN's heuristic choice alike. The chosen
+// batch is then tuned once, in training's first step (train.cudnn_benchmark:
+// false keeps the heuristic: e.g. for inputs whose shape changes every step).
+/// Sets cuDNN's benchmark mode for training on `device` (Note [cudnn
+/// benchmark]) and returns the console line that says so; on the CPU nothing,
+/// and "".
+std::string tuneConvolutionsForTraining(const worker::Config& cfg, const at::Device& device);
+
 /// Note [host blas]: on the CPU, LibTorch's matrix products (Linear, the
 /// im2col convolutions of a CPU build without oneDNN) call `sgemm_` of whatever
 /// BLAS the dynamic linker found. Debian's libtorch links the alternative

@@ -476,6 +476,9 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
   if (auto code = resolveBatchPhase(r)) return *code;
   const Config& cfg = r.d.cfg;  // Note [run decisions]: decided; nothing below edits it
   const Plan& plan = r.d.plan;
+  if (const auto line = tuneConvolutionsForTraining(cfg, s.device); !line.empty()) {
+    r.console->line(line);
+  }
   Trainer trainer(cfg, r.comm(), s.data, s.device, plan, &req.faults);
   if (cfg.batch.adapt != BatchAdapt::kOff) setUpAdaptive(r, trainer);
   r.console->line(strCat("model: ", trainer.model().describe(), ", precision ",

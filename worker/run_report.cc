@@ -8,6 +8,7 @@
 #include "collective/torch_compat.h"
 #include "worker/common/files.h"
 #include "worker/common/util.h"
+#include "worker/model/model.h"
 #include "worker/report/diagnose.h"
 #include "worker/report/html.h"
 #include "worker/report/report.h"
@@ -41,6 +42,7 @@ RunInfo trainedRunInfo(const RankPlace& place, const RunSetup& s, const RunDecis
   info.train_samples = s.data.train.size();
   info.classes = s.data.train.classes;
   info.model_path = model_path;
+  info.channels_last = channelsLast(d.cfg.train, d.cfg.model, s.device.is_cuda());
   if (!result.completed) {
     info.stopped_by = result.failure.empty() ? strCat("SIG", sigabbrev_np(sig ? sig : SIGTERM))
                                              : std::string("out of memory");

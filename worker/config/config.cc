@@ -623,6 +623,14 @@ void validate(const Config& cfg, const Context& ctx) {
     throw ConfigError(strCat(source, ": search.max (", cfg.search.max, ") is below search.min (",
                              cfg.search.min, ")"));
   }
+  if (cfg.train.memory_format == MemoryFormat::kChannelsLast &&
+      (cfg.model.name == ModelName::kMlp || cfg.model.name == ModelName::kGpt ||
+       cfg.model.name == ModelName::kProgram)) {
+    throw err("train.memory_format", strCat("channels_last is for convolutional models (cnn, "
+                                            "resnet18, resnet50, a torchscript module of images), "
+                                            "not model.name: ", toString(cfg.model.name),
+                                            "; use auto or contiguous"));
+  }
   if (cfg.model.name == ModelName::kTorchscript && cfg.model.path.empty()) {
     throw err("model.name", "torchscript needs model.path (a module saved with "
                             "torch.jit.script(...).save() or torch.jit.trace)");
@@ -911,6 +919,8 @@ void readTrain(Context& ctx, const YAML::Node& root, TrainConfig& c) {
   c.epochs = s.integer("epochs", 10, 1, 1 << 24);
   c.seed = s.integer("seed", 0, 0, kMaxInt);
   c.device = s.choice("device", DeviceKind::kAuto);
+  c.memory_format = s.choice("memory_format", MemoryFormat::kAuto);
+  c.cudnn_benchmark = s.boolean("cudnn_benchmark", true);
   c.max_steps = s.integer("max_steps", 0, 0, kMaxInt);
   c.threads = s.integer("threads", 0, 0, 4096);
   c.check_finite = s.boolean("check_finite", true);

@@ -47,6 +47,8 @@ enum class OptimName { kSgd, kAdamw, kLars };
 enum class StepKernels { kAuto, kPerTensor, kMultiTensor, kFused };
 enum class DeviceKind { kAuto, kCpu, kCuda };
 enum class Precision { kFp32, kBf16, kFp16 };
+/// train.memory_format (Note [channels last] in worker/model/model.h).
+enum class MemoryFormat { kAuto, kChannelsLast, kContiguous };
 enum class DistBackend { kAuto, kGloo, kMpi, kNccl };
 enum class Shard { kNone, kOptimizer, kGradients, kAuto };  ///< Note [shard layout] (worker/train/shard/shard_layout.h); auto: Note [lever search]
 enum class Objective { kThroughput, kMaxFit };
@@ -100,6 +102,9 @@ BATCHDIST_ENUM_NAMES(DeviceKind, {DeviceKind::kAuto, "auto"}, {DeviceKind::kCpu,
                      {DeviceKind::kCuda, "cuda"});
 BATCHDIST_ENUM_NAMES(Precision, {Precision::kFp32, "fp32"}, {Precision::kBf16, "bf16"},
                      {Precision::kFp16, "fp16"});
+BATCHDIST_ENUM_NAMES(MemoryFormat, {MemoryFormat::kAuto, "auto"},
+                     {MemoryFormat::kChannelsLast, "channels_last"},
+                     {MemoryFormat::kContiguous, "contiguous"});
 BATCHDIST_ENUM_NAMES(DistBackend, {DistBackend::kAuto, "auto"}, {DistBackend::kGloo, "gloo"},
                      {DistBackend::kMpi, "mpi"}, {DistBackend::kNccl, "nccl"});
 BATCHDIST_ENUM_NAMES(Shard, {Shard::kNone, "none"}, {Shard::kOptimizer, "optimizer"},
@@ -271,6 +276,8 @@ struct TrainConfig {
   Precision precision = Precision::kFp32;    ///< autocast; fp16 also scales the loss
   double loss_scale = 65536.0;               ///< fp16: initial loss scale
   int64_t scale_growth_interval = 2000;      ///< fp16: finite steps before the scale doubles
+  MemoryFormat memory_format = MemoryFormat::kAuto;  ///< Note [channels last]
+  bool cudnn_benchmark = true;               ///< Note [cudnn benchmark] (worker/device.h)
   /// Note [oom back-off]: after a back-off, the larger per-GPU batch is tried
   /// again after this many steps (doubling after each retry that fails); 0: never.
   int64_t oom_recover_after_steps = 0;

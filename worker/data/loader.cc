@@ -75,6 +75,11 @@ at::Tensor Transform::apply(const at::Tensor& input, uint64_t seed) const {
     auto s = at::tensor(std, at::kFloat).to(x.device()).view(shape);
     x = (x - m) / s;
   }
+  return laidOut(x);
+}
+
+at::Tensor Transform::laidOut(const at::Tensor& x) const {
+  if (channels_last && x.dim() == 4) return x.contiguous(at::MemoryFormat::ChannelsLast);
   return x.contiguous();
 }
 
@@ -109,9 +114,11 @@ uint64_t batchSeed(uint64_t seed, int64_t epoch, int64_t index) {
   return seed * 1000003ull + static_cast<uint64_t>(epoch) * 7919ull + static_cast<uint64_t>(index);
 }
 
-/// uint8 NHWC images -> float NCHW in [0, 1] (then the transform normalises).
-at::Tensor toFloatImages(const at::Tensor& x) {
-  return x.permute({0, 3, 1, 2}).to(at::kFloat).mul_(1.0 / 255.0).contiguous();
+/// uint8 NHWC images -> float [N, C, H, W] in [0, 1] (then the transform
+/// normalises), laid out as `t` asks: channels last keeps the NHWC memory order
+/// (the conversion preserves strides), so no transposing copy is made.
+at::Tensor toFloatImages(const at::Tensor& x, const Transform& t) {
+  return t.laidOut(x.permute({0, 3, 1, 2}).to(at::kFloat).mul_(1.0 / 255.0));
 }
 
 }  // namespace
@@ -170,7 +177,11 @@ Batch Loader::allocate(const MicroBatch& job) const {
     const int64_t n = static_cast<int64_t>(job.indices.size());
     const int64_t side = opts_.decoder->size();
     const bool pin = opts_.device.is_cuda() && opts_.pin_memory;
-    b.x = floatImages() ? at::empty({n, 3, side, side}, at::kFloat)
+    // Note [channels last]: fill() writes float samples NHWC when asked (each
+    // sample's slot is 3 side² floats either way).
+    const auto format = opts_.transform.channels_last ? at::MemoryFormat::ChannelsLast
+                                                      : at::MemoryFormat::Contiguous;
+    b.x = floatImages() ? at::empty({n, 3, side, side}, at::TensorOptions().dtype(at::kFloat), format)
                         : at::empty({n, side, side, 3}, at::TensorOptions().dtype(at::kByte).pinned_memory(pin));
   }
   return b;
@@ -230,10 +241,16 @@ void Loader::fill(const MicroBatch& job, int64_t part, int64_t index, int64_t ep
       const double t0 = monotonicSeconds();
       float* dst = base + k * slot;
       const uint8_t* src = hwc.data();
-      for (int64_t p = 0; p < plane; ++p, src += 3) {
-        dst[p] = src[0] * scale[0] + shift[0];
-        dst[plane + p] = src[1] * scale[1] + shift[1];
-        dst[2 * plane + p] = src[2] * scale[2] + shift[2];
+      if (opts_.transform.channels_last) {  // HWC as decoded
+        for (int64_t e = 0; e < 3 * plane; e += 3) {
+          for (int c = 0; c < 3; ++c) dst[e + c] = src[e + c] * scale[c] + shift[c];
+        }
+      } else {
+        for (int64_t p = 0; p < plane; ++p, src += 3) {
+          dst[p] = src[0] * scale[0] + shift[0];
+          dst[plane + p] = src[1] * scale[1] + shift[1];
+          dst[2 * plane + p] = src[2] * scale[2] + shift[2];
+        }
       }
       seconds.transform += monotonicSeconds() - t0;
     }
@@ -247,6 +264,7 @@ void Loader::finish(Batch* b, int64_t index, int64_t epoch) const {
     if (data_.source) return;  // uint8 as asked, or already float (fill)
     // CPU training: transform here, in the worker, off the step.
     if (opts_.transform.any()) b->x = opts_.transform.apply(b->x, batchSeed(opts_.seed, epoch, index));
+    else if (b->x.dim() == 4) b->x = opts_.transform.laidOut(b->x);
     return;
   }
   if (opts_.pin_memory) {
@@ -383,8 +401,9 @@ Batch Loader::next() {
     trace::Range copy("batchdist/host_to_device");
     b = toDevice(std::move(b));
   }
-  if (data_.source) b.x = toFloatImages(b.x);  // on the GPU, after the uint8 copy
+  if (data_.source) b.x = toFloatImages(b.x, opts_.transform);  // on the GPU, after the uint8 copy
   if (opts_.transform.any()) b.x = opts_.transform.apply(b.x, batchSeed(opts_.seed, epoch, index));
+  else if (!data_.source && b.x.dim() == 4) b.x = opts_.transform.laidOut(b.x);
   return b;
 }
 

@@ -39,6 +39,9 @@ struct Transform {
   int64_t resize = 0;
   std::vector<double> mean;
   std::vector<double> std;
+  /// Note [channels last] (worker/model/model.h): image batches come out NHWC in
+  /// memory (still [N, C, H, W] in shape); the decoded sources are written so.
+  bool channels_last = false;
 
   static Transform fromConfig(const DataConfig& cfg, bool training);
   bool randomOps() const { return crop_padding > 0 || hflip; }
@@ -46,6 +49,8 @@ struct Transform {
   /// Output per-sample shape for input per-sample shape `in`.
   std::vector<int64_t> outputShape(const std::vector<int64_t>& in) const;
   at::Tensor apply(const at::Tensor& x, uint64_t seed) const;
+  /// `x` dense in this transform's memory format (images: channels_last or not).
+  at::Tensor laidOut(const at::Tensor& x) const;
 };
 
 struct Batch {

@@ -304,7 +304,7 @@ class NnModel : public NnModuleModel {
   NnModel(Holder module, std::string name, std::shared_ptr<SyncBatchNorm> sync)
       : NnModuleModel(module.ptr()), module_(std::move(module)), name_(std::move(name)),
         sync_(std::move(sync)) {}
-  torch::Tensor forward(const torch::Tensor& x) override { return module_->forward(x); }
+  torch::Tensor forward(const torch::Tensor& x) override { return module_->forward(laidOut(x)); }
   SyncBatchNorm* syncBatchNorm() override { return sync_ && sync_->layers() > 0 ? sync_.get() : nullptr; }
   bool hasBatchNorm() const override { return moduleHasBatchNorm(*module_); }
   std::string describe() const override {
@@ -382,7 +382,7 @@ class ScriptModel : public Model {
  public:
   ScriptModel(torch::jit::Module m, std::string path) : m_(std::move(m)), path_(std::move(path)) {}
   torch::Tensor forward(const torch::Tensor& x) override {
-    const auto out = call({x}, [&] {
+    const auto out = call({laidOut(x)}, [&] {
       return strCat("forward failed on input of shape ", shapeText(x.sizes().vec()));
     });
     if (!out.isTensor()) {
@@ -392,7 +392,7 @@ class ScriptModel : public Model {
   }
   bool takesTarget() const override { return forwardInputs(m_) >= 2; }
   c10::IValue forwardWithTarget(const torch::Tensor& x, const torch::Tensor& target) override {
-    return call({x, target}, [&] {
+    return call({laidOut(x), target}, [&] {
       return strCat("forward(x, target) failed on x of shape ", shapeText(x.sizes().vec()),
                     " and target of shape ", shapeText(target.sizes().vec()));
     });
@@ -597,6 +597,29 @@ int64_t SyncBatchNorm::endForward(bool failed) {
   }
   return static_cast<int64_t>(
       std::lround(comm_.allreduce(failed ? 1.0 : 0.0, collective::ReduceOp::kSum)));
+}
+
+void Model::setChannelsLast(bool on) {
+  torch::NoGradGuard no_grad;
+  const auto format = on ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+  for (auto& p : parameters()) {
+    if (p.dim() == 4) p.set_data(p.detach().contiguous(format));
+  }
+  channels_last_ = on;
+}
+
+at::Tensor Model::laidOut(const at::Tensor& x) const {
+  if (!channels_last_ || x.dim() != 4) return x;
+  return x.contiguous(at::MemoryFormat::ChannelsLast);
+}
+
+bool channelsLast(const TrainConfig& train, const ModelConfig& model, bool on_cuda) {
+  if (train.memory_format != MemoryFormat::kAuto) {
+    return train.memory_format == MemoryFormat::kChannelsLast;
+  }
+  const bool convolutional = model.name == ModelName::kCnn || model.name == ModelName::kResnet18 ||
+                             model.name == ModelName::kResnet50;
+  return convolutional && on_cuda;
 }
 
 std::unique_ptr<Model> buildModel(const ModelConfig& cfg, const std::vector<int64_t>& shape,

@@ -109,6 +109,11 @@ class Model {
   virtual bool setRecompute(bool on) { return !on; }
   /// e.g. "resnet18 (cifar stem), 11.2 M parameters".
   virtual std::string describe() const = 0;
+  /// Note [channels last]: from now on the 4-D parameters are kept, and 4-D
+  /// inputs taken, NHWC in memory (on: channels last; off: contiguous). Before
+  /// the optimizer and the gradient synchroniser are built over the parameters.
+  void setChannelsLast(bool on);
+  bool channelsLast() const { return channels_last_; }
 
   std::vector<at::Tensor> parameters() const;
   /// The parameters that require grad: what the optimizer and the gradient
@@ -117,7 +122,48 @@ class Model {
   std::vector<at::Tensor> buffers() const;
   /// Parameters then buffers.
   std::vector<at::Tensor> state() const;
+
+ protected:
+  /// A 4-D input in the model's memory format (Note [channels last]); a no-op
+  /// for a batch the loader already laid out so.
+  at::Tensor laidOut(const at::Tensor& x) const;
+
+ private:
+  bool channels_last_ = false;
 };
+
+// Note [channels last]
+// ~~~~~~~~~~~~~~~~~~~~
+// Convolutions on CUDA (cuDNN's tensor-core kernels) run fastest on NHWC memory:
+// given NCHW they transpose around every layer. train.memory_format picks the
+// layout of the convolutional models' weights and image batches: channels_last
+// (NHWC in memory, [N, C, H, W] in shape, as PyTorch's torch.channels_last),
+// contiguous (NCHW), or auto: channels_last for cnn and resnet on CUDA, contiguous
+// elsewhere (on the CPU the layouts are within a few per cent either way, and
+// the CPU is not what this is for). What keeps it so:
+//  - the model converts its 4-D parameters once, before the optimizer and the
+//    gradient synchroniser see them (set_data: the same tensors), and lays out
+//    a 4-D input on the way in (Model::laidOut; free when already so);
+//  - the loader writes batches that way: the decoded sources' CPU path writes
+//    NHWC floats straight from the decoder's HWC bytes, the CUDA path keeps the
+//    NHWC order of the uint8 copy through the float conversion, the transform
+//    ends in the format (Transform::laidOut), so the step makes no copy;
+//  - the overlapped reducer's gradient views in its buckets take the
+//    parameters' strides (Note [bucket view layout] in collective/reducer.cc),
+//    so backward writes the gradients without a transposing copy.
+// Under dist.shard (ZeRO-1/2) the parameters become views of the shard's flat
+// buffer in their logical order (Note [shard layout]), so the weights are
+// contiguous again there: the batches stay NHWC and the convolution converts the
+// weight per call. Keeping them NHWC would need the shard layout in memory
+// order: not done.
+// The arithmetic is the same up to the convolution algorithms' order of sums:
+// tests/equivalence_test.cc trains both layouts on the CPU to the same weights
+// within tolerance. A TorchScript module follows train.memory_format when it
+// says channels_last; auto leaves it contiguous (its layers are unknown).
+
+/// Note [channels last]: whether a run keeps image batches and convolution
+/// weights NHWC in memory.
+bool channelsLast(const TrainConfig& train, const ModelConfig& model, bool on_cuda);
 
 /// A parameter count as describe() prints it ("11.17 M"): one format for every model.
 std::string parameterCountText(int64_t n);

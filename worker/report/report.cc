@@ -109,6 +109,7 @@ nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const Trai
                            {"precision", toString(cfg.train.precision)},
                            {"shard", toString(cfg.dist.shard)},
                            {"recompute", toString(cfg.model.recompute)},
+                           {"memory_format", info.channels_last ? "channels_last" : "contiguous"},
                            {"epochs", r.epochs},
                            {"steps", r.steps},
                            {"samples", r.samples},

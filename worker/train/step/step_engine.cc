@@ -67,6 +67,7 @@ StepEngine::StepEngine(const Config& cfg, collective::Communicator& comm, const 
   const auto input_shape = transform.outputShape(data.train.sample_shape);
   model_ = buildModel(cfg_.model, input_shape, task.outputs, cfg_.base_dir, &comm_);
   model_->to(device_);
+  model_->setChannelsLast(channelsLast(cfg_.train, cfg_.model, device_.is_cuda()));
   // Note [module loss]: a module that returns its own loss is tried here, on every rank.
   task_->probe(*model_, data.train, input_shape, {device_, cfg_.train.precision},
                plan_.samples_padded > 0);
@@ -87,20 +88,24 @@ void StepEngine::buildLoaders(const DataSplit& data, const FaultPlan& f) {
     std::cerr << strCat("[rank ", rank, "/", size, "] warning: ", msg, "\n") << std::flush;
   };
   const auto seed = static_cast<uint64_t>(cfg_.train.seed);
+  const bool channels_last = model_->channelsLast();  // Note [channels last]
   LoaderOptions lo =
       loaderOptions(cfg_.data, data.train, /*training=*/true, device_, seed, warn, f.slow_read_us);
   lo.seed = seed * 31 + comm_.rank();
+  lo.transform.channels_last = channels_last;
   loader_ = std::make_unique<Loader>(data.train, lo);
   std::unique_ptr<Loader> val_loader;  // decoded validation sets (Note [loader])
   if (data.val.source) {
-    val_loader = std::make_unique<Loader>(
-        data.val, loaderOptions(cfg_.data, data.val, /*training=*/false, device_, seed, warn,
-                                f.slow_read_us));
+    auto vo = loaderOptions(cfg_.data, data.val, /*training=*/false, device_, seed, warn,
+                            f.slow_read_us);
+    vo.transform.channels_last = channels_last;
+    val_loader = std::make_unique<Loader>(data.val, vo);
   }
-  evaluator_ = std::make_unique<Evaluator>(
-      comm_, *model_, *task_, data.val, std::move(val_loader),
-      Transform::fromConfig(cfg_.data, /*training=*/false), device_, cfg_.train.precision,
-      cfg_.batch.eval_per_gpu);
+  auto eval_transform = Transform::fromConfig(cfg_.data, /*training=*/false);
+  eval_transform.channels_last = channels_last;
+  evaluator_ = std::make_unique<Evaluator>(comm_, *model_, *task_, data.val, std::move(val_loader),
+                                           eval_transform, device_, cfg_.train.precision,
+                                           cfg_.batch.eval_per_gpu);
 }
 
 bool StepEngine::setLevers(const Levers& to) {
