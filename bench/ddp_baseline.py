@@ -1,7 +1,15 @@
 """PyTorch DDP baseline for bench/vs_ddp.sh and bench/gpu_acceptance.sh: the
 workload batchdist trains there, written in plain PyTorch. Prints
 'samples_per_s N' (all ranks, timed steps only), and for a token model
-'tokens_per_s N' too.
+'tokens_per_s N' too. On CUDA also the model FLOPs utilisation, when the model's
+FLOPs and the GPU's peak are known:
+  flops_per_sample F    forward and backward, per sample: the GPT's 6 N + 12 L H Q T
+                        per token (PaLM, appendix B; N the parameters less the
+                        position embedding, as nanoGPT's estimate_mfu) x seq_len;
+                        ResNet-50's counted by torch.utils.flop_counter on 2 samples
+  peak_tflops P (S)     the GPU's dense bf16/fp16 tensor peak from the table below
+                        (S: where it came from), or --peak-tflops; none for fp32
+  mfu M                 samples/s x F / (P x 1e12 x world size), 0..1
 
   --model mlp (default): MLP 256-512-512-10 on synthetic data, gloo on the CPU
     (vs_ddp.sh). Started by the same mpirun as batchdist, rank and size from Open
@@ -12,13 +20,17 @@ workload batchdist trains there, written in plain PyTorch. Prints
     resized to 224 on the GPU, nccl, --precision fp32/bf16/fp16 (autocast; fp16
     with a GradScaler), SGD with momentum and weight decay (gpu_acceptance.sh):
       torchrun --standalone --nproc_per_node 8 bench/ddp_baseline.py --model resnet50 \\
-        --device cuda --precision bf16 --per-gpu-batch 128
+        --device cuda --precision bf16 --per-gpu-batch 128 [--channels-last]
     The images are made on the GPU, so this baseline never waits for data.
+    --channels-last: the model and its input in torch.channels_last (NHWC), as
+    batchdist's train.memory_format: channels_last.
   --model gpt --tokens FILE.bin: batchdist's model.name: gpt (bench/gpt_model.py,
     nanoGPT's shape; --layers --heads --embed --vocab --seq-len --dropout) on the
     token windows of FILE.bin (uint16, memory-mapped; a new permutation each
-    epoch), AdamW (--lr --beta1 --beta2 --eps --weight-decay), gloo on the CPU
-    (vs_ddp.sh's GPT leg), started like the MLP.
+    epoch), AdamW (--lr --beta1 --beta2 --eps --weight-decay; --clip-grad-norm as
+    optim.clip_grad_norm), gloo on the CPU (vs_ddp.sh's GPT leg), started like the
+    MLP; or with --device cuda under torchrun, nccl (gpu_acceptance.sh's GPT-2
+    small: attention by scaled_dot_product_attention, no torch.compile).
 
 Runs with any torch that has torch.distributed: Debian's python3-torch (1.13)
 or the venv of tests/cuda_leg.sh (2.x).
@@ -72,12 +84,14 @@ def resnet50(classes: int) -> nn.Module:
 
 class Workload(NamedTuple):
     """What differs between the models: the network, its optimizer, step i's batch
-    on this rank, the loss, and the tokens in a sample (0: not a token model)."""
+    on this rank, the loss, the tokens in a sample (0: not a token model), and the
+    model's forward and backward FLOPs per sample (0: not known)."""
     net: nn.Module
     optimizer: Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer]
     batch: Callable[[int], Tuple[torch.Tensor, torch.Tensor]]
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     tokens_per_sample: int = 0
+    flops_per_sample: float = 0.0
 
 
 def mlp_workload(args, rank: int, per_rank: int, device: torch.device) -> Workload:
@@ -110,14 +124,63 @@ def resnet50_workload(args, rank: int, per_rank: int, device: torch.device) -> W
     x = torch.randint(0, 256, (per_rank, 3, 32, 32), dtype=torch.uint8, device=device, generator=g)
     y = torch.randint(0, args.classes, (per_rank,), device=device, generator=g)
 
+    fmt = torch.channels_last if args.channels_last else torch.contiguous_format
+
     def batch(i: int):
         # As batchdist's synthetic_images: uint8 -> float, resize, normalise, on the device.
         img = F.interpolate(x.float() / 255.0, size=(args.image_size, args.image_size),
                             mode="bilinear", align_corners=False)
-        return (img - 0.5) / 0.25, y
+        return ((img - 0.5) / 0.25).contiguous(memory_format=fmt), y
 
+    net = resnet50(args.classes).to(device, memory_format=fmt)
     sgd = lambda params: torch.optim.SGD(params, lr=args.lr or 0.1, momentum=0.9, weight_decay=1e-4)
-    return Workload(resnet50(args.classes), sgd, batch, nn.CrossEntropyLoss())
+    loss = nn.CrossEntropyLoss()
+    flops = counted_flops(net, batch, loss) if device.type == "cuda" else 0.0
+    return Workload(net, sgd, batch, loss, flops_per_sample=flops)
+
+
+def counted_flops(net: nn.Module, batch, loss) -> float:
+    """Forward and backward FLOPs per sample, counted by torch.utils.flop_counter
+    (torch >= 2.1) on 2 samples of `batch`; 0 where this torch has no counter."""
+    try:
+        from torch.utils.flop_counter import FlopCounterMode
+    except ImportError:
+        return 0.0
+    x, y = batch(0)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        loss(net(x[:2]), y[:2]).backward()
+    net.zero_grad(set_to_none=True)
+    return counter.get_total_flops() / 2.0
+
+
+def gpt_flops_per_token(net: nn.Module, args) -> float:
+    """PaLM's appendix B: 6 N + 12 L H Q T per token, N the parameters less the
+    position embedding (as nanoGPT's estimate_mfu; the token embedding is the head)."""
+    n = sum(p.numel() for p in net.parameters()) - net.wpe.weight.numel()
+    return 6.0 * n + 12.0 * args.layers * args.heads * (args.embed // args.heads) * args.seq_len
+
+
+# Dense (no sparsity) tensor-core TFLOPS of NVIDIA's datasheets in bf16 and fp16,
+# by a piece of the device's name, the first that matches; fp32 has none here.
+PEAK_TFLOPS = [("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H200 NVL", 835.0), ("GH200", 989.4),
+               ("H100", 989.4), ("H200", 989.4), ("H800", 989.4), ("A100", 312.0), ("L40S", 362.0),
+               ("A10G", 70.0), ("L4", 121.0)]
+
+
+def peak_tflops(args, device: torch.device) -> Tuple[float, str]:
+    """(the peak, where it came from); (0, why not) when unknown."""
+    if args.peak_tflops:
+        return args.peak_tflops, "--peak-tflops"
+    if device.type != "cuda":
+        return 0.0, "not a GPU"
+    name = torch.cuda.get_device_name(device)
+    if args.precision == "fp32":
+        return 0.0, f"{name}: no fp32 peak in ddp_baseline.py's table"
+    for key, tflops in PEAK_TFLOPS:
+        if key in name:
+            return tflops, f"{name}: dense {args.precision} tensor peak (ddp_baseline.py's table, '{key}')"
+    return 0.0, f"{name}: not in ddp_baseline.py's table"
 
 
 def gpt_workload(args, rank: int, per_rank: int, device: torch.device) -> Workload:
@@ -130,6 +193,7 @@ def gpt_workload(args, rank: int, per_rank: int, device: torch.device) -> Worklo
         raise SystemExit("--model gpt needs --tokens FILE.bin")
     torch.manual_seed(0)
     net = gpt_model.from_args(args)
+    flops = gpt_flops_per_token(net, args) * args.seq_len
     data = gpt_model.TokenWindows(args.tokens, args.seq_len)
     global_batch = per_rank * dist.get_world_size()
     steps_per_epoch = data.count // global_batch
@@ -154,7 +218,7 @@ def gpt_workload(args, rank: int, per_rank: int, device: torch.device) -> Worklo
         groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
         return torch.optim.AdamW(groups, lr=args.lr or 1e-3, betas=(args.beta1, args.beta2), eps=args.eps)
-    return Workload(net, adamw, batch, loss, tokens_per_sample=args.seq_len)
+    return Workload(net, adamw, batch, loss, tokens_per_sample=args.seq_len, flops_per_sample=flops)
 
 
 WORKLOADS = {"mlp": mlp_workload, "resnet50": resnet50_workload, "gpt": gpt_workload}
@@ -174,10 +238,16 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--beta1", type=float, default=0.9, help="gpt: AdamW")
     ap.add_argument("--beta2", type=float, default=0.999, help="gpt: AdamW")
     ap.add_argument("--eps", type=float, default=1e-8, help="gpt: AdamW")
+    ap.add_argument("--clip-grad-norm", type=float, default=0.0,
+                    help="clip the gradient's global norm to this before each step (0: no clipping)")
     ap.add_argument("--tokens", help="gpt: the uint16 .bin of token ids (batchdist_make_data tokens)")
     gpt_model.shape_args(ap)
     ap.add_argument("--classes", type=int, default=10)
     ap.add_argument("--image-size", type=int, default=224)
+    ap.add_argument("--channels-last", action="store_true",
+                    help="resnet50: the model and its input in torch.channels_last")
+    ap.add_argument("--peak-tflops", type=float, default=0.0,
+                    help="the GPU's peak for the MFU [ddp_baseline.py's table by device name]")
     ap.add_argument("--global-batch", type=int, default=256)
     ap.add_argument("--per-gpu-batch", type=int, default=0, help="overrides --global-batch")
     ap.add_argument("--steps", type=int, default=60)
@@ -221,10 +291,15 @@ def main() -> None:
             loss = work.loss(model(inputs), targets)
         if scaler is not None:
             scaler.scale(loss).backward()
+            if args.clip_grad_norm > 0:
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
             scaler.step(opt)
             scaler.update()
         else:
             loss.backward()
+            if args.clip_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
             opt.step()
 
     def sync() -> None:
@@ -241,9 +316,18 @@ def main() -> None:
     sync()
     secs = time.perf_counter() - t0
     if rank == 0:
-        print(f"samples_per_s {args.steps * global_batch / secs:.1f}")
+        samples_per_s = args.steps * global_batch / secs
+        print(f"samples_per_s {samples_per_s:.1f}")
         if work.tokens_per_sample:
-            print(f"tokens_per_s {args.steps * global_batch * work.tokens_per_sample / secs:.1f}")
+            print(f"tokens_per_s {samples_per_s * work.tokens_per_sample:.1f}")
+        if cuda and work.flops_per_sample:
+            peak, source = peak_tflops(args, device)
+            print(f"flops_per_sample {work.flops_per_sample:.6g}")
+            if peak:
+                print(f"peak_tflops {peak:g} ({source})")
+                print(f"mfu {samples_per_s * work.flops_per_sample / (peak * 1e12 * world):.4f}")
+            else:
+                print(f"mfu unknown ({source})")
     dist.destroy_process_group()
 
 
