@@ -217,6 +217,20 @@ TEST(Checkpoint, Format1RngArchiveIsStillRead) {
   });
 }
 
+// optim.kernels (Note [multi-tensor step]) and model.flops_per_sample (Note
+// [mfu]) change neither the state nor the updates' meaning: a checkpoint written
+// under other values, or before the keys were, resumes; optim.lr still refuses.
+TEST(Checkpoint, OptimizerKernelsAndFlopsDoNotBlockAResume) {
+  CheckpointManifest m;
+  m.config = parseConfig("optim: {name: adamw, kernels: per_tensor}", "t.yaml").resolved;
+  m.plan.global = 256;
+  EXPECT_NO_THROW(checkResumable(m, parseConfig("optim: {name: adamw, kernels: fused}", "t.yaml"), "ck"));
+  m.config["optim"].erase("kernels");
+  m.config["model"].erase("flops_per_sample");
+  EXPECT_NO_THROW(checkResumable(m, parseConfig("optim: {name: adamw}", "t.yaml"), "ck"));
+  EXPECT_THROW(checkResumable(m, parseConfig("optim: {name: adamw, lr: 0.5}", "t.yaml"), "ck"), ConfigError);
+}
+
 TEST(Checkpoint, ResumeOfAnAdaptiveRunKeepsAdaptAndItsGainRule) {
   const auto adaptive = [](const std::string& extra) {
     return parseConfig("batch: {global: 64, adapt: goodput" + extra + "}", "t.yaml");

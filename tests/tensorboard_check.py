@@ -40,6 +40,7 @@ STEP_TAGS = {  # tag -> metrics.jsonl key of a "step" line
     "noise/B_simple": "noise_scale",  # only where known (> 0)
     "train/tokens_per_s": "tokens_per_s",  # token data only (Note [tokens per sample])
     "batch/global_tokens": "tokens_per_step",
+    "train/mfu": "mfu",  # where known (Note [mfu])
 }
 EPOCH_TAGS = {  # tag -> key of an "epoch" line
     "eval/loss": "eval_loss",
@@ -47,8 +48,10 @@ EPOCH_TAGS = {  # tag -> key of an "epoch" line
     "train/epoch_loss": "train_loss",
     "train/epoch_samples_per_s": "samples_per_s",
     "train/epoch_tokens_per_s": "tokens_per_s",  # token data only
+    "train/epoch_mfu": "mfu",  # where known
 }
-TOKEN_KEYS = {"tokens_per_s", "tokens_per_step"}  # absent from a line: not token data
+# Absent from a line: not token data, or the MFU unknown.
+OPTIONAL_KEYS = {"tokens_per_s", "tokens_per_step", "mfu"}
 # Note [system metrics]: the ones a step line has (those read in its interval)
 # are system/<key> at its step; how many depends on how long the run sampled.
 SYSTEM_KEYS = ["gpu_util_pct", "gpu_memory_util_pct", "gpu_memory_used_mb", "gpu_memory_total_mb",
@@ -101,7 +104,7 @@ def expected_training(metrics_path):
                 v = m.get(key)
                 if tag == "noise/B_simple" and (v is None or v <= 0):
                     continue
-                if key in TOKEN_KEYS and key not in m:
+                if key in OPTIONAL_KEYS and key not in m:
                     continue
                 if v is None:
                     fail(f"{metrics_path}:{n}: {key} is null (a non-finite value?)")

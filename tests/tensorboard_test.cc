@@ -357,6 +357,13 @@ TEST(TensorBoard, TokenSamplesAddTokenScalars) {
   EXPECT_FALSE(has(metricScalars(end), "train/epoch_tokens_per_s"));
   end.tokens_per_sample = 64;
   EXPECT_DOUBLE_EQ(value(metricScalars(end), "train/epoch_tokens_per_s"), 999.0 * 64);
+  // Note [mfu]: beside the rate when known, never a made-up 0.
+  EXPECT_FALSE(has(metricScalars(end), "train/epoch_mfu"));
+  EXPECT_FALSE(has(metricScalars(step), "train/mfu"));
+  end.mfu = 0.42;
+  step.mfu = 0.4;
+  EXPECT_DOUBLE_EQ(value(metricScalars(end), "train/epoch_mfu"), 0.42);
+  EXPECT_DOUBLE_EQ(value(metricScalars(step), "train/mfu"), 0.4);
 
   SearchResult r;
   Candidate c;

@@ -481,10 +481,14 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
   }
   Trainer trainer(cfg, r.comm(), s.data, s.device, plan, &req.faults);
   if (cfg.batch.adapt != BatchAdapt::kOff) setUpAdaptive(r, trainer);
+  trainer.setYardstick(yardstickFor(trainer.model().trainingFlopsPerSample(), cfg.train, s.device.is_cuda(),
+                                    s.device.is_cuda() ? compat::cudaDeviceName(s.device.index()) : "",
+                                    place.size));  // Note [mfu]
   r.console->line(strCat("model: ", trainer.model().describe(), ", precision ",
                          toString(cfg.train.precision),
                          cfg.model.sync_batchnorm ? ", synchronised BatchNorm" : "", ", optimizer step ",
                          toString(trainer.engine().update().optimizer().kernels())));
+  r.console->line(yardstickLine(trainer.yardstick()));
   Checkpointer checkpointer(cfg.checkpoint, s.checkpoint_dir,
                             {plan, r.d.searched ? r.d.searched->chosen : 0, cfg.resolved,
                              configLevers(cfg)},

@@ -36,8 +36,9 @@ RunInfo runInfo(const RankPlace& place, const RunSetup& s, collective::Communica
 /// The report's figures of a finished (or stopped) training run.
 RunInfo trainedRunInfo(const RankPlace& place, const RunSetup& s, const RunDecision& d,
                        collective::Communicator& comm, const TrainResult& result, int sig,
-                       const std::string& model_path) {
+                       const std::string& model_path, const Yardstick& yardstick) {
   RunInfo info = runInfo(place, s, comm);
+  info.yardstick = yardstick;
   info.validation_samples = s.data.val.size();
   info.train_samples = s.data.train.size();
   info.classes = s.data.train.classes;
@@ -136,8 +137,11 @@ void summaryLines(const RunRequest& req, const RunSetup& s, const RunDecision& d
                           ? strCat(trainer.task().describe(result.eval_metrics), ", ")
                           : std::string("no validation set, "),
                       static_cast<int64_t>(result.samples_per_s), " samples/s",
-                      tokenRate(result.samples_per_s, trainer.plan().tokens_per_sample), ", ",
-                      formatDuration(result.wall_s), "; wrote ", req.output,
+                      tokenRate(result.samples_per_s, trainer.plan().tokens_per_sample),
+                      trainer.yardstick().known()
+                          ? strCat(", MFU ", mfuText(trainer.yardstick().mfu(result.samples_per_s)))
+                          : std::string(),
+                      ", ", formatDuration(result.wall_s), "; wrote ", req.output,
                       "/report.json, report.html, metrics.jsonl and model.pt"));
 }
 
@@ -149,7 +153,7 @@ void finishRun(const RunRequest& req, const RankPlace& place, const RunSetup& s,
                const TrainResult& result, int sig, Console& console) {
   const std::string model_path = (fs::path(req.output) / "model.pt").string();
   writeFileAtomic(model_path, trainer.model().serialize());
-  const RunInfo info = trainedRunInfo(place, s, d, comm, result, sig, model_path);
+  const RunInfo info = trainedRunInfo(place, s, d, comm, result, sig, model_path, trainer.yardstick());
   writeReports(req, d.cfg, trainer.plan(), result, info, d.searched);
   summaryLines(req, s, d, trainer, result, info, console);
 }

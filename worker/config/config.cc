@@ -631,6 +631,11 @@ void validate(const Config& cfg, const Context& ctx) {
                                             "not model.name: ", toString(cfg.model.name),
                                             "; use auto or contiguous"));
   }
+  if (cfg.model.flops_per_sample > 0 && cfg.model.name != ModelName::kTorchscript) {
+    throw err("model.flops_per_sample", strCat("is for a torchscript module; model.name: ",
+                                               toString(cfg.model.name),
+                                               " counts its own (Note [mfu]); remove it"));
+  }
   if (cfg.model.name == ModelName::kTorchscript && cfg.model.path.empty()) {
     throw err("model.name", "torchscript needs model.path (a module saved with "
                             "torch.jit.script(...).save() or torch.jit.trace)");
@@ -758,6 +763,7 @@ void readModel(Context& ctx, const YAML::Node& root, ModelConfig& c) {
   Section s(ctx, root, "model");
   c.name = s.choice("name", ModelName::kMlp);
   c.path = s.text("path", "");
+  c.flops_per_sample = s.real("flops_per_sample", 0.0, 0.0, 1e21);
   c.stem = s.choice("stem", ResnetStem::kCifar);
   c.sync_batchnorm = s.boolean("sync_batchnorm", false);
   c.hidden = s.intList("hidden", c.hidden, 1, 1 << 20);
@@ -793,6 +799,8 @@ void readModel(Context& ctx, const YAML::Node& root, ModelConfig& c) {
       }
     }
   }
+  // Note [mfu]: a TorchScript module's own figure; the built-ins count theirs.
+  if (c.name != ModelName::kTorchscript) (*ctx.resolved)["model"].erase("flops_per_sample");
 }
 
 void readData(Context& ctx, const YAML::Node& root, DataConfig& c) {
@@ -921,6 +929,7 @@ void readTrain(Context& ctx, const YAML::Node& root, TrainConfig& c) {
   c.device = s.choice("device", DeviceKind::kAuto);
   c.memory_format = s.choice("memory_format", MemoryFormat::kAuto);
   c.cudnn_benchmark = s.boolean("cudnn_benchmark", true);
+  c.peak_tflops = s.real("peak_tflops", 0.0, 0.0, 1e6);
   c.max_steps = s.integer("max_steps", 0, 0, kMaxInt);
   c.threads = s.integer("threads", 0, 0, 4096);
   c.check_finite = s.boolean("check_finite", true);

@@ -155,6 +155,7 @@ struct TaskConfig {
 struct ModelConfig {
   ModelName name = ModelName::kMlp;
   std::string path;                          ///< torchscript: the .pt file (relative to the config)
+  double flops_per_sample = 0;               ///< torchscript: training FLOPs of a sample (Note [mfu]; 0: unknown)
   ResnetStem stem = ResnetStem::kCifar;      ///< resnet: cifar (3x3, no pool) | imagenet (7x7/2 + pool)
   bool sync_batchnorm = false;               ///< BatchNorm statistics over all ranks (built-ins)
   std::vector<int64_t> hidden{128, 64};     ///< mlp hidden widths
@@ -278,6 +279,7 @@ struct TrainConfig {
   int64_t scale_growth_interval = 2000;      ///< fp16: finite steps before the scale doubles
   MemoryFormat memory_format = MemoryFormat::kAuto;  ///< Note [channels last]
   bool cudnn_benchmark = true;               ///< Note [cudnn benchmark] (worker/device.h)
+  double peak_tflops = 0;                    ///< one device's peak for MFU (Note [mfu]; 0: the table or measured)
   /// Note [oom back-off]: after a back-off, the larger per-GPU batch is tried
   /// again after this many steps (doubling after each retry that fails); 0: never.
   int64_t oom_recover_after_steps = 0;

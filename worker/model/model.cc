@@ -14,6 +14,7 @@
 #include "worker/common/files.h"
 #include "worker/common/util.h"
 #include "worker/config/config.h"
+#include "worker/model/flops.h"
 #include "worker/model/gpt.h"
 #include "worker/model/nn_module_model.h"
 #include "worker/model/program_model.h"
@@ -503,7 +504,9 @@ std::unique_ptr<Model> checked(std::unique_ptr<Model> model, const std::vector<i
   try {
     torch::NoGradGuard no_grad;
     model->train(false);
-    out = model->forward(torch::zeros(in));
+    // Note [mfu]: the forward's products and convolutions, 3x for training.
+    const double flops = countForwardFlops([&] { out = model->forward(torch::zeros(in)); });
+    model->setTrainingFlopsPerSample(3 * flops / static_cast<double>(in[0]));
     model->train(true);
   } catch (const ConfigError&) {
     throw;
@@ -544,6 +547,12 @@ std::unique_ptr<Model> checkedGpt(std::unique_ptr<Model> model, const std::vecto
     throw Error(strCat("model.name: gpt: forward on token ids of shape ", shapeText(in),
                        " returned ", shapeText(out.sizes().vec()), "; expected ", shapeText(want)));
   }
+  int64_t params = 0;  // Note [mfu]: less the position embedding, as nanoGPT counts
+  for (const auto& [name, p] : model->namedParameters()) {
+    if (name != "wpe.weight") params += p.numel();
+  }
+  model->setTrainingFlopsPerSample(
+      gptTrainingFlopsPerSample(params, cfg.layers, cfg.heads, cfg.embed, shape[0]));
   return model;
 }
 
@@ -634,10 +643,11 @@ std::unique_ptr<Model> buildModel(const ModelConfig& cfg, const std::vector<int6
   if (cfg.name == ModelName::kProgram) return buildProgramModel(cfg.program);
   if (cfg.name == ModelName::kTorchscript) {
     const auto path = resolvePath(cfg.path, base_dir);
-    auto model = std::make_unique<ScriptModel>(loadScript(path), path);
+    std::unique_ptr<Model> model = std::make_unique<ScriptModel>(loadScript(path), path);
     // Note [module loss]: forward(x, target) is tried by its task, with real targets.
-    if (model->takesTarget()) return model;
-    return checked(std::move(model), shape, classes, "model.path: " + path);
+    if (!model->takesTarget()) model = checked(std::move(model), shape, classes, "model.path: " + path);
+    model->setTrainingFlopsPerSample(cfg.flops_per_sample);  // Note [mfu]: as given, or unknown
+    return model;
   }
   // Note [gpt]: token samples in, [N, T, vocab] out (data.name: tokens, the
   // language-model task).

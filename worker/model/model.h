@@ -114,6 +114,10 @@ class Model {
   /// the optimizer and the gradient synchroniser are built over the parameters.
   void setChannelsLast(bool on);
   bool channelsLast() const { return channels_last_; }
+  /// Note [mfu] (worker/model/flops.h): the FLOPs of training one sample
+  /// (forward and backward), 0 when unknown. buildModel sets it.
+  double trainingFlopsPerSample() const { return flops_per_sample_; }
+  void setTrainingFlopsPerSample(double flops) { flops_per_sample_ = flops; }
 
   std::vector<at::Tensor> parameters() const;
   /// The parameters that require grad: what the optimizer and the gradient
@@ -130,6 +134,7 @@ class Model {
 
  private:
   bool channels_last_ = false;
+  double flops_per_sample_ = 0;
 };
 
 // Note [channels last]

@@ -43,6 +43,7 @@ std::string metricsLine(const MetricPoint& m) {
     j["tokens_per_s"] = m.samples_per_s * static_cast<double>(m.tokens_per_sample);
     j["tokens_per_step"] = m.global_batch * m.tokens_per_sample;
   }
+  if (m.mfu >= 0) j["mfu"] = m.mfu;  // Note [mfu]
   if (m.progress >= 0) j["progress"] = m.progress;  // batch.adapt: G0-equivalent steps
   addSystemMetrics(m.system, j);  // Note [system metrics]: the ones read
   if (m.epoch_end) {

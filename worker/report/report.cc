@@ -93,6 +93,14 @@ nlohmann::ordered_json reportHeader(const RunInfo& info) {
 
 }  // namespace
 
+/// Note [mfu]: mfu (when known), flops_per_sample and the peak (when known), its source.
+static void addMfu(const Yardstick& y, double samples_per_s, nlohmann::ordered_json& o) {
+  if (y.known()) o["mfu"] = y.mfu(samples_per_s);
+  if (y.flops_per_sample > 0) o["flops_per_sample"] = y.flops_per_sample;
+  if (y.peak_flops > 0) o["peak_tflops"] = y.peak_flops / 1e12;
+  if (!y.peak_source.empty()) o["peak_source"] = y.peak_source;
+}
+
 nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const TrainResult& r,
                                  const RunInfo& info) {
   auto o = reportHeader(info);
@@ -118,6 +126,7 @@ nlohmann::ordered_json runReport(const Config& cfg, const Plan& plan, const Trai
     o["tokens"] = r.samples * plan.tokens_per_sample;
     o["tokens_per_s"] = r.samples_per_s * tokens;
   }
+  addMfu(info.yardstick, r.samples_per_s, o);
   o.update(nlohmann::ordered_json{{"train_loss", r.train_loss}, {"eval_loss", r.eval_loss}});
   addEvalMetrics(r.eval_metrics, o);
   o.update(nlohmann::ordered_json{{"best_metric", r.best_metric},

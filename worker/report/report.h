@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "worker/config/config.h"
+#include "worker/model/flops.h"
 #include "worker/plan/plan.h"
 #include "worker/search/search.h"
 #include "worker/train/result.h"
@@ -28,6 +29,7 @@ struct RunInfo {
   int64_t classes = 0;
   std::string cpu_blas;               ///< CPU ranks: the BLAS of Note [host blas], or empty
   bool channels_last = false;         ///< Note [channels last]: the layout the run used
+  Yardstick yardstick;                ///< Note [mfu]
   std::string model_path;             ///< where rank 0 saved the model
   std::string stopped_by;             ///< "SIGTERM" when a signal ended the run early
   std::optional<SearchResult> search; ///< when the batch was searched (or cached)

@@ -20,6 +20,7 @@ std::vector<Scalar> metricScalars(const MetricPoint& m) {
     if (m.tokens_per_sample > 0) {  // Note [tokens per sample]
       v.push_back({"train/epoch_tokens_per_s", m.samples_per_s * static_cast<double>(m.tokens_per_sample)});
     }
+    if (m.mfu >= 0) v.push_back({"train/epoch_mfu", m.mfu});  // Note [mfu]
     return v;
   }
   const double total = m.time.total();
@@ -46,6 +47,7 @@ std::vector<Scalar> metricScalars(const MetricPoint& m) {
     v.emplace_back("train/tokens_per_s", m.samples_per_s * tokens);
     v.emplace_back("batch/global_tokens", static_cast<double>(m.global_batch) * tokens);
   }
+  if (m.mfu >= 0) v.emplace_back("train/mfu", m.mfu);  // Note [mfu]
   return v;
 }
 

@@ -49,6 +49,7 @@ struct MetricPoint {
   double train_loss = 0;    ///< interval: rank 0's shard; epoch end: all ranks
   double lr = 0;
   double samples_per_s = 0; ///< over the interval (epoch end: the epoch)
+  double mfu = -1;          ///< Note [mfu] at samples_per_s (< 0: unknown)
   TimeBreakdown time;       ///< over the interval, rank 0
   double noise_scale = -1;  ///< smoothed B_simple (< 0: unknown)
   double eval_loss = 0;     ///< epoch end only

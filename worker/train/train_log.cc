@@ -47,7 +47,9 @@ void TrainLog::progress(Console& console, const EpochSoFar& e, int64_t step, con
                         f.adaptive ? strCat("  G ", f.global_batch) : std::string(), "  loss ",
                         formatFixed(e.loss_sum * world_size_ / std::max<int64_t>(1, e.samples), 4),
                         "  lr ", f.lr, "  ", static_cast<int64_t>(rate), " samples/s",
-                        tokenRate(rate, f.tokens_per_sample), extra,
+                        tokenRate(rate, f.tokens_per_sample),
+                        f.yardstick && f.yardstick->known() ? strCat("  MFU ", mfuText(f.yardstick->mfu(rate))) : "",
+                        extra,
                         "  ETA ", formatDuration(per_step * std::max(0.0, f.steps_left))),
                  due);
 }
@@ -102,6 +104,7 @@ void TrainLog::add(MetricPoint m, const StepFigures& f, TrainResult& result) {
   m.accum = f.accum;
   m.tokens_per_sample = f.tokens_per_sample;
   m.peak_memory_mb = f.peak_memory_mb;
+  if (f.yardstick) m.mfu = f.yardstick->mfu(m.samples_per_s);
   if (f.adaptive) m.progress = f.progress;
   result.metrics.push_back(m);
   if (sink_) sink_(m);

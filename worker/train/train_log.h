@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "worker/common/console.h"
+#include "worker/model/flops.h"
 #include "worker/train/result.h"
 
 namespace batchdist::worker {
@@ -48,6 +49,7 @@ struct StepFigures {
   int64_t per_gpu = 0;
   int64_t accum = 0;
   int64_t tokens_per_sample = 0;  ///< the plan's (Note [tokens per sample]; 0: not tokens)
+  const Yardstick* yardstick = nullptr;  ///< Note [mfu]: MFU beside the rate (null: none)
   bool cuda = false;          ///< the progress line shows the peak memory
   double peak_memory_mb = 0;  ///< this rank's peak so far (read for a point, or on CUDA)
   double noise_scale = -1;    ///< smoothed B_simple (< 0: unknown)

@@ -95,6 +95,7 @@ StepFigures Trainer::stepFigures(int64_t epoch, int64_t global_step, bool peak) 
   f.per_gpu = plan().per_gpu;
   f.accum = plan().accum;
   f.tokens_per_sample = plan().tokens_per_sample;
+  if (yardstick_.known()) f.yardstick = &yardstick_;
   f.cuda = engine_->device().is_cuda();
   // The run's peak so far (each step resets the allocator's: Note [oom back-off]).
   if (peak || f.cuda) f.peak_memory_mb = oom_.runPeakMb();

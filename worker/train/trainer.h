@@ -15,6 +15,7 @@
 #include "worker/common/faults.h"
 #include "worker/config/config.h"
 #include "worker/data/data.h"
+#include "worker/model/flops.h"
 #include "worker/plan/adapt.h"
 #include "worker/plan/plan.h"
 #include "worker/train/oom_guard.h"
@@ -65,6 +66,9 @@ class Trainer {
   void setCheckpointer(Checkpointer* checkpointer) { checkpointer_ = checkpointer; }
   /// Traces steps of train() (Note [step profiler]); null: none. Not owned.
   void setProfiler(StepProfiler* profiler) { profiler_ = profiler; }
+  /// Note [mfu]: MFU beside the rate in the progress line and metrics points.
+  void setYardstick(Yardstick y) { yardstick_ = std::move(y); }
+  const Yardstick& yardstick() const { return yardstick_; }
   /// Rank 0: called with each metrics point as it is made (metrics.jsonl, TensorBoard).
   void setMetricSink(std::function<void(const MetricPoint&)> sink) { log_.setSink(std::move(sink)); }
   /// Makes train() continue from `pos` (state restored with restoreState first).
@@ -146,6 +150,7 @@ class Trainer {
   std::unique_ptr<StepEngine> engine_;  ///< Note [step engine]
   Checkpointer* checkpointer_ = nullptr;
   StepProfiler* profiler_ = nullptr;
+  Yardstick yardstick_;
   std::unique_ptr<SystemSampler> system_;   ///< Note [system metrics] (none: report.sample_s 0)
   std::vector<SystemPoint> system_series_;  ///< this rank's, one per metrics interval
   TrainPosition resume_;

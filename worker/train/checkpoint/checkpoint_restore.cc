@@ -163,9 +163,12 @@ void restoreState(const CheckpointCheck& ckpt, const TrainState& state, int rank
 void checkResumable(const CheckpointManifest& m, const Config& cfg, const std::string& path) {
   const auto& then = m.config;
   // Loader threads and staging change how batches are made, not which.
-  // model.recompute changes neither the weights nor the arithmetic (Note [activation recompute]).
+  // model.recompute changes neither the weights nor the arithmetic (Note [activation recompute]);
+  // optim.kernels keeps the state's meaning (Note [multi-tensor step]), and a
+  // checkpoint from before the key has none; model.flops_per_sample only measures.
   const std::vector<std::string> free_keys = {"data.workers", "data.prefetch", "data.pin_memory",
-                                              "model.recompute"};
+                                              "model.recompute", "optim.kernels",
+                                              "model.flops_per_sample"};
   std::string diff;
   for (const char* section : {"model", "data", "optim"}) {
     for (const auto& [key, value] : cfg.resolved[section].items()) {
