@@ -1,6 +1,7 @@
 // Note [mfu]: the FLOPs counted from a forward's products and convolutions, the
 // GPT formula, the peak table, and MFU's arithmetic.
 #include <gtest/gtest.h>
+#include <ATen/Context.h>
 #include <torch/torch.h>
 
 #include <string>
@@ -80,6 +81,11 @@ TEST(Flops, ThePeakTableKnowsTheDataCentreGpusByName) {
   EXPECT_DOUBLE_EQ(tablePeakTflops("Tesla V100-SXM2-16GB", "bf16", false), 0);  // no bf16 tensor cores
   EXPECT_DOUBLE_EQ(tablePeakTflops("Tesla V100-SXM2-16GB", "fp16", false), 125);
   EXPECT_DOUBLE_EQ(tablePeakTflops("NVIDIA GeForce RTX 4090", "bf16", false), 0);
+  // a model's name as a word of its own, not a prefix of another's
+  EXPECT_DOUBLE_EQ(tablePeakTflops("NVIDIA RTX A1000", "bf16", false), 0);
+  EXPECT_DOUBLE_EQ(tablePeakTflops("NVIDIA RTX A4000", "bf16", false), 0);
+  EXPECT_DOUBLE_EQ(tablePeakTflops("NVIDIA A10G", "bf16", false), 0);
+  EXPECT_DOUBLE_EQ(tablePeakTflops("NVIDIA GH200 480GB", "bf16", false), 989.4);
 }
 
 TEST(Flops, MfuIsTheModelsFlopsOverEveryRanksPeak) {
@@ -100,7 +106,17 @@ TEST(Flops, MfuIsTheModelsFlopsOverEveryRanksPeak) {
   EXPECT_FALSE(unknown.known());
   EXPECT_LT(unknown.mfu(1000), 0);
   EXPECT_NE(yardstickLine(unknown).find("Some GPU is not in the table; set train.peak_tflops"), std::string::npos);
+  // fp32: TF32's figure where cuDNN may use it for a convolutional model
+  train.precision = Precision::kFp32;
+  EXPECT_DOUBLE_EQ(yardstickFor(6e9, train, true, "NVIDIA A100-SXM4-80GB", 1, /*convolutional=*/true).peak_flops,
+                   at::globalContext().allowTF32CuDNN() ? 156e12 : 19.5e12);
+  train.precision = Precision::kBf16;
+  // measuring moves no generator of the run
+  torch::manual_seed(1);
+  const auto before = torch::rand({3});
+  torch::manual_seed(1);
   const auto cpu = yardstickFor(6e9, train, false, "", 1);
+  EXPECT_TRUE(torch::equal(torch::rand({3}), before));
   EXPECT_GT(cpu.peak_flops, 1e8);  // any CPU does more than 0.1 GFLOP/s
   EXPECT_NE(cpu.peak_source.find("measured: a bf16 GEMM"), std::string::npos) << cpu.peak_source;
   EXPECT_FALSE(yardstickFor(0, train, false, "", 1).known());

@@ -347,3 +347,56 @@ TEST(MultiTensorStep, LarsIsItsPerTensorStep) {
     EXPECT_FALSE(torch::equal(ours[2], torch::zeros_like(ours[2])));  // it moved
   }
 }
+
+// Note [channels last]: a channels-last weight's state is made laid out as the
+// weight, so the fused kernels take it (they need the layouts to agree); a state
+// laid out otherwise (a checkpoint written under the other memory format) steps
+// by the multi-tensor ops instead. Either way: the per-tensor step's update and
+// state, in the tensors' logical order.
+TEST(FusedStep, ChannelsLastWeightsStepAsPerTensor) {
+  const auto cl = at::MemoryFormat::ChannelsLast;
+  for (const std::string name : {"sgd", "adamw"}) {
+    for (const auto kernels : {StepKernels::kMultiTensor, StepKernels::kFused}) {
+      SCOPED_TRACE(name + (kernels == StepKernels::kFused ? ", fused" : ", multi-tensor"));
+      torch::manual_seed(3);
+      std::vector<torch::Tensor> ours{torch::randn({4, 3, 3, 3}).contiguous(cl).requires_grad_(),
+                                      torch::randn({4}).requires_grad_()};
+      std::vector<torch::Tensor> theirs, later;
+      for (const auto& t : ours) theirs.push_back(t.detach().clone().requires_grad_());
+      auto cfg = parseConfig("optim: {name: " + name + ", momentum: 0.9, weight_decay: 0.01}", "t.yaml").optim;
+      cfg.kernels = kernels;
+      auto opt = makeOptimizer(cfg, ours);
+      cfg.kernels = StepKernels::kPerTensor;
+      auto reference = makeOptimizer(cfg, theirs);
+      std::unique_ptr<Optimizer> reloaded;  // over contiguous copies, from step 2 on
+      for (int step = 0; step < 4; ++step) {
+        if (step == 2) {
+          for (const auto& t : ours) later.push_back(t.detach().clone(at::MemoryFormat::Contiguous).requires_grad_());
+          cfg.kernels = kernels;
+          reloaded = makeOptimizer(cfg, later);
+          reloaded->loadState(opt->saveState(), at::kCPU);
+        }
+        for (std::size_t i = 0; i < ours.size(); ++i) {
+          const auto g = torch::randn(ours[i].sizes());
+          ours[i].mutable_grad() = g.dim() == 4 ? g.contiguous(cl) : g.clone();
+          theirs[i].mutable_grad() = g.clone();
+          if (reloaded) later[i].mutable_grad() = g.clone();
+        }
+        opt->step(0.05);
+        reference->step(0.05);
+        if (reloaded) reloaded->step(0.05);
+        for (std::size_t i = 0; i < ours.size(); ++i) {
+          EXPECT_TRUE(sameUpdate(ours[i], theirs[i], kernels)) << "step " << step << ", tensor " << i;
+          for (std::size_t k = 0; k < opt->stateNames().size(); ++k) {
+            EXPECT_TRUE(sameUpdate(opt->stateVector(i, k), reference->stateVector(i, k), kernels))
+                << "step " << step << ", tensor " << i << ", " << opt->stateNames()[k];
+          }
+          if (reloaded) {
+            EXPECT_TRUE(sameUpdate(later[i], theirs[i], kernels)) << "reloaded, step " << step << ", tensor " << i;
+          }
+        }
+      }
+      EXPECT_TRUE(ours[0].is_contiguous(cl));
+    }
+  }
+}

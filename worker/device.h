@@ -39,6 +39,11 @@ at::Device chooseDevice(const worker::Config& cfg, const GpuInventory& gpus,
 // steps; off, every candidate runs cuDNN's heuristic choice alike. The chosen
 // batch is then tuned once, in training's first step (train.cudnn_benchmark:
 // false keeps the heuristic: e.g. for inputs whose shape changes every step).
+// Two costs: the algorithms it picks may take larger workspaces than the
+// heuristic's the search measured, which the memory fraction's headroom has to
+// hold; and the choice is timed, so two runs (a resumed one, say) may pick
+// different algorithms and round differently: set it false where a resumed run
+// must train bitwise as the uninterrupted one.
 /// Sets cuDNN's benchmark mode for training on `device` (Note [cudnn
 /// benchmark]) and returns the console line that says so; on the CPU nothing,
 /// and "".

@@ -25,6 +25,7 @@
 #include "worker/run_report.h"
 #include "worker/run_search.h"
 #include "worker/join.h"
+#include "worker/model/flops.h"
 #include "worker/model/model.h"
 #include "worker/model/precision.h"
 #include "worker/report/metrics_log.h"
@@ -470,6 +471,23 @@ int runExitCode(const TrainResult& result, int sig) {
   return lost ? 1 : 128 + (sig ? sig : SIGTERM);
 }
 
+/// Note [mfu]: the run's yardstick, on every rank alike (a CPU's measured peak:
+/// the mean of every rank's, measured at once).
+Yardstick runYardstick(const Config& cfg, const Model& model, const at::Device& device,
+                       collective::Communicator& comm) {
+  const bool cuda = device.is_cuda();
+  const bool convolutional = cfg.model.name == ModelName::kCnn ||
+                             cfg.model.name == ModelName::kResnet18 ||
+                             cfg.model.name == ModelName::kResnet50;
+  Yardstick y = yardstickFor(model.trainingFlopsPerSample(), cfg.train, cuda,
+                             cuda ? compat::cudaDeviceName(device.index()) : "", comm.size(),
+                             convolutional);
+  if (!cuda && cfg.train.peak_tflops <= 0 && y.flops_per_sample > 0) {
+    y.peak_flops = comm.allreduce(y.peak_flops, collective::ReduceOp::kSum) / comm.size();
+  }
+  return y;
+}
+
 int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
   RunState r(req, place, s);
   connectPhase(r);
@@ -481,9 +499,7 @@ int executeRun(const RunRequest& req, const RankPlace& place, RunSetup& s) {
   }
   Trainer trainer(cfg, r.comm(), s.data, s.device, plan, &req.faults);
   if (cfg.batch.adapt != BatchAdapt::kOff) setUpAdaptive(r, trainer);
-  trainer.setYardstick(yardstickFor(trainer.model().trainingFlopsPerSample(), cfg.train, s.device.is_cuda(),
-                                    s.device.is_cuda() ? compat::cudaDeviceName(s.device.index()) : "",
-                                    place.size));  // Note [mfu]
+  trainer.setYardstick(runYardstick(cfg, trainer.model(), s.device, r.comm()));
   r.console->line(strCat("model: ", trainer.model().describe(), ", precision ",
                          toString(cfg.train.precision),
                          cfg.model.sync_batchnorm ? ", synchronised BatchNorm" : "", ", optimizer step ",

@@ -36,14 +36,15 @@ RunInfo runInfo(const RankPlace& place, const RunSetup& s, collective::Communica
 /// The report's figures of a finished (or stopped) training run.
 RunInfo trainedRunInfo(const RankPlace& place, const RunSetup& s, const RunDecision& d,
                        collective::Communicator& comm, const TrainResult& result, int sig,
-                       const std::string& model_path, const Yardstick& yardstick) {
+                       const std::string& model_path, const Yardstick& yardstick,
+                       bool model_channels_last) {
   RunInfo info = runInfo(place, s, comm);
   info.yardstick = yardstick;
   info.validation_samples = s.data.val.size();
   info.train_samples = s.data.train.size();
   info.classes = s.data.train.classes;
   info.model_path = model_path;
-  info.channels_last = channelsLast(d.cfg.train, d.cfg.model, s.device.is_cuda());
+  info.channels_last = model_channels_last;
   if (!result.completed) {
     info.stopped_by = result.failure.empty() ? strCat("SIG", sigabbrev_np(sig ? sig : SIGTERM))
                                              : std::string("out of memory");
@@ -153,7 +154,8 @@ void finishRun(const RunRequest& req, const RankPlace& place, const RunSetup& s,
                const TrainResult& result, int sig, Console& console) {
   const std::string model_path = (fs::path(req.output) / "model.pt").string();
   writeFileAtomic(model_path, trainer.model().serialize());
-  const RunInfo info = trainedRunInfo(place, s, d, comm, result, sig, model_path, trainer.yardstick());
+  const RunInfo info = trainedRunInfo(place, s, d, comm, result, sig, model_path, trainer.yardstick(),
+                                      trainer.model().channelsLast());
   writeReports(req, d.cfg, trainer.plan(), result, info, d.searched);
   summaryLines(req, s, d, trainer, result, info, console);
 }

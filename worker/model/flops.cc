@@ -112,11 +112,23 @@ const GpuPeak kGpuPeaks[] = {
     {"V100", 125, 0, 15.7, false},  {"T4", 65, 0, 8.1, false},
 };
 
+/// Whether `device_name` has `model` as a word of its own: "NVIDIA A100-SXM4-80GB"
+/// names A100, "NVIDIA RTX A1000" does not, nor "NVIDIA L40S" L4.
+bool namesModel(const std::string& device_name, const std::string& model) {
+  for (auto at = device_name.find(model); at != std::string::npos; at = device_name.find(model, at + 1)) {
+    const std::size_t end = at + model.size();
+    const bool starts = at == 0 || device_name[at - 1] == ' ';
+    const bool ends = end == device_name.size() || device_name[end] == ' ' || device_name[end] == '-';
+    if (starts && ends) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 double tablePeakTflops(const std::string& device_name, const std::string& precision, bool tf32) {
   for (const auto& g : kGpuPeaks) {
-    if (device_name.find(g.name) == std::string::npos) continue;
+    if (!namesModel(device_name, g.name)) continue;
     if (precision == "fp16") return g.half;
     if (precision == "bf16") return g.bf16 ? g.half : 0;
     return tf32 && g.tf32 > 0 ? g.tf32 : g.fp32;
@@ -128,7 +140,8 @@ double measureCpuGemmFlops(const std::string& precision) {
   torch::NoGradGuard no_grad;
   constexpr int64_t n = 512;
   const auto dtype = precision == "bf16" ? torch::kBFloat16 : torch::kFloat;
-  const auto a = torch::randn({n, n}).to(dtype), b = torch::randn({n, n}).to(dtype);
+  // Not randn: the run's generators are seeded already, and a measurement must not move them.
+  const auto a = torch::full({n, n}, 0.5, dtype), b = torch::full({n, n}, 0.25, dtype);
   std::vector<double> seconds;
   for (int i = 0; i < 6; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -141,7 +154,7 @@ double measureCpuGemmFlops(const std::string& precision) {
 }
 
 Yardstick yardstickFor(double flops_per_sample, const TrainConfig& train, bool cuda,
-                       const std::string& cuda_name, int64_t ranks) {
+                       const std::string& cuda_name, int64_t ranks, bool convolutional) {
   Yardstick y;
   y.flops_per_sample = flops_per_sample;
   y.ranks = ranks;
@@ -150,7 +163,10 @@ Yardstick yardstickFor(double flops_per_sample, const TrainConfig& train, bool c
     y.peak_flops = train.peak_tflops * 1e12;
     y.peak_source = "train.peak_tflops";
   } else if (cuda) {
-    const bool tf32 = at::globalContext().allowTF32CuBLAS();
+    // fp32 products on TF32 tensor cores where allowed: cuBLAS's matmuls (off by
+    // default), cuDNN's convolutions (on by default).
+    const bool tf32 = at::globalContext().allowTF32CuBLAS() ||
+                      (convolutional && at::globalContext().allowTF32CuDNN());
     y.peak_flops = tablePeakTflops(cuda_name, precision, tf32) * 1e12;
     y.peak_source = y.peak_flops > 0 ? strCat("table: ", cuda_name, ", ", precision,
                                               precision == "fp32" ? (tf32 ? " (TF32)" : " (no TF32)") : "",
@@ -166,7 +182,8 @@ Yardstick yardstickFor(double flops_per_sample, const TrainConfig& train, bool c
 
 std::string yardstickLine(const Yardstick& y) {
   if (y.flops_per_sample <= 0) {
-    return "mfu: not shown: the model's FLOPs are unknown (a TorchScript module: model.flops_per_sample)";
+    return "mfu: not shown: the model's FLOPs are unknown (a TorchScript module gives them as "
+           "model.flops_per_sample; a program model's are not counted)";
   }
   std::ostringstream out;
   out << std::setprecision(3) << "mfu: " << y.flops_per_sample / 1e9

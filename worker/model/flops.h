@@ -27,11 +27,14 @@ namespace batchdist::worker {
 //    (countForwardFlops: aten::mm, addmm, bmm, baddbmm and convolution; the
 //    element-wise layers are left out, as is usual);
 //  - a TorchScript module: model.flops_per_sample, else unknown.
+// Frozen parameters (Note [frozen parameters]) get no weight gradients, so 3x
+// overcounts a model with a frozen backbone: MFU is then an upper bound.
 // The peak: train.peak_tflops when given; on CUDA a table of NVIDIA's data-centre
 // GPUs' dense figures by device name and precision (fp32: the TF32 tensor-core
 // figure when matmuls may use TF32, else plain FP32); on the CPU the rate of a
 // short GEMM measured at start on the rank's threads, at the run's precision,
-// said as "measured". Unknown FLOPs or peak: no MFU is shown, never a guess.
+// said as "measured" (every rank measures at once, as they will train, and the
+// mean is the run's). Unknown FLOPs or peak: no MFU is shown, never a guess.
 
 /// What a run's MFU is computed from; pure data (report.json, the logs).
 struct Yardstick {
@@ -65,8 +68,9 @@ double measureCpuGemmFlops(const std::string& precision);
 /// peak of one of the `ranks` devices: train.peak_tflops, else for CUDA
 /// (`cuda_name`: the device's name) the table at train.precision, else the CPU
 /// GEMM measured now on this thread's intra-op threads.
+/// `convolutional`: fp32 convolutions count at TF32's peak where cuDNN may use it.
 Yardstick yardstickFor(double flops_per_sample, const TrainConfig& train, bool cuda,
-                       const std::string& cuda_name, int64_t ranks);
+                       const std::string& cuda_name, int64_t ranks, bool convolutional = false);
 
 /// The console's line for it: "mfu: 1.24 GFLOP a sample (forward and backward),
 /// peak 989 TFLOP/s a device (table: NVIDIA H100 80GB HBM3, bf16)", or why none.

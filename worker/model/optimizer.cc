@@ -2,7 +2,10 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
+#include <initializer_list>
 #include <map>
 #include <sstream>
 #include <type_traits>
@@ -126,7 +129,9 @@ class TorchOptimizer : public Optimizer {
   State& ensure(const torch::Tensor& p) {
     if (State* st = find(p)) return *st;
     auto st = std::make_unique<State>();
-    const auto zeros = [&] { return torch::zeros_like(p, at::MemoryFormat::Contiguous); };
+    // The parameter's layout, as torch::optim's (a channels-last weight: Note
+    // [channels last]): the fused kernels need the state laid out as the tensor.
+    const auto zeros = [&] { return torch::zeros_like(p, at::MemoryFormat::Preserve); };
     if constexpr (kSgd) {
       st->momentum_buffer(zeros());
     } else {
@@ -179,14 +184,16 @@ class TorchOptimizer : public Optimizer {
   /// checkpoint's, say): the kernel starts all or none.
   bool sgdFused(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads,
                 const Options& o, double lr) {
+    if (!fusable(params, {grads})) return false;
     std::vector<torch::Tensor> bufs;
     bool first = false;
     if (o.momentum() != 0) {
       for (const auto& p : params) {
         if (State* st = find(p)) bufs.push_back(st->momentum_buffer());
       }
-      if (!bufs.empty() && bufs.size() != params.size()) return false;
+      if (!bufs.empty() && (bufs.size() != params.size() || !fusable(params, {bufs}))) return false;
       first = bufs.empty();
+      // made as the parameters are laid out (ensure), so fusable still holds
       for (std::size_t i = 0; first && i < params.size(); ++i) bufs.push_back(ensure(params[i]).momentum_buffer());
     }
     compat::fusedSgdStep(params, grads, bufs, o.weight_decay(), o.momentum(), lr, o.dampening(),
@@ -239,7 +246,12 @@ class TorchOptimizer : public Optimizer {
       b.exp_avg_sq.push_back(st.exp_avg_sq());
     }
     const auto [beta1, beta2] = o.betas();
-    if (kernels_ == StepKernels::kFused) {
+    const bool fused = kernels_ == StepKernels::kFused &&
+                       std::all_of(by_step.begin(), by_step.end(), [](const auto& kv) {
+                         const Bucket& b = kv.second;
+                         return fusable(b.params, {b.grads, b.exp_avg, b.exp_avg_sq});
+                       });
+    if (fused) {
       for (auto& [step, b] : by_step) {
         const auto steps = torch::full({static_cast<int64_t>(b.params.size())},
                                        static_cast<double>(step),
@@ -264,6 +276,27 @@ class TorchOptimizer : public Optimizer {
       at::_foreach_add_(denom, o.eps());
       at::_foreach_addcdiv_(b.params, b.exp_avg, denom, -(lr / correction1));
     }
+  }
+  /// Whether the fused kernels take these lists (Note [fused optimizer steps]):
+  /// one dtype and device, and each tensor's gradient and state laid out as it
+  /// (a checkpoint's state, or a mixed-precision TorchScript module, may not be);
+  /// otherwise the group steps by the multi-tensor ops, which take any.
+  static bool fusable(const std::vector<torch::Tensor>& params,
+                      std::initializer_list<std::reference_wrapper<const std::vector<torch::Tensor>>> others) {
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const auto& p = params[i];
+      if (p.scalar_type() != params.front().scalar_type() || p.device() != params.front().device()) {
+        return false;
+      }
+      for (const auto& list : others) {
+        const auto& t = list.get()[i];
+        if (t.scalar_type() != p.scalar_type() || t.device() != p.device() ||
+            t.strides() != p.strides()) {
+          return false;
+        }
+      }
+    }
+    return true;
   }
   static torch::Tensor& vectorOf(State& st, std::size_t k) {
     if constexpr (kSgd) {
