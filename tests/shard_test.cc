@@ -149,7 +149,9 @@ TEST(ShardedGradients, NesterovOverTheMpiCommunicatorStepsAsUnsharded) {
 // Note [multi-tensor step]: each optimizer's multi-tensor and fused steps
 // (optim.kernels), sharded or not, in fp32 and bf16, give the weights of its
 // per-tensor step unsharded over 50 steps: to 1e-5 of max |w| (the fused kernels
-// and lars's trust ratios are within 1e-6 a step, not bitwise).
+// and lars's trust ratios are within 1e-6 a step, not bitwise); in bf16 to 1e-4,
+// since a weight that moved by an ulp can round a bf16 activation the other way
+// (fused adamw, torch 2.14: 2e-5 measured).
 TEST(ShardedKernels, EveryOptimizerStepsAsItsPerTensorStepUnsharded) {
   for (const std::string optim : {"name: sgd, lr: 0.2, momentum: 0.9, nesterov: true, weight_decay: 0.001",
                                   "name: adamw, lr: 0.01, weight_decay: 0.1, clip_grad_norm: 0.5",
@@ -171,7 +173,7 @@ TEST(ShardedKernels, EveryOptimizerStepsAsItsPerTensorStepUnsharded) {
           });
           ASSERT_TRUE(reference.defined() && w.defined());
           const double diff = (w - reference).abs().max().item<double>();
-          EXPECT_LE(diff, 1e-5 * reference.abs().max().item<double>());
+          EXPECT_LE(diff, (precision == "bf16" ? 1e-4 : 1e-5) * reference.abs().max().item<double>());
         }
       }
     }

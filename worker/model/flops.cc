@@ -31,40 +31,54 @@ namespace {
 
 thread_local double* counted = nullptr;  ///< the running countForwardFlops's sum
 
-const at::Tensor* tensorAt(const at::RecordFunction& fn, std::size_t i) {
-  const auto in = fn.inputs();
+/// What a call's start saw of its operands (the inputs are read there only: by
+/// its end, LibTorch 2.x no longer holds them): FLOPs per output element.
+struct CallFlops : at::ObserverContext {
+  double per_output = 0;
+};
+
+const at::Tensor* tensorAt(c10::ArrayRef<const c10::IValue> in, std::size_t i) {
   return i < in.size() && in[i].isTensor() ? &in[i].toTensor() : nullptr;
 }
 
-/// The FLOPs of one ATen call, from its operands and result (Note [mfu]).
-double callFlops(const at::RecordFunction& fn) {
+/// Each output element of out = a @ b takes a's inner size in multiply-adds;
+/// a convolution's, weight.numel() / its output channels (a transposed one's:
+/// per input element, counted here whole).
+std::unique_ptr<at::ObserverContext> onStart(const at::RecordFunction& fn) {
+  if (!counted) return nullptr;
   const char* name = fn.name();
-  const auto& outs = fn.outputs();
-  if (outs.empty() || !outs[0].isTensor()) return 0;
-  const auto& out = outs[0].toTensor();
-  const auto product = [&](std::size_t a) {  // out = a @ b: 2 x out x the inner size
-    const at::Tensor* t = tensorAt(fn, a);
-    return t && t->dim() > 0 ? 2.0 * static_cast<double>(out.numel()) * static_cast<double>(t->size(-1)) : 0.0;
-  };
-  if (!std::strcmp(name, "aten::mm") || !std::strcmp(name, "aten::bmm")) return product(0);
-  if (!std::strcmp(name, "aten::addmm") || !std::strcmp(name, "aten::baddbmm")) return product(1);
-  if (std::strcmp(name, "aten::convolution") != 0) return 0;
-  const at::Tensor* input = tensorAt(fn, 0);
-  const at::Tensor* weight = tensorAt(fn, 1);
-  if (!input || !weight || weight->dim() < 3) return 0;
   const auto in = fn.inputs();
-  const bool transposed = in.size() > 6 && in[6].isBool() && in[6].toBool();
-  // Each output (transposed: input) element takes weight.numel() / its channels
-  // multiply-adds.
-  const double per = static_cast<double>(weight->numel()) / static_cast<double>(weight->size(0));
-  return 2.0 * per * static_cast<double>(transposed ? input->numel() : out.numel());
+  const auto inner = [&](std::size_t a) -> double {
+    const at::Tensor* t = tensorAt(in, a);
+    return t && t->dim() > 0 ? 2.0 * static_cast<double>(t->size(-1)) : 0.0;
+  };
+  auto ctx = std::make_unique<CallFlops>();
+  if (!std::strcmp(name, "aten::mm") || !std::strcmp(name, "aten::bmm")) {
+    ctx->per_output = inner(0);
+  } else if (!std::strcmp(name, "aten::addmm") || !std::strcmp(name, "aten::baddbmm")) {
+    ctx->per_output = inner(1);
+  } else if (!std::strcmp(name, "aten::convolution")) {
+    const at::Tensor* input = tensorAt(in, 0);
+    const at::Tensor* weight = tensorAt(in, 1);
+    if (!input || !weight || weight->dim() < 3) return nullptr;
+    const double per = 2.0 * static_cast<double>(weight->numel()) / static_cast<double>(weight->size(0));
+    if (in.size() > 6 && in[6].isBool() && in[6].toBool()) {  // transposed
+      *counted += per * static_cast<double>(input->numel());
+      return nullptr;
+    }
+    ctx->per_output = per;
+  } else {
+    return nullptr;
+  }
+  return ctx;
 }
 
-void onEnd(const at::RecordFunction& fn, at::ObserverContext*) {
-  if (counted) *counted += callFlops(fn);
+void onEnd(const at::RecordFunction& fn, at::ObserverContext* ctx) {
+  if (!counted || !ctx) return;
+  const auto& outs = fn.outputs();
+  if (outs.empty() || !outs[0].isTensor()) return;
+  *counted += static_cast<CallFlops*>(ctx)->per_output * static_cast<double>(outs[0].toTensor().numel());
 }
-
-std::unique_ptr<at::ObserverContext> onStart(const at::RecordFunction&) { return nullptr; }
 
 }  // namespace
 
