@@ -265,11 +265,12 @@ TEST(Reducer, WaitingForASlowerRankIsReportedAsSkew) {
 // is channels-last, and the summed gradient is the conv's, over 2 ranks.
 TEST(Reducer, AChannelsLastWeightGetsAChannelsLastGradientView) {
   runRanks(2, [](Communicator& c) {
-    torch::manual_seed(3);
-    auto w = torch::randn({8, 3, 3, 3}).contiguous(at::MemoryFormat::ChannelsLast).requires_grad_(true);
-    auto b = torch::randn({8}).requires_grad_(true);
+    // The ranks are threads here: each its own generator, the same values.
+    auto gen = at::detail::createCPUGenerator(3);
+    auto w = at::randn({8, 3, 3, 3}, gen).contiguous(at::MemoryFormat::ChannelsLast).requires_grad_(true);
+    auto b = at::randn({8}, gen).requires_grad_(true);
     Reducer reducer(c, {w, b}, 1 << 20);
-    const auto x = torch::randn({2, 3, 6, 6}).contiguous(at::MemoryFormat::ChannelsLast);
+    const auto x = at::randn({2, 3, 6, 6}, gen).contiguous(at::MemoryFormat::ChannelsLast);
     for (int step = 0; step < 2; ++step) {  // the second after the buckets' rebuild
       reducer.zeroGrad();
       reducer.prepare(true, {});

@@ -71,9 +71,10 @@ lm_tokens() {
   # (A candidate's interval is left out when two slow steps gave none: Note [adaptive timing].)
   for re in '^  per-GPU (8|16) x accum [12]: [0-9]+ samples/s \(([0-9.]+\.\.[0-9.]+, )?[0-9]+ steps\), [0-9]+ tokens/s, peak' \
             '^  chosen per-GPU batch (8|16) x accum [12]: the (highest|smallest) .*[0-9]+ samples/s, [0-9]+ tokens/s' \
-            '^epoch 1/4 step [0-9]+/[0-9]+ .* [0-9]+ samples/s \([0-9]+ tokens/s\)  data ' \
+            '^epoch 1/4 step [0-9]+/[0-9]+ .* [0-9]+ samples/s \([0-9]+ tokens/s\)  MFU [0-9.]+ %  data ' \
             '^epoch 4/4  train_loss .* [0-9]+ samples/s \([0-9]+ tokens/s\)  \(' \
-            '^done: .* [0-9]+ samples/s \([0-9]+ tokens/s\), '; do
+            '^mfu: [0-9.e+-]+ GFLOP a sample \(forward and backward\), peak [0-9.e+-]+ TFLOP/s a device \(measured: a fp32 GEMM' \
+            '^done: .* [0-9]+ samples/s \([0-9]+ tokens/s\), MFU [0-9.]+ %, '; do
     grep -qE -- "$re" "$log" || { cat "$log"; fail "no line matching '$re' in the run's output"; }
   done
   python3 - "$out/lm" "$log" <<'PY' || fail "tokens in the language model's records (above)"
