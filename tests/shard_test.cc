@@ -162,6 +162,13 @@ TEST(ShardedKernels, EveryOptimizerStepsAsItsPerTensorStepUnsharded) {
         reference = trainSteps(shardConfig(optim + ", kernels: per_tensor", "none", 16, precision), comm, 50);
       });
       for (const std::string kernels : {"multi_tensor", "fused"}) {
+        // Not fused adamw in bf16: Adam moves a weight by about lr whatever its
+        // gradient's size, so a gradient near 0 that the fused kernel's rounding
+        // (within 1e-6, FusedStep) lets a bf16 activation flip moves it lr the
+        // other way: 1e-2 of max |w| after 50 steps on 3 ranks (torch 2.14).
+        // fused adamw is compared in fp32 here, and in bf16 only multi_tensor
+        // (bitwise the per-tensor step).
+        if (precision == "bf16" && kernels == "fused" && optim.find("adamw") != std::string::npos) continue;
         for (const std::string shard : {"none", "optimizer", "gradients"}) {
           SCOPED_TRACE(strCat(optim, "; ", precision, ", ", kernels, ", dist.shard: ", shard));
           torch::Tensor w;
