@@ -476,12 +476,9 @@ int runExitCode(const TrainResult& result, int sig) {
 Yardstick runYardstick(const Config& cfg, const Model& model, const at::Device& device,
                        collective::Communicator& comm) {
   const bool cuda = device.is_cuda();
-  const bool convolutional = cfg.model.name == ModelName::kCnn ||
-                             cfg.model.name == ModelName::kResnet18 ||
-                             cfg.model.name == ModelName::kResnet50;
   Yardstick y = yardstickFor(model.trainingFlopsPerSample(), cfg.train, cuda,
                              cuda ? compat::cudaDeviceName(device.index()) : "", comm.size(),
-                             convolutional);
+                             convolutional(cfg.model));
   if (!cuda && cfg.train.peak_tflops <= 0 && y.flops_per_sample > 0) {
     y.peak_flops = comm.allreduce(y.peak_flops, collective::ReduceOp::kSum) / comm.size();
   }

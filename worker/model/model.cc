@@ -622,13 +622,16 @@ at::Tensor Model::laidOut(const at::Tensor& x) const {
   return x.contiguous(at::MemoryFormat::ChannelsLast);
 }
 
+bool convolutional(const ModelConfig& model) {
+  return model.name == ModelName::kCnn || model.name == ModelName::kResnet18 ||
+         model.name == ModelName::kResnet50;
+}
+
 bool channelsLast(const TrainConfig& train, const ModelConfig& model, bool on_cuda) {
   if (train.memory_format != MemoryFormat::kAuto) {
     return train.memory_format == MemoryFormat::kChannelsLast;
   }
-  const bool convolutional = model.name == ModelName::kCnn || model.name == ModelName::kResnet18 ||
-                             model.name == ModelName::kResnet50;
-  return convolutional && on_cuda;
+  return convolutional(model) && on_cuda;
 }
 
 std::unique_ptr<Model> buildModel(const ModelConfig& cfg, const std::vector<int64_t>& shape,

@@ -166,6 +166,10 @@ class Model {
 // within tolerance. A TorchScript module follows train.memory_format when it
 // says channels_last; auto leaves it contiguous (its layers are unknown).
 
+/// Whether `model` is one of the built-in convolutional models (cnn, resnet18,
+/// resnet50): channels-last by default on CUDA, fp32 at TF32's peak for MFU.
+bool convolutional(const ModelConfig& model);
+
 /// Note [channels last]: whether a run keeps image batches and convolution
 /// weights NHWC in memory.
 bool channelsLast(const TrainConfig& train, const ModelConfig& model, bool on_cuda);

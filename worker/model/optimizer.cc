@@ -319,8 +319,7 @@ using AdamW = TorchOptimizer<torch::optim::AdamW, torch::optim::AdamWOptions>;
 
 /// Two groups, in the parameters' order within each: weights (dim >= 2) decayed,
 /// the rest not (a group with no parameters is left out).
-std::unique_ptr<Optimizer> makeAdamw(const OptimConfig& cfg, std::vector<OptimizerParam> params,
-                                     StepKernels kernels) {
+std::unique_ptr<Optimizer> makeAdamw(const OptimConfig& cfg, std::vector<OptimizerParam> params) {
   const auto options = [&](double decay) {
     return std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(cfg.lr)
                                                             .betas({cfg.beta1, cfg.beta2})
@@ -336,7 +335,7 @@ std::unique_ptr<Optimizer> makeAdamw(const OptimConfig& cfg, std::vector<Optimiz
   if (!decayed.empty()) groups.emplace_back(decayed, options(cfg.weight_decay));
   if (!plain.empty()) groups.emplace_back(plain, options(0.0));
   return std::make_unique<AdamW>(std::move(order), std::move(groups), *options(cfg.weight_decay),
-                                 kernels);
+                                 cfg.kernels);
 }
 
 }  // namespace
@@ -375,7 +374,6 @@ std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<tor
 }
 
 std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<OptimizerParam> params) {
-  const StepKernels kernels = cfg.kernels;
   if (cfg.name == OptimName::kSgd) {
     std::vector<torch::Tensor> tensors;
     for (auto& p : params) tensors.push_back(p.tensor);
@@ -387,9 +385,9 @@ std::unique_ptr<Optimizer> makeOptimizer(const OptimConfig& cfg, std::vector<Opt
                     .momentum(cfg.momentum)
                     .nesterov(cfg.nesterov)
                     .weight_decay(cfg.weight_decay),
-        kernels);
+        cfg.kernels);
   }
-  if (cfg.name == OptimName::kAdamw) return makeAdamw(cfg, std::move(params), kernels);
+  if (cfg.name == OptimName::kAdamw) return makeAdamw(cfg, std::move(params));
   return makeLars(std::move(params), cfg);
 }
 
