@@ -96,6 +96,30 @@ TEST(ReportHtml, SelfContainedPageWithEveryPlot) {
   EXPECT_NE(page.find("noise scale: the global batch 512"), std::string::npos);
 }
 
+// Note [mfu]: the summary quotes the run's MFU and its peak; the search table
+// gives each candidate's from the same FLOPs and peak (searchDoc: world 2).
+TEST(ReportHtml, MfuInTheSummaryAndTheSearchTable) {
+  const auto r = sampleResult();
+  Json report{{"global_batch", 64},     {"samples_per_s", 3200},        {"mfu", 0.4},
+              {"flops_per_sample", 1e9}, {"peak_tflops", 4},             {"peak_source", "train.peak_tflops"}};
+  const auto page = reportHtml(report, searchDoc(false), r.metrics);
+  EXPECT_NE(page.find("3200 samples/s, MFU 40.0 % (peak 4 TFLOP/s a device, train.peak_tflops)."),
+            std::string::npos);
+  // 32: 3200 samples/s x 1 GFLOP / (2 x 4 TFLOP/s) = 40 %; 8: 10 %; 128 failed: no figures.
+  EXPECT_NE(page.find("<td class=\"num\">32</td><td class=\"num\">3200</td><td class=\"num\">40.0 %</td>"
+                      "<td class=\"num\">320</td><td>chosen</td>"),
+            std::string::npos);
+  EXPECT_NE(page.find("<td class=\"num\">8</td><td class=\"num\">800</td><td class=\"num\">10.0 %</td>"),
+            std::string::npos);
+  EXPECT_NE(page.find("<td class=\"num\">128</td><td class=\"num\"></td><td class=\"num\"></td>"
+                      "<td class=\"num\"></td><td>failed: out of memory</td>"),
+            std::string::npos);
+  // No yardstick: no MFU column and none in the summary.
+  const auto plain = reportHtml(Json{{"global_batch", 64}}, searchDoc(false), r.metrics);
+  EXPECT_NE(plain.find("id=\"search-table\""), std::string::npos);
+  EXPECT_EQ(plain.find("MFU"), std::string::npos);
+}
+
 TEST(ReportHtml, SearchIntervalsUnderEitherName) {
   const auto r = sampleResult();
   Json report{{"global_batch", 64}};
@@ -159,6 +183,44 @@ TEST(Diagnose, FreeMemoryAdvisesTheSearchOnlyWhereItDidNotRun) {
   EXPECT_EQ(line().find("try batch.per_gpu: auto"), std::string::npos) << line();
   r.peak_memory_mb = 100000;  // over half: nothing to say
   EXPECT_EQ(line(), "");
+}
+
+// Note [mfu]: a GPU's MFU under 30 % is a finding that names what to look at
+// first; the CPU's yardstick (a measured GEMM) makes none.
+TEST(Diagnose, LowMfuOnAGpuNamesTheFirstLever) {
+  Config cfg;
+  auto r = sampleResult();  // data waits 2 s of 10: the data finding fires
+  r.samples_per_s = 1000;
+  Yardstick y;
+  y.flops_per_sample = 24.5e9;  // ResNet-50 at 224
+  y.peak_flops = 989e12;
+  y.peak_source = "table: NVIDIA H100 80GB HBM3, bf16 dense";
+  y.ranks = 8;
+  auto line = [&](bool cuda) {
+    for (const auto& s : diagnose(cfg, r, cuda, "NVIDIA H100 80GB HBM3", 0, 0, &y)) {
+      if (s.rfind("utilisation: MFU", 0) == 0) return s;
+    }
+    return std::string();
+  };
+  // 1000 x 24.5e9 / (8 x 989e12) = 0.31 %
+  EXPECT_EQ(line(true), "utilisation: MFU 0.31 % (3.1 TFLOP/s a device of a peak 989, table: "
+                        "NVIDIA H100 80GB HBM3, bf16 dense); eager training reaches 30-45 %: the "
+                        "step waits for data: see the data finding");
+  EXPECT_EQ(line(false), "");  // the CPU's peak is a yardstick, not the hardware's
+  r.time.data_wait = 0;
+  cfg.train.precision = Precision::kBf16;
+  cfg.model.name = ModelName::kResnet50;
+  cfg.train.memory_format = MemoryFormat::kContiguous;
+  EXPECT_NE(line(true).find("try train.memory_format: channels_last"), std::string::npos) << line(true);
+  cfg.train.memory_format = MemoryFormat::kAuto;
+  cfg.optim.kernels = StepKernels::kPerTensor;
+  EXPECT_NE(line(true).find("try optim.kernels: auto"), std::string::npos) << line(true);
+  cfg.optim.kernels = StepKernels::kAuto;
+  EXPECT_NE(line(true).find("profile.active: 3"), std::string::npos) << line(true);
+  r.samples_per_s = 130000;  // 40 %: nothing to say
+  EXPECT_EQ(line(true), "");
+  EXPECT_EQ(diagnose(cfg, r, true, "NVIDIA H100 80GB HBM3").size(),
+            diagnose(cfg, r, true, "NVIDIA H100 80GB HBM3", 0, 0, &y).size());
 }
 
 TEST(Diagnose, GlobalBatchFarAboveTheNoiseScaleIsReportedWithItsNumbers) {

@@ -57,7 +57,7 @@ RunInfo trainedRunInfo(const RankPlace& place, const RunSetup& s, const RunDecis
   }
   const auto name = s.device.is_cuda() ? compat::cudaDeviceName(s.device.index()) : "cpu";
   info.diagnosis = diagnose(d.cfg, result, s.device.is_cuda(), name, info.train_samples,
-                            d.plan.tokens_per_sample);
+                            d.plan.tokens_per_sample, &yardstick);
   if (d.searched && !d.searched->data_bound.empty()) {
     info.diagnosis.push_back(d.searched->data_bound);
   }

@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "worker/common/console.h"
+#include "worker/model/model.h"
 #include "worker/plan/adapt.h"
 
 namespace batchdist::worker {
@@ -156,9 +157,13 @@ std::optional<std::string> noiseFinding(const Config& cfg, const TrainResult& r,
 //                     fill 80-90 %); without NVML, the allocator's peak < 50 %
 //   throttling        the clocks held down by a power reason, or a thermal one,
 //                     in > 5 % of a rank's samples
+//   low MFU           on a GPU, MFU (Note [mfu]) < 30 %, the low end of what eager
+//                     PyTorch training reaches (30-45 %); the CPU's yardstick is a
+//                     measured GEMM, not a hardware peak, so no finding there
 constexpr double kInputBoundPct = 10, kCommBoundPct = 30, kGpuIdlePct = 70;
 constexpr double kLoaderSaturated = 0.9, kLoaderIdle = 0.5, kHostSaturatedPct = 90;
 constexpr double kLaunchBoundCorePct = 90, kMemoryTargetPct = 80, kThrottledShare = 0.05;
+constexpr double kLowMfu = 0.30;
 
 /// The rank whose run value of `m` is the lowest (highest: `highest`); nullptr
 /// when no rank read it.
@@ -262,6 +267,33 @@ std::optional<std::string> throttleFinding(const TrainResult& r) {
                 "power limit (nvidia-smi -q -d PERFORMANCE)");
 }
 
+/// What the low-MFU finding points to first: the findings that name a larger
+/// loss, then the settings that leave speed on the table, then a trace.
+std::string mfuLever(const Config& cfg, double data, double comm) {
+  if (data > kInputBoundPct) return "the step waits for data: see the data finding";
+  if (comm > kCommBoundPct) return "the step waits for the allreduce: see the communication finding";
+  if (cfg.train.precision == Precision::kFp32) return "fp32: see the precision finding";
+  if (convolutional(cfg.model) && cfg.train.memory_format == MemoryFormat::kContiguous) {
+    return "a convolutional model laid out contiguous: try train.memory_format: channels_last";
+  }
+  if (cfg.optim.kernels == StepKernels::kPerTensor) {
+    return "the optimizer steps one tensor at a time: try optim.kernels: auto (fused on CUDA)";
+  }
+  return "a larger per-GPU batch makes larger kernels (the search's table has the rates); trace a "
+         "few steps (profile.active: 3) to see where the step goes";
+}
+
+std::optional<std::string> mfuFinding(const Config& cfg, const TrainResult& r, bool cuda,
+                                      const Yardstick* y, double data, double comm) {
+  if (!cuda || !y || !y->known() || r.samples_per_s <= 0) return std::nullopt;
+  const double mfu = y->mfu(r.samples_per_s);
+  if (mfu >= kLowMfu) return std::nullopt;
+  const double per_device = r.samples_per_s * y->flops_per_sample / static_cast<double>(y->ranks);
+  return strCat("utilisation: MFU ", mfuText(mfu), " (", formatFixed(per_device / 1e12, 1),
+                " TFLOP/s a device of a peak ", formatFixed(y->peak_flops / 1e12, 0), ", ",
+                y->peak_source, "); eager training reaches 30-45 %: ", mfuLever(cfg, data, comm));
+}
+
 /// The memory finding's figures: NVML's used at most (any rank), else the
 /// allocator's peak; `text` is the finding up to its advice.
 struct MemoryUse {
@@ -299,7 +331,7 @@ std::string noiseScaleText(double b) {
 
 std::vector<std::string> diagnose(const Config& cfg, const TrainResult& r, bool cuda,
                                   const std::string& device_name, int64_t train_samples,
-                                  int64_t tokens_per_sample) {
+                                  int64_t tokens_per_sample, const Yardstick* yardstick) {
   std::vector<std::string> out;
   const double total = r.time.total();
   if (total <= 0) return out;
@@ -345,6 +377,7 @@ std::vector<std::string> diagnose(const Config& cfg, const TrainResult& r, bool 
   }
   if (auto idle = idleFinding(r, data, comm)) out.push_back(*idle);
   if (auto throttled = throttleFinding(r)) out.push_back(*throttled);
+  if (auto mfu = mfuFinding(cfg, r, cuda, yardstick, data, comm)) out.push_back(*mfu);
   return out;
 }
 

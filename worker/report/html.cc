@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "worker/common/console.h"
 #include "worker/common/util.h"
+#include "worker/model/flops.h"
 #include "worker/plan/adapt.h"
 #include "worker/report/diagnose.h"
 #include "worker/report/html_system.h"
@@ -576,6 +577,48 @@ std::string tokensSummary(const nlohmann::ordered_json& report) {
          num(jnum(report, "tokens_per_step")) + " tokens per step)";
 }
 
+/// Note [mfu]: ", MFU 41.2 % (peak 989 TFLOP/s a device, table: ...)"; "" when unknown.
+std::string mfuSummary(const nlohmann::ordered_json& report) {
+  if (!report.contains("mfu")) return "";
+  return ", MFU " + mfuText(jnum(report, "mfu")) + " (peak " + num(jnum(report, "peak_tflops")) +
+         " TFLOP/s a device, " + xmlEscape(jtext(report, "peak_source")) + ")";
+}
+
+/// The search's candidates as a table: batch, levers, rate, MFU (from the run's
+/// yardstick, Note [mfu]: the same model FLOPs and peak), peak memory, outcome.
+std::string searchTable(const nlohmann::ordered_json& search, const nlohmann::ordered_json& report) {
+  const double tokens = jnum(search, "tokens_per_sample");
+  const double flops = jnum(report, "flops_per_sample"), peak = jnum(report, "peak_tflops") * 1e12;
+  const double world = std::max(1.0, jnum(search, "world_size", 1));
+  bool levers = false;
+  for (const auto& c : search["candidates"]) levers = levers || c.contains("levers");
+  std::ostringstream os;
+  os << "<table id=\"search-table\">\n<tr><th>per-GPU batch</th>"
+     << (levers ? "<th>shard</th><th>recompute</th>" : "") << "<th>samples/s</th>"
+     << (tokens > 0 ? "<th>tokens/s</th>" : "") << (flops > 0 && peak > 0 ? "<th>MFU</th>" : "")
+     << "<th>peak memory (MB)</th><th></th></tr>\n";
+  for (const auto& c : search["candidates"]) {
+    const bool failed = jbool(c, "failed");
+    const double sps = jnum(c, "samples_per_s");
+    os << "<tr><td class=\"num\">" << jtext(c, "per_gpu_batch") << "</td>";
+    if (levers) {
+      const auto& l = c.contains("levers") ? c["levers"] : nlohmann::ordered_json::object();
+      os << "<td>" << xmlEscape(jtext(l, "shard")) << "</td><td>" << xmlEscape(jtext(l, "recompute"))
+         << "</td>";
+    }
+    const auto cell = [&](const std::string& v) { os << "<td class=\"num\">" << (failed ? "" : v) << "</td>"; };
+    cell(num(sps));
+    if (tokens > 0) cell(num(sps * tokens));
+    if (flops > 0 && peak > 0) cell(mfuText(sps * flops / (world * peak)));
+    cell(num(jnum(c, "peak_memory_mb")));
+    os << "<td>"
+       << (failed ? "failed: " + xmlEscape(jtext(c, "reason")) : jbool(c, "chosen") ? "chosen" : "")
+       << "</td></tr>\n";
+  }
+  os << "</table>\n";
+  return os.str();
+}
+
 std::string reportHtml(const nlohmann::ordered_json& report, const nlohmann::ordered_json& search,
                        const std::vector<MetricPoint>& metrics) {
   const bool searched = search.is_object() && search.contains("candidates");
@@ -597,7 +640,8 @@ std::string reportHtml(const nlohmann::ordered_json& report, const nlohmann::ord
      << (report.contains("validation_samples") && jnum(report, "validation_samples") == 0
            ? std::string("; no validation set, ")
            : "; " + evalSummary(report) + ", ")
-     << num(jnum(report, "samples_per_s")) << " samples/s" << tokensSummary(report) << ".</p>\n";
+     << num(jnum(report, "samples_per_s")) << " samples/s" << tokensSummary(report)
+     << mfuSummary(report) << ".</p>\n";
 
   // The three numbers (docs/batch-search.md, "The three numbers").
   os << "<h2>The three numbers</h2>\n<div class=\"cards\">\n";
@@ -701,6 +745,7 @@ std::string reportHtml(const nlohmann::ordered_json& report, const nlohmann::ord
        << " of all ranks (the slowest rank's x world size)"
        << (intervals ? ", with its interval" : "") << "; red: peak memory; x: failed. "
        << xmlEscape(jtext(search, "why")) << "</p>\n";
+    os << searchTable(search, report);
   } else {
     os << "<p>The per-GPU batch was set by the config, not searched.</p>\n";
   }
