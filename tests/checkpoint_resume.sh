@@ -13,6 +13,8 @@
 #   world_32_8 32 ranks -> 8 ranks (G = 128, no BatchNorm, oversubscribed): within 1e-5
 #   shard_2_3  world_2_3 under dist.shard: optimizer (the uninterrupted run unsharded):
 #              the sharded state written by slices and re-sliced for 3 ranks; within 1e-5
+#   params_2_3 the same under dist.shard: parameters (Note [parameter units]): model.pt
+#              and the checkpoint written whole from the shards
 #   torn       rank 0 killed between writing files and the rename: the partial one is
 #              ignored; a bit-flipped and a truncated checkpoint are refused by name;
 #              another optim.momentum is refused naming the key (exit 2)
@@ -92,27 +94,31 @@ case "$scenario" in
     [ "$(json cut completed)" = true ] || fail "resumed run not completed"
     same_model full cut 0
     ;;
-  world_2_3 | world_4_2 | world_32_8 | shard_2_3)
+  world_2_3 | world_4_2 | world_32_8 | shard_2_3 | params_2_3)
     from=${scenario#*_} to=${scenario##*_}
     from=${from%_*}
     case $from in 2) g=96 ;; 4) g=64 ;; *) g=128 ;; esac
     args=(--set model.batchnorm=false --set batch.global=$g --set train.epochs=4
           --set checkpoint.every_steps=20 --set train.threads=1)
-    shard=()
-    [ "$scenario" = shard_2_3 ] && shard=(--set dist.shard=optimizer)
+    shard=() kind=""
+    case $scenario in
+      shard_2_3) kind=optimizer line='update: dist.shard: optimizer (ZeRO-1)' ;;
+      params_2_3) kind=parameters line='update: dist.shard: parameters (ZeRO-3)' ;;
+    esac
+    [ -n "$kind" ] && shard=(--set dist.shard=$kind)
     run full "$from" "${args[@]}"; [ "$rc" = 0 ] || fail "uninterrupted run: exit $rc"
     # Rank 0 dies right after the first checkpoint is in place (before 'latest').
     BATCHDIST_FAULT_CHECKPOINT=after_rename run cut "$from" "${args[@]}" "${shard[@]}" --set dist.timeout_s=20
     [ "$rc" != 0 ] || fail "the fault did not end the run"
     [ -d "$out/cut/checkpoints/step-00000020" ] || fail "no checkpoint at step 20"
-    if [ "$scenario" = shard_2_3 ]; then
+    if [ -n "$kind" ]; then
       [ -f "$out/cut/checkpoints/step-00000020/optimizer_state.bin" ] || fail "no optimizer_state.bin"
       [ ! -e "$out/cut/checkpoints/step-00000020/optimizer.pt" ] || fail "a sharded run wrote optimizer.pt"
     fi
     run cut "$to" "${args[@]}" "${shard[@]}" --resume auto
-    if [ "$scenario" = shard_2_3 ]; then
-      [ "$(json cut shard)" = '"optimizer"' ] || fail "report shard $(json cut shard), expected optimizer"
-      grep -q 'update: dist.shard: optimizer (ZeRO-1)' "$out/cut.log" || fail "no update line"
+    if [ -n "$kind" ]; then
+      [ "$(json cut shard)" = "\"$kind\"" ] || fail "report shard $(json cut shard), expected $kind"
+      grep -qF "$line" "$out/cut.log" || fail "no update line '$line'"
     fi
     [ "$rc" = 0 ] || fail "resumed run on $to ranks: exit $rc"
     grep -q '"world_size_then": '"$from" "$out/cut/report.json" || fail "resumed_from lacks world_size_then $from"

@@ -432,3 +432,28 @@ TEST(Config, MemoryFormatAndOptimizerKernels) {
   const auto bad = configError("optim: {kernels: foreach}");
   EXPECT_NE(bad.find("optim.kernels"), std::string::npos) << bad;
 }
+
+// Note [parameter units]: dist.shard: parameters on the models with units, and a
+// clear refusal, naming the key, for what it does not take yet.
+TEST(Config, ShardParametersAndWhatItRefuses) {
+  const auto cfg = parseConfig("model: {name: mlp}\ndist: {shard: parameters, reshard_after_forward: false}",
+                               "test.yaml");
+  EXPECT_EQ(cfg.dist.shard, Shard::kParameters);
+  EXPECT_FALSE(cfg.dist.reshard_after_forward);
+  EXPECT_EQ(cfg.resolved["dist"]["reshard_after_forward"], false);
+  const auto plain = parseConfig("model: {name: mlp}\ndist: {shard: parameters}", "test.yaml");
+  EXPECT_FALSE(plain.resolved["dist"].contains("reshard_after_forward")) << "the default is erased";
+  const auto refused = [](const std::string& yaml, const std::string& want) {
+    const auto e = errorOf("dist: {shard: parameters}\n" + yaml);
+    EXPECT_NE(e.find(want), std::string::npos) << e;
+    EXPECT_NE(e.find("use dist.shard: gradients"), std::string::npos) << e;
+  };
+  refused("model: {name: resnet18}", "model.name: resnet18 has no parameter units");
+  refused("model: {name: mlp}\noptim: {name: lars}", "optim.name: lars reads each layer's whole weight norm");
+  refused("model: {name: mlp}\nbatch: {per_gpu: auto}", "batch.per_gpu: auto (the batch search)");
+  refused("model: {name: mlp}\nbatch: {global: 64, adapt: goodput}", "batch.adapt: goodput changes the batch");
+  refused("model: {name: mlp}\nbatch: {last_batch: keep}", "batch.last_batch: keep gives some ranks");
+  EXPECT_NE(errorOf("dist: {shard: gradients, reshard_after_forward: false}")
+                .find("dist.reshard_after_forward: applies to dist.shard: parameters only"),
+            std::string::npos);
+}

@@ -340,7 +340,7 @@ TEST(LeverSearch, AutoNeedsTheSearchAndNamesItsValues) {
   EXPECT_NE(fixed.find("auto is chosen by the batch search, and batch.per_gpu is fixed (16)"),
             std::string::npos)
       << fixed;
-  EXPECT_NE(fixed.find("none, optimizer or gradients"), std::string::npos) << fixed;
+  EXPECT_NE(fixed.find("none, optimizer, gradients or parameters"), std::string::npos) << fixed;
   const auto recompute = configError("batch: {per_gpu: 16}\nmodel: {recompute: auto}\n");
   EXPECT_NE(recompute.find("model.recompute"), std::string::npos) << recompute;
   EXPECT_NE(recompute.find("off or on"), std::string::npos) << recompute;

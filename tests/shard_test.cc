@@ -74,6 +74,9 @@ void expectShardedEqualsUnsharded(const std::string& optim, double tolerance,
                            EXPECT_EQ(s->layout().total, 1067);
                            if (shard == "gradients") {
                              EXPECT_EQ(s->layout().segments.size(), 4u);
+                           } else if (shard == "parameters") {  // a segment per layer
+                             EXPECT_EQ(s->layout().segments.size(), 3u);
+                             EXPECT_NE(t.update().unitHooks(), nullptr);
                            } else {
                              EXPECT_EQ(s->layout().slice, (1067 + comm.size() - 1) / comm.size());
                            }
@@ -134,6 +137,21 @@ TEST(ShardedGradients, SgdWithMomentumStepsAsUnsharded) {
 
 TEST(ShardedGradients, AdamwWithClippingStepsAsUnsharded) {
   expectGradientShardingAsUnsharded("name: adamw, lr: 0.01, weight_decay: 0.1, clip_grad_norm: 0.5");
+}
+
+// Note [parameter units]: each layer gathered per use, its gradients
+// reduce-scattered as under dist.shard: gradients, the optimizer stepping this
+// rank's shard: the same tolerances as ZeRO-2's (the same sums).
+TEST(ShardedParameters, SgdWithMomentumStepsAsUnsharded) {
+  const std::string sgd = "name: sgd, lr: 0.2, momentum: 0.9, weight_decay: 0.001";
+  expectShardedEqualsUnsharded(sgd, 1e-6, "gloo", "parameters", 16);
+  expectShardedEqualsUnsharded(sgd, 1e-5, "gloo", "parameters", 8);
+}
+
+TEST(ShardedParameters, AdamwWithClippingOverTheMpiCommunicatorStepsAsUnsharded) {
+  const std::string adamw = "name: adamw, lr: 0.01, weight_decay: 0.1, clip_grad_norm: 0.5";
+  expectShardedEqualsUnsharded(adamw, 1e-6, "mpi", "parameters", 16);
+  expectShardedEqualsUnsharded(adamw, 1e-5, "gloo", "parameters", 8);
 }
 
 TEST(ShardedGradients, LarsStepsAsUnsharded) {
@@ -226,6 +244,7 @@ torch::Tensor trainFromTo(const Config& cfg, collective::Communicator& comm, int
     const auto rec = ck.save(trainer.state(), pos, false, quiet);
     EXPECT_TRUE(rec.error.empty()) << rec.error;
   }
+  const WholeParameters whole(trainer.model());  // Note [parameter units]
   std::vector<torch::Tensor> flat;
   for (const auto& p : trainer.model().parameters()) flat.push_back(p.detach().reshape({-1}));
   return torch::cat(flat);
@@ -263,28 +282,32 @@ void expectResumesAnywhere(const std::string& optim) {
   const auto dir = mpitest::sharedScratchDir("shard_checkpoint");
   const auto sharded_dir = (dir / "sharded").string(), plain_dir = (dir / "plain").string();
   torch::Tensor reference;
-  const auto grads_dir = (dir / "gradients").string();
+  const auto grads_dir = (dir / "gradients").string(), params_dir = (dir / "parameters").string();
   mpitest::inGroup(P, [&](collective::Communicator& comm) {
     reference = trainFromTo(shardConfig(optim, "none"), comm, 0, 40, nullptr, "");
     trainFromTo(shardConfig(optim, "optimizer"), comm, 0, 20, nullptr, sharded_dir);
     trainFromTo(shardConfig(optim, "none"), comm, 0, 20, nullptr, plain_dir);
     trainFromTo(shardConfig(optim, "gradients"), comm, 0, 20, nullptr, grads_dir);
+    trainFromTo(shardConfig(optim, "parameters"), comm, 0, 20, nullptr, params_dir);
   });
   const auto sharded_ck = verifyCheckpoint(sharded_dir + "/step-00000020");
   const auto plain_ck = verifyCheckpoint(plain_dir + "/step-00000020");
   const auto grads_ck = verifyCheckpoint(grads_dir + "/step-00000020");
+  const auto params_ck = verifyCheckpoint(params_dir + "/step-00000020");
   ASSERT_TRUE(sharded_ck.problem.empty()) << sharded_ck.problem;
   ASSERT_TRUE(plain_ck.problem.empty()) << plain_ck.problem;
   ASSERT_TRUE(grads_ck.problem.empty()) << grads_ck.problem;
+  ASSERT_TRUE(params_ck.problem.empty()) << params_ck.problem;
+  EXPECT_TRUE(params_ck.manifest.optimizer_state.has_value());
   EXPECT_TRUE(grads_ck.manifest.optimizer_state.has_value());
   EXPECT_TRUE(sharded_ck.manifest.optimizer_state.has_value());
   EXPECT_FALSE(std::filesystem::exists(sharded_dir + "/step-00000020/optimizer.pt"));
   EXPECT_FALSE(plain_ck.manifest.optimizer_state.has_value());
   for (int W = 1; W <= P; ++W) {
     if ((2 * P) % W != 0) continue;  // G = 16 P in per-GPU batches of 8
-    for (const auto* ck : {&sharded_ck, &plain_ck, &grads_ck}) {
-      for (const std::string shard : {"none", "optimizer", "gradients"}) {
-        const std::string label = strCat(optim, ": ", ck == &sharded_ck ? "sharded" : ck == &plain_ck ? "unsharded" : "gradient-sharded",
+    for (const auto* ck : {&sharded_ck, &plain_ck, &grads_ck, &params_ck}) {
+      for (const std::string shard : {"none", "optimizer", "gradients", "parameters"}) {
+        const std::string label = strCat(optim, ": ", ck == &sharded_ck ? "sharded" : ck == &plain_ck ? "unsharded" : ck == &grads_ck ? "gradient-sharded" : "parameter-sharded",
                                          " checkpoint of ", P, " ranks resumed on ", W, ", ",
                                          shard);
         mpitest::inGroup(W, [&](collective::Communicator& comm) {
@@ -293,6 +316,7 @@ void expectResumesAnywhere(const std::string& optim) {
             if (shard == "none") return;
             // What the checkpoint holds, read whole (an unsharded optimizer over
             // the same parameters), against this rank's slice as restored.
+            const WholeParameters scope(t.model());  // Note [parameter units]
             auto whole = makeOptimizer(cfg.optim, t.model().trainableParameters());
             restoreState(*ck, TrainState{&t.model(), whole.get(), nullptr, at::kCPU}, comm.rank(),
                          comm.size());
@@ -304,7 +328,8 @@ void expectResumesAnywhere(const std::string& optim) {
           // the gradient in another order (Note [loss normalisation]'s tolerances).
           // Either side under dist.shard: gradients sums the micro-batches in
           // another order too (Note [sharded gradients]).
-          const bool same_order = W == P && ck != &grads_ck && shard != "gradients";
+          const bool same_order = W == P && ck != &grads_ck && ck != &params_ck &&
+                                  shard != "gradients" && shard != "parameters";
           const double tolerance = same_order ? 1e-6 : (optim.find("adamw") != std::string::npos ? 2e-4 : 1e-5);
           EXPECT_LE(diff, tolerance * scale) << label;
           if (comm.rank() == 0) {

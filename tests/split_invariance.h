@@ -48,6 +48,7 @@ inline torch::Tensor trainSteps(const worker::Config& cfg, collective::Communica
     }
   }
   trainer.checkHealth(0);
+  const worker::WholeParameters whole(trainer.model());  // Note [parameter units]
   std::vector<torch::Tensor> flat;
   for (const auto& p : trainer.model().parameters()) flat.push_back(p.detach().reshape({-1}));
   return torch::cat(flat);

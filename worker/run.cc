@@ -263,6 +263,16 @@ struct RunState {
 std::string updateLine(const DistConfig& dist, collective::Communicator& comm) {
   const int w = comm.size();
   const bool native = comm.nativeFlatCollectives();
+  if (shardsParameters(dist, w)) {
+    return strCat("update: dist.shard: parameters (ZeRO-3): each rank keeps 1/", w,
+                  " of the parameters, of the summed gradient and of the optimizer state; each "
+                  "unit's parameters all-gathered before its forward and again before its backward, ",
+                  dist.reshard_after_forward ? "freed after each" : "kept from forward to backward "
+                  "(dist.reshard_after_forward: false)",
+                  dist.prefetch ? ", the next unit's gather started as a unit begins" : "",
+                  "; its gradients reduce-scattered after backward",
+                  native ? "" : " (emulated by an allreduce on gloo: 2x the bytes)");
+  }
   if (shardsGradients(dist, w)) {
     return strCat("update: dist.shard: gradients (ZeRO-2): each micro-batch's gradients "
                   "reduce-scattered per ", dist.bucket_mb, " MB segment",
@@ -272,7 +282,8 @@ std::string updateLine(const DistConfig& dist, collective::Communicator& comm) {
                   "state, one small allreduce of partial sums (clipping, fp16, LARS, noise "
                   "scale), then an all-gather");
   }
-  if (dist.shard == Shard::kOptimizer || dist.shard == Shard::kGradients) {
+  if (dist.shard == Shard::kOptimizer || dist.shard == Shard::kGradients ||
+      dist.shard == Shard::kParameters) {
     if (w == 1) {
       return strCat("update: dist.shard: ", toString(dist.shard), " on one rank: nothing to shard, "
                     "the rank keeps the whole gradient and optimizer state");
@@ -447,9 +458,12 @@ int finishPhase(RunState& r, Trainer& trainer, const TrainResult& result) {
                         "; rank 0 saves the model and the report\n")
               << std::flush;
   }
-  if (r.lead()) {
-    finishRun(r.req, r.place, r.s, r.d, r.comm(), trainer, result, sig, *r.console);
-    markCache(r.cache, result);
+  {
+    const WholeParameters whole(trainer.model());  // Note [parameter units]: model.pt is whole
+    if (r.lead()) {
+      finishRun(r.req, r.place, r.s, r.d, r.comm(), trainer, result, sig, *r.console);
+      markCache(r.cache, result);
+    }
   }
   r.comm().barrier();
   r.clock.lap("artifacts");

@@ -592,6 +592,40 @@ void validateAdapt(const Config& cfg, const Context& ctx) {
 }
 
 /// Rules that tie keys together (each key alone was checked as it was read).
+/// Note [parameter units]: what dist.shard: parameters does not take yet, each
+/// refused with the key to change.
+void validateShardParameters(const Config& cfg, const Context& ctx) {
+  for (const auto& [key, set] : {std::pair<const char*, bool>{"dist.reshard_after_forward",
+                                                              !cfg.dist.reshard_after_forward},
+                                 {"dist.prefetch", !cfg.dist.prefetch}}) {
+    if (set && cfg.dist.shard != Shard::kParameters) {
+      throw ctx.error(key, "applies to dist.shard: parameters only; remove it");
+    }
+  }
+  if (cfg.dist.shard != Shard::kParameters) return;
+  const auto refuse = [&](const std::string& key, const std::string& what) {
+    return ctx.error(key, strCat(what, "; dist.shard: parameters does not take it yet: use "
+                                       "dist.shard: gradients"));
+  };
+  if (cfg.model.name != ModelName::kGpt && cfg.model.name != ModelName::kMlp) {
+    throw refuse("model.name", strCat(toString(cfg.model.name), " has no parameter units (gpt and "
+                                      "mlp have: Note [parameter units])"));
+  }
+  if (cfg.optim.name == OptimName::kLars) {
+    throw refuse("optim.name", "lars reads each layer's whole weight norm");
+  }
+  if (cfg.batch.per_gpu_auto) {
+    throw refuse("batch.per_gpu", "auto (the batch search) switches levers on one model");
+  }
+  if (cfg.batch.adapt != BatchAdapt::kOff) {
+    throw refuse("batch.adapt", strCat(toString(cfg.batch.adapt), " changes the batch mid-run"));
+  }
+  if (cfg.batch.last_batch == LastBatch::kKeep) {
+    throw refuse("batch.last_batch", "keep gives some ranks fewer micro-batches, and every rank "
+                                    "gathers every unit of every micro-batch");
+  }
+}
+
 void validate(const Config& cfg, const Context& ctx) {
   const auto err = [&](const std::string& key, const std::string& what) {
     return ctx.error(key, what);
@@ -719,6 +753,7 @@ void validate(const Config& cfg, const Context& ctx) {
                      "more, or model.batchnorm: false"));
   }
   validateAdapt(cfg, ctx);
+  validateShardParameters(cfg, ctx);
   // Note [lever search]: auto is the batch search's choice; a fixed per-GPU batch has no search.
   for (const auto& [key, is_auto] :
        {std::pair<const char*, bool>{"dist.shard", cfg.dist.shard == Shard::kAuto},
@@ -726,7 +761,7 @@ void validate(const Config& cfg, const Context& ctx) {
     if (!is_auto || b.per_gpu_auto) continue;
     throw err(key, strCat("auto is chosen by the batch search, and batch.per_gpu is fixed (",
                           b.per_gpu, "), so nothing searches: set batch.per_gpu: auto, or ",
-                          std::string(key) == "dist.shard" ? "none, optimizer or gradients" : "off or on"));
+                          std::string(key) == "dist.shard" ? "none, optimizer, gradients or parameters" : "off or on"));
   }
   if (builtin_bn && !b.per_gpu_auto && b.per_gpu == 1) {
     throw err("batch.per_gpu", "1 is too small for a model with BatchNorm, which cannot "
@@ -947,6 +982,8 @@ void readTrain(Context& ctx, const YAML::Node& root, TrainConfig& c) {
 /// (checkpoints and search cache entries of earlier runs still match).
 void checkShard(Context& ctx, const DistConfig& c) {
   if (c.shard == Shard::kNone) (*ctx.resolved)["dist"].erase("shard");
+  if (c.reshard_after_forward) (*ctx.resolved)["dist"].erase("reshard_after_forward");
+  if (c.prefetch) (*ctx.resolved)["dist"].erase("prefetch");
 }
 
 void readDist(Context& ctx, const YAML::Node& root, DistConfig& c) {
@@ -957,6 +994,8 @@ void readDist(Context& ctx, const YAML::Node& root, DistConfig& c) {
   c.bucket_mb = s.real("bucket_mb", 25, 0.001, 4096);
   c.overlap = s.boolean("overlap", true);
   c.shard = s.choice("shard", Shard::kNone);
+  c.reshard_after_forward = s.boolean("reshard_after_forward", true);
+  c.prefetch = s.boolean("prefetch", true);
   checkShard(ctx, c);
 }
 

@@ -50,7 +50,7 @@ enum class Precision { kFp32, kBf16, kFp16 };
 /// train.memory_format (Note [channels last] in worker/model/model.h).
 enum class MemoryFormat { kAuto, kChannelsLast, kContiguous };
 enum class DistBackend { kAuto, kGloo, kMpi, kNccl };
-enum class Shard { kNone, kOptimizer, kGradients, kAuto };  ///< Note [shard layout] (worker/train/shard/shard_layout.h); auto: Note [lever search]
+enum class Shard { kNone, kOptimizer, kGradients, kParameters, kAuto };  ///< Note [shard layout] (worker/train/shard/shard_layout.h); auto: Note [lever search]
 enum class Objective { kThroughput, kMaxFit };
 enum class ResumeMode { kOff, kAuto };
 enum class ProgressMode { kAuto, kBar, kLines, kOff };
@@ -108,7 +108,8 @@ BATCHDIST_ENUM_NAMES(MemoryFormat, {MemoryFormat::kAuto, "auto"},
 BATCHDIST_ENUM_NAMES(DistBackend, {DistBackend::kAuto, "auto"}, {DistBackend::kGloo, "gloo"},
                      {DistBackend::kMpi, "mpi"}, {DistBackend::kNccl, "nccl"});
 BATCHDIST_ENUM_NAMES(Shard, {Shard::kNone, "none"}, {Shard::kOptimizer, "optimizer"},
-                     {Shard::kGradients, "gradients"}, {Shard::kAuto, "auto"});
+                     {Shard::kGradients, "gradients"}, {Shard::kParameters, "parameters"},
+                     {Shard::kAuto, "auto"});
 BATCHDIST_ENUM_NAMES(Objective, {Objective::kThroughput, "throughput"},
                      {Objective::kMaxFit, "max_fit"});
 BATCHDIST_ENUM_NAMES(ResumeMode, {ResumeMode::kOff, "off"}, {ResumeMode::kAuto, "auto"});
@@ -313,6 +314,11 @@ struct DistConfig {
   double bucket_mb = 25;
   bool overlap = true;                       ///< reducer: allreduce during backward (false: after it)
   Shard shard = Shard::kNone;                ///< optimizer: ZeRO-1 (Note [sharded optimizer])
+  /// dist.shard: parameters (Note [parameter units]): free a unit's gathered
+  /// parameters after its forward (true, FSDP's default) or keep them until backward.
+  bool reshard_after_forward = true;
+  /// dist.shard: parameters: start the next unit's all-gather as a unit begins.
+  bool prefetch = true;
 };
 
 struct SearchConfig {

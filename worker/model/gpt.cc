@@ -112,22 +112,36 @@ class GptNetImpl : public nn::Module {
     initialise(s.layers);
   }
 
-  /// Token ids [N, T] (T <= seq_len) -> logits [N, T, vocab].
-  torch::Tensor forward(const torch::Tensor& tokens) {
+  /// Token ids [N, T] (T <= seq_len) -> logits [N, T, vocab], each part run as
+  /// its unit through `hooks` (Note [parameter units]; null: none).
+  torch::Tensor forward(const torch::Tensor& tokens, UnitHooks* hooks = nullptr) {
     const auto positions = torch::arange(tokens.size(1), tokens.options().dtype(torch::kLong));
-    auto x = drop_(wte_(tokens) + wpe_(positions));
-    for (auto& block : blocks_) {
+    auto x = runUnit(hooks, 0, [&](const torch::Tensor& t) { return drop_(wte_(t) + wpe_(positions)); },
+                     tokens);
+    for (std::size_t i = 0; i < blocks_.size(); ++i) {
+      auto block = blocks_[i];
+      BlockForward run = [block](const torch::Tensor& in) mutable { return block->forward(in); };
       if (recompute_) {
         // Note [activation recompute]: the block's input is all it keeps.
-        auto run = [block](const torch::Tensor& in) mutable { return block->forward(in); };
-        x = recomputed(run, x, block->parameters());
-      } else {
-        x = block(x);
+        run = [run, params = block->parameters()](const torch::Tensor& in) {
+          return recomputed(run, in, params);
+        };
       }
+      x = runUnit(hooks, i + 1, run, x);
     }
-    return at::linear(ln_f_(x), wte_->weight);  // tied head: h · wteᵀ
+    const auto head = [&](const torch::Tensor& h) { return at::linear(ln_f_(h), wte_->weight); };
+    return runUnit(hooks, blocks_.size() + 1, head, x);  // tied head: h · wteᵀ
   }
   void setRecompute(bool on) { recompute_ = on; }
+  /// Note [parameter units]: the embeddings, each block, the head (which reads wte).
+  std::vector<ParamUnit> units() const {
+    std::vector<ParamUnit> out{{"embeddings", {wte_->weight, wpe_->weight}, {}}};
+    for (std::size_t i = 0; i < blocks_.size(); ++i) {
+      out.push_back({strCat("h.", i), blocks_[i]->parameters(), {}});
+    }
+    out.push_back({"head", ln_f_->parameters(), {0}});
+    return out;
+  }
 
  private:
   /// GPT-2's initialisation (Note [gpt]).
@@ -180,8 +194,9 @@ class GptModel : public NnModuleModel {
       throw ConfigError(strCat("model.seq_len: ", shape_.seq_len, " positions, but the input has ",
                                x.size(1), " tokens per sample; raise model.seq_len"));
     }
-    return net_->forward(x.scalar_type() == at::kLong ? x : x.to(at::kLong));
+    return net_->forward(x.scalar_type() == at::kLong ? x : x.to(at::kLong), unitHooks());
   }
+  std::vector<ParamUnit> units() const override { return net_->units(); }
   bool hasBatchNorm() const override { return false; }
   bool setRecompute(bool on) override {
     net_->setRecompute(on);

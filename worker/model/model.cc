@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <exception>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -356,14 +357,27 @@ class MlpModel : public NnModel<nn::Sequential> {
     }
   }
   torch::Tensor forward(const torch::Tensor& x) override {
-    if (!recompute_) return net_->forward(x);
+    if (!recompute_ && !unitHooks()) return net_->forward(x);
     auto h = x;
-    for (std::size_t i = 0; i + 1 < groups_.size(); ++i) {
+    for (std::size_t i = 0; i < groups_.size(); ++i) {
       auto group = groups_[i];
-      auto run = [group](const torch::Tensor& in) mutable { return group->forward(in); };
-      h = recomputed(run, h, group->parameters());
+      BlockForward run = [group](const torch::Tensor& in) mutable { return group->forward(in); };
+      if (recompute_ && i + 1 < groups_.size()) {  // the head keeps only its input anyway
+        run = [run, params = group->parameters()](const torch::Tensor& in) {
+          return recomputed(run, in, params);
+        };
+      }
+      h = runUnit(unitHooks(), i, run, h);  // Note [parameter units]
     }
-    return groups_.back()->forward(h);  // the head
+    return h;
+  }
+  /// Note [parameter units]: one unit per group (a Linear up to the next).
+  std::vector<ParamUnit> units() const override {
+    std::vector<ParamUnit> out;
+    for (std::size_t i = 0; i < groups_.size(); ++i) {
+      out.push_back({strCat(i + 1 < groups_.size() ? "layer " : "head ", i), groups_[i]->parameters(), {}});
+    }
+    return out;
   }
   bool setRecompute(bool on) override {
     recompute_ = on;
@@ -606,6 +620,19 @@ int64_t SyncBatchNorm::endForward(bool failed) {
   }
   return static_cast<int64_t>(
       std::lround(comm_.allreduce(failed ? 1.0 : 0.0, collective::ReduceOp::kSum)));
+}
+
+WholeParameters::WholeParameters(const Model& model, bool absorb_writes)
+    : hooks_(model.unitHooks()), absorb_(absorb_writes) {
+  if (hooks_) hooks_->gatherAll();
+}
+
+WholeParameters::~WholeParameters() {
+  if (!hooks_) return;
+  try {
+    hooks_->releaseAll(absorb_ && std::uncaught_exceptions() == 0);
+  } catch (...) {  // NOLINT(bugprone-empty-catch): freeing memory; the run reports its own error
+  }
 }
 
 void Model::setChannelsLast(bool on) {

@@ -12,6 +12,7 @@
 
 #include "collective/communicator.h"
 #include "worker/config/config.h"
+#include "worker/model/units.h"
 
 namespace c10 {
 struct IValue;
@@ -119,6 +120,14 @@ class Model {
   double trainingFlopsPerSample() const { return flops_per_sample_; }
   void setTrainingFlopsPerSample(double flops) { flops_per_sample_ = flops; }
 
+  /// Note [parameter units] (worker/model/units.h): the model's units, in order,
+  /// covering its trainable parameters; empty for a model without (cnn, resnet,
+  /// TorchScript, program).
+  virtual std::vector<ParamUnit> units() const { return {}; }
+  /// The hooks its forward runs each unit through (null: none, the default).
+  void setUnitHooks(UnitHooks* hooks) { unit_hooks_ = hooks; }
+  UnitHooks* unitHooks() const { return unit_hooks_; }
+
   std::vector<at::Tensor> parameters() const;
   /// The parameters that require grad: what the optimizer and the gradient
   /// synchroniser see (Note [frozen parameters] in worker/train/trainer.cc).
@@ -135,6 +144,23 @@ class Model {
  private:
   bool channels_last_ = false;
   double flops_per_sample_ = 0;
+  UnitHooks* unit_hooks_ = nullptr;
+};
+
+/// Note [parameter units]: a scope in which every parameter of `model` is whole,
+/// on every rank (a collective where the model's units are sharded; nothing
+/// otherwise). `absorb_writes`: what the scope wrote into the parameters (a
+/// restored checkpoint) is kept, as this rank's shard.
+class WholeParameters {
+ public:
+  explicit WholeParameters(const Model& model, bool absorb_writes = false);
+  ~WholeParameters();
+  WholeParameters(const WholeParameters&) = delete;
+  WholeParameters& operator=(const WholeParameters&) = delete;
+
+ private:
+  UnitHooks* hooks_;
+  bool absorb_;
 };
 
 // Note [channels last]

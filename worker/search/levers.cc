@@ -73,6 +73,7 @@ int shardSaving(Shard s) {
   switch (s) {
     case Shard::kOptimizer: return 1;
     case Shard::kGradients: return 2;
+    case Shard::kParameters: return 3;
     default: return 0;
   }
 }

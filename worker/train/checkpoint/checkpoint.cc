@@ -239,6 +239,7 @@ CheckpointRecord Checkpointer::save(const TrainState& state, const TrainPosition
 Checkpointer::Prepared Checkpointer::gather(const TrainState& state, const TrainPosition& pos,
                                             const std::string& final_path, std::string& error) {
   const bool root = comm_.rank() == 0;
+  const WholeParameters whole(*state.model);  // Note [parameter units]: model.pt is whole
   Prepared p;
   p.step = pos.global_step;
   p.final_path = final_path;

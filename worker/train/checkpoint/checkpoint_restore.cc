@@ -150,7 +150,11 @@ void restoreOptimizer(const CheckpointCheck& ckpt, const TrainState& state) {
 
 void restoreState(const CheckpointCheck& ckpt, const TrainState& state, int rank, int world) {
   const auto& m = ckpt.manifest;
-  restoreModel(ckpt.path, m, *state.model, state.device);
+  {
+    // Note [parameter units]: restored whole on every rank, then kept as each rank's shard.
+    const WholeParameters whole(*state.model, /*absorb_writes=*/true);
+    restoreModel(ckpt.path, m, *state.model, state.device);
+  }
   restoreOptimizer(ckpt, state);
   if (state.scaler && m.loss_scaler) {
     state.scaler->restore(m.loss_scaler->scale, m.loss_scaler->tracker, m.loss_scaler->skipped);

@@ -75,6 +75,7 @@ void GradientScatter::onGradReady(std::size_t param) {
   auto& s = segments_[segment_of_[param]];
   if (s.pending > 0 && --s.pending == 0) {
     s.ready = true;
+    if (done_) done_(segment_of_[param]);
     if (!learned_ && round_ == 0) seen_order_.push_back(segment_of_[param]);
     if (overlap_) startReady(/*from_hook=*/true);
   }

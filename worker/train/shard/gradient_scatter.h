@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -74,6 +75,9 @@ class GradientScatter {
   void endStep(int64_t rounds);
   /// This step's own |g|^2 so far, one term per gradient (double, on the device).
   const at::Tensor& localSq() const { return local_sq_; }
+  /// Called (from the hook, under the scatter's lock) with segment k once all its
+  /// gradients of a round are in: Note [parameter units] frees the unit then.
+  void setSegmentDone(std::function<void(std::size_t)> done) { done_ = std::move(done); }
 
   /// Reduce-scatters started so far, and of those from a hook (during backward).
   int64_t started() const { return started_; }
@@ -121,6 +125,7 @@ class GradientScatter {
   int64_t started_ = 0, started_from_hooks_ = 0;
   int64_t live_bytes_ = 0, peak_bytes_ = 0;
   at::Tensor local_sq_;
+  std::function<void(std::size_t)> done_;
   /// Last: removed first, before anything onGradReady() touches (Note [reducer hooks]).
   std::unique_ptr<collective::GradReadyHooks> hooks_;
 };

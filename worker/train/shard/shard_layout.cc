@@ -48,6 +48,24 @@ ShardLayout makeShardLayout(const std::vector<int64_t>& numels, int ranks,
   return l;
 }
 
+ShardLayout makeUnitShardLayout(const std::vector<int64_t>& numels, int ranks,
+                                const std::vector<int64_t>& ends) {
+  ShardLayout l;
+  l.ranks = std::max(1, ranks);
+  for (const int64_t n : numels) {
+    l.packed.push_back(l.total);
+    l.total += n;
+  }
+  int64_t first = 0;
+  for (const int64_t end : ends) {
+    int64_t elements = 0;
+    for (int64_t i = first; i < end; ++i) elements += numels[static_cast<std::size_t>(i)];
+    addSegment(l, first, end, elements);
+    first = end;
+  }
+  return l;
+}
+
 int64_t ShardLayout::filled(int r) const {
   int64_t out = 0;
   for (const auto& s : segments) {

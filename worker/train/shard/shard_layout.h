@@ -70,4 +70,11 @@ struct ShardLayout {
 ShardLayout makeShardLayout(const std::vector<int64_t>& numels, int ranks,
                             int64_t segment_elements = 0);
 
+/// The layout with a segment per unit (Note [parameter units]): segment k holds
+/// parameters [ends[k-1], ends[k]) (ends increasing, the last = numels.size(); a
+/// unit without parameters is a segment of 0 elements). The packed space is
+/// makeShardLayout's.
+ShardLayout makeUnitShardLayout(const std::vector<int64_t>& numels, int ranks,
+                                const std::vector<int64_t>& ends);
+
 }  // namespace batchdist::worker

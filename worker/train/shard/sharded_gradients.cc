@@ -7,7 +7,9 @@
 #include <cstddef>
 #include <utility>
 
+#include "common/error.h"
 #include "worker/train/shard/gradient_scatter.h"
+#include "worker/train/shard/param_units.h"
 #include "worker/train/shard/sharded_optimizer.h"
 
 namespace batchdist::worker {
@@ -19,8 +21,9 @@ constexpr std::size_t kLocalSq = collective::kSideSlots, kShardSq = kLocalSq + 1
 
 class ShardedGradientUpdate : public UpdateStrategyBase {
  public:
+  /// `units` (Note [parameter units]): dist.shard: parameters; empty: gradients.
   ShardedGradientUpdate(const Config& cfg, collective::Communicator& comm,
-                        std::vector<at::Tensor> params);
+                        std::vector<at::Tensor> params, std::vector<ParamUnit> units);
 
   void zeroGrad() override;
   void dropGrad() override { zeroGrad(); }
@@ -38,12 +41,14 @@ class ShardedGradientUpdate : public UpdateStrategyBase {
   bool step(double lr) override;
   Optimizer& optimizer() override { return *optimizer_; }
   UpdateMemory memory() const override;
+  UnitHooks* unitHooks() override { return units_.get(); }
 
  private:
   /// The sum of |piece|^2 per parameter of this rank's pieces (LARS) and of all.
   std::vector<double> partialSums() const;
   collective::Communicator& comm_;
   std::vector<at::Tensor> params_;
+  std::unique_ptr<ParamUnits> units_;  ///< dist.shard: parameters only; outlives scatter_'s hooks
   std::unique_ptr<ShardedOptimizer> optimizer_;
   at::Tensor shard_;         ///< this rank's chunks of the summed gradient, end to end
   std::unique_ptr<GradientScatter> scatter_;  ///< Note [gradient scatter]: fills shard_
@@ -54,15 +59,30 @@ class ShardedGradientUpdate : public UpdateStrategyBase {
 };
 
 ShardedGradientUpdate::ShardedGradientUpdate(const Config& cfg, collective::Communicator& comm,
-                                             std::vector<at::Tensor> params)
+                                             std::vector<at::Tensor> params,
+                                             std::vector<ParamUnit> units)
     : UpdateStrategyBase(cfg), comm_(comm), params_(std::move(params)) {
-  const int64_t element = params_.empty() ? 4 : static_cast<int64_t>(params_.front().element_size());
-  const auto segment = static_cast<int64_t>(cfg.dist.bucket_mb * (1 << 20)) / element;
-  optimizer_ = std::make_unique<ShardedOptimizer>(cfg.optim, comm, params_, std::max<int64_t>(1, segment));
+  if (params_.empty()) {
+    throw ConfigError(strCat("dist.shard: ", toString(cfg.dist.shard),
+                             ": the model has no trainable parameters"));
+  }
+  if (!units.empty()) {  // Note [parameter units]: a segment per unit
+    units_ = std::make_unique<ParamUnits>(comm, params_, std::move(units),
+                                          cfg.dist.reshard_after_forward, cfg.dist.prefetch);
+    optimizer_ = std::make_unique<ShardedOptimizer>(cfg.optim, comm, params_, units_->layout(),
+                                                    units_->owned());
+  } else {
+    const auto element = static_cast<int64_t>(params_.front().element_size());
+    const auto segment = static_cast<int64_t>(cfg.dist.bucket_mb * (1 << 20)) / element;
+    optimizer_ = std::make_unique<ShardedOptimizer>(cfg.optim, comm, params_, std::max<int64_t>(1, segment));
+  }
   shard_ = torch::zeros({optimizer_->layout().slice}, params_.front().options().requires_grad(false));
   optimizer_->useShardGradient(shard_);
+  // Note [parameter units]: the reduce-scatters wait for the end of backward, so
+  // they never interleave with the all-gathers backward makes.
   scatter_ = std::make_unique<GradientScatter>(comm, params_, optimizer_->layout(), shard_,
-                                               cfg.dist.overlap);
+                                               cfg.dist.overlap && !units_);
+  if (units_) scatter_->setSegmentDone([u = units_.get()](std::size_t k) { u->gradientsIn(k); });
   zeroGrad();
 }
 
@@ -93,6 +113,7 @@ std::vector<double> ShardedGradientUpdate::partialSums() const {
 
 collective::SideChannel ShardedGradientUpdate::sumGradients(const collective::SideChannel& side) {
   scatter_->endStep(micros_);
+  if (units_) units_->endBackward();
   auto values = partialSums();
   std::copy(side.begin(), side.end(), values.begin());
   values[kLocalSq] = measure_ ? scatter_->localSq().item<double>() : 0.0;
@@ -129,7 +150,11 @@ bool ShardedGradientUpdate::step(double lr) {
 UpdateMemory ShardedGradientUpdate::memory() const {
   constexpr double kMb = 1 << 20;
   UpdateMemory m;
-  for (const auto& p : params_) m.parameters_mb += static_cast<double>(p.nbytes()) / kMb;
+  if (units_) {  // Note [parameter units]: the shard, and the units whole at most at once
+    m.parameters_mb = static_cast<double>(units_->owned().nbytes() + units_->peakLiveBytes()) / kMb;
+  } else {
+    for (const auto& p : params_) m.parameters_mb += static_cast<double>(p.nbytes()) / kMb;
+  }
   m.gradients_mb = static_cast<double>(shard_.nbytes()) / kMb;
   m.optimizer_state_mb = static_cast<double>(optimizer_->stateBytes()) / kMb;
   return m;
@@ -140,7 +165,18 @@ UpdateMemory ShardedGradientUpdate::memory() const {
 std::unique_ptr<UpdateStrategy> makeShardedGradientUpdate(const Config& cfg,
                                                           collective::Communicator& comm,
                                                           std::vector<at::Tensor> params) {
-  return std::make_unique<ShardedGradientUpdate>(cfg, comm, std::move(params));
+  return std::make_unique<ShardedGradientUpdate>(cfg, comm, std::move(params), std::vector<ParamUnit>{});
+}
+
+std::unique_ptr<UpdateStrategy> makeShardedParameterUpdate(const Config& cfg,
+                                                           collective::Communicator& comm,
+                                                           std::vector<at::Tensor> params,
+                                                           std::vector<ParamUnit> units) {
+  if (units.empty()) {
+    throw ConfigError("dist.shard: parameters: this model has no parameter units (Note [parameter "
+                      "units]); use dist.shard: gradients");
+  }
+  return std::make_unique<ShardedGradientUpdate>(cfg, comm, std::move(params), std::move(units));
 }
 
 }  // namespace batchdist::worker

@@ -55,4 +55,15 @@ std::unique_ptr<UpdateStrategy> makeShardedGradientUpdate(const Config& cfg,
                                                           collective::Communicator& comm,
                                                           std::vector<at::Tensor> params);
 
+/// dist.shard: parameters (ZeRO-3, Note [parameter units] in worker/model/units.h):
+/// the same strategy over a segment per unit of `units` (Model::units()), whose
+/// parameters ParamUnits (worker/train/shard/param_units.h) keeps sharded and
+/// gathers per unit; the optimizer steps this rank's shard of them and gathers
+/// nothing. The reduce-scatters run after backward (dist.overlap is for the
+/// all-gathers' sake not used). ConfigError for a model without units.
+std::unique_ptr<UpdateStrategy> makeShardedParameterUpdate(const Config& cfg,
+                                                           collective::Communicator& comm,
+                                                           std::vector<at::Tensor> params,
+                                                           std::vector<ParamUnit> units);
+
 }  // namespace batchdist::worker

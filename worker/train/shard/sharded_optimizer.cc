@@ -55,13 +55,27 @@ ShardedOptimizer::ShardedOptimizer(const OptimConfig& cfg, collective::Communica
     range.copy_(p.detach());
     p.set_data(range);  // the same parameter object, its elements now in flat_
   }
-  pieces_ = layout_.piecesOf(comm.rank());
+  buildInner(flat_, /*owned=*/false);
+}
+
+ShardedOptimizer::ShardedOptimizer(const OptimConfig& cfg, collective::Communicator& comm,
+                                   std::vector<at::Tensor> params, ShardLayout layout,
+                                   at::Tensor owned)
+    : cfg_(cfg), comm_(comm), params_(std::move(params)), layout_(std::move(layout)) {
+  if (params_.empty()) throw ConfigError("dist.shard: parameters: the model has no trainable parameters");
+  checkOneDtype(params_);
+  checkDistinct(params_);
+  buildInner(owned, /*owned=*/true);
+}
+
+void ShardedOptimizer::buildInner(const at::Tensor& space, bool owned) {
+  pieces_ = layout_.piecesOf(comm_.rank());
   std::vector<OptimizerParam> inner;
   for (const auto& piece : pieces_) {
-    tensors_.push_back(flat_.narrow(0, piece.flat, piece.length));
+    tensors_.push_back(space.narrow(0, owned ? piece.owned : piece.flat, piece.length));
     inner.push_back({tensors_.back(), params_[static_cast<std::size_t>(piece.param)]});
   }
-  inner_ = makeOptimizer(cfg, std::move(inner));
+  inner_ = makeOptimizer(cfg_, std::move(inner));
 }
 
 void ShardedOptimizer::step(double lr) {
@@ -77,7 +91,7 @@ void ShardedOptimizer::step(double lr) {
         g.defined() ? g.reshape({-1}).narrow(0, piece.offset, piece.length) : at::Tensor();
   }
   inner_->step(lr);
-  if (layout_.ranks == 1) return;
+  if (layout_.ranks == 1 || !flat_.defined()) return;  // Note [parameter units]: gathered per unit
   for (const auto& s : layout_.segments) {  // each segment in place (Note [shard layout])
     if (s.chunk == 0) continue;
     auto segment = flat_.narrow(0, s.base, s.chunk * layout_.ranks);

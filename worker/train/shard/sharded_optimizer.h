@@ -46,6 +46,12 @@ class ShardedOptimizer : public Optimizer {
   /// `segment_elements`: Note [shard layout]'s segment size (0: one segment).
   ShardedOptimizer(const OptimConfig& cfg, collective::Communicator& comm,
                    std::vector<at::Tensor> params, int64_t segment_elements = 0);
+  /// Under dist.shard: parameters (Note [parameter units]): the pieces are views
+  /// of `owned` (this rank's shard of the parameters, in `layout`, which
+  /// ParamUnits keeps), and step() all-gathers nothing: the next forward gathers
+  /// each unit as it runs.
+  ShardedOptimizer(const OptimConfig& cfg, collective::Communicator& comm,
+                   std::vector<at::Tensor> params, ShardLayout layout, at::Tensor owned);
 
   void step(double lr) override;
   void zeroGrad() override;
@@ -84,8 +90,11 @@ class ShardedOptimizer : public Optimizer {
   OptimConfig cfg_;
   collective::Communicator& comm_;
   std::vector<at::Tensor> params_;
+  void buildInner(const at::Tensor& space, bool owned);
+
   ShardLayout layout_;
-  at::Tensor flat_;                  ///< W x n elements: every parameter, then the pad
+  at::Tensor flat_;                  ///< W x n elements: every parameter, then the pad (undefined
+                                     ///< under dist.shard: parameters)
   std::vector<ShardPiece> pieces_;   ///< this rank's
   std::vector<at::Tensor> tensors_;  ///< pieces_' views of flat_, what inner_ steps
   std::unique_ptr<Optimizer> inner_;

@@ -33,6 +33,9 @@ Evaluator::~Evaluator() = default;
 EvalResult Evaluator::evaluate(int64_t per_gpu) {
   const double started = monotonicSeconds();
   torch::NoGradGuard no_grad;
+  // Note [parameter units]: the shards of the validation set are uneven, so the
+  // whole model, not a gather per unit and batch.
+  const WholeParameters whole(model_);
   // Every rank evaluates with rank 0's BatchNorm statistics (DDP's broadcast_buffers).
   collective::broadcastCoalesced(comm_, model_.buffers(), 0);
   model_.train(false);

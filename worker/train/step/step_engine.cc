@@ -76,7 +76,8 @@ StepEngine::StepEngine(const Config& cfg, collective::Communicator& comm, const 
   torch::manual_seed(static_cast<uint64_t>(cfg_.train.seed) + 1000003ull * (comm_.rank() + 1));
   // Note [frozen parameters]: only parameters that require grad are trained,
   // synchronised and decayed; a frozen backbone stays exactly as loaded.
-  update_ = makeUpdateStrategy(cfg_, comm_, model_->trainableParameters());
+  update_ = makeUpdateStrategy(cfg_, comm_, model_->trainableParameters(), model_->units());
+  model_->setUnitHooks(update_->unitHooks());  // Note [parameter units]
   buildLoaders(data, f);
   slow_update_us_ = f.slow_update_us;
 }
@@ -116,8 +117,11 @@ bool StepEngine::setLevers(const Levers& to) {
   const bool reshard = to.shard != from.shard;
   cfg_ = withLevers(cfg_, to);
   if (reshard) {
+    // The config keeps dist.shard: parameters out of the search (Note [parameter units]).
+    if (update_->unitHooks()) throw Error("a lever switch leaves dist.shard: parameters");
     update_.reset();
-    update_ = makeUpdateStrategy(cfg_, comm_, model_->trainableParameters());
+    update_ = makeUpdateStrategy(cfg_, comm_, model_->trainableParameters(), model_->units());
+    model_->setUnitHooks(update_->unitHooks());
   }
   return true;
 }
@@ -312,6 +316,7 @@ TrainState StepEngine::state() {
 
 void StepEngine::checkHealth(int64_t epoch) {
   torch::NoGradGuard no_grad;
+  const WholeParameters whole(*model_);  // Note [parameter units]
   std::string bad;
   double checksum = 0;
   for (const auto& [name, p] : model_->namedParameters()) {

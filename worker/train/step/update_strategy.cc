@@ -46,7 +46,8 @@ DataParallelUpdate::DataParallelUpdate(const Config& cfg, collective::Communicat
     : UpdateStrategyBase(cfg), params_(std::move(params)) {
   // Note [sharded optimizer]: first, since it moves the parameters into its flat buffer.
   // dist.shard: gradients on one rank: the shard is the whole gradient (ZeRO-1's path).
-  if (cfg.dist.shard == Shard::kOptimizer || cfg.dist.shard == Shard::kGradients) {
+  if (cfg.dist.shard == Shard::kOptimizer || cfg.dist.shard == Shard::kGradients ||
+      cfg.dist.shard == Shard::kParameters) {
     optimizer_ = std::make_unique<ShardedOptimizer>(cfg.optim, comm, params_);
   } else {
     optimizer_ = makeOptimizer(cfg.optim, params_);
@@ -93,12 +94,20 @@ double UpdateStrategyBase::recordClip(double norm) {
 }
 
 bool shardsGradients(const DistConfig& dist, int64_t world) {
-  return dist.shard == Shard::kGradients && world > 1;
+  return (dist.shard == Shard::kGradients || dist.shard == Shard::kParameters) && world > 1;
+}
+
+bool shardsParameters(const DistConfig& dist, int64_t world) {
+  return dist.shard == Shard::kParameters && world > 1;
 }
 
 std::unique_ptr<UpdateStrategy> makeUpdateStrategy(const Config& cfg,
                                                    collective::Communicator& comm,
-                                                   std::vector<at::Tensor> params) {
+                                                   std::vector<at::Tensor> params,
+                                                   std::vector<ParamUnit> units) {
+  if (shardsParameters(cfg.dist, comm.size())) {
+    return makeShardedParameterUpdate(cfg, comm, std::move(params), std::move(units));
+  }
   if (shardsGradients(cfg.dist, comm.size())) {
     return makeShardedGradientUpdate(cfg, comm, std::move(params));
   }

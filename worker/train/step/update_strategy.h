@@ -12,6 +12,7 @@
 #include "worker/config/config.h"
 #include "worker/model/optimizer.h"
 #include "worker/model/precision.h"
+#include "worker/model/units.h"
 #include "worker/train/result.h"
 
 namespace batchdist::worker {
@@ -82,6 +83,9 @@ class UpdateStrategy {
   virtual void resetClipFigures() = 0;
   /// What this rank holds for the update (Note [memory by part]).
   virtual UpdateMemory memory() const = 0;
+  /// Note [parameter units]: what gathers and frees the model's units under
+  /// dist.shard: parameters (Model::setUnitHooks); null otherwise.
+  virtual UnitHooks* unitHooks() { return nullptr; }
 };
 
 /// What the two strategies' optimizer halves share: the fp16 loss scaler (built
@@ -108,6 +112,9 @@ class UpdateStrategyBase : public UpdateStrategy {
 /// [sharded gradients]): dist.shard: gradients with more than one rank (one rank
 /// has nothing to shard and runs as dist.shard: optimizer).
 bool shardsGradients(const DistConfig& dist, int64_t world);
+/// Whether it runs Note [parameter units]: dist.shard: parameters with more than
+/// one rank (which also shards the gradients; one rank runs as optimizer).
+bool shardsParameters(const DistConfig& dist, int64_t world);
 
 /// The strategy of `cfg` over the trainable parameters `params` (the same, in the
 /// same order, on every rank): under dist.shard: gradients with more than one rank
@@ -117,6 +124,7 @@ bool shardsGradients(const DistConfig& dist, int64_t world);
 /// the config cannot build.
 std::unique_ptr<UpdateStrategy> makeUpdateStrategy(const Config& cfg,
                                                    collective::Communicator& comm,
-                                                   std::vector<at::Tensor> params);
+                                                   std::vector<at::Tensor> params,
+                                                   std::vector<ParamUnit> units = {});
 
 }  // namespace batchdist::worker
