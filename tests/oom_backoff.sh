@@ -6,6 +6,8 @@
 #   resume        rank 1 fails step 5 (BATCHDIST_FAULT_OOM=1:5): one line on rank 0, the report's
 #                 oom_backoffs, the run completes at 16 x 2; a checkpoint written after the
 #                 back-off resumes at 16 x 2, bitwise equal to the uninterrupted run
+#   parameters    rank 1 fails in step 5's forward under dist.shard: parameters: the run stops
+#                 at once (no gather left waiting), the message says why
 #   minimum       rank 1 fails step 5 at every split down to BatchNorm's 2: exit 1 (no hang),
 #                 the message names rank, batch and memory, report completed=false
 #   memory_limit  no injection: search.memory_limit_mb between the step peaks of per-GPU
@@ -63,6 +65,19 @@ case "$scenario" in
     has cut '"per_gpu_batch": 16'
     has cut '"accum_steps": 2'
     "$diff" "$out/full/model.pt" "$out/cut/model.pt" 0 || fail "resumed model differs from the uninterrupted run's"
+    ;;
+  parameters)
+    # Note [parameter units]: a failure mid-step cannot be backed off yet under
+    # dist.shard: parameters (the others go on gathering units); the run stops at
+    # once with the reason, it does not wait in a gather.
+    start=$(date +%s)
+    run params "$quickstart" 1:5:1:forward --set dist.shard=parameters --set train.max_steps=30 \
+      --set dist.timeout_s=60
+    secs=$(( $(date +%s) - start ))
+    [ "$rc" != 0 ] || fail "expected a failed run"
+    [ "$secs" -lt 50 ] || fail "took $secs s: a rank waited in a gather"
+    grep -q 'error: out of memory on rank 1 under dist.shard: parameters: the out-of-memory back-off cannot yet replay' "$out/params.log" ||
+      fail "no message naming the rank and dist.shard: parameters"
     ;;
   minimum)
     start=$(date +%s)

@@ -1,5 +1,6 @@
 #include "worker/train/shard/param_units.h"
 
+#include <c10/core/DeviceGuard.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -22,6 +23,7 @@ void freeStorage(const at::Tensor& t) {
 
 /// Memory under `t`'s storage again, from its own allocator (contents undefined).
 void allocateStorage(const at::Tensor& t) {
+  const c10::OptionalDeviceGuard on(t.device());
   const auto bytes = static_cast<std::size_t>(t.numel()) * t.element_size();
   auto* impl = t.storage().unsafeGetStorageImpl();
   impl->set_data_ptr_noswap(impl->allocator()->allocate(bytes));
@@ -50,11 +52,13 @@ ParamUnits::ParamUnits(collective::Communicator& comm, const std::vector<at::Ten
       p.set_data(range.view(p.sizes()));  // the same parameter, its elements in the unit's buffer
     }
     owned_.narrow(0, s.owned, s.chunk).copy_(full_[k].narrow(0, r * s.chunk, s.chunk));
-    live_.push_back(true);
+    live_.push_back(s.chunk > 0);
     pending_.emplace_back();
-    ++live_count_;
-    live_bytes_ += static_cast<int64_t>(full_[k].nbytes());
-    release(k);
+    if (s.chunk > 0) {
+      ++live_count_;
+      live_bytes_ += static_cast<int64_t>(full_[k].nbytes());
+      release(k);
+    }
   }
   resetPeak();
 }
@@ -180,11 +184,19 @@ void ParamUnits::afterUnit(std::size_t k, const at::Tensor& y) {
 
 void ParamUnits::gatherAll() {
   if (depth_++ > 0) return;
-  for (std::size_t k = 0; k < full_.size(); ++k) gather(k);
+  try {
+    for (std::size_t k = 0; k < full_.size(); ++k) gather(k);
+  } catch (...) {
+    --depth_;  // the hooks work again; the unit hooks gather what they need
+    throw;
+  }
 }
 
 void ParamUnits::releaseAll(bool absorb_writes) {
+  absorb_ = absorb_ || absorb_writes;  // an inner scope's restore is the outer one's too
   if (depth_ == 0 || --depth_ > 0) return;
+  absorb_writes = absorb_;
+  absorb_ = false;
   torch::NoGradGuard no_grad;
   const int r = comm_.rank();
   for (std::size_t k = 0; k < full_.size(); ++k) {

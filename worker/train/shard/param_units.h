@@ -88,6 +88,7 @@ class ParamUnits : public UnitHooks {
   std::vector<bool> live_;         ///< memory allocated (gathered, or a gather in flight)
   std::vector<std::unique_ptr<collective::PendingWork>> pending_;  ///< prefetches in flight
   int depth_ = 0;                 ///< gatherAll() scopes open
+  bool absorb_ = false;           ///< a scope inside asked for its writes to be kept
   int64_t gathers_ = 0, prefetched_ = 0;
   int64_t live_count_ = 0, peak_live_ = 0, live_bytes_ = 0, peak_bytes_ = 0;
 };

@@ -78,10 +78,11 @@ ShardedGradientUpdate::ShardedGradientUpdate(const Config& cfg, collective::Comm
   }
   shard_ = torch::zeros({optimizer_->layout().slice}, params_.front().options().requires_grad(false));
   optimizer_->useShardGradient(shard_);
-  // Note [parameter units]: the reduce-scatters wait for the end of backward, so
-  // they never interleave with the all-gathers backward makes.
+  // Note [parameter units]: the reduce-scatters start from the hooks as under
+  // gradients; they interleave with the gathers backward makes in one order on
+  // every rank (the same backward, the agreed segment order).
   scatter_ = std::make_unique<GradientScatter>(comm, params_, optimizer_->layout(), shard_,
-                                               cfg.dist.overlap && !units_);
+                                               cfg.dist.overlap);
   if (units_) scatter_->setSegmentDone([u = units_.get()](std::size_t k) { u->gradientsIn(k); });
   zeroGrad();
 }
