@@ -121,12 +121,8 @@ class GptNetImpl : public nn::Module {
     for (std::size_t i = 0; i < blocks_.size(); ++i) {
       auto block = blocks_[i];
       BlockForward run = [block](const torch::Tensor& in) mutable { return block->forward(in); };
-      if (recompute_) {
-        // Note [activation recompute]: the block's input is all it keeps.
-        run = [run, params = block->parameters()](const torch::Tensor& in) {
-          return recomputed(run, in, params);
-        };
-      }
+      // Note [activation recompute]: the block's input is all it keeps.
+      if (recompute_) run = recomputing(run, block->parameters());
       x = runUnit(hooks, i + 1, run, x);
     }
     const auto head = [&](const torch::Tensor& h) { return at::linear(ln_f_(h), wte_->weight); };

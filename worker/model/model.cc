@@ -362,11 +362,8 @@ class MlpModel : public NnModel<nn::Sequential> {
     for (std::size_t i = 0; i < groups_.size(); ++i) {
       auto group = groups_[i];
       BlockForward run = [group](const torch::Tensor& in) mutable { return group->forward(in); };
-      if (recompute_ && i + 1 < groups_.size()) {  // the head keeps only its input anyway
-        run = [run, params = group->parameters()](const torch::Tensor& in) {
-          return recomputed(run, in, params);
-        };
-      }
+      // The head keeps only its input anyway.
+      if (recompute_ && i + 1 < groups_.size()) run = recomputing(run, group->parameters());
       h = runUnit(unitHooks(), i, run, h);  // Note [parameter units]
     }
     return h;

@@ -165,4 +165,10 @@ at::Tensor recomputed(const BlockForward& block, const at::Tensor& x,
   return RecomputeFunction::apply(x, at::TensorList(trainable), std::move(state));
 }
 
+BlockForward recomputing(BlockForward block, std::vector<at::Tensor> params) {
+  return [block = std::move(block), params = std::move(params)](const at::Tensor& x) {
+    return recomputed(block, x, params);
+  };
+}
+
 }  // namespace batchdist::worker

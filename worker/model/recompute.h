@@ -72,4 +72,8 @@ at::Tensor takeReplayed();
 at::Tensor recomputed(const BlockForward& block, const at::Tensor& x,
                       const std::vector<at::Tensor>& params);
 
+/// `block` as a forward that runs recomputed(block, x, params): what a model hands
+/// runUnit (Note [parameter units]) for a block under recompute.
+BlockForward recomputing(BlockForward block, std::vector<at::Tensor> params);
+
 }  // namespace batchdist::worker

@@ -588,14 +588,16 @@ std::string mfuSummary(const nlohmann::ordered_json& report) {
 /// yardstick, Note [mfu]: the same model FLOPs and peak), peak memory, outcome.
 std::string searchTable(const nlohmann::ordered_json& search, const nlohmann::ordered_json& report) {
   const double tokens = jnum(search, "tokens_per_sample");
-  const double flops = jnum(report, "flops_per_sample"), peak = jnum(report, "peak_tflops") * 1e12;
-  const double world = std::max(1.0, jnum(search, "world_size", 1));
+  Yardstick y;  // the run's (Note [mfu]), over the search's ranks
+  y.flops_per_sample = jnum(report, "flops_per_sample");
+  y.peak_flops = jnum(report, "peak_tflops") * 1e12;
+  y.ranks = static_cast<int64_t>(std::max(1.0, jnum(search, "world_size", 1)));
   bool levers = false;
   for (const auto& c : search["candidates"]) levers = levers || c.contains("levers");
   std::ostringstream os;
   os << "<table id=\"search-table\">\n<tr><th>per-GPU batch</th>"
      << (levers ? "<th>shard</th><th>recompute</th>" : "") << "<th>samples/s</th>"
-     << (tokens > 0 ? "<th>tokens/s</th>" : "") << (flops > 0 && peak > 0 ? "<th>MFU</th>" : "")
+     << (tokens > 0 ? "<th>tokens/s</th>" : "") << (y.known() ? "<th>MFU</th>" : "")
      << "<th>peak memory (MB)</th><th></th></tr>\n";
   for (const auto& c : search["candidates"]) {
     const bool failed = jbool(c, "failed");
@@ -609,7 +611,7 @@ std::string searchTable(const nlohmann::ordered_json& search, const nlohmann::or
     const auto cell = [&](const std::string& v) { os << "<td class=\"num\">" << (failed ? "" : v) << "</td>"; };
     cell(num(sps));
     if (tokens > 0) cell(num(sps * tokens));
-    if (flops > 0 && peak > 0) cell(mfuText(sps * flops / (world * peak)));
+    if (y.known()) cell(mfuText(y.mfu(sps)));
     cell(num(jnum(c, "peak_memory_mb")));
     os << "<td>"
        << (failed ? "failed: " + xmlEscape(jtext(c, "reason")) : jbool(c, "chosen") ? "chosen" : "")

@@ -41,7 +41,6 @@ ParamUnits::ParamUnits(collective::Communicator& comm, const std::vector<at::Ten
   torch::NoGradGuard no_grad;
   const auto options = params.front().options().requires_grad(false);
   owned_ = torch::zeros({layout_.slice}, options);
-  const int r = comm.rank();
   for (std::size_t k = 0; k < layout_.segments.size(); ++k) {
     const auto& s = layout_.segments[k];
     full_.push_back(torch::zeros({s.chunk * layout_.ranks}, options));
@@ -51,7 +50,7 @@ ParamUnits::ParamUnits(collective::Communicator& comm, const std::vector<at::Ten
       range.copy_(p.detach().reshape({-1}));
       p.set_data(range.view(p.sizes()));  // the same parameter, its elements in the unit's buffer
     }
-    owned_.narrow(0, s.owned, s.chunk).copy_(full_[k].narrow(0, r * s.chunk, s.chunk));
+    keepChunk(k);
     live_.push_back(s.chunk > 0);
     pending_.emplace_back();
     if (s.chunk > 0) {
@@ -121,12 +120,19 @@ void ParamUnits::gather(std::size_t k) {
   comm_.allgatherInto(owned_.narrow(0, s.owned, s.chunk), full_[k]);
 }
 
+std::vector<std::size_t> ParamUnits::withUses(std::size_t k) const {
+  std::vector<std::size_t> all{k};
+  all.insert(all.end(), units_[k].uses.begin(), units_[k].uses.end());
+  return all;
+}
+
+void ParamUnits::keepChunk(std::size_t k) {
+  const auto& s = layout_.segments[k];
+  owned_.narrow(0, s.owned, s.chunk).copy_(full_[k].narrow(0, comm_.rank() * s.chunk, s.chunk));
+}
+
 void ParamUnits::prefetch(std::size_t k) {
-  for (const std::size_t u : [&] {
-         auto all = units_[k].uses;
-         all.insert(all.begin(), k);
-         return all;
-       }()) {
+  for (const std::size_t u : withUses(k)) {
     const auto& s = layout_.segments[u];
     if (live_[u] || s.chunk == 0) continue;
     allocate(u);
@@ -157,13 +163,11 @@ void ParamUnits::release(std::size_t k) {
 }
 
 void ParamUnits::gatherWithUses(std::size_t k) {
-  gather(k);
-  for (const auto u : units_[k].uses) gather(u);
+  for (const std::size_t u : withUses(k)) gather(u);
 }
 
 void ParamUnits::releaseWithUses(std::size_t k) {
-  release(k);
-  for (const auto u : units_[k].uses) release(u);
+  for (const std::size_t u : withUses(k)) release(u);
 }
 
 void ParamUnits::beforeUnit(std::size_t k) {
@@ -198,12 +202,8 @@ void ParamUnits::releaseAll(bool absorb_writes) {
   absorb_writes = absorb_;
   absorb_ = false;
   torch::NoGradGuard no_grad;
-  const int r = comm_.rank();
   for (std::size_t k = 0; k < full_.size(); ++k) {
-    const auto& s = layout_.segments[k];
-    if (absorb_writes && live_[k] && s.chunk > 0) {
-      owned_.narrow(0, s.owned, s.chunk).copy_(full_[k].narrow(0, r * s.chunk, s.chunk));
-    }
+    if (absorb_writes && live_[k] && layout_.segments[k].chunk > 0) keepChunk(k);
     release(k);
   }
 }

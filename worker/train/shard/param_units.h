@@ -72,6 +72,10 @@ class ParamUnits : public UnitHooks {
   void prefetch(std::size_t k);
   void allocate(std::size_t k);
   void release(std::size_t k);
+  /// k and the units it uses (Note [parameter units]: the head reads wte).
+  std::vector<std::size_t> withUses(std::size_t k) const;
+  /// This rank's chunk of unit k's whole parameters into its shard.
+  void keepChunk(std::size_t k);
   void gatherWithUses(std::size_t k);
   void releaseWithUses(std::size_t k);
   /// Unit k's gather in the current pass, then the next unit's started.

@@ -21,16 +21,22 @@ void addSegment(ShardLayout& l, int64_t first, int64_t end, int64_t elements) {
   l.segments.push_back(s);
 }
 
-}  // namespace
-
-ShardLayout makeShardLayout(const std::vector<int64_t>& numels, int ranks,
-                            int64_t segment_elements) {
+/// A layout of no segment yet: W and the packed space (the parameters end to end).
+ShardLayout packedLayout(const std::vector<int64_t>& numels, int ranks) {
   ShardLayout l;
   l.ranks = std::max(1, ranks);
   for (const int64_t n : numels) {
     l.packed.push_back(l.total);
     l.total += n;
   }
+  return l;
+}
+
+}  // namespace
+
+ShardLayout makeShardLayout(const std::vector<int64_t>& numels, int ranks,
+                            int64_t segment_elements) {
+  ShardLayout l = packedLayout(numels, ranks);
   const int64_t cap = segment_elements > 0 ? segment_elements : l.total;
   int64_t first = 0, elements = 0;
   for (int64_t i = 0; i < static_cast<int64_t>(numels.size()); ++i) {
@@ -50,12 +56,7 @@ ShardLayout makeShardLayout(const std::vector<int64_t>& numels, int ranks,
 
 ShardLayout makeUnitShardLayout(const std::vector<int64_t>& numels, int ranks,
                                 const std::vector<int64_t>& ends) {
-  ShardLayout l;
-  l.ranks = std::max(1, ranks);
-  for (const int64_t n : numels) {
-    l.packed.push_back(l.total);
-    l.total += n;
-  }
+  ShardLayout l = packedLayout(numels, ranks);
   int64_t first = 0;
   for (const int64_t end : ends) {
     int64_t elements = 0;
