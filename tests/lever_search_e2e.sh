@@ -28,13 +28,17 @@ run() {
   # shellcheck disable=SC2086
   timeout 400 "$mpirun" $flags -np 2 "$bin" "$verb" "$config" \
     --set data.path="$out/tokens/train.bin" --set data.val_path="$out/tokens/val.bin" \
-    --set model.layers=8 --set model.heads=8 --set model.embed=128 --set model.seq_len=64 \
+    --set model.layers=8 --set model.heads=8 --set model.embed=64 --set model.seq_len=64 \
     --set batch.global=96 --set batch.per_gpu=auto --set optim.base_batch=96 \
     --set search.min=8 --set search.rounds=1 --set search.warmup_steps=1 \
     --set search.timed_steps=3 --set search.min_time_s=0.1 --set search.max_time_s=0.3 \
     --set checkpoint.every_minutes=0 --set report.tensorboard=false \
-    --output "$out/$name" "$@" >"$out/$name.log" 2>&1 ||
-    { tail -20 "$out/$name.log"; fail "$name exited $?"; }
+    --output "$out/$name" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  [ "$rc" -eq 0 ] && return
+  tail -20 "$out/$name.log"
+  [ "$rc" -eq 124 ] && fail "$name ran past its 400 s"
+  fail "$name exited $rc"
 }
 
 run calibrate search --set search.rounds=0 --set search.max=48 --set search.objective=max_fit
