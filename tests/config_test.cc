@@ -450,6 +450,7 @@ TEST(Config, ShardParametersAndWhatItRefuses) {
   };
   refused("model: {name: resnet18}", "model.name: resnet18 has no parameter units");
   refused("model: {name: mlp}\noptim: {name: lars}", "optim.name: lars reads each layer's whole weight norm");
+  refused("model: {name: mlp, sync_batchnorm: true}", "model.sync_batchnorm: its allreduces would interleave");
   refused("model: {name: mlp}\nbatch: {per_gpu: auto}", "batch.per_gpu: auto (the batch search)");
   refused("model: {name: mlp}\nbatch: {global: 64, adapt: goodput}", "batch.adapt: goodput changes the batch");
   refused("model: {name: mlp}\nbatch: {last_batch: keep}", "batch.last_batch: keep gives some ranks");

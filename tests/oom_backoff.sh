@@ -6,8 +6,9 @@
 #   resume        rank 1 fails step 5 (BATCHDIST_FAULT_OOM=1:5): one line on rank 0, the report's
 #                 oom_backoffs, the run completes at 16 x 2; a checkpoint written after the
 #                 back-off resumes at 16 x 2, bitwise equal to the uninterrupted run
-#   parameters    rank 1 fails in step 5's forward under dist.shard: parameters: the run stops
-#                 at once (no gather left waiting), the message says why
+#   parameters    under dist.shard: parameters rank 1 fails in step 5's forward, rank 0 in step
+#                 8's backward: both back off (Note [collective replay]) and the model is
+#                 gradients' under the same faults; a failure in step 1 stops at once, saying why
 #   minimum       rank 1 fails step 5 at every split down to BatchNorm's 2: exit 1 (no hang),
 #                 the message names rank, batch and memory, report completed=false
 #   memory_limit  no injection: search.memory_limit_mb between the step peaks of per-GPU
@@ -67,17 +68,34 @@ case "$scenario" in
     "$diff" "$out/full/model.pt" "$out/cut/model.pt" 0 || fail "resumed model differs from the uninterrupted run's"
     ;;
   parameters)
-    # Note [parameter units]: a failure mid-step cannot be backed off yet under
-    # dist.shard: parameters (the others go on gathering units); the run stops at
-    # once with the reason, it does not wait in a gather.
+    # Note [collective replay]: under dist.shard: parameters the failing rank makes
+    # the unit all-gathers and reduce-scatters the others go on making. Rank 1 fails
+    # halfway through step 5's forward, rank 0 at the end of step 8's backward: two
+    # back-offs, the run completes, and its model is the one dist.shard: gradients
+    # trains through the same faults. A failure in the first step, before any
+    # micro-batch completed, stops the run at once with the reason.
+    faults=1:5:1:forward,0:8
+    run params "$quickstart" "$faults" --set dist.shard=parameters --set train.max_steps=12 \
+      --set dist.timeout_s=60
+    [ "$rc" = 0 ] || fail "run with two back-offs under parameters: exit $rc"
+    grep -q 'oom back-off: out of memory at step 5 on rank 1 with per-GPU batch 32 x accumulation 1 .*per-GPU batch 16 x accumulation 2' "$out/params.log" ||
+      fail "no back-off line for rank 1's forward"
+    grep -q 'oom back-off: out of memory at step 8 on rank 0 with per-GPU batch 16 x accumulation 2 .*per-GPU batch 8 x accumulation 4' "$out/params.log" ||
+      fail "no back-off line for rank 0's backward"
+    has params '"completed": true'
+    has params '"per_gpu_batch": 8'
+    run grads "$quickstart" "$faults" --set dist.shard=gradients --set train.max_steps=12
+    [ "$rc" = 0 ] || fail "the same faults under gradients: exit $rc"
+    "$diff" "$out/grads/model.pt" "$out/params/model.pt" 0 ||
+      fail "parameters after two back-offs differs from gradients"
     start=$(date +%s)
-    run params "$quickstart" 1:5:1:forward --set dist.shard=parameters --set train.max_steps=30 \
+    run first "$quickstart" 1:1:1:forward --set dist.shard=parameters --set train.max_steps=4 \
       --set dist.timeout_s=60
     secs=$(( $(date +%s) - start ))
-    [ "$rc" != 0 ] || fail "expected a failed run"
+    [ "$rc" != 0 ] || fail "expected the first step's failure to stop the run"
     [ "$secs" -lt 50 ] || fail "took $secs s: a rank waited in a gather"
-    grep -q 'error: out of memory on rank 1 under dist.shard: parameters: the out-of-memory back-off cannot yet replay' "$out/params.log" ||
-      fail "no message naming the rank and dist.shard: parameters"
+    grep -q 'error: out of memory on rank 1 under dist.shard: parameters before a micro-batch had completed' "$out/first.log" ||
+      fail "no message naming the rank and why the first step cannot be replayed"
     ;;
   minimum)
     start=$(date +%s)

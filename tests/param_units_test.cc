@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "tests/thread_ranks.h"
 #include "worker/config/config.h"
 #include "worker/model/units.h"
@@ -63,24 +66,71 @@ torch::Tensor inputOf(int rank, int64_t step, int64_t micro) {
 struct Trained {
   std::vector<torch::Tensor> weights;  ///< the last rank's, whole
   int64_t gathers = 0, prefetched = 0, peak_live = 0, live_after = 0;
+  int64_t failed_steps = 0;            ///< steps some rank failed, redone (Note [oom back-off])
 };
 
-/// 3 steps of `micros` micro-batches of the chain under `shard` on `world` ranks.
+/// An out-of-memory on one rank: in step `step`'s micro-batch `micro`, before
+/// unit 1's forward (prefetched by then) or as the first parameter's gradient
+/// arrives (the end of backward).
+struct Fault {
+  int rank = -1;
+  int64_t step = 0, micro = 0;
+  bool forward = true;
+};
+
+/// Micro-batch `k` of step `s` on this rank, throwing where `fault` says (once:
+/// the redone step runs clean).
+void microBatch(UnitHooks* units, std::vector<torch::Tensor>& ps, int rank, int64_t s, int64_t k,
+                Fault& fault) {
+  const bool fails = fault.rank == rank && fault.step == s && fault.micro == k;
+  if (fails) fault.rank = -1;
+  if (fails && fault.forward) units->failBeforeUnit(1);
+  std::optional<unsigned> hook;
+  if (fails && !fault.forward) {
+    hook = ps[0].register_hook([](const torch::Tensor&) -> torch::Tensor {
+      throw c10::OutOfMemoryError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, "injected");
+    });
+  }
+  try {
+    forward(units, ps, inputOf(rank, s, k)).square().mean().backward();
+  } catch (...) {
+    if (hook) ps[0].remove_hook(*hook);
+    throw;
+  }
+  if (hook) ps[0].remove_hook(*hook);
+}
+
+/// 3 steps of `micros` micro-batches of the chain under `shard` on `world` ranks;
+/// a step some rank failed (`fault`) is dropped and redone, as the trainer does.
 Trained train(const std::string& shard, int world, int64_t micros, bool reshard = true,
-              bool prefetch = true) {
+              bool prefetch = true, const Fault& fault = {},
+              std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
   Trained out;
   runRanks(world, [&](collective::Communicator& c) {
     auto ps = layers();
     auto u = makeUpdateStrategy(config(shard, reshard, prefetch), c, ps, unitsOf(ps));
     auto* units = dynamic_cast<ParamUnits*>(u->unitHooks());
     ASSERT_EQ(units != nullptr, shard == "parameters");
+    Fault pending = fault;
     for (int64_t s = 0; s < 3; ++s) {
       u->zeroGrad();
+      collective::SideChannel side{};
       for (int64_t k = 0; k < micros; ++k) {
         u->beforeBackward(k, micros);
-        forward(units, ps, inputOf(c.rank(), s, k)).square().mean().backward();
+        try {
+          microBatch(units, ps, c.rank(), s, k, pending);
+        } catch (const c10::OutOfMemoryError&) {
+          u->backwardFailed();  // Note [collective replay]: the rest of the step's collectives
+          side[2] = 1;
+          break;
+        }
       }
-      u->sumGradients({});
+      if (u->sumGradients(side)[2] > 0) {  // every rank drops the step and redoes it
+        u->dropGrad();
+        if (c.rank() == world - 1) ++out.failed_steps;
+        --s;
+        continue;
+      }
       EXPECT_TRUE(u->step(0.1));
     }
     if (units) {
@@ -98,7 +148,7 @@ Trained train(const std::string& shard, int world, int64_t micros, bool reshard 
       units->releaseAll(false);
       if (c.rank() == world - 1) out.live_after = units->liveUnits();
     }
-  });
+  }, timeout);
   return out;
 }
 
@@ -172,5 +222,45 @@ TEST(ParamUnits, PrefetchStartsTheNextUnitAheadAndChangesNothingElse) {
   ASSERT_EQ(on.weights.size(), off.weights.size());
   for (std::size_t i = 0; i < on.weights.size(); ++i) {
     EXPECT_TRUE(torch::equal(on.weights[i], off.weights[i])) << i;
+  }
+}
+
+// Note [collective replay]: a rank out of memory halfway through a step's
+// forward (unit 1's gather prefetched) or at the end of its backward, in the
+// first or the second micro-batch, makes the unit collectives the others go on
+// making; nobody waits, every rank drops the step, and the redone step trains
+// exactly as if nothing had failed. The first micro-batch of all has no pattern
+// to replay: the step after it is the earliest that can fail this way.
+TEST(ParamUnits, ARankOutOfMemoryMidStepReplaysTheOthersCollectives) {
+  for (const int world : {2, 3}) {
+    const auto clean = train("parameters", world, 2);
+    for (const Fault fault : {Fault{1, 1, 0, true}, Fault{world - 1, 1, 1, false},
+                              Fault{0, 2, 1, true}, Fault{0, 1, 0, false}}) {
+      const auto failed = train("parameters", world, 2, true, true, fault);
+      EXPECT_EQ(failed.failed_steps, 1);
+      EXPECT_EQ(failed.live_after, 0);
+      EXPECT_LE(failed.peak_live, 2);
+      ASSERT_EQ(failed.weights.size(), clean.weights.size());
+      for (std::size_t i = 0; i < clean.weights.size(); ++i) {
+        EXPECT_TRUE(torch::equal(failed.weights[i], clean.weights[i]))
+            << "W = " << world << ", rank " << fault.rank << " fails step " << fault.step
+            << " micro-batch " << fault.micro << (fault.forward ? " forward" : " backward")
+            << ", parameter " << i;
+      }
+    }
+  }
+}
+
+// Without a whole micro-batch before it there is nothing to replay: the rank
+// says so (the other, left in a gather, times out; in a run the launcher ends it).
+TEST(ParamUnits, AFailureBeforeAnyWholeMicroBatchStopsWithTheReason) {
+  try {
+    train("parameters", 2, 2, true, true, Fault{0, 0, 0, true}, std::chrono::seconds(3));
+    FAIL() << "expected a TrainingError";
+  } catch (const TrainingError& e) {
+    EXPECT_NE(std::string(e.what()).find("out of memory on rank 0 under dist.shard: parameters "
+                                         "before a micro-batch had completed"),
+              std::string::npos)
+        << e.what();
   }
 }

@@ -614,6 +614,11 @@ void validateShardParameters(const Config& cfg, const Context& ctx) {
   if (cfg.optim.name == OptimName::kLars) {
     throw refuse("optim.name", "lars reads each layer's whole weight norm");
   }
+  if (cfg.model.sync_batchnorm) {
+    throw refuse("model.sync_batchnorm", "its allreduces would interleave with the unit "
+                                         "all-gathers a rank that ran out of memory replays "
+                                         "(Note [collective replay])");
+  }
   if (cfg.batch.per_gpu_auto) {
     throw refuse("batch.per_gpu", "auto (the batch search) switches levers on one model");
   }

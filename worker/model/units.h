@@ -63,6 +63,9 @@ class UnitHooks {
   /// The end of gatherAll()'s scope: with `absorb_writes`, what was written into
   /// the whole parameters (a checkpoint restored) becomes this rank's shard.
   virtual void releaseAll(bool absorb_writes) = 0;
+  /// Fault injection (BATCHDIST_FAULT_OOM, forward): the next beforeUnit(k)
+  /// throws c10::OutOfMemoryError, halfway through a forward.
+  virtual void failBeforeUnit(std::size_t k) = 0;
 };
 
 /// f(x) as unit k: through `hooks` when they are set, else just f(x).

@@ -8,7 +8,8 @@
 namespace batchdist::worker {
 
 GradientScatter::GradientScatter(collective::Communicator& comm, std::vector<at::Tensor> params,
-                                 const ShardLayout& layout, at::Tensor shard, bool overlap)
+                                 const ShardLayout& layout, at::Tensor shard, bool overlap,
+                                 bool learn_order)
     : comm_(comm),
       params_(std::move(params)),
       layout_(layout),
@@ -16,6 +17,7 @@ GradientScatter::GradientScatter(collective::Communicator& comm, std::vector<at:
       overlap_(overlap),
       segment_of_(params_.size(), 0),
       segments_(layout_.segments.size()) {
+  learned_ = !learn_order;
   for (std::size_t k = 0; k < layout_.segments.size(); ++k) {
     const auto& s = layout_.segments[k];
     for (int64_t i = s.first; i < s.end; ++i) segment_of_[static_cast<std::size_t>(i)] = k;
@@ -65,6 +67,16 @@ void GradientScatter::endStep(int64_t rounds) {
     closeRound();
   }
   if (!learned_) learnOrder();
+}
+
+void GradientScatter::abandonStep(int64_t rounds) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = false;
+  }
+  while (!in_flight_.empty()) retireOldest();
+  for (auto& seg : segments_) release(seg.buffer);
+  round_ = rounds;
 }
 
 void GradientScatter::onGradReady(std::size_t param) {

@@ -57,9 +57,12 @@ class GradientScatter {
   static constexpr std::size_t kInFlight = 2;
 
   /// `shard` (the layout's slice elements) receives the sums; `params` as the
-  /// layout's, the same on every rank.
+  /// layout's, the same on every rank. `learn_order` false: the segments start in
+  /// their reverse order in every step (Note [parameter units]: units run
+  /// backward in that order), and no step ends with the order's agreement.
   GradientScatter(collective::Communicator& comm, std::vector<at::Tensor> params,
-                  const ShardLayout& layout, at::Tensor shard, bool overlap);
+                  const ShardLayout& layout, at::Tensor shard, bool overlap,
+                  bool learn_order = true);
   ~GradientScatter();
   GradientScatter(const GradientScatter&) = delete;
   GradientScatter& operator=(const GradientScatter&) = delete;
@@ -73,6 +76,10 @@ class GradientScatter {
   /// After the step's last backward (or a failure): closes the open round and
   /// makes zero rounds up to `rounds`; the shard then holds the step's sum.
   void endStep(int64_t rounds);
+  /// A rank that left the step (Note [collective replay]): waits for what is in
+  /// flight, drops the buffers, and counts the step's `rounds` made, so endStep()
+  /// makes no collective; the shard holds nothing meaningful.
+  void abandonStep(int64_t rounds);
   /// This step's own |g|^2 so far, one term per gradient (double, on the device).
   const at::Tensor& localSq() const { return local_sq_; }
   /// Called (from the hook, under the scatter's lock) with segment k once all its

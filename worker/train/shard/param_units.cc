@@ -171,6 +171,11 @@ void ParamUnits::releaseWithUses(std::size_t k) {
 }
 
 void ParamUnits::beforeUnit(std::size_t k) {
+  if (fail_before_ == static_cast<int64_t>(k)) {
+    fail_before_ = -1;
+    throw c10::OutOfMemoryError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                                "out of memory (injected by BATCHDIST_FAULT_OOM in forward)");
+  }
   if (depth_ == 0) enter(k, /*forward=*/true);
 }
 

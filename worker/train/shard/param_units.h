@@ -43,6 +43,7 @@ class ParamUnits : public UnitHooks {
   void afterUnit(std::size_t k, const at::Tensor& y) override;
   void gatherAll() override;
   void releaseAll(bool absorb_writes) override;
+  void failBeforeUnit(std::size_t k) override { fail_before_ = static_cast<int64_t>(k); }
 
   /// Segment (unit) k's gradients have all reached the gradient scatter: free it.
   void gradientsIn(std::size_t k);
@@ -91,6 +92,7 @@ class ParamUnits : public UnitHooks {
   std::vector<at::Tensor> full_;  ///< per unit: W s_k elements, its storage freed when not whole
   std::vector<bool> live_;         ///< memory allocated (gathered, or a gather in flight)
   std::vector<std::unique_ptr<collective::PendingWork>> pending_;  ///< prefetches in flight
+  int64_t fail_before_ = -1;      ///< failBeforeUnit()'s unit, once
   int depth_ = 0;                 ///< gatherAll() scopes open
   bool absorb_ = false;           ///< a scope inside asked for its writes to be kept
   int64_t gathers_ = 0, prefetched_ = 0;

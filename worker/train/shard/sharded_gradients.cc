@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <utility>
 
+#include "collective/recording_comm.h"
 #include "common/error.h"
 #include "worker/train/shard/gradient_scatter.h"
 #include "worker/train/shard/param_units.h"
@@ -28,8 +29,9 @@ class ShardedGradientUpdate : public UpdateStrategyBase {
   void zeroGrad() override;
   void dropGrad() override { zeroGrad(); }
   void beforeBackward(int64_t micro, int64_t micros) override;
-  /// Nothing: sumGradients() closes the open round and makes the ones missed.
-  void backwardFailed() override {}
+  /// dist.shard: gradients: nothing (sumGradients() closes the open round and makes
+  /// the ones missed); parameters: Note [collective replay].
+  void backwardFailed() override;
   collective::SideChannel sumGradients(const collective::SideChannel& side) override;
   void setMeasureNorms(bool on) override {
     measure_ = on && comm_.size() > 1;
@@ -48,10 +50,14 @@ class ShardedGradientUpdate : public UpdateStrategyBase {
   std::vector<double> partialSums() const;
   collective::Communicator& comm_;
   std::vector<at::Tensor> params_;
+  /// dist.shard: parameters: the units' and the scatter's communicator, each
+  /// micro-batch a stretch (Note [collective replay]); outlives both.
+  std::unique_ptr<collective::RecordingCommunicator> recorder_;
   std::unique_ptr<ParamUnits> units_;  ///< dist.shard: parameters only; outlives scatter_'s hooks
   std::unique_ptr<ShardedOptimizer> optimizer_;
   at::Tensor shard_;         ///< this rank's chunks of the summed gradient, end to end
   std::unique_ptr<GradientScatter> scatter_;  ///< Note [gradient scatter]: fills shard_
+  int64_t micro_ = 0;        ///< the micro-batch running (beforeBackward's `micro`)
   int64_t micros_ = 1;       ///< the step's micro-batches (beforeBackward's `micros`)
   bool measure_ = false;
   collective::GradSqNorms norms_;
@@ -67,7 +73,8 @@ ShardedGradientUpdate::ShardedGradientUpdate(const Config& cfg, collective::Comm
                              ": the model has no trainable parameters"));
   }
   if (!units.empty()) {  // Note [parameter units]: a segment per unit
-    units_ = std::make_unique<ParamUnits>(comm, params_, std::move(units),
+    recorder_ = std::make_unique<collective::RecordingCommunicator>(comm);
+    units_ = std::make_unique<ParamUnits>(*recorder_, params_, std::move(units),
                                           cfg.dist.reshard_after_forward, cfg.dist.prefetch);
     optimizer_ = std::make_unique<ShardedOptimizer>(cfg.optim, comm, params_, units_->layout(),
                                                     units_->owned());
@@ -80,18 +87,36 @@ ShardedGradientUpdate::ShardedGradientUpdate(const Config& cfg, collective::Comm
   optimizer_->useShardGradient(shard_);
   // Note [parameter units]: the reduce-scatters start from the hooks as under
   // gradients; they interleave with the gathers backward makes in one order on
-  // every rank (the same backward, the agreed segment order).
-  scatter_ = std::make_unique<GradientScatter>(comm, params_, optimizer_->layout(), shard_,
-                                               cfg.dist.overlap);
+  // every rank (the same backward, the segments' reverse order: units run
+  // backward in it), the same in every micro-batch (Note [collective replay]).
+  scatter_ = std::make_unique<GradientScatter>(recorder_ ? *recorder_ : comm, params_,
+                                               optimizer_->layout(), shard_, cfg.dist.overlap,
+                                               /*learn_order=*/!units_);
   if (units_) scatter_->setSegmentDone([u = units_.get()](std::size_t k) { u->gradientsIn(k); });
   zeroGrad();
 }
 
 void ShardedGradientUpdate::zeroGrad() { scatter_->beginStep(); }
 
-void ShardedGradientUpdate::beforeBackward(int64_t /*micro*/, int64_t micros) {
+void ShardedGradientUpdate::beforeBackward(int64_t micro, int64_t micros) {
+  micro_ = micro;
   micros_ = std::max<int64_t>(1, micros);
-  scatter_->beginRound();
+  scatter_->beginRound();  // closes the last micro-batch's round: its collectives
+  if (recorder_) recorder_->begin();
+}
+
+// Note [collective replay]: this rank left micro-batch micro_ early; the others
+// go on gathering units and reduce-scattering through the rest of the step.
+void ShardedGradientUpdate::backwardFailed() {
+  if (!units_) return;
+  units_->endBackward();  // waits for the prefetches in flight, frees every unit
+  scatter_->abandonStep(micros_);
+  if (recorder_->replayRest(micros_ - micro_ - 1)) return;
+  throw TrainingError(strCat(
+      "out of memory on rank ", comm_.rank(), " under dist.shard: parameters before a micro-batch "
+      "had completed, so this rank cannot know which unit all-gathers and reduce-scatters the "
+      "others are making (Note [collective replay]) and the run stops; lower batch.per_gpu "
+      "(raising batch.accum keeps the global batch) or set model.recompute: on"));
 }
 
 std::vector<double> ShardedGradientUpdate::partialSums() const {
@@ -114,6 +139,7 @@ std::vector<double> ShardedGradientUpdate::partialSums() const {
 
 collective::SideChannel ShardedGradientUpdate::sumGradients(const collective::SideChannel& side) {
   scatter_->endStep(micros_);
+  if (recorder_) recorder_->end();  // the last micro-batch's round closed: a whole one
   if (units_) units_->endBackward();
   auto values = partialSums();
   std::copy(side.begin(), side.end(), values.begin());

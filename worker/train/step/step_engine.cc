@@ -225,10 +225,12 @@ torch::Tensor StepEngine::forwardLoss(const Batch& batch, bool inject) {
   try {
     if (sync) sync->beginForward();
     if (inject) {
-      // Halfway through forward: before the middle BatchNorm allreduce, or (no
-      // synchronised BatchNorm) before the forward itself.
+      // Halfway through forward: before the middle BatchNorm allreduce, or the
+      // middle unit's gather (Note [parameter units]), or else before the forward.
       if (sync && sync->synchronising()) {
         sync->failBeforeCollective(sync->layers() / 2);
+      } else if (UnitHooks* units = update_->unitHooks()) {
+        units->failBeforeUnit(model_->units().size() / 2);
       } else {
         throw c10::OutOfMemoryError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
                                     "out of memory (injected by BATCHDIST_FAULT_OOM in forward)");
@@ -243,30 +245,18 @@ torch::Tensor StepEngine::forwardLoss(const Batch& batch, bool inject) {
   return weighted;
 }
 
-/// Note [parameter units]: under dist.shard: parameters the other ranks go on
-/// gathering units while a failed rank would skip them, so a failure in the middle
-/// of a step cannot be backed off yet: the run stops, saying why (an over-limit
-/// step on the CPU completes first and backs off as usual).
-[[noreturn]] void failUnderUnits(const std::string& what) {
-  throw TrainingError(strCat(
-      what, " under dist.shard: parameters: the out-of-memory back-off cannot yet replay the "
-            "unit all-gathers the other ranks are making, so the run stops; lower batch.per_gpu "
-            "(raising batch.accum keeps the global batch) or set model.recompute: on"));
-}
-
 ComputeOutcome StepEngine::computeOrCatch(int64_t real, InjectOom inject, double* loss) {
   try {
     *loss = computeGradients(real, inject);
   } catch (const PeerOutOfMemory&) {
-    if (update_->unitHooks()) failUnderUnits("another rank ran out of memory");
     // Note [sync batchnorm failure]: not this rank's failure; the side channel
     // carries the failing rank's, and every rank discards the step.
     update_->backwardFailed();
     return ComputeOutcome::kPeerOutOfMemory;
   } catch (const std::exception& e) {
     if (!isOutOfMemory(e)) throw;
-    if (update_->unitHooks()) failUnderUnits(strCat("out of memory on rank ", comm_.rank()));
-    // The failed graph was freed as the exception unwound.
+    // The failed graph was freed as the exception unwound. Under dist.shard:
+    // parameters this makes the unit collectives the others make (Note [collective replay]).
     update_->backwardFailed();
     if (device_.is_cuda()) compat::cudaEmptyCache();
     return ComputeOutcome::kOutOfMemory;
