@@ -451,7 +451,8 @@ TEST(Config, ShardParametersAndWhatItRefuses) {
   refused("model: {name: resnet18}", "model.name: resnet18 has no parameter units");
   refused("model: {name: mlp}\noptim: {name: lars}", "optim.name: lars reads each layer's whole weight norm");
   refused("model: {name: mlp, sync_batchnorm: true}", "model.sync_batchnorm: its allreduces would interleave");
-  refused("model: {name: mlp}\nbatch: {per_gpu: auto}", "batch.per_gpu: auto (the batch search)");
+  EXPECT_EQ(errorOf("dist: {shard: parameters}\nmodel: {name: mlp}\nbatch: {per_gpu: auto}"), "<no error>")
+      << "the batch search runs under parameters";
   refused("model: {name: mlp}\nbatch: {global: 64, adapt: goodput}", "batch.adapt: goodput changes the batch");
   refused("model: {name: mlp}\nbatch: {last_batch: keep}", "batch.last_batch: keep gives some ranks");
   EXPECT_NE(errorOf("dist: {shard: gradients, reshard_after_forward: false}")

@@ -619,9 +619,6 @@ void validateShardParameters(const Config& cfg, const Context& ctx) {
                                          "all-gathers a rank that ran out of memory replays "
                                          "(Note [collective replay])");
   }
-  if (cfg.batch.per_gpu_auto) {
-    throw refuse("batch.per_gpu", "auto (the batch search) switches levers on one model");
-  }
   if (cfg.batch.adapt != BatchAdapt::kOff) {
     throw refuse("batch.adapt", strCat(toString(cfg.batch.adapt), " changes the batch mid-run"));
   }

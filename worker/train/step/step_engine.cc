@@ -117,8 +117,13 @@ bool StepEngine::setLevers(const Levers& to) {
   const bool reshard = to.shard != from.shard;
   cfg_ = withLevers(cfg_, to);
   if (reshard) {
-    // The config keeps dist.shard: parameters out of the search (Note [parameter units]).
-    if (update_->unitHooks()) throw Error("a lever switch leaves dist.shard: parameters");
+    if (UnitHooks* units = update_->unitHooks()) {
+      // Note [parameter units]: leaving parameters, every rank gathers every unit
+      // (collective: the search switches levers on every rank together); the
+      // parameters keep the gathered memory once the units are gone.
+      units->gatherAll();
+      model_->setUnitHooks(nullptr);
+    }
     update_.reset();
     update_ = makeUpdateStrategy(cfg_, comm_, model_->trainableParameters(), model_->units());
     model_->setUnitHooks(update_->unitHooks());
