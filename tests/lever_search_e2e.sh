@@ -9,8 +9,8 @@
 #     for GPU memory); the limit is set 40 % of the way from one to the other, so
 #     plain fits 16 (or 24) and not 48 whatever the machine;
 #  2. a search with dist.shard: auto and model.recompute: auto under that limit,
-#     then 4 training steps: search.json has an outcome for each of the 4
-#     combinations, plain's largest fit is 16 or 24, recompute's predicted and
+#     then 4 training steps: search.json has an outcome for each of the 8
+#     combinations (parameters pruned), plain's largest fit is 16 or 24, recompute's predicted and
 #     measured largest fit are above it (the prediction within one allowed size
 #     of the measurement: sizes divide G/W = 48), the chosen candidate fits, and the run trained under the
 #     chosen levers (report.json's shard and recompute, the console's line);
@@ -65,7 +65,13 @@ outcomes = {(o["levers"]["shard"], o["levers"]["recompute"]): o for o in s["leve
 for o in s["levers"]:
     print(f'  {o["levers"]["shard"]}/{o["levers"]["recompute"]}: predicted {o["predicted_max_per_gpu"]}, '
           f'measured {o["measured_max_per_gpu"]}: {o["verdict"]}')
-assert len(outcomes) == 6, outcomes.keys()  # none, optimizer, gradients x off, on
+assert len(outcomes) == 8, outcomes.keys()  # none, optimizer, gradients, parameters x off, on
+# A GPT of 0.4 M parameters saves nothing worth a gather per unit: parameters is
+# predicted to fit no larger batch than another sharding did, and pruned unmeasured.
+for rec in ("off", "on"):
+    v = outcomes[("parameters", rec)]["verdict"]
+    assert v.startswith("pruned: ") and "parameters would only cost time" in v, v
+assert not any(c["levers"]["shard"] == "parameters" for c in s["candidates"]), "parameters was measured"
 plain, rec = outcomes[("none", "off")], outcomes[("none", "on")]
 m0 = plain["measured_max_per_gpu"]
 assert m0 in (16, 24), plain

@@ -30,6 +30,7 @@ const Levers kRecompute{Shard::kNone, Recompute::kOn};
 const Levers kBoth{Shard::kOptimizer, Recompute::kOn};
 const Levers kGrads{Shard::kGradients, Recompute::kOff};
 const Levers kGradsBoth{Shard::kGradients, Recompute::kOn};
+const Levers kParams{Shard::kParameters, Recompute::kOff};
 
 std::vector<SearchResult> searchOnRanks(const Config& cfg, std::vector<SimulatedMeasurer>& measurers) {
   std::vector<SearchResult> results(measurers.size());
@@ -239,8 +240,9 @@ TEST(LeverSearch, OneRankAndAModelWithoutBlocksSayWhatAutoCannotWeigh) {
   EXPECT_NE(one.notes[0].find("dist.shard: auto: one rank"), std::string::npos) << one.notes[0];
   const auto cnn = leverSpace({Shard::kAuto, Recompute::kAuto}, 4, "no blocks here");
   EXPECT_EQ(cnn.combinations.size(), 3u);  // plain, optimizer, gradients
-  ASSERT_EQ(cnn.notes.size(), 1u);
-  EXPECT_EQ(cnn.notes[0], "model.recompute: auto: no blocks here: off");
+  ASSERT_EQ(cnn.notes.size(), 2u);
+  EXPECT_EQ(cnn.notes[0], "dist.shard: auto: the model has no parameter units: parameters not weighed");
+  EXPECT_EQ(cnn.notes[1], "model.recompute: auto: no blocks here: off");
   const auto fixed = leverSpace({Shard::kOptimizer, Recompute::kAuto}, 4, "");
   ASSERT_EQ(fixed.combinations.size(), 2u);
   EXPECT_EQ(fixed.base, kShard);  // a lever that is not auto stays as configured
@@ -370,4 +372,63 @@ TEST(LeverSearch, WhenNothingFitsPlainTheLeversAreTriedAtTheSmallestSize) {
   // Gradients sharded alone costs 4 %, recompute 20 %: the fastest that fits.
   EXPECT_EQ(r.chosen, 8) << searchTable(r);
   EXPECT_EQ(r.chosen_levers, kGrads) << searchTable(r);
+}
+
+// Note [lever search] with dist.shard: parameters (Note [parameter units]): a
+// model whose state dwarfs its activations (parameters and gradients 100 MB each,
+// state 200, working units 10, 4 ranks, peak 100 + fixed + 4 MB a sample, budget
+// 600): plain fits 24, optimizer 56, gradients 80 (fixed 175), parameters 96
+// (fixed 25 + 10 + 25 + 50 = 110). With samples/s still growing with the batch
+// (half at 256) parameters' 96 is 12 % faster than gradients' 80 and is chosen;
+// it ran once at the walk's 24 before its confirmation (Note [collective replay]).
+TEST(LeverSearch, ParametersIsWeighedWhereItFitsALargerBatchThanEveryOtherSharding) {
+  const auto cfg = parseConfig("batch: {per_gpu: auto}\ndist: {shard: auto}\n"
+                               "search: {min: 8, max: 256, multiple_of: 8, tolerance: 0.05, rounds: 2}\n",
+                               "t.yaml");
+  const auto heavy = [](double budget) {
+    SimulatedMeasurer m(1 << 30, 1000, 256, 100, 4, budget);
+    m.withLevers(100, 200, 4, 1, 0, 0.02).withParameterUnits(10);
+    return m;
+  };
+  std::vector<SimulatedMeasurer> m(4, heavy(600));
+  const auto res = searchOnRanks(cfg, m);
+  const auto& r = res[0];
+  const std::string table = searchTable(r);
+  ASSERT_EQ(r.levers.size(), 4u) << table;
+  EXPECT_DOUBLE_EQ(outcome(r, kParams).fixed_mb, 110) << table;
+  EXPECT_EQ(outcome(r, kGrads).measured_max, 80) << table;
+  EXPECT_EQ(outcome(r, kParams).predicted_max, 96) << table;
+  EXPECT_EQ(outcome(r, kParams).measured_max, 96) << table;
+  EXPECT_EQ(r.chosen, 96) << table;
+  EXPECT_EQ(r.chosen_levers, kParams) << table;
+  const auto first = std::find_if(m[0].seen.begin(), m[0].seen.end(),
+                                  [](const auto& s) { return s.second == kParams; });
+  ASSERT_NE(first, m[0].seen.end());
+  EXPECT_EQ(first->first, 24) << "the walk's fit first, then the confirmation";
+
+  // Twice the budget: gradients fits 256 (search.max) as parameters would: pruned unmeasured.
+  std::vector<SimulatedMeasurer> roomy(4, heavy(1400));
+  const auto wide = searchOnRanks(cfg, roomy)[0];
+  EXPECT_NE(outcome(wide, kParams).verdict.find("pruned: "), std::string::npos)
+      << outcome(wide, kParams).verdict;
+  EXPECT_NE(outcome(wide, kParams).verdict.find("parameters would only cost time"), std::string::npos)
+      << outcome(wide, kParams).verdict;
+  for (const auto& [size, levers] : roomy[0].seen) EXPECT_NE(levers, kParams) << size;
+  EXPECT_NE(wide.chosen_levers, kParams);
+}
+
+TEST(LeverSearch, ParametersInTheSpaceAndTheMemoryModel) {
+  const auto space = leverSpace({Shard::kAuto, Recompute::kOff}, 4, "", "");
+  ASSERT_EQ(space.combinations.size(), 4u);
+  EXPECT_EQ(space.combinations.back(), kParams) << "weighed after gradients";
+  const auto lars = leverSpace({Shard::kAuto, Recompute::kOff}, 4, "", "optim.name: lars reads ...");
+  EXPECT_EQ(lars.combinations.size(), 3u);
+  ASSERT_EQ(lars.notes.size(), 1u);
+  EXPECT_EQ(lars.notes[0], "dist.shard: auto: optim.name: lars reads ...: parameters not weighed");
+  // 100 / 4 + 8 whole units + 100 / 4 + 200 / 4, from an unsharded measurement.
+  EXPECT_DOUBLE_EQ(fixedMbUnder({100, 100, 200}, Shard::kNone, Shard::kParameters, 4, 8), 108);
+  EXPECT_DOUBLE_EQ(fixedMbUnder({100, 25, 50}, Shard::kGradients, Shard::kParameters, 4, 8), 108);
+  EXPECT_DOUBLE_EQ(fixedMbUnder({33, 25, 50}, Shard::kParameters, Shard::kParameters, 4, 8), 108)
+      << "measured under parameters: as measured";
+  EXPECT_DOUBLE_EQ(fixedMbUnder({33, 25, 50}, Shard::kParameters, Shard::kNone, 4, 8), 400);
 }

@@ -264,3 +264,16 @@ TEST(ParamUnits, AFailureBeforeAnyWholeMicroBatchStopsWithTheReason) {
         << e.what();
   }
 }
+
+// Note [parameter units]: the memory model's working set is two neighbouring
+// units and what they use (the chain: 72 + 50 floats), or every unit without
+// resharding after forward; a head that reads the first unit brings it in.
+TEST(ParamUnits, TheWorkingSetIsTwoNeighboursAndWhatTheyUse) {
+  const auto ps = layers();
+  auto units = unitsOf(ps);
+  EXPECT_EQ(unitWorkingBytes(units, true), (72 + 50) * 4);
+  EXPECT_EQ(unitWorkingBytes(units, false), 140 * 4);
+  units[2].uses = {0};
+  EXPECT_EQ(unitWorkingBytes(units, true), 140 * 4);
+  EXPECT_EQ(unitWorkingBytes({units[1]}, true), 50 * 4);
+}

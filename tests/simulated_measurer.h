@@ -44,7 +44,18 @@ class SimulatedMeasurer : public worker::Measurer {
     shard_cost_ = shard_cost;
     return *this;
   }
+  /// dist.shard: parameters weighed: it keeps 1/`world` of the parameters and
+  /// `working_mb` whole (the units at once), and costs 3 x `shard_cost`.
+  SimulatedMeasurer& withParameterUnits(double working_mb) {
+    working_ = working_mb;
+    units_ = true;
+    return *this;
+  }
   std::string recomputeUnsupported() const override { return recompute_unsupported; }
+  std::string parametersUnsupported() const override {
+    return units_ ? "" : "the simulated model has no parameter units";
+  }
+  double unitWorkingMb() const override { return working_; }
 
   worker::Measurement measure(int64_t per_gpu, int64_t accum, const worker::Levers& levers,
                               const worker::TimingRule& rule, int64_t extra_warmup) override {
@@ -54,10 +65,12 @@ class SimulatedMeasurer : public worker::Measurer {
     seen.push_back({per_gpu, levers});
     worker::Measurement m;
     const bool sharded = levers.shard != worker::Shard::kNone;
-    const bool grads = levers.shard == worker::Shard::kGradients;
+    const bool units = levers.shard == worker::Shard::kParameters;
+    const bool grads = levers.shard == worker::Shard::kGradients || units;
     const bool recompute = levers.recompute == worker::Recompute::kOn;
     const double w = static_cast<double>(world_);
-    m.parts = {params_, grads ? params_ / w : params_, sharded ? state_ / w : state_};
+    m.parts = {units ? params_ / w + working_ : params_, grads ? params_ / w : params_,
+               sharded ? state_ / w : state_};
     m.peak_mb = base_ + m.parts.fixedMb() +
                 per_sample_ * (recompute ? keep_ : 1.0) * static_cast<double>(per_gpu);
     if (fail_from_ > 0 && per_gpu >= fail_from_) {
@@ -73,7 +86,7 @@ class SimulatedMeasurer : public worker::Measurer {
     const double wiggle = 1.0 + noise_ * std::sin(static_cast<double>(per_gpu) * 12.9898);
     m.samples_per_s = peak_ * per_gpu / (per_gpu + half_) * wiggle *
                       (recompute ? 1 - recompute_cost_ : 1.0) *
-                      (sharded ? 1 - (grads ? 2 : 1) * shard_cost_ : 1.0);
+                      (sharded ? 1 - (units ? 3 : grads ? 2 : 1) * shard_cost_ : 1.0);
     m.sps_low = 0.99 * m.samples_per_s;
     m.sps_high = 1.01 * m.samples_per_s;
     m.timed_steps = 3;
@@ -89,7 +102,8 @@ class SimulatedMeasurer : public worker::Measurer {
   std::string recompute_unsupported;
 
  private:
-  double params_ = 0, state_ = 0, keep_ = 1, recompute_cost_ = 0, shard_cost_ = 0;
+  double params_ = 0, state_ = 0, keep_ = 1, recompute_cost_ = 0, shard_cost_ = 0, working_ = 0;
+  bool units_ = false;
   int64_t world_ = 1;
   int64_t oom_above_;
   double peak_, half_, base_, per_sample_, budget_, noise_;

@@ -113,9 +113,11 @@ std::optional<Levers> resumedLevers(const Config& cfg, const CheckpointManifest&
   Levers then = m.levers;
   if (asked.shard != Shard::kAuto) then.shard = asked.shard;
   if (asked.recompute != Recompute::kAuto) then.recompute = asked.recompute;
-  // dist.shard: auto does not weigh parameters yet (Note [parameter units]); the
-  // state resumes under any sharding (Note [sharded checkpoint]).
-  if (then.shard == Shard::kParameters) then.shard = Shard::kGradients;
+  // A config that no longer takes parameters (Note [parameter units]) resumes
+  // under gradients: the state resumes under any sharding (Note [sharded checkpoint]).
+  if (then.shard == Shard::kParameters && !parametersUnsupported(cfg).key.empty()) {
+    then.shard = Shard::kGradients;
+  }
   console.line(strCat("levers: ", leversText(then), " (as the checkpoint's run chose for ",
                       autoLeversText(asked), ")"));
   return then;

@@ -603,28 +603,9 @@ void validateShardParameters(const Config& cfg, const Context& ctx) {
     }
   }
   if (cfg.dist.shard != Shard::kParameters) return;
-  const auto refuse = [&](const std::string& key, const std::string& what) {
-    return ctx.error(key, strCat(what, "; dist.shard: parameters does not take it yet: use "
-                                       "dist.shard: gradients"));
-  };
-  if (cfg.model.name != ModelName::kGpt && cfg.model.name != ModelName::kMlp) {
-    throw refuse("model.name", strCat(toString(cfg.model.name), " has no parameter units (gpt and "
-                                      "mlp have: Note [parameter units])"));
-  }
-  if (cfg.optim.name == OptimName::kLars) {
-    throw refuse("optim.name", "lars reads each layer's whole weight norm");
-  }
-  if (cfg.model.sync_batchnorm) {
-    throw refuse("model.sync_batchnorm", "its allreduces would interleave with the unit "
-                                         "all-gathers a rank that ran out of memory replays "
-                                         "(Note [collective replay])");
-  }
-  if (cfg.batch.adapt != BatchAdapt::kOff) {
-    throw refuse("batch.adapt", strCat(toString(cfg.batch.adapt), " changes the batch mid-run"));
-  }
-  if (cfg.batch.last_batch == LastBatch::kKeep) {
-    throw refuse("batch.last_batch", "keep gives some ranks fewer micro-batches, and every rank "
-                                    "gathers every unit of every micro-batch");
+  if (const auto no = parametersUnsupported(cfg); !no.key.empty()) {
+    throw ctx.error(no.key, strCat(no.why, "; dist.shard: parameters does not take it yet: use "
+                                           "dist.shard: gradients"));
   }
 }
 
@@ -1140,6 +1121,26 @@ std::string programOnlyMessage(const char* key) {
   return strCat(key, ": program names the ", std::string(key) == "data.name" ? "data set" : "module",
                 " that a program hands to batchdist's library (batchdist::Job::train: "
                 "docs/library.md); the batchdist command cannot take one");
+}
+
+KeyReason parametersUnsupported(const Config& cfg) {
+  if (cfg.model.name != ModelName::kGpt && cfg.model.name != ModelName::kMlp) {
+    return {"model.name", strCat(toString(cfg.model.name), " has no parameter units (gpt and "
+                                 "mlp have: Note [parameter units])")};
+  }
+  if (cfg.optim.name == OptimName::kLars) return {"optim.name", "lars reads each layer's whole weight norm"};
+  if (cfg.model.sync_batchnorm) {
+    return {"model.sync_batchnorm", "its allreduces would interleave with the unit all-gathers a "
+                                    "rank that ran out of memory replays (Note [collective replay])"};
+  }
+  if (cfg.batch.adapt != BatchAdapt::kOff) {
+    return {"batch.adapt", strCat(toString(cfg.batch.adapt), " changes the batch mid-run")};
+  }
+  if (cfg.batch.last_batch == LastBatch::kKeep) {
+    return {"batch.last_batch", "keep gives some ranks fewer micro-batches, and every rank "
+                                "gathers every unit of every micro-batch"};
+  }
+  return {};
 }
 
 std::string recomputeUnsupported(const ModelConfig& c) {

@@ -403,6 +403,16 @@ struct Levers {
 std::string programOnlyMessage(const char* key);
 /// Why model.recompute cannot be on for `c` (cnn, TorchScript), or "" (Note [activation recompute]).
 std::string recomputeUnsupported(const ModelConfig& c);
+
+/// A key and what its value does not allow (both empty: allowed).
+struct KeyReason {
+  std::string key;
+  std::string why;
+};
+/// Note [parameter units]: the first key whose value dist.shard: parameters does
+/// not take yet (the model without units first), or nothing; the config refuses
+/// it with parameters, and dist.shard: auto then does not weigh parameters.
+KeyReason parametersUnsupported(const Config& cfg);
 /// "plain", "shard optimizer", "recompute", "shard optimizer + recompute".
 std::string leversText(const Levers& l);
 /// {"shard": ..., "recompute": ...}: how search.json, report.json and a checkpoint's

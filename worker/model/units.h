@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -67,6 +68,11 @@ class UnitHooks {
   /// throws c10::OutOfMemoryError, halfway through a forward.
   virtual void failBeforeUnit(std::size_t k) = 0;
 };
+
+/// Note [parameter units]: the most bytes of parameters whole at once in a step:
+/// two neighbouring units and the units they use (with prefetch: the one running
+/// and the one arriving), or all of them without resharding after forward.
+int64_t unitWorkingBytes(const std::vector<ParamUnit>& units, bool reshard_after_forward);
 
 /// f(x) as unit k: through `hooks` when they are set, else just f(x).
 at::Tensor runUnit(UnitHooks* hooks, std::size_t k,

@@ -9,7 +9,8 @@
 namespace batchdist::worker {
 
 LeverSpace leverSpace(const Levers& configured, int64_t world,
-                      const std::string& recompute_unsupported) {
+                      const std::string& recompute_unsupported,
+                      const std::string& parameters_unsupported) {
   LeverSpace out;
   std::vector<Shard> shards{configured.shard};
   if (configured.shard == Shard::kAuto) {
@@ -17,6 +18,12 @@ LeverSpace leverSpace(const Levers& configured, int64_t world,
     if (world > 1) {
       shards.push_back(Shard::kOptimizer);
       shards.push_back(Shard::kGradients);
+      if (parameters_unsupported.empty()) {
+        shards.push_back(Shard::kParameters);
+      } else {
+        out.notes.push_back(strCat("dist.shard: auto: ", parameters_unsupported,
+                                   ": parameters not weighed"));
+      }
     } else {
       out.notes.push_back("dist.shard: auto: one rank holds the whole state anyway: none");
     }
@@ -78,14 +85,21 @@ int shardSaving(Shard s) {
   }
 }
 
-double fixedMbUnder(const MemoryParts& measured, Shard measured_shard, Shard target, int64_t world) {
+double fixedMbUnder(const MemoryParts& measured, Shard measured_shard, Shard target, int64_t world,
+                    double unit_working_mb) {
+  if (target == measured_shard) return measured.fixedMb();
   const double w = static_cast<double>(std::max<int64_t>(1, world));
   // Whole again where the measurement was sharded, then split as `target` splits.
   const auto part = [&](double mb, int saved_from) {
     const double whole = shardSaving(measured_shard) >= saved_from ? mb * w : mb;
     return shardSaving(target) >= saved_from ? whole / w : whole;
   };
-  return measured.parameters_mb + part(measured.gradients_mb, 2) + part(measured.optimizer_state_mb, 1);
+  // Note [parameter units]: parameters keeps 1/W of them, and the units whole at once.
+  double params = shardSaving(measured_shard) >= 3 ? measured.parameters_mb - unit_working_mb
+                                                   : measured.parameters_mb;
+  if (shardSaving(measured_shard) >= 3) params *= w;
+  if (shardSaving(target) >= 3) params = params / w + unit_working_mb;
+  return params + part(measured.gradients_mb, 2) + part(measured.optimizer_state_mb, 1);
 }
 
 int64_t predictLargest(const RestFit& fit, double fixed_mb, double budget_mb, int64_t lo, int64_t hi,

@@ -14,7 +14,9 @@
 //     fixed(s): parameters + gradients + optimizer state, from the formulas
 //     (Note [memory by part]): one measurement's parts, each made whole again (x W)
 //     where it was sharded, then the state / W under dist.shard: optimizer, the
-//     state and the gradients / W under gradients (Note [sharded gradients]: the
+//     state and the gradients / W under gradients, and under parameters the
+//     parameters / W too plus the units whole at once (two neighbours and what
+//     they use: Note [parameter units]) (Note [sharded gradients]: the
 //     whole gradient then lives only during backward, as activations are freed,
 //     so it falls to the rest, which the confirmation measures). a_r + b_r x m: the rest
 //     (activations, workspace, the process's own on the CPU), fitted per recompute
@@ -68,8 +70,11 @@ struct LeverSpace {
   std::vector<std::string> notes;
   bool weighed() const { return combinations.size() > 1; }
 };
+/// `parameters_unsupported` (Measurer::parametersUnsupported): why dist.shard:
+/// auto cannot weigh parameters ("": it weighs it, after gradients).
 LeverSpace leverSpace(const Levers& configured, int64_t world,
-                      const std::string& recompute_unsupported);
+                      const std::string& recompute_unsupported,
+                      const std::string& parameters_unsupported = "the model has no parameter units");
 
 /// The rest's straight line a + b x m under one recompute setting.
 struct RestFit {
@@ -84,8 +89,10 @@ struct RestFit {
 RestFit fitRest(const std::vector<Candidate>& candidates, Recompute recompute);
 
 /// Fixed parts under `target` sharding from parts measured under `measured`
-/// sharding, over `world` ranks (Note [lever search], 2).
-double fixedMbUnder(const MemoryParts& measured, Shard measured_shard, Shard target, int64_t world);
+/// sharding, over `world` ranks (Note [lever search], 2); `unit_working_mb`: the
+/// most parameters whole at once under dist.shard: parameters (Measurer::unitWorkingMb).
+double fixedMbUnder(const MemoryParts& measured, Shard measured_shard, Shard target, int64_t world,
+                    double unit_working_mb = 0);
 
 /// The largest size m with `allowed(m)` in [lo, hi] whose predicted peak
 /// fixed + fit(m) is within `budget_mb`; 0 if none. `budget_mb` > 0.

@@ -607,6 +607,18 @@ int64_t largestFit(const std::vector<Candidate>& candidates, const Levers& lever
   return top;
 }
 
+/// The largest per-GPU batch measured to fit under `recompute` and a sharding
+/// other than parameters; 0 if none.
+int64_t largestFitUnsharded(const std::vector<Candidate>& candidates, Recompute recompute) {
+  int64_t top = 0;
+  for (const auto& c : candidates) {
+    if (c.levers.recompute == recompute && c.levers.shard != Shard::kParameters && !c.failed) {
+      top = std::max(top, c.per_gpu);
+    }
+  }
+  return top;
+}
+
 /// "predicted to fit up to per-GPU 48 (peak 343 MB of 406)", or why there is no prediction.
 std::string predictedText(const LeverOutcome& o, double budget_mb) {
   if (o.predicted_max > 0) {
@@ -629,6 +641,9 @@ LeverOutcome BatchSearch::weighLevers(SearchResult& r, const Space& sp, const Le
     o.timed = true;
     o.verdict = strCat("the walk's levers: fit up to per-GPU ", walk.m0,
                        walk.memory_bound && o.fitted ? strCat("; ", predicted) : std::string());
+    return o;
+  }
+  if (levers.shard == Shard::kParameters && pruneParameters(r, sp, o, walk, predicted, console)) {
     return o;
   }
   if (levers.recompute != base_.recompute && levers.shard != base_.shard) {
@@ -655,6 +670,28 @@ LeverOutcome BatchSearch::weighLevers(SearchResult& r, const Space& sp, const Le
   o.verdict = strCat(why_not, "; timed at the walk's pick, per-GPU ", walk.pick,
                      ": the same batch in less memory");
   return o;
+}
+
+bool BatchSearch::pruneParameters(SearchResult& r, const Space& sp, LeverOutcome& o,
+                                  const LeverWalk& walk, const std::string& predicted,
+                                  Console* console) {
+  // Note [lever search]: parameters gathers every unit twice a micro-batch, so it
+  // is slower than the other shardings at the same batch: weighed only where it
+  // fits a larger one than they were measured to.
+  const int64_t others = largestFitUnsharded(r.candidates, o.levers.recompute);
+  if (o.predicted_max <= others) {
+    o.measured_max = largestFit(r.candidates, o.levers);
+    o.verdict = strCat("pruned: ", predicted, ": no larger than the ", others,
+                       " another sharding fit; parameters would only cost time (every unit "
+                       "gathered in forward and again in backward)");
+    return true;
+  }
+  // The units' collectives are replayed after an out-of-memory only once a
+  // micro-batch has run whole (Note [collective replay]): one at the walk's fit first.
+  if (walk.m0 > 0 && largestFit(r.candidates, o.levers) == 0) {
+    measureOne(r, sp, walk.m0, console, false, &o.levers);
+  }
+  return false;
 }
 
 LeverOutcome BatchSearch::besideTwin(SearchResult& r, const Space& sp, LeverOutcome o,
@@ -703,7 +740,8 @@ LeverOutcome BatchSearch::modelLevers(SearchResult& r, const Space& sp, const Le
   for (const auto& c : r.candidates) {
     if (c.levers == base_ && !c.failed && (!ref || c.per_gpu > ref->per_gpu)) ref = &c;
   }
-  o.fixed_mb = fixedMbUnder(ref->parts, base_.shard, levers.shard, comm_.size());
+  o.fixed_mb = fixedMbUnder(ref->parts, base_.shard, levers.shard, comm_.size(),
+                            measurer_.unitWorkingMb());
   // Recompute's two probes, once per recompute setting, only where memory bounds:
   // the base's largest fitting size and the smallest that failed above it (as far
   // apart as the walk knows sizes near the boundary: a slope from small sizes is
@@ -791,7 +829,8 @@ SearchResult BatchSearch::run(Console* console) {
     if (b > 0 && (r.memory_budget_mb == 0 || b < r.memory_budget_mb)) r.memory_budget_mb = b;
   }
   const Space sp = space();
-  const auto levers = leverSpace(configLevers(cfg_), comm_.size(), measurer_.recomputeUnsupported());
+  const auto levers = leverSpace(configLevers(cfg_), comm_.size(), measurer_.recomputeUnsupported(),
+                                 measurer_.parametersUnsupported());
   base_ = levers.base;
   if (console) {
     console->line(strCat("batch search: ", r.world_size, " rank(s) on ", r.device, ", objective ",

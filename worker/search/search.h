@@ -151,6 +151,10 @@ class Measurer {
   /// Why the model cannot recompute its activations ("" if it can): model.recompute:
   /// auto then weighs off only (Note [lever search]).
   virtual std::string recomputeUnsupported() const { return ""; }
+  /// Why dist.shard: auto cannot weigh parameters here ("" if it can: Note [lever search]).
+  virtual std::string parametersUnsupported() const { return "the model has no parameter units"; }
+  /// MB of the parameters whole at once under dist.shard: parameters (the same on every rank).
+  virtual double unitWorkingMb() const { return 0; }
   /// Peak memory (MB) a candidate must stay under; 0 = no budget.
   virtual double memoryBudgetMb() const = 0;
   /// e.g. "NVIDIA H100 80GB HBM3" or "cpu".
@@ -319,6 +323,11 @@ class BatchSearch {
   /// Note [lever search], 3: one combination's prediction, confirmation or pruning.
   LeverOutcome weighLevers(SearchResult& r, const Space& sp, const Levers& levers,
                            const LeverWalk& walk, Console* console);
+  /// ... dist.shard: parameters: true (pruned, `o` says why) unless predicted to fit
+  /// more than every other sharding under its recompute measured; then it is
+  /// measured once at the walk's fit before the confirmation (Note [collective replay]).
+  bool pruneParameters(SearchResult& r, const Space& sp, LeverOutcome& o, const LeverWalk& walk,
+                       const std::string& predicted, Console* console);
   /// ... a sharding on top of recompute that fits no larger size than its twin (the
   /// same recompute under the base's sharding) measured, `twin_fit`: timed there
   /// or pruned (Note [lever search], 3).

@@ -52,6 +52,14 @@ class TrainStepMeasurer : public Measurer {
   std::string recomputeUnsupported() const override {
     return worker::recomputeUnsupported(cfg_.model);
   }
+  std::string parametersUnsupported() const override {
+    const auto no = worker::parametersUnsupported(cfg_);
+    return no.key.empty() ? "" : strCat(no.key, ": ", no.why);
+  }
+  double unitWorkingMb() const override {
+    return static_cast<double>(unitWorkingBytes(engine_->model().units(),
+                                                cfg_.dist.reshard_after_forward)) / (1 << 20);
+  }
 
   Measurement measure(int64_t per_gpu, int64_t accum, const Levers& levers, const TimingRule& rule,
                       int64_t extra_warmup) override {
