@@ -432,3 +432,27 @@ TEST(LeverSearch, ParametersInTheSpaceAndTheMemoryModel) {
       << "measured under parameters: as measured";
   EXPECT_DOUBLE_EQ(fixedMbUnder({33, 25, 50}, Shard::kParameters, Shard::kNone, 4, 8), 400);
 }
+
+// Note [lever search]: a model that fits under no lever is refused with the
+// figures: the levers tried, the closest candidate's peak and parts against the
+// budget (gradients + recompute at per-GPU 8: 100 + 10 + 5 + 10 + 8 = 133 MB of
+// 120), and what could still help.
+TEST(LeverSearch, AModelThatFitsUnderNoLeverIsRefusedWithTheFigures) {
+  const auto cfg = parseConfig(kAutoLevers, "t.yaml");
+  std::vector<SimulatedMeasurer> m{leverMeasurer(120), leverMeasurer(120)};
+  try {
+    searchOnRanks(cfg, m);
+    FAIL() << "expected the search to refuse";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    for (const char* want : {"batch search: no per-GPU batch fits under plain, shard optimizer, "
+                             "shard gradients, recompute, shard optimizer + recompute, shard "
+                             "gradients + recompute; ",
+                             "the closest, per-GPU 8 under shard gradients + recompute, peaked at "
+                             "133 MB against a budget of 120 MB (parameters 10 MB, gradients 5 MB, "
+                             "optimizer state 10 MB, activations and the rest 108 MB)",
+                             "dist.shard: parameters (gpt, mlp)"}) {
+      EXPECT_NE(what.find(want), std::string::npos) << want << "\n" << what;
+    }
+  }
+}

@@ -607,6 +607,44 @@ int64_t largestFit(const std::vector<Candidate>& candidates, const Levers& lever
   return top;
 }
 
+/// Note [lever search]: nothing fit under any lever weighed. The refusal names the
+/// levers tried, the closest candidate (the lowest peak measured) with its parts
+/// against the budget, the memory a sample costs where the model was fitted, and
+/// what could still help.
+std::string noFitText(const SearchResult& r) {
+  const Candidate* closest = nullptr;
+  std::vector<std::string> tried;
+  for (const auto& c : r.candidates) {
+    const auto name = leversText(c.levers);
+    if (std::find(tried.begin(), tried.end(), name) == tried.end()) tried.push_back(name);
+    if (c.peak_mb > 0 && (!closest || c.peak_mb < closest->peak_mb)) closest = &c;
+  }
+  std::string names;
+  for (const auto& t : tried) names += strCat(names.empty() ? "" : ", ", t);
+  std::string text = strCat("batch search: no per-GPU batch fits under ", names, "; ");
+  if (closest) {
+    const auto& p = closest->parts;
+    text += strCat("the closest, per-GPU ", closest->per_gpu, " under ", leversText(closest->levers),
+                   ", peaked at ", mb(closest->peak_mb),
+                   r.memory_budget_mb > 0 ? strCat(" against a budget of ", mb(r.memory_budget_mb)) : "",
+                   " (parameters ", mb(p.parameters_mb), ", gradients ", mb(p.gradients_mb),
+                   ", optimizer state ", mb(p.optimizer_state_mb), ", activations and the rest ",
+                   mb(closest->restMb()), "): ", closest->reason);
+  } else {
+    const auto smallest = std::min_element(r.candidates.begin(), r.candidates.end(),
+        [](const Candidate& a, const Candidate& b) { return a.per_gpu < b.per_gpu; });
+    text += strCat("the smallest tried, ", smallest->per_gpu, ", failed: ", smallest->reason);
+  }
+  for (const auto& o : r.levers) {
+    if (o.fitted && o.per_sample_mb > 0) {
+      text += strCat("; ", leversText(o.levers), " takes ", formatFixed(o.per_sample_mb, 2), " MB a sample");
+    }
+  }
+  return text + ". Lower search.min, use a smaller model, bf16, model.recompute: on, dist.shard: "
+                "parameters (gpt, mlp), more ranks, or more memory (search.memory_limit_mb / "
+                "search.memory_fraction)";
+}
+
 /// The largest per-GPU batch measured to fit under `recompute` and a sharding
 /// other than parameters; 0 if none.
 int64_t largestFitUnsharded(const std::vector<Candidate>& candidates, Recompute recompute) {
@@ -872,6 +910,10 @@ SearchResult BatchSearch::run(Console* console) {
   boundaryPhase(r, sp, console, last_ok, first_fail, best);
   if (levers.weighed()) leverPhase(r, sp, levers, console);
   if (s.objective == Objective::kThroughput) interleavePhase(r, console);
+  if (!r.candidates.empty() &&
+      std::none_of(r.candidates.begin(), r.candidates.end(), [](const Candidate& c) { return !c.failed; })) {
+    throw Error(noFitText(r));
+  }
 
   const auto& pick =
       chooseCandidate(r.candidates, s.objective, s.tolerance, &r.why, r.tokens_per_sample);
