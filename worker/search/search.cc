@@ -608,7 +608,7 @@ int64_t largestFit(const std::vector<Candidate>& candidates, const Levers& lever
 }
 
 /// Note [lever search]: nothing fit under any lever weighed. The refusal names the
-/// levers tried, the closest candidate (the lowest peak measured) with its parts
+/// levers tried, the closest candidate (the lowest peak over the budget) with its parts
 /// against the budget, the memory a sample costs where the model was fitted, and
 /// what could still help.
 std::string noFitText(const SearchResult& r) {
@@ -617,7 +617,9 @@ std::string noFitText(const SearchResult& r) {
   for (const auto& c : r.candidates) {
     const auto name = leversText(c.levers);
     if (std::find(tried.begin(), tried.end(), name) == tried.end()) tried.push_back(name);
-    if (c.peak_mb > 0 && (!closest || c.peak_mb < closest->peak_mb)) closest = &c;
+    // Over the budget ran whole, so its peak is the step's (an out-of-memory's is not).
+    const bool whole = c.reason.rfind(toString(FailKind::kOverBudget), 0) == 0;
+    if (whole && c.peak_mb > 0 && (!closest || c.peak_mb < closest->peak_mb)) closest = &c;
   }
   std::string names;
   for (const auto& t : tried) names += strCat(names.empty() ? "" : ", ", t);
