@@ -10,7 +10,7 @@
 #  2. the joint search (dist.shard: auto, model.recompute: auto) under that limit:
 #     its choice, its time, and per combination the largest per-GPU batch it
 #     predicted to fit and the largest it measured;
-#  3. the sweep: every (shard, recompute) x every size, one `search` of that single
+#  3. the sweep: every (shard, recompute) x every size (shard parameters included), one `search` of that single
 #     candidate each (no limit: its peak and samples/s; search.max_time_s 4, so
 #     each point gets search.timed_steps' 5 steps however slow), in SWEEP_ROUNDS
 #     rotated rounds (median); a point fits when its peak is within the limit.
@@ -35,7 +35,8 @@ pair_rounds=${PAIR_ROUNDS:-5} pair_steps=${PAIR_STEPS:-10}
 source "$(dirname "$0")/gpt_tokens_lib.sh"
 echo "lever_search: $(uptime | sed 's/.*load/load/'); out $out"
 sizes=(8 12 16 24 48)
-combos=("none off" "optimizer off" "gradients off" "none on" "optimizer on" "gradients on")
+combos=("none off" "optimizer off" "gradients off" "parameters off"
+  "none on" "optimizer on" "gradients on" "parameters on")
 
 # search W NAME ARGS...: one `batchdist search` on W ranks into $out/NAME.
 search() {
@@ -74,9 +75,10 @@ PY
 import json, statistics, sys
 out, w, limit, rounds, sweep_s = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
 sizes = [int(x) for x in sys.argv[6].split()]
-combos = [(s, r) for r in ("off", "on") for s in ("none", "optimizer", "gradients")]
+combos = [(s, r) for r in ("off", "on") for s in ("none", "optimizer", "gradients", "parameters")]
 label = {c: " + ".join(x for x in ({"none": "", "optimizer": "shard optimizer",
-                                    "gradients": "shard gradients"}[c[0]],
+                                    "gradients": "shard gradients",
+                                    "parameters": "shard parameters"}[c[0]],
                                    "recompute" if c[1] == "on" else "") if x) or "plain"
          for c in combos}
 def point(r, c, m):
