@@ -44,10 +44,6 @@ class RecordingCommunicator : public Communicator {
   void end();
   /// Note [collective replay]: after leaving the open stretch early. Closes it.
   bool replayRest(int64_t whole_stretches);
-  /// Collectives recorded in the open stretch, and in the pattern.
-  std::size_t made() const { return current_.size(); }
-  std::size_t patternSize() const { return pattern_.size(); }
-  bool hasPattern() const { return has_pattern_; }
 
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }

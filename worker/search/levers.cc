@@ -94,12 +94,10 @@ double fixedMbUnder(const MemoryParts& measured, Shard measured_shard, Shard tar
     const double whole = shardSaving(measured_shard) >= saved_from ? mb * w : mb;
     return shardSaving(target) >= saved_from ? whole / w : whole;
   };
-  // Note [parameter units]: parameters keeps 1/W of them, and the units whole at once.
-  double params = shardSaving(measured_shard) >= 3 ? measured.parameters_mb - unit_working_mb
-                                                   : measured.parameters_mb;
-  if (shardSaving(measured_shard) >= 3) params *= w;
-  if (shardSaving(target) >= 3) params = params / w + unit_working_mb;
-  return params + part(measured.gradients_mb, 2) + part(measured.optimizer_state_mb, 1);
+  // Note [parameter units]: parameters splits them too, and holds the units whole at once.
+  const auto working = [&](Shard s) { return shardSaving(s) >= 3 ? unit_working_mb : 0.0; };
+  return part(measured.parameters_mb - working(measured_shard), 3) + working(target) +
+         part(measured.gradients_mb, 2) + part(measured.optimizer_state_mb, 1);
 }
 
 int64_t predictLargest(const RestFit& fit, double fixed_mb, double budget_mb, int64_t lo, int64_t hi,
