@@ -270,7 +270,8 @@ std::string updateLine(const DistConfig& dist, collective::Communicator& comm) {
                   dist.reshard_after_forward ? "freed after each" : "kept from forward to backward "
                   "(dist.reshard_after_forward: false)",
                   dist.prefetch ? ", the next unit's gather started as a unit begins" : "",
-                  "; its gradients reduce-scattered after backward",
+                  "; its gradients reduce-scattered",
+                  dist.overlap ? " as backward produces them" : " after backward (dist.overlap: false)",
                   native ? "" : " (emulated by an allreduce on gloo: 2x the bytes)");
   }
   if (shardsGradients(dist, w)) {

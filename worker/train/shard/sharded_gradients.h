@@ -59,8 +59,8 @@ std::unique_ptr<UpdateStrategy> makeShardedGradientUpdate(const Config& cfg,
 /// the same strategy over a segment per unit of `units` (Model::units()), whose
 /// parameters ParamUnits (worker/train/shard/param_units.h) keeps sharded and
 /// gathers per unit; the optimizer steps this rank's shard of them and gathers
-/// nothing. The reduce-scatters run after backward (dist.overlap is for the
-/// all-gathers' sake not used). ConfigError for a model without units.
+/// nothing. The reduce-scatters start as under gradients (from the hooks under
+/// dist.overlap), in the segments' reverse order. ConfigError for a model without units.
 std::unique_ptr<UpdateStrategy> makeShardedParameterUpdate(const Config& cfg,
                                                            collective::Communicator& comm,
                                                            std::vector<at::Tensor> params,

@@ -95,6 +95,7 @@ class TrainStepMeasurer : public Measurer {
       step(sharder, i, m);
     };
     run.after_warmup = [&] { engine_->takeTime(); };  // the warm-up's
+    candidate_failed_ = false;
     timeCandidate(comm_, probe_, rule, run, out);
     const auto parts = engine_->update().memory();  // Note [memory by part]
     out.parts = {parts.parameters_mb, parts.gradients_mb, parts.optimizer_state_mb};
@@ -190,21 +191,31 @@ class TrainStepMeasurer : public Measurer {
     engine_->loader().start(std::move(jobs), 0);
   }
 
-  /// One training step; a rank that fails still joins the gradient allreduce
-  /// (Note [search agreement]) and records the failure in `out`.
+  /// One training step; a rank that fails still joins the gradient sum (Note
+  /// [search agreement]) and records the failure in `out`. It fails as a run's
+  /// step does (the update strategy told first: under dist.shard: parameters it
+  /// makes the unit collectives the others make, Note [collective replay]), and
+  /// the step's side channel tells every rank, so that from then on no rank
+  /// computes for this candidate (its collectives would meet nobody's).
   void step(const Sharder& sharder, int64_t i, Measurement& out) {
     const int64_t s = i % engine_->plan().steps_per_epoch;
-    if (out.fail == FailKind::kNone) {
+    bool failed = false;
+    if (!candidate_failed_) {
+      double loss = 0;
       try {
-        engine_->computeGradients(sharder.realSamples(s));
-      } catch (const std::exception& e) {
+        failed = engine_->computeOrCatch(sharder.realSamples(s), {}, &loss) != ComputeOutcome::kOk;
+        if (failed) out.fail = FailKind::kOutOfMemory;
+      } catch (const std::exception& e) {  // not an out-of-memory: this rank's error
         recordFailure(e, out);
-        engine_->clearGradients();
-        probe_.emptyCache();
+        engine_->update().backwardFailed();
+        failed = true;
       }
+      if (failed) probe_.emptyCache();
     }
-    engine_->syncGradients();
-    if (out.fail == FailKind::kNone) engine_->applyUpdate(engine_->plan().lr);
+    bool any = failed;
+    engine_->syncGradients(nullptr, nullptr, &any);
+    if (any) candidate_failed_ = true;
+    if (!candidate_failed_) engine_->applyUpdate(engine_->plan().lr);
   }
 
   const Config& cfg_;
@@ -215,6 +226,7 @@ class TrainStepMeasurer : public Measurer {
   DeviceProbe probe_;
   std::unique_ptr<StepEngine> engine_;  ///< Note [step engine]
   bool has_bn_ = false;
+  bool candidate_failed_ = false;    ///< a step of this candidate failed on some rank
   SearchTraceOptions trace_;         ///< Note [search traces] (dir "": off)
   std::set<std::string> traced_;     ///< the candidates traced so far
 };
